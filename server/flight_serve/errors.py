@@ -1,0 +1,124 @@
+"""One error root for flight-serve, grouped by area.
+
+Every error raised on purpose by flight-serve derives from :class:`FlightServeError`. Each class
+carries a ``domain`` (``"input"``, ``"not_found"``, ``"overload"``, ``"internal"``) and a
+``retryable`` hint. The Flight layer maps domains to Flight status codes in exactly one function
+(``flight_serve.flight.status.to_flight_error``); nothing else decides a status code.
+
+DataFusion raises generic exceptions; they are wrapped at the engine edge into
+:class:`QueryError` (bad SQL, unknown column) so a user mistake is never reported as INTERNAL.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+Domain = Literal["input", "not_found", "already_exists", "overload", "internal"]
+
+
+class FlightServeError(Exception):
+    """Root of every flight-serve error.
+
+    Attributes:
+        domain: which class of failure this is; decides the Flight status code.
+        retryable: whether the same request may succeed if sent again unchanged.
+    """
+
+    domain: ClassVar[Domain] = "internal"
+    retryable: ClassVar[bool] = False
+
+
+# --- bad input (INVALID_ARGUMENT) -------------------------------------------------------------
+
+
+class InvalidInputError(FlightServeError):
+    """The request itself is wrong; sending it again unchanged fails again."""
+
+    domain: ClassVar[Domain] = "input"
+
+
+class SchemaMismatchError(InvalidInputError):
+    """A batch's schema differs from the stream's schema.
+
+    The message names each missing, unexpected or retyped field.
+    """
+
+
+class QueryError(InvalidInputError):
+    """SQL that cannot be parsed or planned; the message is the parser's or planner's own."""
+
+
+class PipelineSQLError(InvalidInputError):
+    """Pipeline or windowed-query SQL that flight-serve cannot run.
+
+    Attributes:
+        line: 1-based line of the offending token, when known.
+        col: 1-based column of the offending token, when known.
+    """
+
+    def __init__(self, message: str, line: int | None = None, col: int | None = None) -> None:
+        where = f" (line {line}, column {col})" if line is not None and col is not None else ""
+        super().__init__(f"{message}{where}")
+        self.line = line
+        self.col = col
+
+
+class TicketError(InvalidInputError):
+    """A ticket that is malformed, of an unknown version, or stale (its stream was dropped)."""
+
+
+class EventTimeError(InvalidInputError):
+    """The event-time column is missing or is not an Arrow timestamp."""
+
+
+class StreamNameError(InvalidInputError):
+    """A stream name that is empty, too long, or holds characters outside ``[A-Za-z0-9_.-]``."""
+
+
+class ActionError(InvalidInputError):
+    """An unknown action type or a malformed action body."""
+
+
+# --- missing (NOT_FOUND) ----------------------------------------------------------------------
+
+
+class NotFoundError(FlightServeError):
+    """A named thing (stream, table, pipeline) does not exist."""
+
+    domain: ClassVar[Domain] = "not_found"
+
+
+class StreamNotFoundError(NotFoundError):
+    """No stream has this name."""
+
+
+# --- conflicts (ALREADY_EXISTS) ---------------------------------------------------------------
+
+
+class AlreadyExistsError(FlightServeError):
+    """Creating something that already exists."""
+
+    domain: ClassVar[Domain] = "already_exists"
+
+
+# --- overload (UNAVAILABLE, retry later) ------------------------------------------------------
+
+
+class OverloadError(FlightServeError):
+    """A limit was reached; retry after a delay."""
+
+    domain: ClassVar[Domain] = "overload"
+    retryable: ClassVar[bool] = True
+
+
+class BatchTooLargeError(InvalidInputError):
+    """One batch exceeds the server's maximum batch size; the message names the limit in bytes."""
+
+
+# --- storage and internal ---------------------------------------------------------------------
+
+
+class StorageError(FlightServeError):
+    """The stream store could not read or write its files."""
+
+    domain: ClassVar[Domain] = "internal"

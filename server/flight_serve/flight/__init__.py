@@ -1,0 +1,1 @@
+"""flight_serve.flight"""
