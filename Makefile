@@ -48,6 +48,10 @@ bench: $(VENV)/.stamp-bench
 ## make proto: regenerate the Python code for schemas/*.proto (a test checks it is current).
 proto: $(VENV)/.stamp-test
 	$(PY) -m grpc_tools.protoc -I schemas --python_out=server/flight_serve/_proto --pyi_out=server/flight_serve/_proto schemas/flight_serve/v1/*.proto
+	@# the output lands in _proto/flight_serve/v1/; make it an importable package
+	@for d in server/flight_serve/_proto/flight_serve server/flight_serve/_proto/flight_serve/v1; do \
+	  test -f $$d/__init__.py || echo '"""Generated protobuf code (make proto); never edited by hand."""' > $$d/__init__.py; \
+	done
 
 clean:
 	rm -rf $(VENV) flight-data .pytest_cache .mypy_cache .ruff_cache
