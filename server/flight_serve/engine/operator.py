@@ -1,0 +1,573 @@
+"""The windowed-aggregation operator: event-time windows, watermarks, late side output.
+
+Arrow shapes:
+
+* **input**: record batches with the event-time column (an Arrow ``timestamp`` of any unit, with or
+  without a time zone; naive means UTC), the key columns and the aggregated columns.
+* **output** (:attr:`WindowOperator.output_schema`): the query's projection over the key columns,
+  ``window_start`` and ``window_end`` (same timestamp type as the event-time column, start inclusive,
+  end exclusive) and the final aggregates. Rows come out ordered by ``window_end``, then
+  ``window_start``, then the keys.
+* **late side output** (:attr:`WindowOperator.late_schema`): the input columns plus
+  ``_late_reason`` (``late``: every window of the row had closed; ``null_time``: the event time is
+  null; ``out_of_range``: the event time cannot be held in nanoseconds since the epoch, i.e. before
+  1677 or after 2262) and ``_window_start`` / ``_window_end``: the latest window the row missed
+  (null unless the reason is ``late``).
+
+Rules (DESIGN §4), with ``W`` the watermark *before* the batch and ``L`` the allowed lateness:
+
+1. A row is late for a window when ``window_end + L ≤ W``. A row late for every window it belongs
+   to goes to the late side output; it never creates or reopens window state. A hopping row is
+   dropped only from the windows it is late for. A session row whose own ``[t, t + gap)`` is late is
+   still accepted when it overlaps a session of its key that is still open (it merges into it).
+2. After the batch, ``W`` folds in the batch's maximum event time (see :mod:`.watermark`).
+3. Every window with ``window_end + L ≤ W`` fires once, with its final aggregates, and its pane
+   state (one row of partial aggregates per key and window) is evicted.
+4. :meth:`WindowOperator.finish` is end of input: ``W = +∞``, every open window fires.
+
+Execution: accepted rows are buffered with their window bounds; DataFusion computes the partial
+aggregates of the buffer grouped by key and window and merges them into the pane state
+(``UNION ALL`` + ``GROUP BY``; for sessions a windowed ``max``/``sum`` finds the overlapping
+proto-sessions first). The merge runs when a window can fire or the buffer reaches
+``merge_rows``, so DataFusion sees large inputs and per-call overhead stays small. No Python code
+runs per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+import datafusion
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flight_serve.engine.aggregate import AggregateCall, quote_ident
+from flight_serve.engine.watermark import WatermarkTracker
+from flight_serve.engine.windows import (
+    HoppingWindow,
+    Int64Array,
+    SessionWindow,
+    TumblingWindow,
+    WindowSpec,
+)
+from flight_serve.errors import EventTimeError, InvalidInputError, QueryError
+from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, NS_PER_UNIT, timedelta_to_ns
+
+WS, WE = "__ws", "__we"
+LATE_REASON, LATE_START, LATE_END = "_late_reason", "_window_start", "_window_end"
+DEFAULT_PARTITION = "0"
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """One column of the default projection: ``source`` is a key column, ``window_start``,
+    ``window_end`` or ``__a<i>`` (the i-th aggregate); ``name`` is the output name."""
+
+    name: str
+    source: str
+
+
+@dataclass(frozen=True)
+class WindowAggregation:
+    """A windowed aggregation, as configuration. :meth:`build` makes the running operator.
+
+    Args:
+        window: the window assignment (tumbling, hopping or session).
+        time_column: the event-time column (an Arrow timestamp).
+        key_columns: the GROUP BY columns besides the window bounds (may be empty).
+        aggregates: the aggregates, in order; the i-th is column ``__a<i>`` before projection.
+        max_out_of_orderness: the watermark bound ``B`` (``W = max event time - B``).
+        allowed_lateness: ``L``; a window fires at ``W ≥ window_end + L``.
+        filter_sql: an optional DataFusion boolean expression applied to each input batch first
+            (the query's WHERE); rows it removes are not late, they are filtered.
+        columns: the default projection; empty means keys, window bounds, aggregates by alias.
+        projection_sql: a DataFusion ``SELECT … FROM fired`` run on the fired rows instead of
+            ``columns`` (for expressions over aggregates and HAVING).
+        merge_rows: buffered rows that trigger a merge into pane state even if nothing fires.
+    """
+
+    window: WindowSpec
+    time_column: str
+    key_columns: tuple[str, ...]
+    aggregates: tuple[AggregateCall, ...]
+    max_out_of_orderness: timedelta = timedelta(0)
+    allowed_lateness: timedelta = timedelta(0)
+    filter_sql: str | None = None
+    columns: tuple[OutputColumn, ...] = ()
+    projection_sql: str | None = None
+    merge_rows: int = 1 << 18
+
+    def build(self, input_schema: pa.Schema) -> WindowOperator:
+        """Return a running operator for input batches of ``input_schema``.
+
+        Raises:
+            EventTimeError: the event-time column is missing or not a timestamp.
+            InvalidInputError: a key or aggregated column is missing, or a window duration is
+                finer than the event-time column's unit.
+            QueryError: DataFusion cannot plan the filter or the projection.
+        """
+        return WindowOperator(self, input_schema)
+
+
+@dataclass(frozen=True)
+class Emission:
+    """What one step of the operator produced.
+
+    Attributes:
+        output: window results that fired in this step (``output_schema``), possibly empty.
+        late: rows sent to the late side output in this step (``late_schema``), possibly empty.
+        watermark_ns: the operator watermark after the step (ns since the epoch;
+            ``MIN_WATERMARK_NS`` before any row, ``MAX_WATERMARK_NS`` after end of input).
+    """
+
+    output: pa.Table
+    late: pa.Table
+    watermark_ns: int
+
+
+@dataclass
+class OperatorMetrics:
+    """Counters of one operator (rows, not bytes)."""
+
+    rows_in: int = 0
+    rows_late: int = 0
+    rows_null_time: int = 0
+    rows_out_of_range: int = 0
+    windows_fired: int = 0
+    merges: int = 0
+
+
+@dataclass
+class _Batch:
+    """Buffered accepted rows: the needed input columns plus ``__ws``/``__we`` (int64 ns)."""
+
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    rows: int = 0
+    min_end: int | None = None
+
+
+def _event_time_ns(column: pa.Array[Any]) -> tuple[Int64Array, np.ndarray, np.ndarray]:
+    """``(ts_ns, is_null, out_of_range)`` for a timestamp column; ``ts_ns`` is 0 where invalid."""
+    assert pa.types.is_timestamp(column.type)
+    factor = NS_PER_UNIT[column.type.unit]
+    raw = column.cast(pa.int64())
+    is_null = np.asarray(raw.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    values = np.asarray(raw.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if factor == 1:
+        return values, is_null, np.zeros(len(values), dtype=bool)
+    limit = (2**63 - 1) // factor
+    out_of_range = (values > limit) | (values < -limit)
+    values = np.where(out_of_range, 0, values) * factor
+    return values, is_null, out_of_range
+
+
+class WindowOperator:
+    """The running windowed aggregation built by :meth:`WindowAggregation.build`.
+
+    Call :meth:`process` once per input batch and :meth:`finish` at end of input. Not thread-safe:
+    one operator belongs to one pipeline task.
+    """
+
+    def __init__(self, config: WindowAggregation, input_schema: pa.Schema) -> None:
+        self.config = config
+        self.input_schema = input_schema
+        self.metrics = OperatorMetrics()
+        self._ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
+        self._validate()
+        ts_type = input_schema.field(config.time_column).type
+        self.time_type: pa.TimestampType = ts_type
+        self._unit_ns = NS_PER_UNIT[ts_type.unit]
+        self._lateness_ns = timedelta_to_ns(config.allowed_lateness)
+        self._tracker = WatermarkTracker(timedelta_to_ns(config.max_out_of_orderness))
+        needed: list[str] = []
+        for name in (*config.key_columns, *(a.column for a in config.aggregates if a.column)):
+            if name not in needed:
+                needed.append(name)
+        self._buffer_schema = pa.schema(
+            [input_schema.field(n) for n in needed]
+            + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
+        )
+        self._buffer = _Batch()
+        self._merge_sql, self._state_schema = self._plan_merge()
+        self._state: pa.Table = self._state_schema.empty_table()
+        self._state_min_end: int | None = None
+        self.late_schema = pa.schema(
+            [
+                *input_schema,
+                pa.field(LATE_REASON, pa.string()),
+                pa.field(LATE_START, ts_type),
+                pa.field(LATE_END, ts_type),
+            ]
+        )
+        self._fired_schema = self._finalize(self._state_schema.empty_table()).schema
+        self.output_schema = self._project(self._fired_schema.empty_table()).schema
+        self._empty_late = self.late_schema.empty_table()
+
+    # --- planning -----------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        cfg, schema = self.config, self.input_schema
+        idx = schema.get_field_index(cfg.time_column)
+        if idx < 0:
+            raise EventTimeError(
+                f"event-time column {cfg.time_column!r} is not in the input; input columns: "
+                f"{', '.join(schema.names)}"
+            )
+        ts_type = schema.field(idx).type
+        if not pa.types.is_timestamp(ts_type):
+            raise EventTimeError(
+                f"event-time column {cfg.time_column!r} must be an Arrow timestamp, got {ts_type}"
+            )
+        for name in (*cfg.key_columns, *(a.column for a in cfg.aggregates if a.column)):
+            if schema.get_field_index(name) < 0:
+                raise InvalidInputError(
+                    f"column {name!r} is not in the input; input columns: {', '.join(schema.names)}"
+                )
+        unit_ns = NS_PER_UNIT[ts_type.unit]
+        durations: dict[str, timedelta] = {}
+        w = cfg.window
+        if isinstance(w, TumblingWindow):
+            durations = {"size": w.size, "offset": w.offset}
+        elif isinstance(w, HoppingWindow):
+            durations = {"size": w.size, "slide": w.slide, "offset": w.offset}
+        else:
+            durations = {"gap": w.gap}
+        durations["allowed_lateness"] = cfg.allowed_lateness
+        for name, value in durations.items():
+            if timedelta_to_ns(value) % unit_ns:
+                raise InvalidInputError(
+                    f"window {name} {value} is finer than the unit {ts_type.unit!r} of event-time "
+                    f"column {cfg.time_column!r}"
+                )
+
+    def _sql(self, sql: str, tables: dict[str, Sequence[pa.RecordBatch]]) -> pa.Table:
+        for name, batches in tables.items():
+            self._ctx.register_record_batches(name, [list(batches)])
+        try:
+            return self._ctx.sql(sql).to_arrow_table()
+        except Exception as exc:  # DataFusion raises generic exceptions: wrap at the engine edge
+            raise QueryError(str(exc)) from exc
+        finally:
+            for name in tables:
+                self._ctx.deregister_table(name)
+
+    def _plan_merge(self) -> tuple[str, pa.Schema]:
+        cfg = self.config
+        keys = [quote_ident(k) for k in cfg.key_columns]
+        group = [*keys, quote_ident(WS), quote_ident(WE)]
+        partial_items, merge_items = [], []
+        for i, agg in enumerate(cfg.aggregates):
+            for name, expr in agg.partial_sql(f"__p{i}"):
+                partial_items.append(f"{expr} AS {quote_ident(name)}")
+            for name, expr in agg.merge_sql(f"__p{i}"):
+                merge_items.append(f"{expr} AS {quote_ident(name)}")
+        partial = (
+            f"SELECT {', '.join([*group, *partial_items])} FROM buf GROUP BY {', '.join(group)}"
+        )
+        empty_buf = self._buffer_schema.empty_table().to_batches() or [
+            pa.RecordBatch.from_pylist([], self._buffer_schema)
+        ]
+        partial_schema = self._sql(partial, {"buf": empty_buf}).schema
+        partial_schema = pa.schema([f.with_nullable(True) for f in partial_schema])
+        union = f"SELECT * FROM state UNION ALL {partial}"
+        if isinstance(cfg.window, SessionWindow):
+            part = f"PARTITION BY {', '.join(keys)} " if keys else ""
+            order = f"ORDER BY {quote_ident(WS)}, {quote_ident(WE)}"
+            merge = (
+                f"WITH u AS ({union}), "
+                f"o AS (SELECT *, max({quote_ident(WE)}) OVER ({part}{order} ROWS BETWEEN "
+                f"UNBOUNDED PRECEDING AND 1 PRECEDING) AS __prev FROM u), "
+                f"s AS (SELECT *, sum(CASE WHEN __prev IS NULL OR {quote_ident(WS)} >= __prev "
+                f"THEN 1 ELSE 0 END) OVER ({part}{order} ROWS UNBOUNDED PRECEDING) AS __sid FROM o) "
+                f"SELECT {', '.join([*keys, f'min({quote_ident(WS)}) AS {quote_ident(WS)}', f'max({quote_ident(WE)}) AS {quote_ident(WE)}', *merge_items])} "
+                f"FROM s GROUP BY {', '.join([*keys, '__sid'])}"
+            )
+        else:
+            merge = (
+                f"SELECT {', '.join([*group, *merge_items])} FROM ({union}) AS u "
+                f"GROUP BY {', '.join(group)}"
+            )
+        return merge, partial_schema
+
+    # --- the running operator -----------------------------------------------------------------
+
+    @property
+    def watermark_ns(self) -> int:
+        """The operator watermark in ns since the epoch (see :mod:`.watermark`)."""
+        return self._tracker.watermark_ns
+
+    @property
+    def open_panes(self) -> int:
+        """Pane rows held in state (one per key and open window), not counting the buffer."""
+        return self._state.num_rows
+
+    def process(self, batch: pa.RecordBatch, partition: str = DEFAULT_PARTITION) -> Emission:
+        """Consume one input batch of ``partition``; return what fired and what went late.
+
+        Raises:
+            InvalidInputError: ``batch`` lacks a column of the input schema or cannot be cast to it.
+            QueryError: the filter fails on this batch (DataFusion's message).
+        """
+        if batch.schema != self.input_schema:
+            batch = self._conform(batch)
+        self.metrics.rows_in += batch.num_rows
+        if self.config.filter_sql is not None and batch.num_rows:
+            sql = f"SELECT * FROM input WHERE {self.config.filter_sql}"
+            filtered = self._sql(sql, {"input": [batch]}).cast(self.input_schema)
+            batch = (
+                filtered.combine_chunks().to_batches()[0]
+                if filtered.num_rows
+                else batch.slice(0, 0)
+            )
+        late_tables: list[pa.Table] = []
+        watermark_before = self._tracker.watermark_ns
+        ts_ns, is_null, out_of_range = _event_time_ns(batch.column(self.config.time_column))
+        invalid = is_null | out_of_range
+        if invalid.any():
+            for mask, reason in ((is_null, "null_time"), (out_of_range & ~is_null, "out_of_range")):
+                if mask.any():
+                    late_tables.append(self._late_rows(batch, np.flatnonzero(mask), reason, None))
+            self.metrics.rows_null_time += int(is_null.sum())
+            self.metrics.rows_out_of_range += int((out_of_range & ~is_null).sum())
+            valid_idx = np.flatnonzero(~invalid)
+            batch = batch.take(pa.array(valid_idx, pa.int64()))
+            ts_ns = ts_ns[valid_idx]
+        if batch.num_rows:
+            late = self._accept(batch, ts_ns, watermark_before)
+            if late is not None:
+                late_tables.append(late)
+            max_ts: int | None = int(ts_ns.max())
+        else:
+            max_ts = None
+        watermark = self._tracker.observe(partition, max_ts)
+        output = self._fire(watermark) if self._may_fire(watermark) else None
+        if output is None and self._buffer.rows >= self.config.merge_rows:
+            self._merge()
+        return self._emission(output, late_tables)
+
+    def finish(self, partition: str | None = None) -> Emission:
+        """End of input for ``partition`` (default: every partition seen, i.e. the whole input).
+
+        When no partition is left open the watermark is +∞ and every open window fires.
+        """
+        if partition is None:
+            for p in self._tracker.partitions:
+                self._tracker.finish(p)
+            watermark = self._tracker.finish(DEFAULT_PARTITION)
+        else:
+            watermark = self._tracker.finish(partition)
+        output = self._fire(watermark) if self._may_fire(watermark) else None
+        return self._emission(output, [])
+
+    def snapshot(self) -> dict[str, object]:
+        """Immutable copies of the operator state (pane state, buffer, watermarks).
+
+        Taking a snapshot never consumes or resets live state: Arrow tables are immutable.
+        """
+        return {
+            "state": self._state,
+            "buffer": list(self._buffer.batches),
+            "watermark": self._tracker.snapshot(),
+        }
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        missing = [n for n in self.input_schema.names if batch.schema.get_field_index(n) < 0]
+        if missing:
+            raise InvalidInputError(f"input batch lacks column(s) {', '.join(missing)}")
+        try:
+            return pa.RecordBatch.from_arrays(
+                [
+                    batch.column(n).cast(f.type)
+                    for n, f in zip(self.input_schema.names, self.input_schema, strict=True)
+                ],
+                schema=self.input_schema,
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidInputError(f"input batch does not match the input schema: {exc}") from exc
+
+    def _threshold(self, watermark: int) -> int:
+        """Windows with ``window_end <= threshold`` are closed (late / ready to fire)."""
+        if watermark == MIN_WATERMARK_NS:
+            return MIN_WATERMARK_NS
+        return max(watermark - self._lateness_ns, MIN_WATERMARK_NS)
+
+    def _accept(self, batch: pa.RecordBatch, ts_ns: Int64Array, watermark: int) -> pa.Table | None:
+        window = self.config.window
+        rows, starts = window.assign_ns(ts_ns)
+        ends = window.end_ns(starts)
+        threshold = self._threshold(watermark)
+        late_table = None
+        if threshold > MIN_WATERMARK_NS:
+            alive = ends > threshold
+            if not alive.all():
+                if isinstance(window, SessionWindow):
+                    alive |= self._overlaps_open_session(batch, rows, starts, ends, ~alive)
+                n = batch.num_rows
+                live_count = np.bincount(rows[alive], minlength=n)
+                late_rows = np.flatnonzero(live_count == 0)
+                if len(late_rows):
+                    # the first assignment of each row is its latest window (see assign_ns)
+                    first = np.searchsorted(rows, late_rows)
+                    late_table = self._late_rows(batch, late_rows, "late", starts[first])
+                    self.metrics.rows_late += len(late_rows)
+                rows, starts, ends = rows[alive], starts[alive], ends[alive]
+        if len(rows):
+            cols = [batch.column(n) for n in self._buffer_schema.names[:-2]]
+            if len(rows) != batch.num_rows or not np.array_equal(rows, np.arange(batch.num_rows)):
+                take = pa.array(rows, pa.int64())
+                cols = [c.take(take) for c in cols]
+            buf = pa.RecordBatch.from_arrays(
+                [*cols, pa.array(starts, pa.int64()), pa.array(ends, pa.int64())],
+                schema=self._buffer_schema,
+            )
+            self._buffer.batches.append(buf)
+            self._buffer.rows += buf.num_rows
+            low = int(ends.min())
+            self._buffer.min_end = (
+                low if self._buffer.min_end is None else min(low, self._buffer.min_end)
+            )
+        return late_table
+
+    def _overlaps_open_session(
+        self,
+        batch: pa.RecordBatch,
+        rows: Int64Array,
+        starts: Int64Array,
+        ends: Int64Array,
+        candidates: np.ndarray,
+    ) -> np.ndarray:
+        """For session windows: which candidate rows overlap a still-open session of their key."""
+        self._merge()
+        result = np.zeros(len(rows), dtype=bool)
+        if self._state.num_rows == 0:
+            return result
+        idx = np.flatnonzero(candidates)
+        keys = self.config.key_columns
+        cand = pa.table(
+            {
+                **{k: batch.column(k).take(pa.array(rows[idx], pa.int64())) for k in keys},
+                WS: pa.array(starts[idx], pa.int64()),
+                WE: pa.array(ends[idx], pa.int64()),
+                "__i": pa.array(idx, pa.int64()),
+            }
+        )
+        on = " AND ".join(
+            [f"c.{quote_ident(k)} IS NOT DISTINCT FROM s.{quote_ident(k)}" for k in keys]
+            + [
+                f"c.{quote_ident(WS)} < s.{quote_ident(WE)}",
+                f"c.{quote_ident(WE)} > s.{quote_ident(WS)}",
+            ]
+        )
+        hits = self._sql(
+            f"SELECT DISTINCT c.__i FROM cand c JOIN state s ON {on}",
+            {
+                "cand": cand.to_batches() or [pa.RecordBatch.from_pylist([], cand.schema)],
+                "state": self._state.to_batches(),
+            },
+        )
+        result[np.asarray(hits["__i"].to_numpy(), dtype=np.int64)] = True
+        return result
+
+    def _late_rows(
+        self, batch: pa.RecordBatch, idx: np.ndarray, reason: str, missed_start: Int64Array | None
+    ) -> pa.Table:
+        taken = batch.take(pa.array(idx, pa.int64()))
+        n = len(idx)
+        start: pa.Array[Any]
+        end: pa.Array[Any]
+        if missed_start is None:
+            start = pa.nulls(n, self.time_type)
+            end = pa.nulls(n, self.time_type)
+        else:
+            missed_end = self.config.window.end_ns(missed_start)
+            start = pa.array(missed_start // self._unit_ns, pa.int64()).cast(self.time_type)
+            end = pa.array(missed_end // self._unit_ns, pa.int64()).cast(self.time_type)
+        return pa.Table.from_arrays(
+            [*taken.columns, pa.array([reason] * n, pa.string()), start, end],
+            schema=self.late_schema,
+        )
+
+    def _may_fire(self, watermark: int) -> bool:
+        threshold = self._threshold(watermark)
+        if watermark == MAX_WATERMARK_NS:
+            return self._buffer.rows > 0 or self._state.num_rows > 0
+        ends = [e for e in (self._state_min_end, self._buffer.min_end) if e is not None]
+        return bool(ends) and min(ends) <= threshold
+
+    def _merge(self) -> None:
+        if not self._buffer.rows:
+            return
+        state_batches = self._state.to_batches() or [
+            pa.RecordBatch.from_pylist([], self._state_schema)
+        ]
+        merged = self._sql(self._merge_sql, {"state": state_batches, "buf": self._buffer.batches})
+        self._state = merged.cast(self._state_schema)
+        self._buffer = _Batch()
+        self.metrics.merges += 1
+        self._state_min_end = int(pc.min(self._state[WE]).as_py()) if self._state.num_rows else None
+
+    def _fire(self, watermark: int) -> pa.Table | None:
+        self._merge()
+        if not self._state.num_rows:
+            return None
+        if watermark == MAX_WATERMARK_NS:
+            fire = pa.array(np.ones(self._state.num_rows, dtype=bool))
+        else:
+            fire = pc.less_equal(self._state[WE], pa.scalar(self._threshold(watermark), pa.int64()))
+        fired = self._state.filter(fire)
+        if not fired.num_rows:
+            return None
+        self._state = self._state.filter(pc.invert(fire))
+        self._state_min_end = int(pc.min(self._state[WE]).as_py()) if self._state.num_rows else None
+        self.metrics.windows_fired += fired.num_rows
+        order: list[tuple[str, Literal["ascending", "descending"]]] = [
+            (WE, "ascending"),
+            (WS, "ascending"),
+            *((k, "ascending") for k in self.config.key_columns),
+        ]
+        fired = fired.sort_by(order)
+        return self._project(self._finalize(fired))
+
+    def _finalize(self, state: pa.Table) -> pa.Table:
+        """Pane state → keys, ``window_start``, ``window_end``, ``__a<i>`` (final aggregates)."""
+        cfg = self.config
+        unit = self._unit_ns
+        arrays: list[pa.ChunkedArray[Any] | pa.Array[Any]] = [state[k] for k in cfg.key_columns]
+        names = list(cfg.key_columns)
+        for name, col in (("window_start", WS), ("window_end", WE)):
+            values = pc.divide(state[col], pa.scalar(unit, pa.int64())) if unit != 1 else state[col]
+            arrays.append(values.cast(self.time_type))
+            names.append(name)
+        for i, agg in enumerate(cfg.aggregates):
+            arrays.append(agg.final(state, f"__p{i}"))
+            names.append(f"__a{i}")
+        return pa.Table.from_arrays(arrays, names=names)
+
+    def _project(self, fired: pa.Table) -> pa.Table:
+        cfg = self.config
+        if cfg.projection_sql is not None:
+            batches = fired.to_batches() or [pa.RecordBatch.from_pylist([], fired.schema)]
+            return self._sql(cfg.projection_sql, {"fired": batches})
+        columns = cfg.columns or (
+            *(OutputColumn(k, k) for k in cfg.key_columns),
+            OutputColumn("window_start", "window_start"),
+            OutputColumn("window_end", "window_end"),
+            *(OutputColumn(a.alias, f"__a{i}") for i, a in enumerate(cfg.aggregates)),
+        )
+        return pa.Table.from_arrays(
+            [fired[c.source] for c in columns], names=[c.name for c in columns]
+        )
+
+    def _emission(self, output: pa.Table | None, late: list[pa.Table]) -> Emission:
+        if output is None:
+            output = self.output_schema.empty_table()
+        elif output.schema != self.output_schema:
+            output = output.cast(self.output_schema)
+        late_table = pa.concat_tables(late) if late else self._empty_late
+        return Emission(output=output, late=late_table, watermark_ns=self._tracker.watermark_ns)
