@@ -91,7 +91,7 @@ class AggregateCall:
     def final(self, state: pa.Table, prefix: str) -> pa.ChunkedArray[Any]:
         """The final value per row of merged ``state`` (pyarrow compute, no Python loop)."""
         if self.column is None or self.func == "count":
-            return state[f"{prefix}c"].fill_null(pa.scalar(0, pa.int64()))  # type: ignore[arg-type]
+            return state[f"{prefix}c"].fill_null(pa.scalar(0, pa.int64()))
         if self.func == "avg":
             count = state[f"{prefix}c"]
             total = state[f"{prefix}s"]
