@@ -1,0 +1,578 @@
+"""The flight-serve client: DoPut, queries, stream metadata, tails and DoExchange, over pyarrow.flight.
+
+The wire contract is ``schemas/README.md``; this module is its reference client. It imports
+pyarrow only (an import-linter contract forbids ``flight_serve``).
+
+Errors. Every method lets pyarrow's Flight exceptions through unchanged; the server maps its
+errors to Flight status codes, which pyarrow raises on the client as:
+
+==========================  ============================================  =========================
+status code                 raised here as                                 typical cause
+==========================  ============================================  =========================
+``INVALID_ARGUMENT``        :class:`pyarrow.ArrowInvalid` (a ValueError)   bad SQL, schema mismatch,
+                                                                           stale ticket, bad name
+``NOT_FOUND``               :class:`pyarrow.ArrowKeyError` (a KeyError)    unknown stream or table
+``UNAVAILABLE``             :class:`pyarrow.flight.FlightUnavailableError`  server down or overloaded
+``UNAUTHENTICATED``         :class:`pyarrow.flight.FlightUnauthenticatedError`
+``PERMISSION_DENIED``       :class:`pyarrow.flight.FlightUnauthorizedError`
+``DEADLINE_EXCEEDED``       :class:`pyarrow.flight.FlightTimedOutError`
+``INTERNAL`` / ``UNKNOWN``  :class:`pyarrow.flight.FlightInternalError` /  a server bug
+                            :class:`pyarrow.flight.FlightServerError`
+==========================  ============================================  =========================
+
+A reply that breaks the wire contract itself raises :class:`~flight_serve_client.ProtocolError`
+(a :class:`pyarrow.flight.FlightError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import chain
+from types import TracebackType
+from typing import Any, Literal, Self, cast
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from flight_serve_client._protocol import (
+    ProtocolError,
+    decode_int,
+    decode_json,
+    decode_late_rows,
+    is_late_rows,
+)
+
+__all__ = ["ExchangeEvent", "ExchangeKind", "FlightServeClient"]
+
+#: Batches written by :meth:`FlightServeClient.put` before it waits for the oldest PutResult.
+#: Bounds client-side buffering; PutResults are read as they arrive anyway.
+MAX_UNACKED_BATCHES = 16
+
+#: Reconnection attempts of :meth:`FlightServeClient.tail` in a row (without a batch in between).
+TAIL_RECONNECT_ATTEMPTS = 8
+#: First and longest pause between reconnection attempts of a tail, in seconds (doubling).
+TAIL_BACKOFF_S = (0.05, 2.0)
+
+_REUSE_CONNECTION = b"arrow-flight-reuse-connection://"
+
+ExchangeKind = Literal["result", "late", "ack", "done"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeEvent:
+    """One message read from a DoExchange windowed query (schemas/README.md, "DoExchange").
+
+    Attributes:
+        kind: ``"result"``: window results closed by an input batch (``batch`` has the query's
+            result schema: group keys, ``window_start``, ``window_end``, aggregates);
+            ``"late"``: rows that input batch sent to the late side output (``batch`` has the
+            input columns plus ``_late_reason`` (utf8: ``late`` or ``null_time``),
+            ``_window_start`` and ``_window_end``);
+            ``"ack"``: the server finished input batch ``input_batch`` (``batch`` is None;
+            ``metadata`` is ``{"ack": i, "watermark_ns": int | None, "late_rows": int}``, the
+            watermark in nanoseconds since the Unix epoch, ``late_rows`` cumulative);
+            ``"done"``: the flush after the client finished writing (``metadata`` is
+            ``{"done": true, "watermark_ns": None, "late_rows": n}``); always the last event.
+        batch: the rows of a ``result`` or ``late`` event, else None.
+        metadata: the decoded JSON app_metadata (``{"input_batch": i}`` for results; empty for
+            late rows).
+        input_batch: index (from 0) of the input batch this event answers; None for events
+            read after the client finished writing.
+    """
+
+    kind: ExchangeKind
+    batch: pa.RecordBatch | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    input_batch: int | None = None
+
+
+@dataclass(slots=True)
+class _ExchangeState:
+    result_schema: pa.Schema | None = None
+
+
+class FlightServeClient:
+    """A connection to one flight-serve server.
+
+    Args:
+        location: the server's Flight URI, e.g. ``grpc://127.0.0.1:8815`` (``host:port`` alone
+            means ``grpc+tcp://host:port``).
+
+    Use it as a context manager (or call :meth:`close`). One client may be used by one thread
+    at a time; the iterators it returns hold a call open until exhausted or closed.
+    """
+
+    def __init__(self, location: str) -> None:
+        if "://" not in location:
+            location = f"grpc+tcp://{location}"
+        self.location = location
+        self._client = flight.FlightClient(location)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection; calls still open fail with a Flight error."""
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"FlightServeClient({self.location!r})"
+
+    # -- DoPut -------------------------------------------------------------------------------
+
+    def put(
+        self,
+        stream: str,
+        data: pa.Table | Iterable[pa.RecordBatch],
+        *,
+        batch_rows: int = 65536,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Append ``data`` to ``stream`` (DoPut, ``path = [stream]``) and wait until it is durable.
+
+        The stream is created with the first batch's schema if it does not exist. ``data`` is
+        sent in batches of at most ``batch_rows`` rows (larger batches are sliced, zero-copy).
+        The server answers each batch with a PutResult ``{"offset": int, "rows": int}`` once it
+        is on disk; every PutResult is read, at most :data:`MAX_UNACKED_BATCHES` batches ahead
+        of the writes.
+
+        Args:
+            stream: the stream name (``[A-Za-z0-9_.-]``).
+            data: a table, or record batches that all share one schema.
+            batch_rows: the largest batch sent, in rows (≥ 1).
+            on_progress: called after each PutResult with the rows acknowledged (durable) so far.
+
+        Returns:
+            The offset of the last batch acknowledged (the last durable offset), or ``-1`` when
+            ``data`` held no batch (nothing is sent).
+
+        Raises:
+            ValueError: ``batch_rows < 1``.
+            pyarrow.ArrowInvalid: INVALID_ARGUMENT: the schema differs from the stream's (the
+                message names the fields), a bad stream name, a batch over the server's size
+                limit, or batches of differing schemas (raised locally by the writer).
+            pyarrow.flight.FlightUnavailableError: the server is unreachable or overloaded.
+            ProtocolError: a PutResult that is not ``{"offset", "rows"}`` JSON, or fewer
+                PutResults than batches.
+        """
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+        batches = _rechunk(data, batch_rows)
+        first = next(batches, None)
+        if first is None:
+            return -1
+        writer, stream_reader = self._client.do_put(
+            flight.FlightDescriptor.for_path(stream), first.schema
+        )
+        # pyarrow returns a FlightMetadataReader here; the stubs say FlightStreamReader.
+        reader = cast(flight.FlightMetadataReader, stream_reader)
+        written = 0
+        acked = 0
+        acked_rows = 0
+        last_offset = -1
+
+        def read_ack() -> None:
+            nonlocal acked, acked_rows, last_offset
+            buffer = reader.read()
+            if buffer is None:
+                writer.close()  # raises the server's status if the call failed
+                raise ProtocolError(
+                    f"DoPut {stream!r}: the server ended after {acked} PutResults for "
+                    f"{written} batches"
+                )
+            message = decode_json(buffer, "PutResult")
+            last_offset = decode_int(message, "offset", "PutResult")
+            acked_rows += decode_int(message, "rows", "PutResult")
+            acked += 1
+            if on_progress is not None:
+                on_progress(acked_rows)
+
+        try:
+            for batch in chain((first,), batches):
+                writer.write_batch(batch)
+                written += 1
+                while written - acked > MAX_UNACKED_BATCHES:
+                    read_ack()
+            writer.done_writing()
+            while acked < written:
+                read_ack()
+        except BaseException:
+            # The server's own status (e.g. INVALID_ARGUMENT) was already raised; close quietly.
+            with contextlib.suppress(pa.ArrowException):
+                writer.close()
+            raise
+        writer.close()
+        return last_offset
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def query(self, sql: str) -> pa.Table:
+        """Run ``sql`` and return the whole result as one table.
+
+        GetFlightInfo(``cmd = sql``) plans the query over the streams (each stream is a table
+        named after it); every endpoint's ticket is then read with DoGet, in endpoint order.
+
+        Returns:
+            A table with the result schema (empty, with that schema, when there are no rows).
+
+        Raises:
+            pyarrow.ArrowInvalid: INVALID_ARGUMENT: the SQL does not parse or plan (the
+                message is the parser's).
+            pyarrow.ArrowKeyError: NOT_FOUND: a named table does not exist (servers may also
+                report it as INVALID_ARGUMENT, as DataFusion's planner does).
+            pyarrow.flight.FlightUnavailableError: the server is unreachable.
+        """
+        info = self._client.get_flight_info(_command(sql))
+        tables = []
+        for endpoint in info.endpoints:
+            with self._endpoint_client(endpoint) as client:
+                tables.append(client.do_get(endpoint.ticket).read_all())
+        if not tables:
+            return info.schema.empty_table()
+        if len(tables) == 1:
+            return tables[0]
+        return pa.concat_tables(tables)
+
+    def query_batches(self, sql: str) -> Iterator[pa.RecordBatch]:
+        """Run ``sql`` and yield its result batch by batch (each at most 4 MiB), endpoint after
+        endpoint; errors are those of :meth:`query`. Closing the iterator early cancels the call.
+        """
+        info = self._client.get_flight_info(_command(sql))
+        for endpoint in info.endpoints:
+            with self._endpoint_client(endpoint) as client:
+                reader = client.do_get(endpoint.ticket)
+                try:
+                    for chunk in _chunks(reader):
+                        if chunk.data is not None:
+                            yield chunk.data
+                finally:
+                    with contextlib.suppress(pa.ArrowException):
+                        reader.cancel()
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def stream_info(self, name: str) -> dict[str, Any]:
+        """Describe stream ``name`` (GetFlightInfo, ``path = [name]``).
+
+        Returns:
+            ``{"name": str, "schema": pyarrow.Schema, "total_records": int,
+            "total_bytes": int, "first_offset": int, "next_offset": int, "incarnation": ...}``:
+            the counts cover the retained rows; offsets are batch sequence numbers,
+            ``next_offset`` the one the next batch will get. Other keys the server puts in the
+            FlightInfo's app_metadata are passed through.
+
+        Raises:
+            pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name.
+            pyarrow.ArrowInvalid: INVALID_ARGUMENT: not a valid stream name.
+        """
+        info = self._client.get_flight_info(flight.FlightDescriptor.for_path(name))
+        raw = info.app_metadata
+        metadata = decode_json(raw.encode() if isinstance(raw, str) else raw, "stream info")
+        return {
+            "name": name,
+            "schema": info.schema,
+            "total_records": info.total_records,
+            "total_bytes": info.total_bytes,
+            **metadata,
+        }
+
+    def list_streams(self) -> list[str]:
+        """Return the names of every stream (ListFlights), sorted.
+
+        Only path descriptors of one element are streams; other flights are left out.
+        """
+        names = set()
+        for info in self._client.list_flights():
+            path = info.descriptor.path
+            if (
+                info.descriptor.descriptor_type == flight.DescriptorType.PATH
+                and path
+                and len(path) == 1
+            ):
+                element = path[0]
+                names.add(element.decode() if isinstance(element, bytes) else str(element))
+        return sorted(names)
+
+    def drop(self, name: str) -> None:
+        """Drop stream ``name`` and its stored batches (action ``stream.drop``).
+
+        Tickets for the dropped stream (including open tails) become stale: INVALID_ARGUMENT.
+
+        Raises:
+            pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name.
+        """
+        self._action("stream.drop", {"stream": name})
+
+    # -- tail --------------------------------------------------------------------------------
+
+    def tail(
+        self, stream: str, offset: int = 0, *, reconnect: bool = True
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """Follow ``stream`` live from ``offset``: yield ``(offset, batch)`` for every batch,
+        the existing ones first, then each new one as it is appended. It never ends on its own.
+
+        The ticket comes from action ``stream.tail`` ``{"stream", "offset"}``; each DoGet batch
+        carries app_metadata ``{"offset": int}``. With ``reconnect``, a dropped connection
+        (:class:`pyarrow.flight.FlightUnavailableError`) asks for a new tail ticket from the last
+        offset seen + 1, so no batch is yielded twice or skipped; up to
+        :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row, pausing with doubling delays
+        (:data:`TAIL_BACKOFF_S`). Closing the iterator cancels the call.
+
+        Raises:
+            pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name.
+            pyarrow.ArrowInvalid: INVALID_ARGUMENT: the stream was dropped or re-created while
+                tailing (its ticket is stale), or a negative offset.
+            pyarrow.flight.FlightUnavailableError: the connection dropped and ``reconnect`` is
+                off, or every reconnection attempt failed.
+            ProtocolError: a batch without a JSON ``{"offset": int}``.
+        """
+        next_offset = offset
+        failures = 0
+        while True:
+            reader: flight.FlightStreamReader | None = None
+            try:
+                ticket = flight.Ticket(
+                    self._action("stream.tail", {"stream": stream, "offset": next_offset})
+                )
+                reader = self._client.do_get(ticket)
+                for chunk in _chunks(reader):
+                    if chunk.data is None:
+                        continue
+                    message = decode_json(chunk.app_metadata, "tail batch")
+                    batch_offset = decode_int(message, "offset", "tail batch")
+                    failures = 0
+                    next_offset = batch_offset + 1
+                    yield batch_offset, chunk.data
+                return
+            except flight.FlightUnavailableError:
+                if not reconnect or failures >= TAIL_RECONNECT_ATTEMPTS:
+                    raise
+                time.sleep(min(TAIL_BACKOFF_S[0] * 2**failures, TAIL_BACKOFF_S[1]))
+                failures += 1
+            finally:
+                if reader is not None:
+                    with contextlib.suppress(pa.ArrowException):
+                        reader.cancel()
+
+    # -- DoExchange --------------------------------------------------------------------------
+
+    def exchange(
+        self,
+        sql: str,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        schema: pa.Schema | None = None,
+    ) -> Iterator[ExchangeEvent]:
+        """Run windowed query ``sql`` over ``batches`` inline (DoExchange, ``cmd = sql``).
+
+        The protocol (schemas/README.md): the client writes one input batch, then reads until
+        that batch's acknowledgement ``{"ack": i}``, yielding for each message an
+        :class:`ExchangeEvent`: ``result`` (window results the batch closed), ``late`` (rows the
+        batch sent to the late side output), then ``ack``. After the last batch it finishes
+        writing (the watermark becomes +∞) and reads the flush: more ``result`` (and ``late``)
+        events, then ``done``. Results therefore arrive in event-time order of window close.
+
+        Args:
+            sql: a windowed query over the table ``input``, optionally preceded by
+                ``CREATE SOURCE input (WATERMARK FOR t AS t - INTERVAL ...)``.
+            batches: the input, all of one schema with an Arrow timestamp event-time column.
+            schema: the input schema, needed only when ``batches`` may be empty.
+
+        Raises:
+            ValueError: ``batches`` is empty and no ``schema`` was given (raised before any call).
+            pyarrow.ArrowInvalid: INVALID_ARGUMENT: the SQL is not a windowed query flight-serve
+                can run (the message has line and column), or the event-time column is missing
+                or not a timestamp.
+            ProtocolError: the stream ended before an acknowledgement or ``done``, or carried
+                an acknowledgement for another batch.
+
+        Closing the iterator early cancels the call.
+        """
+        return self._exchange(sql, batches, schema, _ExchangeState())
+
+    def exchange_table(
+        self, sql: str, table: pa.Table, batch_rows: int = 65536
+    ) -> tuple[pa.Table, pa.Table]:
+        """Run :meth:`exchange` over ``table`` in batches of at most ``batch_rows`` rows and
+        collect everything.
+
+        Returns:
+            ``(results, late_rows)``: the window results, in the order received, with the
+            query's result schema; and the late side output with the input columns plus
+            ``_late_reason``, ``_window_start`` and ``_window_end`` (when nothing was late, an
+            empty table whose window columns take the type of the result's ``window_start``,
+            or ``timestamp[ns, tz=UTC]``).
+
+        Raises:
+            Those of :meth:`exchange`; ValueError when ``batch_rows < 1``.
+        """
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows must be at least 1, got {batch_rows}")
+        state = _ExchangeState()
+        results: list[pa.RecordBatch] = []
+        late: list[pa.RecordBatch] = []
+        events = self._exchange(
+            sql, table.to_batches(max_chunksize=batch_rows), table.schema, state
+        )
+        for event in events:
+            if event.kind == "result" and event.batch is not None:
+                results.append(event.batch)
+            elif event.kind == "late" and event.batch is not None:
+                late.append(event.batch)
+        if state.result_schema is None:  # pragma: no cover - "done" always follows the schema
+            raise ProtocolError("exchange finished without a result schema")
+        result_table = pa.Table.from_batches(results, schema=state.result_schema)
+        if late:
+            return result_table, pa.Table.from_batches(late)
+        bound_type: pa.DataType = pa.timestamp("ns", tz="UTC")
+        if "window_start" in state.result_schema.names:
+            bound_type = state.result_schema.field("window_start").type
+        late_schema = (
+            table.schema.append(pa.field("_late_reason", pa.string()))
+            .append(pa.field("_window_start", bound_type))
+            .append(pa.field("_window_end", bound_type))
+        )
+        return result_table, late_schema.empty_table()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _exchange(
+        self,
+        sql: str,
+        batches: Iterable[pa.RecordBatch],
+        schema: pa.Schema | None,
+        state: _ExchangeState,
+    ) -> Iterator[ExchangeEvent]:
+        remaining = iter(batches)
+        first = next(remaining, None)
+        input_schema = first.schema if first is not None else schema
+        if input_schema is None:
+            raise ValueError("exchange needs at least one input batch or an explicit schema")
+        return self._exchange_calls(sql, first, remaining, input_schema, state)
+
+    def _exchange_calls(
+        self,
+        sql: str,
+        first: pa.RecordBatch | None,
+        remaining: Iterator[pa.RecordBatch],
+        input_schema: pa.Schema,
+        state: _ExchangeState,
+    ) -> Iterator[ExchangeEvent]:
+        writer, reader = self._client.do_exchange(_command(sql))
+        finished = False
+        try:
+            writer.begin(input_schema)
+            all_batches = remaining if first is None else chain((first,), remaining)
+            for index, batch in enumerate(all_batches):
+                writer.write_batch(batch)
+                yield from _read_exchange(reader, state, index)
+            writer.done_writing()
+            yield from _read_exchange(reader, state, None)
+            finished = True
+        finally:
+            if not finished:
+                with contextlib.suppress(pa.ArrowException):
+                    reader.cancel()
+                with contextlib.suppress(pa.ArrowException):
+                    writer.close()
+        writer.close()
+
+    def _action(self, action_type: str, body: Mapping[str, Any]) -> bytes:
+        """Run one action with a JSON body; return the first result's body (b"" if none)."""
+        payload = json.dumps(body).encode()
+        results = list(self._client.do_action(flight.Action(action_type, payload)))
+        if not results:
+            return b""
+        return results[0].body.to_pybytes()
+
+    @contextlib.contextmanager
+    def _endpoint_client(self, endpoint: flight.FlightEndpoint) -> Iterator[flight.FlightClient]:
+        """This connection when the endpoint has no location, names this server, or asks to
+        reuse the connection; otherwise a new connection to its first location."""
+        uris = [_uri_bytes(location) for location in endpoint.locations]
+        own = self.location.encode()
+        if not uris or own in uris or any(uri.startswith(_REUSE_CONNECTION) for uri in uris):
+            yield self._client
+            return
+        other = flight.FlightClient(uris[0].decode())
+        try:
+            yield other
+        finally:
+            other.close()
+
+
+def _read_exchange(
+    reader: flight.FlightStreamReader, state: _ExchangeState, index: int | None
+) -> Iterator[ExchangeEvent]:
+    """Read exchange messages up to the ack of input batch ``index`` (or ``done`` if None)."""
+    awaited = "done" if index is None else f"the ack of input batch {index}"
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            raise ProtocolError(
+                f"DoExchange: the server ended the stream before {awaited}"
+            ) from None
+        if state.result_schema is None:
+            state.result_schema = reader.schema
+        raw = chunk.app_metadata.to_pybytes() if chunk.app_metadata is not None else b""
+        if chunk.data is not None:
+            metadata = decode_json(raw, "exchange result") if raw else {}
+            yield ExchangeEvent("result", chunk.data, metadata, index)
+            continue
+        if is_late_rows(raw):
+            yield ExchangeEvent("late", decode_late_rows(raw), {}, index)
+            continue
+        message = decode_json(raw, "exchange metadata")
+        if index is not None and "ack" in message:
+            if message["ack"] != index:
+                raise ProtocolError(f"DoExchange: expected {awaited}, got {message!r}")
+            yield ExchangeEvent("ack", None, message, index)
+            return
+        if index is None and message.get("done") is True:
+            yield ExchangeEvent("done", None, message, None)
+            return
+        raise ProtocolError(f"DoExchange: expected {awaited}, got {message!r}")
+
+
+def _rechunk(
+    data: pa.Table | Iterable[pa.RecordBatch], batch_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """Yield ``data`` as batches of at most ``batch_rows`` rows, skipping empty ones (zero-copy)."""
+    source: Iterable[pa.RecordBatch] = (
+        data.to_batches(max_chunksize=batch_rows) if isinstance(data, pa.Table) else data
+    )
+    for batch in source:
+        for start in range(0, batch.num_rows, batch_rows):
+            yield batch.slice(start, batch_rows) if batch.num_rows > batch_rows else batch
+
+
+def _chunks(reader: flight.FlightStreamReader) -> Iterator[flight.FlightStreamChunk]:
+    while True:
+        try:
+            yield reader.read_chunk()
+        except StopIteration:
+            return
+
+
+def _command(sql: str) -> flight.FlightDescriptor:
+    return flight.FlightDescriptor.for_command(sql.encode("utf-8"))
+
+
+def _uri_bytes(location: flight.Location | str | bytes) -> bytes:
+    uri = location.uri if isinstance(location, flight.Location) else location
+    return uri if isinstance(uri, bytes) else uri.encode()
