@@ -458,7 +458,7 @@ class WindowOperator:
             }
         )
         on = " AND ".join(
-            [f"c.{quote_ident(k)} IS NOT DISTINCT FROM s.{quote_ident(k)}" for k in keys]
+            [f"(c.{quote_ident(k)} IS NOT DISTINCT FROM s.{quote_ident(k)})" for k in keys]
             + [
                 f"c.{quote_ident(WS)} < s.{quote_ident(WE)}",
                 f"c.{quote_ident(WE)} > s.{quote_ident(WS)}",
