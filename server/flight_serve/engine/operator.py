@@ -150,19 +150,26 @@ class _Batch:
     min_end: int | None = None
 
 
-def _event_time_ns(column: pa.Array[Any]) -> tuple[Int64Array, np.ndarray, np.ndarray]:
-    """``(ts_ns, is_null, out_of_range)`` for a timestamp column; ``ts_ns`` is 0 where invalid."""
+def _event_time_ns(column: pa.Array[Any]) -> tuple[Int64Array, np.ndarray | None]:
+    """``(ts_ns, invalid)`` for a timestamp column: ns since the epoch (0 where invalid), and
+    ``None`` when every value is valid, else an int8 mask: 1 = null, 2 = out of the ns range."""
     assert pa.types.is_timestamp(column.type)
     factor = NS_PER_UNIT[column.type.unit]
     raw = column.cast(pa.int64())
-    is_null = np.asarray(raw.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-    values = np.asarray(raw.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    if factor == 1:
-        return values, is_null, np.zeros(len(values), dtype=bool)
+    invalid: np.ndarray | None = None
+    if raw.null_count:
+        invalid = np.asarray(raw.is_null().to_numpy(zero_copy_only=False), dtype=np.int8)
+        raw = raw.fill_null(pa.scalar(0, pa.int64()))
+    values = np.asarray(raw.to_numpy(zero_copy_only=False), dtype=np.int64)
+    if factor == 1 or not len(values):
+        return values, invalid
     limit = (2**63 - 1) // factor
-    out_of_range = (values > limit) | (values < -limit)
-    values = np.where(out_of_range, 0, values) * factor
-    return values, is_null, out_of_range
+    if values.max() > limit or values.min() < -limit:
+        out_of_range = (values > limit) | (values < -limit)
+        invalid = np.zeros(len(values), dtype=np.int8) if invalid is None else invalid
+        invalid[out_of_range & (invalid == 0)] = 2
+        values = np.where(out_of_range, 0, values)
+    return values * factor, invalid
 
 
 class WindowOperator:
@@ -325,15 +332,17 @@ class WindowOperator:
             )
         late_tables: list[pa.Table] = []
         watermark_before = self._tracker.watermark_ns
-        ts_ns, is_null, out_of_range = _event_time_ns(batch.column(self.config.time_column))
-        invalid = is_null | out_of_range
-        if invalid.any():
-            for mask, reason in ((is_null, "null_time"), (out_of_range & ~is_null, "out_of_range")):
-                if mask.any():
-                    late_tables.append(self._late_rows(batch, np.flatnonzero(mask), reason, None))
-            self.metrics.rows_null_time += int(is_null.sum())
-            self.metrics.rows_out_of_range += int((out_of_range & ~is_null).sum())
-            valid_idx = np.flatnonzero(~invalid)
+        ts_ns, invalid = _event_time_ns(batch.column(self.config.time_column))
+        if invalid is not None:
+            for code, reason in ((1, "null_time"), (2, "out_of_range")):
+                idx = np.flatnonzero(invalid == code)
+                if len(idx):
+                    late_tables.append(self._late_rows(batch, idx, reason, None))
+                    if code == 1:
+                        self.metrics.rows_null_time += len(idx)
+                    else:
+                        self.metrics.rows_out_of_range += len(idx)
+            valid_idx = np.flatnonzero(invalid == 0)
             batch = batch.take(pa.array(valid_idx, pa.int64()))
             ts_ns = ts_ns[valid_idx]
         if batch.num_rows:
@@ -419,7 +428,7 @@ class WindowOperator:
                 rows, starts, ends = rows[alive], starts[alive], ends[alive]
         if len(rows):
             cols = [batch.column(n) for n in self._buffer_schema.names[:-2]]
-            if len(rows) != batch.num_rows or not np.array_equal(rows, np.arange(batch.num_rows)):
+            if len(rows) != batch.num_rows or isinstance(self.config.window, HoppingWindow):
                 take = pa.array(rows, pa.int64())
                 cols = [c.take(take) for c in cols]
             buf = pa.RecordBatch.from_arrays(
