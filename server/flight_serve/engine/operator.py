@@ -155,11 +155,11 @@ def _event_time_ns(column: pa.Array[Any]) -> tuple[Int64Array, np.ndarray | None
     ``None`` when every value is valid, else an int8 mask: 1 = null, 2 = out of the ns range."""
     assert pa.types.is_timestamp(column.type)
     factor = NS_PER_UNIT[column.type.unit]
-    raw = column.cast(pa.int64())
+    raw: pa.Array[Any] = column.cast(pa.int64())
     invalid: np.ndarray | None = None
     if raw.null_count:
         invalid = np.asarray(raw.is_null().to_numpy(zero_copy_only=False), dtype=np.int8)
-        raw = raw.fill_null(pa.scalar(0, pa.int64()))
+        raw = raw.fill_null(0)
     values = np.asarray(raw.to_numpy(zero_copy_only=False), dtype=np.int64)
     if factor == 1 or not len(values):
         return values, invalid
