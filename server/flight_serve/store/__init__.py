@@ -1,1 +1,21 @@
-"""flight_serve.store"""
+"""flight_serve.store: durable, offset-addressed streams of Arrow record batches (DESIGN §3)."""
+
+from flight_serve.store.streams import (
+    DEFAULT_SEGMENT_BYTES,
+    FsyncMode,
+    StreamInfo,
+    StreamStore,
+    plain_type,
+    rewrite_type,
+    validate_stream_name,
+)
+
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "FsyncMode",
+    "StreamInfo",
+    "StreamStore",
+    "plain_type",
+    "rewrite_type",
+    "validate_stream_name",
+]

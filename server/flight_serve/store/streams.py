@@ -1,0 +1,864 @@
+"""Durable, append-only, offset-addressed streams of Arrow record batches (DESIGN §3).
+
+A **stream** is a named log of record batches that share one schema. Offsets are batch sequence
+numbers: the first batch ever appended has offset 0, the next 1, and so on; an offset is never
+reused within one *incarnation* of a stream (a dropped and re-created stream is a new
+incarnation, with a new UUID).
+
+On-disk layout (``data_dir/streams/<name>/``)::
+
+    stream.json                  {"format": 1, "name", "incarnation", "created_at"}
+    schema.arrow                 the stream schema, ``pa.Schema.serialize()`` bytes, written once
+    00000000000000000000.seg     segment: frames for offsets 0, 1, ...
+    00000000000000012345.seg     the next segment starts at offset 12345 (its file name)
+
+A segment is a sequence of frames; a frame is a 24-byte header and one encapsulated Arrow IPC
+record-batch message (``pa.RecordBatch.serialize()``)::
+
+    magic b"FSF1" | body_len u64 LE | num_rows u64 LE | crc32(body) u32 LE | body (body_len bytes)
+
+A segment is rolled (a new file started) once it would grow past ``segment_bytes`` (64 MiB by
+default). A stream directory is staged in ``data_dir/streams-staging/`` and renamed into place,
+so a stream either exists completely or not at all; a drop renames it to
+``data_dir/streams-trash/`` before deleting it.
+
+Durability: with ``fsync="batch"`` (the default) :meth:`StreamStore.append` returns only after
+the frame is written and ``fdatasync``-ed, so an acknowledged batch survives a crash. With
+``fsync="never"`` the OS decides when data reaches the disk.
+
+Recovery: on open, every segment's frame headers are checked (magic, length inside the file,
+segment first offsets contiguous) and the frame bodies of each stream's *last* segment -- the
+only one a crash can leave half-written -- are checked against their CRC32. The log ends at the
+first bad frame: the segment is truncated there and any later segment is deleted (logged as a
+warning with the number of bytes dropped). A torn tail is never served and never makes the
+stream unreadable.
+
+Reads memory-map segment files and decode batches with ``pa.ipc.read_record_batch`` without
+copying: a returned batch's buffers point into the mapping (which stays valid, even after a
+drop, for as long as the batch is referenced).
+
+Dictionary-encoded columns (at any nesting depth) are decoded to their plain value type on
+append, so the stream schema never contains a dictionary type and every frame is
+self-contained (no dictionary batches in the log).
+
+Schema rule for appends: a batch matches the stream when it has the same field names (in any
+order) with the same types; a batch field may be nullable where the stream's is not as long as
+the batch holds no nulls in it. Matching batches are stored in the stream's field order with the
+stream's field metadata. Anything else raises :class:`~flight_serve.errors.SchemaMismatchError`
+naming each missing, unexpected and retyped field.
+
+One process at a time owns a data directory: :class:`StreamStore` takes an exclusive
+``flock`` on ``data_dir/streams.lock`` and raises :class:`~flight_serve.errors.StorageError`
+if another store (in this or another process) holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import struct
+import threading
+import uuid
+import zlib
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self, cast
+
+import pyarrow as pa
+
+from flight_serve.errors import (
+    InvalidInputError,
+    SchemaMismatchError,
+    StorageError,
+    StreamNameError,
+    StreamNotFoundError,
+)
+
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "STREAM_NAME_PATTERN",
+    "FsyncMode",
+    "StreamInfo",
+    "StreamStore",
+    "plain_type",
+    "rewrite_type",
+    "validate_stream_name",
+]
+
+log = logging.getLogger(__name__)
+
+FsyncMode = Literal["batch", "never"]
+
+#: A segment is rolled once it would grow past this many bytes.
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+#: Stream names: 1 to 200 characters out of ``[A-Za-z0-9_.-]``, and not ``.`` or ``..``.
+STREAM_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+
+_FORMAT = 1
+_FRAME_MAGIC = b"FSF1"
+_HEADER = struct.Struct("<4sQQI")  # magic, body_len, num_rows, crc32(body)
+_SEGMENT_SUFFIX = ".seg"
+_META_FILE = "stream.json"
+_SCHEMA_FILE = "schema.arrow"
+
+
+def validate_stream_name(name: str) -> str:
+    """Return ``name`` if it is a valid stream name.
+
+    Raises:
+        StreamNameError: ``name`` is empty, longer than 200 characters, holds a character outside
+            ``[A-Za-z0-9_.-]``, or is ``.`` / ``..`` (which are not directory names).
+
+    >>> validate_stream_name("flights.v2")
+    'flights.v2'
+    """
+    if not isinstance(name, str) or STREAM_NAME_PATTERN.fullmatch(name) is None:
+        raise StreamNameError(
+            f"invalid stream name {name!r}: use 1 to 200 characters out of [A-Za-z0-9_.-]"
+        )
+    if name in (".", ".."):
+        raise StreamNameError(f"invalid stream name {name!r}: '.' and '..' are reserved")
+    return name
+
+
+def rewrite_type(
+    data_type: pa.DataType, replace: Callable[[pa.DataType], pa.DataType | None]
+) -> pa.DataType:
+    """Return ``data_type`` with ``replace`` applied at every nesting level, top down.
+
+    ``replace`` returns a substitute type, or ``None`` to keep the type and descend into its
+    children (struct fields, list / large list / fixed-size list values, map keys and items).
+    Field names, nullability and metadata are kept.
+
+    >>> rewrite_type(pa.list_(pa.int32()), lambda t: pa.int64() if t == pa.int32() else None)
+    ListType(list<item: int64>)
+    """
+    new = replace(data_type)
+    if new is not None and new != data_type:
+        return rewrite_type(new, replace)
+    t: Any = data_type
+
+    def field(f: Any) -> Any:
+        return f.with_type(rewrite_type(f.type, replace))
+
+    if pa.types.is_struct(t):
+        return pa.struct([field(t.field(i)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        map_: Any = pa.map_
+        return cast(pa.DataType, map_(field(t.key_field), field(t.item_field), t.keys_sorted))
+    if pa.types.is_large_list(t):
+        return pa.large_list(field(t.value_field))
+    if pa.types.is_fixed_size_list(t):
+        return cast(pa.DataType, pa.list_(field(t.value_field), t.list_size))
+    if pa.types.is_list(t):
+        return pa.list_(field(t.value_field))
+    return data_type
+
+
+def plain_type(data_type: pa.DataType) -> pa.DataType:
+    """Return ``data_type`` with every dictionary type (at any depth) replaced by its value type.
+
+    >>> plain_type(pa.dictionary(pa.int32(), pa.string()))
+    DataType(string)
+    >>> plain_type(pa.list_(pa.dictionary(pa.int8(), pa.int64())))
+    ListType(list<item: int64>)
+    """
+    return rewrite_type(
+        data_type,
+        lambda t: cast(Any, t).value_type if pa.types.is_dictionary(t) else None,
+    )
+
+
+def _plain_field(field: pa.Field[Any]) -> pa.Field[Any]:
+    return field.with_type(plain_type(field.type))
+
+
+def _plain_schema(schema: pa.Schema) -> pa.Schema:
+    metadata: Any = schema.metadata
+    return pa.schema([_plain_field(f) for f in schema], metadata=metadata)
+
+
+def _decode_dictionaries(batch: pa.RecordBatch) -> pa.RecordBatch:
+    schema = _plain_schema(batch.schema)
+    if schema.equals(batch.schema):
+        return batch
+    columns = [
+        column if column.type == field.type else column.cast(field.type)
+        for column, field in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _describe_mismatch(
+    stream: str, expected: pa.Schema, got: pa.Schema, batch: pa.RecordBatch | None = None
+) -> str | None:
+    """Return why schema ``got`` (and, when given, ``batch``'s nulls) does not fit ``expected``.
+
+    Returns ``None`` when it fits.
+    """
+    expected_names = expected.names
+    got_names = got.names
+    if len(set(expected_names)) != len(expected_names) or len(set(got_names)) != len(got_names):
+        # Duplicate field names: only an identical schema (same order) can be matched safely.
+        if got.equals(expected, check_metadata=False):
+            return None
+        return (
+            f"batch schema does not match stream {stream!r} (duplicate field names need the "
+            f"identical schema): stream has {expected_names}, batch has {got_names}"
+        )
+    got_by_name = {f.name: f for f in got}
+    expected_by_name = {f.name: f for f in expected}
+    missing = [f for f in expected if f.name not in got_by_name]
+    unexpected = [f for f in got if f.name not in expected_by_name]
+    retyped: list[str] = []
+    for field in expected:
+        other = got_by_name.get(field.name)
+        if other is None:
+            continue
+        if other.type != field.type:
+            retyped.append(f"{field.name!r} (stream has {field.type}, batch has {other.type})")
+        elif not field.nullable and batch is not None and batch.column(field.name).null_count:
+            retyped.append(f"{field.name!r} (not nullable in the stream, batch holds nulls)")
+    if not (missing or unexpected or retyped):
+        return None
+    parts = []
+    if missing:
+        parts.append("missing field " + ", ".join(f"{f.name!r} ({f.type})" for f in missing))
+    if unexpected:
+        parts.append("unexpected field " + ", ".join(f"{f.name!r} ({f.type})" for f in unexpected))
+    if retyped:
+        parts.append("retyped field " + ", ".join(retyped))
+    return f"batch schema does not match stream {stream!r}: " + "; ".join(parts)
+
+
+def _conform(stream: str, expected: pa.Schema, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Return ``batch`` in the stream's field order and schema, or raise SchemaMismatchError."""
+    problem = _describe_mismatch(stream, expected, batch.schema, batch)
+    if problem is not None:
+        raise SchemaMismatchError(problem)
+    if batch.schema.equals(expected, check_metadata=True):
+        return batch
+    if batch.schema.names == expected.names:
+        columns = batch.columns
+    else:
+        columns = [batch.column(name) for name in expected.names]
+    return pa.RecordBatch.from_arrays(columns, schema=expected)
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What a stream holds right now.
+
+    Attributes:
+        name: the stream name.
+        schema: the Arrow schema of every batch (dictionary types already decoded).
+        incarnation: UUID (canonical text) made when the stream was created; a dropped and
+            re-created stream gets a new one, so a ticket can tell the two apart.
+        first_offset: offset of the oldest retained batch (0 until retention exists).
+        next_offset: offset the next appended batch gets; batches ``[first_offset, next_offset)``
+            are readable.
+        num_rows: rows in the retained batches.
+        num_bytes: bytes of the retained batches' Arrow IPC messages on disk (frame headers
+            excluded).
+        created_at: aware UTC instant the stream was created.
+    """
+
+    name: str
+    schema: pa.Schema
+    incarnation: str
+    first_offset: int
+    next_offset: int
+    num_rows: int
+    num_bytes: int
+    created_at: datetime
+
+
+class _Segment:
+    """One segment file: frame positions plus a lazily (re)mapped read buffer."""
+
+    def __init__(self, path: Path, first_offset: int) -> None:
+        self.path = path
+        self.first_offset = first_offset
+        self.positions: array[int] = array("Q")  # byte position of each frame body
+        self.lengths: array[int] = array("Q")  # body length of each frame
+        self.rows: array[int] = array("Q")
+        self.size = 0  # bytes of valid frames
+        self._mapped: pa.Buffer | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.positions)
+
+    def buffer_covering(self, end: int) -> pa.Buffer:
+        """Return a zero-copy buffer over the file mapping covering bytes ``[0, end)``.
+
+        Called with the stream lock held.
+        """
+        mapped = self._mapped
+        if mapped is None or mapped.size < end:
+            try:
+                with pa.memory_map(str(self.path), "r") as mm:
+                    mapped = mm.read_buffer()
+            except FileNotFoundError as exc:  # dropped while a reader was running
+                raise StreamNotFoundError(f"segment {self.path.name} is gone") from exc
+            self._mapped = mapped
+        return mapped
+
+
+class _Stream:
+    """In-memory state of one open stream incarnation. Guarded by ``cond``'s lock."""
+
+    def __init__(
+        self, name: str, directory: Path, schema: pa.Schema, incarnation: str, created_at: datetime
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.schema = schema
+        self.incarnation = incarnation
+        self.created_at = created_at
+        self.segments: list[_Segment] = []
+        self.next_offset = 0
+        self.num_rows = 0
+        self.num_bytes = 0
+        self.fd: int | None = None  # append handle of the last segment
+        self.dropped = False
+        self.cond = threading.Condition(threading.Lock())
+
+    def info(self) -> StreamInfo:
+        return StreamInfo(
+            name=self.name,
+            schema=self.schema,
+            incarnation=self.incarnation,
+            first_offset=self.segments[0].first_offset if self.segments else 0,
+            next_offset=self.next_offset,
+            num_rows=self.num_rows,
+            num_bytes=self.num_bytes,
+            created_at=self.created_at,
+        )
+
+    def locate(self, offset: int) -> tuple[_Segment, int]:
+        """Return the segment holding ``offset`` and the frame index inside it."""
+        lo, hi = 0, len(self.segments) - 1
+        while lo < hi:  # last segment whose first_offset <= offset
+            mid = (lo + hi + 1) // 2
+            if self.segments[mid].first_offset <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        segment = self.segments[lo]
+        return segment, offset - segment.first_offset
+
+
+def _segment_name(first_offset: int) -> str:
+    return f"{first_offset:020d}{_SEGMENT_SUFFIX}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes, fsync: bool) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _sync(fd: int) -> None:
+    if hasattr(os, "fdatasync"):
+        os.fdatasync(fd)
+    else:  # pragma: no cover - macOS
+        os.fsync(fd)
+
+
+class StreamStore:
+    """The streams of one data directory. Thread-safe: appends, reads and waits may run on
+    different threads at once.
+
+    Args:
+        data_dir: root directory; streams live under ``data_dir/streams/`` (created if missing).
+        fsync: ``"batch"`` -- :meth:`append` returns after the frame is fdatasync-ed (default);
+            ``"never"`` -- leave flushing to the OS (fast, loses recent batches on a crash).
+        segment_bytes: roll to a new segment file once the current one would exceed this many
+            bytes (64 MiB by default; a single larger frame still gets a segment of its own).
+
+    Raises:
+        StorageError: the directory cannot be created or is already owned by another store.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d, StreamStore(Path(d)) as store:
+    ...     store.append("t", pa.record_batch({"x": [1, 2]}))
+    ...     store.append("t", pa.record_batch({"x": [3]}))
+    ...     [(o, b.num_rows) for o, b in store.read("t")]
+    0
+    1
+    [(0, 2), (1, 1)]
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        fsync: FsyncMode = "batch",
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
+        if fsync not in ("batch", "never"):
+            raise ValueError(f"fsync must be 'batch' or 'never', not {fsync!r}")
+        self.data_dir = Path(data_dir)
+        self.fsync: FsyncMode = fsync
+        self.segment_bytes = segment_bytes
+        self._root = self.data_dir / "streams"
+        self._staging = self.data_dir / "streams-staging"
+        self._trash = self.data_dir / "streams-trash"
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+        self._closed = False
+        try:
+            for directory in (self._root, self._staging, self._trash):
+                directory.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.data_dir / "streams.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot open data dir {self.data_dir}: {exc}") from exc
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise StorageError(
+                f"data dir {self.data_dir} is in use by another stream store (streams.lock)"
+            ) from exc
+        for leftover in (*self._staging.iterdir(), *self._trash.iterdir()):
+            shutil.rmtree(leftover, ignore_errors=True)
+        for directory in sorted(self._root.iterdir()):
+            if directory.is_dir():
+                stream = self._load(directory)
+                if stream is not None:
+                    self._streams[stream.name] = stream
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every file handle and release the data directory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
+            with stream.cond:
+                self._close_fd(stream)
+                stream.dropped = True  # wakes waiters: the store is gone for them
+                stream.cond.notify_all()
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- public API --------------------------------------------------------------------------
+
+    def create(self, name: str, schema: pa.Schema) -> StreamInfo:
+        """Create stream ``name`` with ``schema`` (dictionary types decoded) if it is missing.
+
+        Returns the stream's info. Creating an existing stream with a matching schema is a no-op.
+
+        Raises:
+            StreamNameError: ``name`` is not a valid stream name.
+            SchemaMismatchError: the stream exists with a different schema (the message names
+                each missing, unexpected and retyped field).
+            StorageError: the stream directory could not be written.
+        """
+        plain = _plain_schema(schema)
+        stream = self._get_or_create(name, plain)
+        problem = _describe_mismatch(name, stream.schema, plain)
+        if problem is not None:
+            raise SchemaMismatchError(problem)
+        with stream.cond:
+            return stream.info()
+
+    def append(self, name: str, batch: pa.RecordBatch) -> int:
+        """Append ``batch`` to stream ``name`` and return its offset.
+
+        The stream is created with the batch's schema on the first append. Empty batches are
+        stored (and get an offset) like any other. Returns only after the frame is written, and
+        fdatasync-ed when ``fsync="batch"``.
+
+        Raises:
+            StreamNameError: ``name`` is not a valid stream name.
+            SchemaMismatchError: the batch does not match the stream schema; the message names
+                each missing, unexpected and retyped field. Nothing is written.
+            StorageError: the write failed (the partial frame is cut off again).
+        """
+        validate_stream_name(name)
+        batch = _decode_dictionaries(batch)
+        while True:
+            stream = self._get_or_create(name, batch.schema)
+            conformed = _conform(name, stream.schema, batch)
+            body = conformed.serialize()
+            with stream.cond:
+                if stream.dropped:
+                    self._check_open()
+                    continue  # dropped between lookup and write: append to a new incarnation
+                offset = self._write_frame(stream, body, conformed.num_rows)
+                stream.cond.notify_all()
+                return offset
+
+    def info(self, name: str) -> StreamInfo:
+        """Return what stream ``name`` holds now.
+
+        Raises:
+            StreamNameError: invalid name. StreamNotFoundError: no such stream.
+        """
+        stream = self._get(name)
+        with stream.cond:
+            return stream.info()
+
+    def exists(self, name: str) -> bool:
+        """Return whether stream ``name`` exists. Raises StreamNameError for an invalid name."""
+        validate_stream_name(name)
+        with self._lock:
+            return name in self._streams
+
+    def list_streams(self) -> list[StreamInfo]:
+        """Return the info of every stream, sorted by name."""
+        with self._lock:
+            streams = sorted(self._streams.values(), key=lambda s: s.name)
+        infos = []
+        for stream in streams:
+            with stream.cond:
+                infos.append(stream.info())
+        return infos
+
+    def drop(self, name: str) -> None:
+        """Delete stream ``name`` and its files. Waiting tails wake up (:meth:`wait_for` returns
+        ``False``); batches already handed to readers stay valid.
+
+        Raises:
+            StreamNameError: invalid name. StreamNotFoundError: no such stream.
+            StorageError: the stream directory could not be moved away.
+        """
+        validate_stream_name(name)
+        with self._lock:
+            self._check_open()
+            stream = self._streams.pop(name, None)
+            if stream is None:
+                raise StreamNotFoundError(f"stream {name!r} does not exist")
+            with stream.cond:
+                stream.dropped = True
+                self._close_fd(stream)
+                stream.cond.notify_all()
+            trash = self._trash / f"{name}.{stream.incarnation}"
+            try:
+                os.rename(stream.directory, trash)
+            except OSError as exc:
+                raise StorageError(f"cannot drop stream {name!r}: {exc}") from exc
+        shutil.rmtree(trash, ignore_errors=True)
+        log.info("stream dropped", extra={"stream": name, "incarnation": stream.incarnation})
+
+    def read(
+        self,
+        name: str,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        incarnation: str | None = None,
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """Return an iterator of ``(offset, batch)`` for offsets ``[start, stop)``.
+
+        ``stop=None`` means "up to the last batch appended before this call"; both bounds are
+        clamped to ``[first_offset, next_offset)``. Batches are zero-copy views of the
+        memory-mapped segment files. The stream and its bounds are resolved when ``read`` is
+        called, not when iteration starts.
+
+        Args:
+            incarnation: when given, the stream must still be this incarnation.
+
+        Raises:
+            StreamNameError: invalid name. InvalidInputError: ``start`` or ``stop`` is negative.
+            StreamNotFoundError: no such stream, or not the given incarnation.
+        """
+        if start < 0 or (stop is not None and stop < 0):
+            raise InvalidInputError(f"offsets must be >= 0, got start={start}, stop={stop}")
+        stream = self._get(name)
+        with stream.cond:
+            if incarnation is not None and stream.incarnation != incarnation:
+                raise StreamNotFoundError(
+                    f"stream {name!r} incarnation {incarnation} no longer exists"
+                )
+            first = stream.segments[0].first_offset if stream.segments else 0
+            begin = max(start, first)
+            end = stream.next_offset if stop is None else min(stop, stream.next_offset)
+            plan: list[tuple[_Segment, int, int, pa.Buffer]] = []
+            offset = begin
+            while offset < end:
+                segment, index = stream.locate(offset)
+                last = min(segment.count, index + (end - offset))
+                buffer = segment.buffer_covering(
+                    segment.positions[last - 1] + segment.lengths[last - 1]
+                )
+                plan.append((segment, index, last, buffer))
+                offset += last - index
+        return self._iterate(stream.schema, plan)
+
+    def batches(
+        self, name: str, stop: int | None = None, *, incarnation: str | None = None
+    ) -> list[pa.RecordBatch]:
+        """Return the batches ``[first_offset, stop)`` of stream ``name`` (see :meth:`read`)."""
+        return [batch for _, batch in self.read(name, 0, stop, incarnation=incarnation)]
+
+    def wait_for(self, name: str, offset: int, timeout_s: float) -> bool:
+        """Block until the batch at ``offset`` exists, for at most ``timeout_s`` seconds.
+
+        Returns ``True`` as soon as ``next_offset > offset``; ``False`` on timeout, or when the
+        stream is dropped (or the store closed) while waiting.
+
+        Raises:
+            StreamNameError: invalid name. StreamNotFoundError: no such stream when called.
+        """
+        stream = self._get(name)
+        with stream.cond:
+            return (
+                stream.cond.wait_for(
+                    lambda: stream.dropped or stream.next_offset > offset, timeout=timeout_s
+                )
+                and not stream.dropped
+            )
+
+    # --- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _iterate(
+        schema: pa.Schema, plan: list[tuple[_Segment, int, int, pa.Buffer]]
+    ) -> Iterator[tuple[int, pa.RecordBatch]]:
+        for segment, index, last, buffer in plan:
+            for i in range(index, last):
+                message = buffer.slice(segment.positions[i], segment.lengths[i])
+                yield segment.first_offset + i, pa.ipc.read_record_batch(message, schema)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError("the stream store is closed")
+
+    def _get(self, name: str) -> _Stream:
+        validate_stream_name(name)
+        with self._lock:
+            self._check_open()
+            stream = self._streams.get(name)
+        if stream is None:
+            raise StreamNotFoundError(f"stream {name!r} does not exist")
+        return stream
+
+    def _get_or_create(self, name: str, schema: pa.Schema) -> _Stream:
+        validate_stream_name(name)
+        with self._lock:
+            self._check_open()
+            stream = self._streams.get(name)
+            if stream is None:
+                stream = self._create_locked(name, schema)
+                self._streams[name] = stream
+            return stream
+
+    def _create_locked(self, name: str, schema: pa.Schema) -> _Stream:
+        incarnation = str(uuid.uuid4())
+        created_at = datetime.now(UTC)
+        staged = self._staging / f"{name}.{incarnation}"
+        final = self._root / name
+        do_sync = self.fsync == "batch"
+        try:
+            staged.mkdir()
+            meta = {
+                "format": _FORMAT,
+                "name": name,
+                "incarnation": incarnation,
+                "created_at": created_at.isoformat(),
+            }
+            _write_file(staged / _META_FILE, json.dumps(meta).encode(), do_sync)
+            _write_file(staged / _SCHEMA_FILE, schema.serialize().to_pybytes(), do_sync)
+            _write_file(staged / _segment_name(0), b"", do_sync)
+            if do_sync:
+                _fsync_dir(staged)
+            if final.exists():  # a leftover that failed to load: keep it aside, never mix
+                os.rename(final, self._trash / f"{name}.broken.{incarnation}")
+            os.rename(staged, final)
+            if do_sync:
+                _fsync_dir(self._root)
+        except OSError as exc:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise StorageError(f"cannot create stream {name!r}: {exc}") from exc
+        stream = _Stream(name, final, schema, incarnation, created_at)
+        stream.segments.append(_Segment(final / _segment_name(0), 0))
+        log.info("stream created", extra={"stream": name, "incarnation": incarnation})
+        return stream
+
+    def _write_frame(self, stream: _Stream, body: pa.Buffer, num_rows: int) -> int:
+        """Append one frame to the stream's last segment (stream lock held); return its offset."""
+        segment = stream.segments[-1]
+        frame_bytes = _HEADER.size + body.size
+        try:
+            if segment.size > 0 and segment.size + frame_bytes > self.segment_bytes:
+                segment = self._roll(stream)
+            if stream.fd is None:
+                stream.fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND)
+            view = memoryview(body)
+            header = _HEADER.pack(_FRAME_MAGIC, body.size, num_rows, zlib.crc32(view))
+        except OSError as exc:
+            raise StorageError(f"cannot append to stream {stream.name!r}: {exc}") from exc
+        try:
+            _write_all(stream.fd, header)
+            _write_all(stream.fd, view)
+            if self.fsync == "batch":
+                _sync(stream.fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(stream.fd, segment.size)
+            raise StorageError(f"cannot append to stream {stream.name!r}: {exc}") from exc
+        offset = stream.next_offset
+        segment.positions.append(segment.size + _HEADER.size)
+        segment.lengths.append(body.size)
+        segment.rows.append(num_rows)
+        segment.size += frame_bytes
+        stream.next_offset += 1
+        stream.num_rows += num_rows
+        stream.num_bytes += body.size
+        return offset
+
+    def _roll(self, stream: _Stream) -> _Segment:
+        self._close_fd(stream)
+        segment = _Segment(stream.directory / _segment_name(stream.next_offset), stream.next_offset)
+        _write_file(segment.path, b"", self.fsync == "batch")
+        if self.fsync == "batch":
+            _fsync_dir(stream.directory)
+        stream.segments.append(segment)
+        return segment
+
+    @staticmethod
+    def _close_fd(stream: _Stream) -> None:
+        if stream.fd is not None:
+            os.close(stream.fd)
+            stream.fd = None
+
+    def _load(self, directory: Path) -> _Stream | None:
+        """Open the stream in ``directory``, truncating a torn or corrupt tail."""
+        try:
+            meta = json.loads((directory / _META_FILE).read_text())
+            if meta.get("format") != _FORMAT:
+                raise ValueError(f"unknown stream format {meta.get('format')!r}")
+            name = validate_stream_name(str(meta["name"]))
+            if name != directory.name:
+                raise ValueError(f"stream.json names {name!r}")
+            schema = pa.ipc.read_schema(pa.py_buffer((directory / _SCHEMA_FILE).read_bytes()))
+            stream = _Stream(
+                name,
+                directory,
+                schema,
+                str(meta["incarnation"]),
+                datetime.fromisoformat(meta["created_at"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+            log.error(
+                "skipping unreadable stream directory",
+                extra={"path": str(directory), "error": str(exc)},
+            )
+            return None
+        segment_paths = sorted(directory.glob("*" + _SEGMENT_SUFFIX))
+        for i, path in enumerate(segment_paths):
+            try:
+                first = int(path.stem)
+            except ValueError:
+                first = -1
+            if i == 0 and first >= 0:
+                stream.next_offset = first  # retention may have removed older segments
+            if first != stream.next_offset:  # not contiguous: the log ends before this file
+                self._truncate_tail(stream, None, segment_paths[i:])
+                break
+            segment = _Segment(path, first)
+            intact = self._scan(segment, verify_crc=i == len(segment_paths) - 1)
+            stream.segments.append(segment)
+            stream.next_offset += segment.count
+            stream.num_rows += sum(segment.rows)
+            stream.num_bytes += sum(segment.lengths)
+            if not intact:
+                self._truncate_tail(stream, segment, segment_paths[i + 1 :])
+                break
+        if not stream.segments:
+            segment = _Segment(directory / _segment_name(stream.next_offset), stream.next_offset)
+            _write_file(segment.path, b"", self.fsync == "batch")
+            stream.segments.append(segment)
+        return stream
+
+    def _scan(self, segment: _Segment, verify_crc: bool) -> bool:
+        """Index the frames of ``segment``; return ``False`` if it ends in a bad frame."""
+        size = segment.path.stat().st_size
+        if size == 0:
+            return True
+        with pa.memory_map(str(segment.path), "r") as mm:
+            data = mm.read_buffer()
+        view = memoryview(data)
+        position = 0
+        while position < size:
+            if size - position < _HEADER.size:
+                return False
+            magic, body_len, num_rows, crc = _HEADER.unpack_from(view, position)
+            body_start = position + _HEADER.size
+            if magic != _FRAME_MAGIC or body_start + body_len > size:
+                return False
+            if verify_crc and zlib.crc32(view[body_start : body_start + body_len]) != crc:
+                return False
+            segment.positions.append(body_start)
+            segment.lengths.append(body_len)
+            segment.rows.append(num_rows)
+            position = body_start + body_len
+            segment.size = position
+        return True
+
+    def _truncate_tail(self, stream: _Stream, segment: _Segment | None, later: list[Path]) -> None:
+        """Cut ``segment`` after its last good frame and delete the segment files in ``later``."""
+        kept = segment.size if segment is not None else 0
+        dropped = sum(p.stat().st_size for p in later)
+        if segment is not None:
+            dropped += segment.path.stat().st_size - kept
+        log.warning(
+            "truncating a torn or corrupt stream tail",
+            extra={
+                "stream": stream.name,
+                "segment": (segment.path if segment is not None else later[0]).name,
+                "next_offset": stream.next_offset,
+                "dropped_bytes": dropped,
+            },
+        )
+        if segment is not None:
+            os.truncate(segment.path, kept)
+        for path in later:
+            path.unlink()
+        if self.fsync == "batch":
+            _fsync_dir(stream.directory)

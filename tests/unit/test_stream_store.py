@@ -1,0 +1,311 @@
+"""StreamStore: offsets, durability across re-opens, torn-tail recovery, schema rule, waits."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from flight_serve.errors import (
+    SchemaMismatchError,
+    StorageError,
+    StreamNameError,
+    StreamNotFoundError,
+)
+from flight_serve.store import StreamStore
+
+
+def _batch(xs: list[int], names: list[str] | None = None) -> pa.RecordBatch:
+    return pa.record_batch(
+        {
+            "x": pa.array(xs, pa.int64()),
+            "name": pa.array(names if names is not None else [f"n{x}" for x in xs], pa.string()),
+        }
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StreamStore]:
+    with StreamStore(tmp_path) as s:
+        yield s
+
+
+def _segments(tmp_path: Path, name: str) -> list[Path]:
+    return sorted((tmp_path / "streams" / name).glob("*.seg"))
+
+
+def test_append_returns_consecutive_offsets_and_read_returns_the_batches(
+    store: StreamStore,
+) -> None:
+    assert store.append("t", _batch([1, 2])) == 0
+    assert store.append("t", _batch([3])) == 1
+    assert store.append("t", _batch([])) == 2  # an empty batch is a batch
+    assert store.append("t", _batch([4, 5, 6])) == 3
+
+    got = [(offset, batch.to_pydict()) for offset, batch in store.read("t")]
+    assert got == [
+        (0, {"x": [1, 2], "name": ["n1", "n2"]}),
+        (1, {"x": [3], "name": ["n3"]}),
+        (2, {"x": [], "name": []}),
+        (3, {"x": [4, 5, 6], "name": ["n4", "n5", "n6"]}),
+    ]
+    assert [o for o, _ in store.read("t", start=1, stop=3)] == [1, 2]
+    assert [o for o, _ in store.read("t", start=3, stop=99)] == [3]
+    assert list(store.read("t", start=4)) == []
+    assert [b.num_rows for b in store.batches("t", stop=2)] == [2, 1]
+
+
+def test_info_counts_rows_and_bytes(store: StreamStore) -> None:
+    before = datetime.now(UTC)
+    store.append("t", _batch([1, 2]))
+    store.append("t", _batch([3]))
+    info = store.info("t")
+    assert info.name == "t"
+    assert info.schema == pa.schema([("x", pa.int64()), ("name", pa.string())])
+    assert (info.first_offset, info.next_offset, info.num_rows) == (0, 2, 3)
+    assert info.num_bytes == _batch([1, 2]).serialize().size + _batch([3]).serialize().size
+    assert str(uuid.UUID(info.incarnation)) == info.incarnation
+    assert before <= info.created_at <= datetime.now(UTC)
+    assert [i.name for i in store.list_streams()] == ["t"]
+    assert store.exists("t")
+    assert not store.exists("u")
+
+
+def test_read_is_zero_copy_from_the_mapped_segment(store: StreamStore, tmp_path: Path) -> None:
+    store.append("t", _batch([1, 2, 3]))
+    (_, batch), *_ = store.read("t")
+    # The int64 values buffer lies inside the segment mapping, not in a fresh allocation: its
+    # bytes sit at the frame's position in the file.
+    raw = _segments(tmp_path, "t")[0].read_bytes()
+    values = batch.column(0).buffers()[1]
+    assert values is not None
+    assert values.to_pybytes() in raw
+    assert batch.column(0).to_pylist() == [1, 2, 3]
+
+
+def test_streams_survive_a_reopen(tmp_path: Path) -> None:
+    with StreamStore(tmp_path) as store:
+        store.append("a", _batch([1]))
+        store.append("a", _batch([2, 3]))
+        store.append("b.c-d_e", pa.record_batch({"v": pa.array([1.5])}))
+        before = store.info("a")
+    with StreamStore(tmp_path) as store:
+        after = store.info("a")
+        assert after == before
+        assert [b.to_pydict()["x"] for b in store.batches("a")] == [[1], [2, 3]]
+        assert [i.name for i in store.list_streams()] == ["a", "b.c-d_e"]
+        assert store.append("a", _batch([4])) == 2
+    with StreamStore(tmp_path) as store:
+        assert store.info("a").next_offset == 3
+        assert store.info("a").num_rows == 4
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param(b"FSF1" + struct.pack("<QQI", 4096, 1, 0) + b"\x00" * 100, id="half-a-frame"),
+        pytest.param(b"FSF1\x00\x00", id="half-a-header"),
+        pytest.param(b"garbage that is no frame at all....", id="garbage"),
+    ],
+)
+def test_a_torn_tail_is_truncated_on_open(tmp_path: Path, tail: bytes) -> None:
+    with StreamStore(tmp_path) as store:
+        for i in range(3):
+            store.append("t", _batch([i]))
+    (segment,) = _segments(tmp_path, "t")
+    good_size = segment.stat().st_size
+    with segment.open("ab") as f:
+        f.write(tail)
+
+    with StreamStore(tmp_path) as store:
+        assert store.info("t").next_offset == 3
+        assert segment.stat().st_size == good_size
+        assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [1], [2]]
+        assert store.append("t", _batch([3])) == 3
+        assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [1], [2], [3]]
+    with StreamStore(tmp_path) as store:
+        assert store.info("t").next_offset == 4
+
+
+def test_a_last_frame_with_a_bad_checksum_is_dropped(tmp_path: Path) -> None:
+    with StreamStore(tmp_path) as store:
+        store.append("t", _batch([1]))
+        store.append("t", _batch([2]))
+    (segment,) = _segments(tmp_path, "t")
+    data = bytearray(segment.read_bytes())
+    data[-1] ^= 0xFF  # flip a bit in the last frame's body
+    segment.write_bytes(bytes(data))
+    with StreamStore(tmp_path) as store:
+        assert store.info("t").next_offset == 1
+        assert [b.to_pydict()["x"] for b in store.batches("t")] == [[1]]
+
+
+def test_segments_roll_and_read_across_them(tmp_path: Path) -> None:
+    frame = 24 + _batch([0]).serialize().size
+    with StreamStore(tmp_path, segment_bytes=frame * 2) as store:
+        for i in range(5):
+            assert store.append("t", _batch([i])) == i
+        assert [p.name for p in _segments(tmp_path, "t")] == [
+            "00000000000000000000.seg",
+            "00000000000000000002.seg",
+            "00000000000000000004.seg",
+        ]
+        assert [o for o, _ in store.read("t", start=1, stop=5)] == [1, 2, 3, 4]
+    with StreamStore(tmp_path, segment_bytes=frame * 2) as store:
+        assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [1], [2], [3], [4]]
+        assert store.append("t", _batch([5])) == 5
+
+
+def test_a_corrupt_segment_in_the_middle_ends_the_log_there(tmp_path: Path) -> None:
+    frame = 24 + _batch([0]).serialize().size
+    with StreamStore(tmp_path, segment_bytes=frame * 2) as store:
+        for i in range(5):
+            store.append("t", _batch([i]))
+    middle = _segments(tmp_path, "t")[1]
+    middle.write_bytes(middle.read_bytes()[: frame + 24 + 10])  # offset 3 torn inside its body
+    with StreamStore(tmp_path, segment_bytes=frame * 2) as store:
+        assert store.info("t").next_offset == 3
+        assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [1], [2]]
+        assert len(_segments(tmp_path, "t")) == 2
+        assert store.append("t", _batch([3])) == 3
+
+
+def test_schema_mismatch_names_each_field(store: StreamStore) -> None:
+    store.append("t", _batch([1]))
+    bad = pa.record_batch({"x": pa.array(["1"]), "extra": pa.array([True])})
+    with pytest.raises(SchemaMismatchError) as info:
+        store.append("t", bad)
+    assert str(info.value) == (
+        "batch schema does not match stream 't': missing field 'name' (string); "
+        "unexpected field 'extra' (bool); retyped field 'x' (stream has int64, batch has string)"
+    )
+    assert store.info("t").next_offset == 1  # nothing was written
+
+
+def test_fields_in_another_order_are_reordered(store: StreamStore) -> None:
+    store.append("t", _batch([1]))
+    swapped = pa.record_batch({"name": pa.array(["b"]), "x": pa.array([2], pa.int64())})
+    assert store.append("t", swapped) == 1
+    assert store.batches("t")[1].to_pydict() == {"x": [2], "name": ["b"]}
+
+
+def test_nulls_in_a_non_nullable_field_are_a_mismatch(store: StreamStore) -> None:
+    schema = pa.schema([pa.field("x", pa.int64(), nullable=False)])
+    store.append("t", pa.record_batch([pa.array([1])], schema=schema))
+    assert store.append("t", pa.record_batch({"x": pa.array([2], pa.int64())})) == 1
+    with pytest.raises(SchemaMismatchError, match=r"'x' \(not nullable in the stream"):
+        store.append("t", pa.record_batch({"x": pa.array([None], pa.int64())}))
+
+
+def test_dictionary_columns_are_decoded_on_append(store: StreamStore) -> None:
+    batch = pa.record_batch({"k": pa.array(["a", "b", "a"]).dictionary_encode()})
+    store.append("t", batch)
+    assert store.info("t").schema == pa.schema([("k", pa.string())])
+    assert store.append("t", pa.record_batch({"k": pa.array(["c"])})) == 1
+    assert [b.to_pydict() for b in store.batches("t")] == [{"k": ["a", "b", "a"]}, {"k": ["c"]}]
+
+
+def test_create_checks_the_schema(store: StreamStore) -> None:
+    info = store.create("t", pa.schema([("x", pa.int64())]))
+    assert (info.next_offset, info.num_rows) == (0, 0)
+    assert store.batches("t") == []
+    assert store.create("t", pa.schema([("x", pa.int64())])).incarnation == info.incarnation
+    with pytest.raises(SchemaMismatchError, match=r"retyped field 'x' \(stream has int64"):
+        store.create("t", pa.schema([("x", pa.int32())]))
+
+
+def test_drop_removes_the_stream_and_a_new_one_is_a_new_incarnation(
+    store: StreamStore, tmp_path: Path
+) -> None:
+    store.append("t", _batch([1]))
+    old = store.info("t").incarnation
+    held = store.batches("t")
+    store.drop("t")
+    assert not store.exists("t")
+    assert not (tmp_path / "streams" / "t").exists()
+    with pytest.raises(StreamNotFoundError, match="stream 't' does not exist"):
+        store.info("t")
+    with pytest.raises(StreamNotFoundError):
+        store.drop("t")
+    assert held[0].to_pydict() == {"x": [1], "name": ["n1"]}  # still mapped
+
+    assert store.append("t", pa.record_batch({"y": [1.0]})) == 0
+    assert store.info("t").incarnation != old
+    with pytest.raises(StreamNotFoundError, match=f"incarnation {old} no longer exists"):
+        store.read("t", incarnation=old)
+
+
+def test_invalid_names_are_rejected(store: StreamStore) -> None:
+    for name in ["", "a/b", "..", ".", "x" * 201, "é"]:
+        with pytest.raises(StreamNameError):
+            store.append(name, _batch([1]))
+    assert store.append("x" * 200, _batch([1])) == 0
+
+
+def test_wait_for_wakes_on_append_times_out_and_wakes_on_drop(store: StreamStore) -> None:
+    store.append("t", _batch([0]))
+    assert store.wait_for("t", 0, timeout_s=0.0) is True
+
+    started = time.monotonic()
+    assert store.wait_for("t", 1, timeout_s=0.05) is False
+    assert time.monotonic() - started >= 0.05
+
+    timer = threading.Timer(0.05, lambda: store.append("t", _batch([1])))
+    timer.start()
+    assert store.wait_for("t", 1, timeout_s=5.0) is True
+    timer.join()
+
+    dropper = threading.Timer(0.05, lambda: store.drop("t"))
+    dropper.start()
+    started = time.monotonic()
+    assert store.wait_for("t", 2, timeout_s=5.0) is False
+    assert time.monotonic() - started < 2.0
+    dropper.join()
+
+
+def test_concurrent_appends_get_distinct_contiguous_offsets(store: StreamStore) -> None:
+    offsets: list[int] = []
+    lock = threading.Lock()
+
+    def writer(k: int) -> None:
+        for i in range(20):
+            offset = store.append("t", _batch([k * 100 + i]))
+            with lock:
+                offsets.append(offset)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(offsets) == list(range(80))
+    values = sorted(v for b in store.batches("t") for v in b.column(0).to_pylist())
+    assert values == sorted(k * 100 + i for k in range(4) for i in range(20))
+
+
+def test_a_data_dir_has_one_owner(tmp_path: Path) -> None:
+    with StreamStore(tmp_path), pytest.raises(StorageError, match="in use"):
+        StreamStore(tmp_path)
+    StreamStore(tmp_path).close()  # released after close
+
+
+def test_fsync_never_still_persists_on_close(tmp_path: Path) -> None:
+    with StreamStore(tmp_path, fsync="never") as store:
+        store.append("t", _batch([1]))
+    with StreamStore(tmp_path) as store:
+        assert store.batches("t")[0].to_pydict()["x"] == [1]
+
+
+def test_frames_are_what_the_module_docstring_says(store: StreamStore, tmp_path: Path) -> None:
+    batch = _batch([7, 8])
+    store.append("t", batch)
+    raw = _segments(tmp_path, "t")[0].read_bytes()
+    body = batch.serialize().to_pybytes()
+    assert raw == b"FSF1" + struct.pack("<QQI", len(body), 2, zlib.crc32(body)) + body
