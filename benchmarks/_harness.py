@@ -1,0 +1,184 @@
+"""Timing and reporting shared by every benchmark: alternate subject and baseline, take medians.
+
+A :class:`Comparison` holds the wall-clock seconds of each repetition of a subject (flight-serve)
+and its baseline over the same work (``units`` items: rows or events). Throughput is
+``units / median(seconds)``; the ratio is subject throughput / baseline throughput (higher is
+better for flight-serve; 1.0 = as fast as the baseline).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class Comparison:
+    """One side-by-side measurement.
+
+    Attributes:
+        name: the benchmark's name (``doput``, ``doget``, ``tumbling``...).
+        subject: what flight-serve runs; ``baseline``: what it is compared with.
+        units: items processed per repetition; ``unit``: their name (``rows``, ``events``).
+        nbytes: Arrow bytes moved per repetition (0 when not meaningful).
+        subject_s / baseline_s: seconds of each repetition.
+        ratio_target: the DESIGN §10 target for the ratio, if any.
+        rate_target: the target for the subject's throughput (units/s), if any.
+        note: a line printed under the table (checks, caveats).
+    """
+
+    name: str
+    subject: str
+    baseline: str
+    units: int
+    unit: str
+    nbytes: int = 0
+    subject_s: list[float] = field(default_factory=list)
+    baseline_s: list[float] = field(default_factory=list)
+    ratio_target: float | None = None
+    rate_target: float | None = None
+    note: str = ""
+
+    @property
+    def subject_median(self) -> float:
+        return statistics.median(self.subject_s)
+
+    @property
+    def baseline_median(self) -> float:
+        return statistics.median(self.baseline_s) if self.baseline_s else float("nan")
+
+    @property
+    def subject_rate(self) -> float:
+        return self.units / self.subject_median
+
+    @property
+    def baseline_rate(self) -> float:
+        return self.units / self.baseline_median
+
+    @property
+    def ratio(self) -> float:
+        return self.baseline_median / self.subject_median
+
+    def verdict(self) -> str:
+        """``ratio met``/``ratio below`` and ``rate met``/``rate below`` for each target set."""
+        parts = []
+        if self.ratio_target is not None:
+            ok = self.ratio >= self.ratio_target
+            parts.append("[green]ratio met[/green]" if ok else "[red]ratio below[/red]")
+        if self.rate_target is not None:
+            ok = self.subject_rate >= self.rate_target
+            parts.append("[green]rate met[/green]" if ok else "[red]rate below[/red]")
+        return ", ".join(parts) or "-"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "subject": self.subject,
+            "baseline": self.baseline,
+            "units": self.units,
+            "unit": self.unit,
+            "nbytes": self.nbytes,
+            "subject_s": self.subject_s,
+            "baseline_s": self.baseline_s,
+            "subject_median_s": self.subject_median,
+            "baseline_median_s": self.baseline_median,
+            "ratio": self.ratio,
+            "ratio_target": self.ratio_target,
+            "subject_rate": self.subject_rate,
+            "rate_target": self.rate_target,
+        }
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` takes (garbage collected before, not during)."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def alternate(
+    comparison: Comparison,
+    subject: Callable[[], object],
+    baseline: Callable[[], object],
+    repeat: int,
+    *,
+    after_subject: Callable[[], object] | None = None,
+    after_baseline: Callable[[], object] | None = None,
+) -> Comparison:
+    """Run subject and baseline ``repeat`` times each, alternating (baseline first on odd
+    rounds) so slow drift of a shared machine hits both alike; ``after_*`` run untimed."""
+    for round_ in range(repeat):
+        order = [(subject, comparison.subject_s, after_subject)]
+        order.append((baseline, comparison.baseline_s, after_baseline))
+        if round_ % 2:
+            order.reverse()
+        for fn, times, after in order:
+            times.append(timed(fn))
+            if after is not None:
+                after()
+    return comparison
+
+
+def _rate(value: float, unit: str) -> str:
+    return f"{value / 1e6:,.2f} M {unit}/s"
+
+
+def render(console: Console, comparison: Comparison) -> None:
+    """Print one comparison as a rich table: medians, throughputs, the ratio and its target."""
+    c = comparison
+    table = Table(title=f"{c.name}: {c.units:,} {c.unit}", title_justify="left")
+    table.add_column("side")
+    table.add_column("median s", justify="right")
+    table.add_column("runs (s)", justify="right")
+    table.add_column("throughput", justify="right")
+    if c.nbytes:
+        table.add_column("MB/s", justify="right")
+    for label, median, runs, rate in (
+        (f"flight-serve: {c.subject}", c.subject_median, c.subject_s, c.subject_rate),
+        (f"baseline: {c.baseline}", c.baseline_median, c.baseline_s, c.baseline_rate),
+    ):
+        row = [label, f"{median:.3f}", " ".join(f"{t:.3f}" for t in runs), _rate(rate, c.unit)]
+        if c.nbytes:
+            row.append(f"{c.nbytes / median / 1e6:,.0f}")
+        table.add_row(*row)
+    console.print(table)
+    targets = []
+    if c.ratio_target is not None:
+        targets.append(f"ratio ≥ {c.ratio_target}")
+    if c.rate_target is not None:
+        targets.append(f"≥ {c.rate_target / 1e6:g} M {c.unit}/s")
+    console.print(
+        f"  ratio (flight-serve / baseline throughput) = [bold]{c.ratio:.2f}[/bold]"
+        + (f"; target {', '.join(targets)}: {c.verdict()}" if targets else "")
+    )
+    if c.note:
+        console.print(f"  {c.note}")
+    console.print()
+
+
+def render_summary(console: Console, comparisons: list[Comparison]) -> None:
+    """Print every comparison's ratio first, then throughput and target, in one table."""
+    table = Table(title="Summary (medians; ratio = flight-serve / baseline)", title_justify="left")
+    for column in ("benchmark", "ratio", "ratio target", "flight-serve", "rate target", "verdict"):
+        table.add_column(column, justify="left" if column == "benchmark" else "right")
+    for c in comparisons:
+        table.add_row(
+            c.name,
+            f"{c.ratio:.2f}",
+            "-" if c.ratio_target is None else f"≥ {c.ratio_target}",
+            _rate(c.subject_rate, c.unit),
+            "-" if c.rate_target is None else f"≥ {c.rate_target / 1e6:g} M/s",
+            c.verdict(),
+        )
+    console.print(table)

@@ -1,0 +1,184 @@
+"""DoPut and DoGet: a flight-serve server vs a raw pyarrow Flight server, same batches, one process.
+
+* ``doput``: :meth:`FlightServeClient.put` into a durable flight-serve stream (every batch
+  fsynced before its PutResult, every PutResult read) vs a raw ``pyarrow.flight`` client writing
+  the same batches to a server whose DoPut only drains them into memory (``reader.read_all()``).
+* ``doget``: GetFlightInfo(``SELECT * FROM s``) + DoGet of every endpoint through flight-serve
+  (DataFusion plans and streams the stored rows) vs GetFlightInfo + DoGet of the same table held
+  in memory by a minimal pyarrow server (``RecordBatchStream``).
+
+Both servers run in this process on loopback ports, as does the client, so both sides pay the
+same GIL and gRPC costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+from flight_serve_client import FlightServeClient
+
+from benchmarks._harness import Comparison, alternate
+from benchmarks.data import flights_like
+
+ROWS = 5_000_000
+BATCH_ROWS = 65_536
+
+
+class DrainServer(flight.FlightServerBase):
+    """The DoPut baseline: reads every batch into memory, acknowledges nothing, stores nothing."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.last: pa.Table | None = None
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        self.last = reader.read_all()
+
+
+class TableServer(flight.FlightServerBase):
+    """The DoGet baseline: serves one in-memory table for any descriptor and ticket."""
+
+    def __init__(self, table: pa.Table) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.table = table
+
+    def get_flight_info(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.FlightInfo:
+        endpoint = flight.FlightEndpoint(b"table", [])
+        return flight.FlightInfo(
+            self.table.schema, descriptor, [endpoint], self.table.num_rows, self.table.nbytes
+        )
+
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        return flight.RecordBatchStream(self.table)
+
+
+def _uri(location: Any) -> str:
+    if isinstance(location, flight.Location):
+        uri = location.uri
+        return uri.decode() if isinstance(uri, bytes) else str(uri)
+    return str(location)
+
+
+@contextlib.contextmanager
+def flight_serve_location() -> Iterator[str]:
+    """Start flight-serve on a free loopback port over a temporary data directory."""
+    from flight_serve.flight.server import start_server
+
+    with (
+        tempfile.TemporaryDirectory(prefix="flight-serve-bench-") as data_dir,
+        start_server(Path(data_dir), port=0) as service,
+    ):
+        yield _uri(service.location)
+
+
+def _raw_put(client: flight.FlightClient, batches: list[pa.RecordBatch]) -> None:
+    writer, _ = client.do_put(flight.FlightDescriptor.for_path("bench"), batches[0].schema)
+    for batch in batches:
+        writer.write_batch(batch)
+    writer.close()
+
+
+def _raw_get(client: flight.FlightClient) -> pa.Table:
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(b"SELECT * FROM s"))
+    return pa.concat_tables(client.do_get(e.ticket).read_all() for e in info.endpoints)
+
+
+def doput(repeat: int, rows: int = ROWS) -> list[Comparison]:
+    """DoPut of ``rows`` flights-like rows in 64 Ki-row batches: durable stream vs memory drain."""
+    batches = flights_like(rows, BATCH_ROWS)
+    nbytes = sum(b.nbytes for b in batches)
+    comparison = Comparison(
+        name="doput",
+        subject="DoPut into a durable stream (fsync per batch, PutResults read)",
+        baseline="raw pyarrow DoPut drained into memory",
+        units=rows,
+        unit="rows",
+        nbytes=nbytes,
+        ratio_target=0.7,
+    )
+    with (
+        flight_serve_location() as location,
+        FlightServeClient(location) as client,
+        DrainServer() as raw_server,
+        flight.FlightClient(f"grpc://127.0.0.1:{raw_server.port}") as raw,
+    ):
+        stored: list[int] = []
+        drained: list[int] = []
+
+        def put() -> None:
+            client.put("bench", batches, batch_rows=BATCH_ROWS)
+
+        def after_put() -> None:
+            stored.append(client.stream_info("bench")["total_records"])
+            client.drop("bench")
+
+        def after_raw() -> None:
+            drained.append(-1 if raw_server.last is None else raw_server.last.num_rows)
+            raw_server.last = None
+
+        alternate(
+            comparison,
+            put,
+            lambda: _raw_put(raw, batches),
+            repeat,
+            after_subject=after_put,
+            after_baseline=after_raw,
+        )
+    ok = all(n == rows for n in stored + drained)
+    comparison.note = (
+        f"check: the stream and the drain server held {rows:,} rows after every put"
+        if ok
+        else f"[red]MISMATCH[/red]: stream rows {stored}, drained rows {drained}"
+    )
+    return [comparison]
+
+
+def doget(repeat: int, rows: int = ROWS) -> list[Comparison]:
+    """DoGet of ``SELECT * FROM s`` (``rows`` flights-like rows) vs raw DoGet of the same table."""
+    batches = flights_like(rows, BATCH_ROWS)
+    table = pa.Table.from_batches(batches)
+    comparison = Comparison(
+        name="doget",
+        subject="GetFlightInfo(SELECT * FROM s) + DoGet",
+        baseline="raw pyarrow GetFlightInfo + DoGet of the table in memory",
+        units=rows,
+        unit="rows",
+        nbytes=table.nbytes,
+        ratio_target=0.7,
+    )
+    seen: dict[str, int] = {}
+    with (
+        flight_serve_location() as location,
+        FlightServeClient(location) as client,
+        TableServer(table) as raw_server,
+        flight.FlightClient(f"grpc://127.0.0.1:{raw_server.port}") as raw,
+    ):
+        client.put("s", batches, batch_rows=BATCH_ROWS)
+        alternate(
+            comparison,
+            lambda: seen.__setitem__("subject", client.query("SELECT * FROM s").num_rows),
+            lambda: seen.__setitem__("baseline", _raw_get(raw).num_rows),
+            repeat,
+        )
+    comparison.note = (
+        f"check: both returned {rows:,} rows"
+        if seen == {"subject": rows, "baseline": rows}
+        else f"[red]MISMATCH[/red]: {seen}"
+    )
+    return [comparison]

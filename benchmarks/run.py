@@ -1,0 +1,73 @@
+"""``python -m benchmarks.run [NAME ...]``: run the side-by-side benchmarks, print ratios.
+
+Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by default), ``hopping``,
+``session`` (also run by default). ``--repeat N`` sets the runs per side (median reported);
+``--json PATH`` also writes every measurement as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks import flight_io, windows
+from benchmarks._harness import Comparison, render, render_summary
+
+BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
+    "doput": flight_io.doput,
+    "doget": flight_io.doget,
+    "tumbling": windows.tumbling,
+    "hopping": windows.hopping,
+    "session": windows.session,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})",
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="runs per side (default 5)")
+    parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    args = parser.parse_args(argv)
+    names = args.names or list(BENCHMARKS)
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    console = Console(width=None if sys.stdout.isatty() else 110)
+    console.print(
+        f"[bold]flight-serve benchmarks[/bold]: {', '.join(names)}; {args.repeat} runs per side, "
+        f"median; {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.machine()}"
+    )
+    console.print()
+    results: list[Comparison] = []
+    started = time.perf_counter()
+    for name in names:
+        console.rule(name)
+        for comparison in BENCHMARKS[name](args.repeat):
+            render(console, comparison)
+            results.append(comparison)
+    render_summary(console, results)
+    console.print(f"total {time.perf_counter() - started:.0f} s")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"cpus": os.cpu_count(), "results": [c.as_dict() for c in results]}
+        args.json.write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
