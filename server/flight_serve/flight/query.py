@@ -1,0 +1,301 @@
+"""SQL over streams with DataFusion: plan a query into a ticket, execute a ticket into batches.
+
+Each stream is a table named after it. Table names follow SQL identifier rules as DataFusion
+applies them: an unquoted name is lower-cased, so a stream with upper-case letters or a ``.``/``-``
+in its name is written quoted (``SELECT * FROM "Flights.v2"``).
+
+Snapshot rule: :func:`plan` pins every stream the query reads at its current ``next_offset``
+(and incarnation) in the returned :class:`~flight_serve.flight.tickets.QueryTicket`;
+:func:`execute` reads only batches below the pinned offsets, so ``GetFlightInfo`` and ``DoGet``
+see the same data even while DoPut keeps appending. A ticket whose stream was dropped or
+re-created since planning raises :class:`~flight_serve.errors.TicketError` ("stale").
+
+Queries are read-only: DDL (``CREATE ...``), DML (``INSERT``, ``COPY ... TO``) and statements
+(``SET``) are refused with a :class:`~flight_serve.errors.QueryError`, as is anything DataFusion
+cannot parse, plan or run; the message is DataFusion's own. Row order is defined only by
+``ORDER BY``.
+
+Results are sent as record batches of at most :data:`MAX_RESULT_BATCH_BYTES` (4 MiB,
+``RecordBatch.nbytes``; a single row larger than that is sent alone), with view types
+(``string_view``, ``binary_view``, ``list_view``, ``large_list_view``) converted to their plain
+counterparts in both the announced schema and the batches, so every Flight client can read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import datafusion
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import sqlglot
+from sqlglot import exp
+
+from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
+from flight_serve.flight.tickets import QueryTicket, StreamPin
+from flight_serve.store import StreamStore, rewrite_type
+
+__all__ = [
+    "MAX_RESULT_BATCH_BYTES",
+    "execute",
+    "plain_schema",
+    "plan",
+    "referenced_tables",
+    "split_batch",
+    "to_plain",
+]
+
+#: Upper bound on ``RecordBatch.nbytes`` of every batch a DoGet sends.
+MAX_RESULT_BATCH_BYTES = 4 * 1024 * 1024
+
+_DEFAULT_CATALOG = "datafusion"
+_DEFAULT_SCHEMA = "public"
+
+
+def _sql_options() -> datafusion.SQLOptions:
+    return (
+        datafusion.SQLOptions()
+        .with_allow_ddl(False)
+        .with_allow_dml(False)
+        .with_allow_statements(False)
+    )
+
+
+def referenced_tables(sql: str) -> set[str] | None:
+    """Return the table names ``sql`` reads, normalised as DataFusion resolves them (unquoted
+    names lower-cased), or ``None`` when sqlglot cannot parse it (then every stream is offered).
+
+    Names qualified with a schema or catalog other than DataFusion's defaults are left out.
+
+    >>> sorted(referenced_tables('SELECT * FROM Flights JOIN "Planes" p ON true'))
+    ['Planes', 'flights']
+    """
+    try:
+        statements = sqlglot.parse(sql)
+    except sqlglot.errors.SqlglotError:
+        return None
+    names: set[str] = set()
+    for statement in statements:
+        if statement is None:
+            continue
+        for table in statement.find_all(exp.Table):
+            identifier = table.this
+            if not isinstance(identifier, exp.Identifier):
+                continue
+            db, catalog = table.db, table.catalog
+            if db and db.lower() != _DEFAULT_SCHEMA:
+                continue
+            if catalog and catalog.lower() != _DEFAULT_CATALOG:
+                continue
+            name: str = identifier.name
+            names.add(name if identifier.quoted else name.lower())
+    return names
+
+
+def _view_to_plain(data_type: pa.DataType) -> pa.DataType | None:
+    t: Any = data_type
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_list_view(t):
+        return pa.list_(t.value_field)
+    if pa.types.is_large_list_view(t):
+        return pa.large_list(t.value_field)
+    return None
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """Return ``schema`` with view types replaced by plain ones, at every nesting level.
+
+    >>> plain_schema(pa.schema([("s", pa.string_view())]))
+    s: string
+    """
+    fields = [f.with_type(rewrite_type(f.type, _view_to_plain)) for f in schema]
+    metadata: Any = schema.metadata
+    return pa.schema(fields, metadata=metadata)
+
+
+def to_plain(array: pa.Array[Any], target: pa.DataType) -> pa.Array[Any]:
+    """Return ``array`` converted to ``target``, a type from :func:`plain_schema`.
+
+    List views are rebuilt by hand (pyarrow 26's ``list_view`` to ``list`` cast produces an
+    invalid offsets buffer); everything else is an Arrow cast.
+    """
+    source: Any = array.type
+    if source == target:
+        return array
+    goal: Any = target
+    if (pa.types.is_list(goal) or pa.types.is_large_list(goal)) and (
+        pa.types.is_list(source)
+        or pa.types.is_large_list(source)
+        or pa.types.is_list_view(source)
+        or pa.types.is_large_list_view(source)
+    ):
+        values = to_plain(pc.list_flatten(array), goal.value_type)
+        sizes = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+        offset_type = np.int64 if pa.types.is_large_list(goal) else np.int32
+        offsets = np.zeros(len(array) + 1, dtype=offset_type)
+        np.cumsum(sizes, out=offsets[1:])
+        list_class: Any = pa.LargeListArray if pa.types.is_large_list(goal) else pa.ListArray
+        return cast(
+            "pa.Array[Any]",
+            list_class.from_arrays(
+                pa.array(offsets),
+                values,
+                type=goal,
+                mask=array.is_null() if array.null_count else None,
+            ),
+        )
+    if pa.types.is_struct(goal) and pa.types.is_struct(source):
+        struct_array: Any = array
+        children = [
+            to_plain(child, goal.field(i).type) for i, child in enumerate(struct_array.flatten())
+        ]
+        return cast(
+            "pa.Array[Any]",
+            pa.StructArray.from_arrays(
+                children,
+                fields=[goal.field(i) for i in range(goal.num_fields)],
+                mask=array.is_null() if array.null_count else None,
+            ),
+        )
+    return array.cast(target)
+
+
+def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    if batch.schema.equals(schema):
+        return batch
+    columns = [
+        to_plain(column, field.type) for column, field in zip(batch.columns, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def split_batch(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Yield zero-copy slices of ``batch`` whose ``nbytes`` is at most ``max_bytes`` each (a
+    single row larger than ``max_bytes`` is yielded alone). Row order is kept.
+
+    >>> b = pa.record_batch({"x": pa.array(range(1000), pa.int64())})
+    >>> [s.num_rows for s in split_batch(b, 3000)]
+    [334, 334, 332]
+    """
+    if batch.nbytes <= max_bytes or batch.num_rows <= 1:
+        yield batch
+        return
+    parts = -(-batch.nbytes // max_bytes)
+    step = max(1, -(-batch.num_rows // parts))
+    for start in range(0, batch.num_rows, step):
+        piece = batch.slice(start, step)
+        if piece.nbytes <= max_bytes or piece.num_rows <= 1:
+            yield piece
+        else:  # skewed rows: halve until it fits
+            half = piece.num_rows // 2
+            yield from split_batch(piece.slice(0, half), max_bytes)
+            yield from split_batch(piece.slice(half), max_bytes)
+
+
+def _datafusion_message(exc: BaseException) -> str:
+    return str(exc).strip() or type(exc).__name__
+
+
+def _new_context() -> datafusion.SessionContext:
+    return datafusion.SessionContext()
+
+
+def _register(
+    ctx: datafusion.SessionContext, name: str, schema: pa.Schema, batches: list[pa.RecordBatch]
+) -> None:
+    if not batches:  # DataFusion needs one batch to know the schema
+        batches = [pa.RecordBatch.from_pylist([], schema=schema)]
+    # Quoted, so the table is named exactly like the stream (no lower-casing, dots allowed).
+    ctx.register_record_batches(f'"{name}"', [batches])
+
+
+def _dataframe(ctx: datafusion.SessionContext, sql: str) -> Any:
+    try:
+        return ctx.sql_with_options(sql, _sql_options())
+    except Exception as exc:  # DataFusion raises bare Exception / ValueError
+        raise QueryError(_datafusion_message(exc)) from None
+
+
+def _schema_of(df: Any) -> pa.Schema:
+    try:
+        schema: pa.Schema = df.schema()
+    except Exception as exc:
+        raise QueryError(_datafusion_message(exc)) from None
+    return schema
+
+
+def plan(sql: str, store: StreamStore) -> tuple[pa.Schema, QueryTicket]:
+    """Plan ``sql`` over the streams of ``store``; return the result schema and a ticket.
+
+    The schema has no view types (see the module docstring). The ticket pins each stream the
+    query references at its incarnation and current ``next_offset``.
+
+    Raises:
+        QueryError: DataFusion cannot parse or plan ``sql``, or it is not a read-only query (the
+            message is DataFusion's own).
+    """
+    if not sql.strip():
+        raise QueryError("empty SQL query")
+    wanted = referenced_tables(sql)
+    infos = [info for info in store.list_streams() if wanted is None or info.name in wanted]
+    ctx = _new_context()
+    for info in infos:
+        _register(ctx, info.name, info.schema, [])  # planning needs schemas only
+    schema = plain_schema(_schema_of(_dataframe(ctx, sql)))
+    pins = tuple(StreamPin(i.name, i.incarnation, i.next_offset) for i in infos)
+    return schema, QueryTicket(sql, pins)
+
+
+def execute(
+    ticket: QueryTicket, store: StreamStore, *, max_batch_bytes: int = MAX_RESULT_BATCH_BYTES
+) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """Run a planned query over the pinned stream snapshots.
+
+    Returns the result schema (no view types) and a lazy iterator of batches of at most
+    ``max_batch_bytes`` each. Planning errors raise here; errors while running raise from the
+    iterator.
+
+    Raises:
+        TicketError: a pinned stream was dropped or re-created since planning ("stale").
+        QueryError: DataFusion rejects the query or fails while running it.
+    """
+    ctx = _new_context()
+    for pin in ticket.pins:
+        try:
+            info = store.info(pin.stream)
+            if info.incarnation != pin.incarnation:
+                raise StreamNotFoundError(f"stream {pin.stream!r} was re-created")
+            batches = store.batches(pin.stream, stop=pin.stop_offset, incarnation=pin.incarnation)
+        except StreamNotFoundError:
+            raise TicketError(
+                f"stale ticket: stream {pin.stream!r} incarnation {pin.incarnation} no longer "
+                "exists (dropped or re-created); plan the query again"
+            ) from None
+        _register(ctx, pin.stream, info.schema, batches)
+    df = _dataframe(ctx, ticket.sql)
+    schema = plain_schema(_schema_of(df))
+    return schema, _run(df, schema, max_batch_bytes)
+
+
+def _run(df: Any, schema: pa.Schema, max_batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    try:
+        stream: Iterable[Any] = df.execute_stream()
+        batches = iter(stream)
+    except Exception as exc:
+        raise QueryError(_datafusion_message(exc)) from None
+    while True:
+        try:
+            result = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise QueryError(_datafusion_message(exc)) from None
+        batch: pa.RecordBatch = result.to_pyarrow()
+        if batch.num_rows == 0:
+            continue
+        yield from split_batch(_conform_batch(batch, schema), max_batch_bytes)
