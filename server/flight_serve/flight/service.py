@@ -1,0 +1,399 @@
+"""The Flight service: streams in (DoPut), query results and live tails out (DoGet).
+
+The wire contract is ``schemas/README.md``; this module implements its "Streams", "Tickets" and
+"Actions" sections (DoExchange is delegated to :mod:`flight_serve.flight.exchange`). Every handler
+turns failures into Flight statuses through :func:`flight_serve.flight.status.to_flight_error`
+and nowhere else.
+
+Descriptors:
+
+- ``path = [stream]``: one stream (DoPut, GetFlightInfo, GetSchema).
+- ``cmd = <SQL text, UTF-8>``: a DataFusion query over the streams (GetFlightInfo, GetSchema).
+
+Actions (body and result are UTF-8 JSON unless noted; unknown body keys are ignored):
+
+- ``stream.drop`` ``{"stream": name}`` -> ``{"dropped": name}``.
+- ``stream.tail`` ``{"stream": name, "offset": 0}`` -> the tail ticket bytes (``offset`` defaults
+  to 0).
+
+Other layers add actions with :meth:`FlightServeService.register_action`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from flight_serve.errors import (
+    ActionError,
+    BatchTooLargeError,
+    InvalidInputError,
+    QueryError,
+    StreamNotFoundError,
+    TicketError,
+)
+from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
+from flight_serve.flight.status import to_flight_error
+from flight_serve.flight.tickets import (
+    QueryTicket,
+    StreamRangeTicket,
+    TailTicket,
+    decode_ticket,
+    encode_ticket,
+)
+from flight_serve.store import StreamInfo, StreamStore, validate_stream_name
+
+__all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService"]
+
+log = logging.getLogger("flight_serve.flight")
+
+#: Largest DoPut batch accepted, in bytes of ``RecordBatch.nbytes`` (64 MiB).
+DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+
+#: An action handler: ``(context, body bytes) -> result bodies``.
+ActionHandler = Callable[[flight.ServerCallContext, bytes], Iterable[bytes]]
+
+
+@dataclass(frozen=True)
+class _Action:
+    description: str
+    handler: ActionHandler
+
+
+def _fail(exc: BaseException, rpc: str) -> NoReturn:
+    raise to_flight_error(exc, rpc=rpc) from None
+
+
+def _json_body(body: bytes, action: str) -> dict[str, Any]:
+    try:
+        value = json.loads(body.decode("utf-8")) if body else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ActionError(f"{action}: the body is not UTF-8 JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ActionError(f"{action}: the body must be a JSON object")
+    return value
+
+
+def _body_stream(body: dict[str, Any], action: str) -> str:
+    name = body.get("stream")
+    if not isinstance(name, str):
+        raise ActionError(f'{action}: the body needs "stream": a stream name')
+    return validate_stream_name(name)
+
+
+class FlightServeService(flight.FlightServerBase):
+    """flight-serve's Flight service over a :class:`~flight_serve.store.StreamStore`.
+
+    The server listens as soon as the object exists (pyarrow starts it in ``__init__``); use it
+    as a context manager, or call :meth:`shutdown`, which also ends running tails.
+
+    Args:
+        location: where to listen, e.g. ``"grpc://127.0.0.1:0"`` (port 0 picks a free port).
+        store: the streams to serve; the caller owns it and closes it after shutdown.
+        max_batch_bytes: largest DoPut batch accepted (``RecordBatch.nbytes``), 64 MiB by default.
+        tail_poll_s: how often (seconds) a waiting tail checks for cancellation and shutdown.
+        **kwargs: passed to :class:`pyarrow.flight.FlightServerBase` (auth, TLS, middleware).
+
+    Attributes:
+        store: the stream store.
+        location: the URI clients connect to, with the real port (``grpc://127.0.0.1:PORT``).
+    """
+
+    def __init__(
+        self,
+        location: str = "grpc://127.0.0.1:0",
+        *,
+        store: StreamStore,
+        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        tail_poll_s: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
+        # Set before super().__init__: pyarrow starts serving inside it.
+        self.store = store
+        self.max_batch_bytes = max_batch_bytes
+        self.tail_poll_s = tail_poll_s
+        self._closing = threading.Event()
+        self._actions: dict[str, _Action] = {}
+        self.register_action(
+            "stream.drop",
+            'Drop a stream and its data. Body: {"stream": name}. Result: {"dropped": name}.',
+            self._action_stream_drop,
+        )
+        self.register_action(
+            "stream.tail",
+            'Make a tail ticket that follows a stream live. Body: {"stream": name, "offset": 0}. '
+            "Result: the ticket bytes, for DoGet.",
+            self._action_stream_tail,
+        )
+        super().__init__(location, **kwargs)
+        parts = urlsplit(location)
+        self.location = f"{parts.scheme}://{parts.hostname}:{self.port}"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop serving: end running tails, then wait for in-flight calls to finish."""
+        self._closing.set()
+        super().shutdown()
+
+    def register_action(self, action_type: str, description: str, handler: ActionHandler) -> None:
+        """Add (or replace) the DoAction ``action_type``; ListActions shows ``description``.
+
+        The handler's exceptions go through ``to_flight_error`` like every other handler's.
+        """
+        self._actions[action_type] = _Action(description, handler)
+
+    # --- DoPut -------------------------------------------------------------------------------
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        """Append every batch of the upload to stream ``path[0]`` (created on first put).
+
+        Each batch is acknowledged by a PutResult after it is durable; its app_metadata is JSON
+        ``{"offset": <int>, "rows": <int>}``. Batches appended before a failure stay.
+
+        Errors: INVALID_ARGUMENT for a non-path descriptor, an invalid stream name, a schema
+        mismatch (naming the fields) or a batch above ``max_batch_bytes`` (naming the limit).
+        """
+        try:
+            name = self._stream_of(descriptor)
+            self.store.create(name, reader.schema)
+            for chunk in reader:
+                batch = chunk.data
+                if batch is None:  # metadata-only message
+                    continue
+                if batch.nbytes > self.max_batch_bytes:
+                    raise BatchTooLargeError(
+                        f"batch of {batch.nbytes} bytes exceeds the maximum batch size of "
+                        f"{self.max_batch_bytes} bytes; split it into smaller batches"
+                    )
+                offset = self.store.append(name, batch)
+                ack = json.dumps({"offset": offset, "rows": batch.num_rows}).encode()
+                writer.write(pa.py_buffer(ack))
+        except Exception as exc:
+            _fail(exc, "DoPut")
+
+    # --- GetFlightInfo / GetSchema / ListFlights ---------------------------------------------
+
+    def get_flight_info(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.FlightInfo:
+        """Describe a stream (``path``) or plan a SQL query (``cmd``); see schemas/README.md.
+
+        Errors: INVALID_ARGUMENT for bad SQL (DataFusion's message) or a bad descriptor,
+        NOT_FOUND for an unknown stream.
+        """
+        try:
+            if descriptor.descriptor_type == flight.DescriptorType.PATH:
+                return self._stream_flight_info(self.store.info(self._stream_of(descriptor)))
+            schema, ticket = plan(self._sql_of(descriptor), self.store)
+            endpoint = flight.FlightEndpoint(encode_ticket(ticket), [])
+            return flight.FlightInfo(schema, descriptor, [endpoint], -1, -1)
+        except Exception as exc:
+            _fail(exc, "GetFlightInfo")
+
+    def get_schema(  # type: ignore[override]  # pyarrow wants a SchemaResult, not a Schema
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.SchemaResult:
+        """Return the schema of a stream (``path``) or of a SQL query's result (``cmd``)."""
+        try:
+            if descriptor.descriptor_type == flight.DescriptorType.PATH:
+                schema = self.store.info(self._stream_of(descriptor)).schema
+            else:
+                schema, _ = plan(self._sql_of(descriptor), self.store)
+            return flight.SchemaResult(schema)
+        except Exception as exc:
+            _fail(exc, "GetSchema")
+
+    def list_flights(
+        self, context: flight.ServerCallContext, criteria: str | bytes
+    ) -> Iterator[flight.FlightInfo]:
+        """Yield one FlightInfo per stream, sorted by name (``criteria`` is ignored)."""
+        try:
+            infos = [self._stream_flight_info(info) for info in self.store.list_streams()]
+        except Exception as exc:
+            _fail(exc, "ListFlights")
+        yield from infos
+
+    def _stream_flight_info(self, info: StreamInfo) -> flight.FlightInfo:
+        ticket = StreamRangeTicket(info.name, info.incarnation, info.first_offset, info.next_offset)
+        metadata = {
+            "first_offset": info.first_offset,
+            "next_offset": info.next_offset,
+            "incarnation": info.incarnation,
+        }
+        return flight.FlightInfo(
+            info.schema,
+            flight.FlightDescriptor.for_path(info.name),
+            [flight.FlightEndpoint(encode_ticket(ticket), [])],
+            info.num_rows,
+            info.num_bytes,
+            True,
+            json.dumps(metadata).encode(),
+        )
+
+    # --- DoGet -------------------------------------------------------------------------------
+
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        """Stream what ``ticket`` names: a query result, a stream offset range, or a live tail.
+
+        Every batch is at most 4 MiB (``RecordBatch.nbytes``). Tail batches carry app_metadata
+        JSON ``{"offset": <int>}``; a stored batch above 4 MiB arrives as several consecutive
+        pieces with the same offset. A tail ends when the stream is dropped, the client cancels,
+        or the server shuts down.
+
+        Errors: INVALID_ARGUMENT for a malformed, unknown-version or stale ticket, and for a
+        query DataFusion rejects (also mid-stream).
+        """
+        try:
+            decoded = decode_ticket(ticket.ticket)
+            if isinstance(decoded, QueryTicket):
+                schema, batches = execute(decoded, self.store)
+                return flight.GeneratorStream(schema, self._guarded(batches))
+            schema = self._pinned_schema(decoded.stream, decoded.incarnation)
+            if isinstance(decoded, StreamRangeTicket):
+                items = self.store.read(
+                    decoded.stream,
+                    decoded.start_offset,
+                    decoded.stop_offset,
+                    incarnation=decoded.incarnation,
+                )
+                pieces = (p for _, b in items for p in split_batch(b, MAX_RESULT_BATCH_BYTES))
+                return flight.GeneratorStream(schema, self._guarded(pieces))
+            tail: Iterator[Any] = self._tail(context, decoded)
+            return flight.GeneratorStream(schema, self._guarded(tail))
+        except Exception as exc:
+            _fail(exc, "DoGet")
+
+    def _pinned_schema(self, stream: str, incarnation: str) -> pa.Schema:
+        try:
+            info = self.store.info(stream)
+        except StreamNotFoundError:
+            info = None
+        if info is None or info.incarnation != incarnation:
+            raise TicketError(
+                f"stale ticket: stream {stream!r} incarnation {incarnation} no longer exists "
+                "(dropped or re-created); ask for a new ticket"
+            )
+        return info.schema
+
+    def _tail(
+        self, context: flight.ServerCallContext, ticket: TailTicket
+    ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer]]:
+        offset = ticket.start_offset
+        while not self._closing.is_set() and not context.is_cancelled():
+            try:
+                items = self.store.read(ticket.stream, offset, incarnation=ticket.incarnation)
+                for batch_offset, batch in items:
+                    metadata = pa.py_buffer(json.dumps({"offset": batch_offset}).encode())
+                    for piece in split_batch(batch, MAX_RESULT_BATCH_BYTES):
+                        yield piece, metadata
+                    offset = batch_offset + 1
+                self.store.wait_for(ticket.stream, offset, timeout_s=self.tail_poll_s)
+            except StreamNotFoundError:
+                return  # dropped or re-created: the tail ends
+
+    @staticmethod
+    def _guarded(items: Iterable[Any]) -> Iterator[Any]:
+        """Re-raise errors from a lazily produced DoGet stream as Flight statuses."""
+        try:
+            yield from items
+        except Exception as exc:
+            _fail(exc, "DoGet")
+
+    # --- DoExchange --------------------------------------------------------------------------
+
+    def do_exchange(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
+        """Run an inline streaming transform; see :mod:`flight_serve.flight.exchange`."""
+        from flight_serve.flight.exchange import handle_exchange
+
+        try:
+            handle_exchange(self, context, descriptor, reader, writer)
+        except Exception as exc:
+            _fail(exc, "DoExchange")
+
+    # --- DoAction / ListActions --------------------------------------------------------------
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> list[bytes]:
+        """Run ``action`` (see :meth:`list_actions`); returns the result bodies.
+
+        Errors: INVALID_ARGUMENT for an unknown action or a malformed body, NOT_FOUND for an
+        unknown stream.
+        """
+        try:
+            entry = self._actions.get(action.type)
+            if entry is None:
+                known = ", ".join(sorted(self._actions))
+                raise ActionError(f"unknown action {action.type!r}; known actions: {known}")
+            return list(entry.handler(context, action.body.to_pybytes()))
+        except Exception as exc:
+            _fail(exc, "DoAction")
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[flight.ActionType]:  # type: ignore[override]
+        """Describe every action, sorted by type."""
+        return [
+            flight.ActionType(name, self._actions[name].description)
+            for name in sorted(self._actions)
+        ]
+
+    def _action_stream_drop(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
+        name = _body_stream(_json_body(body, "stream.drop"), "stream.drop")
+        self.store.drop(name)
+        return [json.dumps({"dropped": name}).encode()]
+
+    def _action_stream_tail(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
+        parsed = _json_body(body, "stream.tail")
+        name = _body_stream(parsed, "stream.tail")
+        offset = parsed.get("offset", 0)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ActionError('stream.tail: "offset" must be an integer >= 0')
+        info = self.store.info(name)
+        return [encode_ticket(TailTicket(name, info.incarnation, offset))]
+
+    # --- descriptors -------------------------------------------------------------------------
+
+    @staticmethod
+    def _stream_of(descriptor: flight.FlightDescriptor) -> str:
+        if descriptor.descriptor_type != flight.DescriptorType.PATH:
+            raise InvalidInputError("expected a path descriptor naming one stream")
+        path = descriptor.path or []
+        if len(path) != 1:
+            raise InvalidInputError(
+                f"a stream path descriptor has exactly one element, got {len(path)}"
+            )
+        raw = path[0]
+        try:
+            name = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError:
+            raise InvalidInputError("the stream name is not UTF-8") from None
+        return validate_stream_name(name)
+
+    @staticmethod
+    def _sql_of(descriptor: flight.FlightDescriptor) -> str:
+        if descriptor.descriptor_type != flight.DescriptorType.CMD:
+            raise InvalidInputError("expected a path or command descriptor")
+        try:
+            return (descriptor.command or b"").decode("utf-8")
+        except UnicodeDecodeError:
+            raise QueryError("the SQL command is not UTF-8") from None

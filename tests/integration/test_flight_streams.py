@@ -1,0 +1,457 @@
+"""Streams over Flight, end to end: a real in-process server on port 0 per test (STYLE habit 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.tickets import decode_ticket
+
+pytestmark = pytest.mark.integration
+
+FOUR_MIB = 4 * 1024 * 1024
+TIMEOUT = flight.FlightCallOptions(timeout=20)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[FlightServeService]:
+    with start_server(tmp_path / "data") as service:
+        yield service
+
+
+@pytest.fixture
+def client(server: FlightServeService) -> Iterator[flight.FlightClient]:
+    with flight.connect(server.location) as c:
+        yield c
+
+
+def put(client: flight.FlightClient, name: str, *batches: pa.RecordBatch) -> list[dict[str, int]]:
+    """DoPut ``batches``; return the PutResult app_metadata of each, read as it is acknowledged."""
+    writer, reader = client.do_put(flight.FlightDescriptor.for_path(name), batches[0].schema)
+    acks = []
+    with writer:
+        for batch in batches:
+            writer.write_batch(batch)
+            acks.append(json.loads(reader.read().to_pybytes()))
+    return acks
+
+
+def flights_batch(origins: list[str], delays: list[float]) -> pa.RecordBatch:
+    return pa.record_batch(
+        {"origin": pa.array(origins, pa.string()), "delay": pa.array(delays, pa.float64())}
+    )
+
+
+def query(client: flight.FlightClient, sql: str) -> tuple[flight.FlightInfo, pa.Table]:
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(sql), TIMEOUT)
+    table = client.do_get(info.endpoints[0].ticket, TIMEOUT).read_all()
+    return info, table
+
+
+def read_batches(client: flight.FlightClient, ticket: flight.Ticket) -> list[pa.RecordBatch]:
+    batches = []
+    for chunk in client.do_get(ticket, TIMEOUT):
+        assert chunk.data is not None
+        batches.append(chunk.data)
+    return batches
+
+
+def still_serving(location: str) -> None:
+    """A second, fresh client gets a normal answer."""
+    with flight.connect(location) as other:
+        _, table = query(other, "SELECT 41 + 1 AS answer")
+        assert table.to_pydict() == {"answer": [42]}
+
+
+def test_doput_then_sql_round_trip(client: flight.FlightClient) -> None:
+    acks = put(
+        client,
+        "flights",
+        flights_batch(["EWR", "JFK", "EWR"], [10.0, -2.0, 4.0]),
+        flights_batch(["LGA"], [7.5]),
+        flights_batch([], []),
+    )
+    assert acks == [{"offset": 0, "rows": 3}, {"offset": 1, "rows": 1}, {"offset": 2, "rows": 0}]
+
+    info, table = query(
+        client,
+        "SELECT origin, count(*) AS n, sum(delay) AS total FROM flights "
+        "GROUP BY origin ORDER BY origin",
+    )
+    assert info.schema == pa.schema(
+        [
+            ("origin", pa.string()),
+            pa.field("n", pa.int64(), nullable=False),
+            ("total", pa.float64()),
+        ]
+    )
+    assert table.schema == info.schema
+    assert table.to_pydict() == {
+        "origin": ["EWR", "JFK", "LGA"],
+        "n": [2, 1, 1],
+        "total": [14.0, -2.0, 7.5],
+    }
+    (pin,) = decode_ticket(info.endpoints[0].ticket.ticket).pins  # type: ignore[union-attr]
+    assert (pin.stream, pin.stop_offset) == ("flights", 3)
+
+
+def test_a_query_ticket_reads_only_up_to_the_offsets_pinned_at_planning(
+    client: flight.FlightClient,
+) -> None:
+    put(client, "t", pa.record_batch({"x": [1, 2]}))
+    info = client.get_flight_info(flight.FlightDescriptor.for_command("SELECT sum(x) AS s FROM t"))
+    put(client, "t", pa.record_batch({"x": [100]}))
+    assert client.do_get(info.endpoints[0].ticket).read_all().to_pydict() == {"s": [3]}
+    assert query(client, "SELECT sum(x) AS s FROM t")[1].to_pydict() == {"s": [103]}
+
+
+def test_path_flight_info_schema_and_list_flights(client: flight.FlightClient) -> None:
+    put(client, "b.stream", pa.record_batch({"k": ["a", "b"]}), pa.record_batch({"k": ["c"]}))
+    put(client, "a", pa.record_batch({"v": pa.array([1.5], pa.float64())}))
+
+    info = client.get_flight_info(flight.FlightDescriptor.for_path("b.stream"))
+    assert info.schema == pa.schema([("k", pa.string())])
+    assert info.total_records == 3
+    expected_bytes = sum(pa.record_batch({"k": ks}).serialize().size for ks in (["a", "b"], ["c"]))
+    assert info.total_bytes == expected_bytes
+    assert info.descriptor.path == [b"b.stream"]
+    meta = json.loads(info.app_metadata)
+    assert (meta["first_offset"], meta["next_offset"]) == (0, 2)
+    assert len(meta["incarnation"]) == 36
+    assert client.do_get(info.endpoints[0].ticket).read_all().to_pydict() == {"k": ["a", "b", "c"]}
+
+    assert client.get_schema(flight.FlightDescriptor.for_path("a")).schema == pa.schema(
+        [("v", pa.float64())]
+    )
+    sql_schema = client.get_schema(
+        flight.FlightDescriptor.for_command('SELECT upper(k) AS u FROM "b.stream"')
+    ).schema
+    assert sql_schema == pa.schema([("u", pa.string())])
+
+    listed = list(client.list_flights())
+    assert [f.descriptor.path for f in listed] == [[b"a"], [b"b.stream"]]
+    assert [f.total_records for f in listed] == [1, 3]
+
+
+def test_actions_drop_and_tail(client: flight.FlightClient) -> None:
+    assert [(a.type, bool(a.description)) for a in client.list_actions()] == [
+        ("stream.drop", True),
+        ("stream.tail", True),
+    ]
+    put(client, "gone", pa.record_batch({"x": [1]}))
+    (result,) = client.do_action(flight.Action("stream.drop", b'{"stream": "gone"}'))
+    assert json.loads(result.body.to_pybytes()) == {"dropped": "gone"}
+    assert list(client.list_flights()) == []
+    with pytest.raises(pa.ArrowKeyError, match="stream 'gone' does not exist"):
+        client.get_flight_info(flight.FlightDescriptor.for_path("gone"))
+    with pytest.raises(pa.ArrowKeyError, match="stream 'gone' does not exist"):
+        list(client.do_action(flight.Action("stream.drop", b'{"stream": "gone"}')))
+    with pytest.raises(pa.ArrowInvalid, match="unknown action 'nope'"):
+        list(client.do_action(flight.Action("nope", b"")))
+    with pytest.raises(pa.ArrowInvalid, match='"offset" must be an integer >= 0'):
+        list(client.do_action(flight.Action("stream.tail", b'{"stream": "x", "offset": -1}')))
+
+
+def test_streams_survive_a_server_restart(tmp_path: Path) -> None:
+    with start_server(tmp_path / "data") as first, flight.connect(first.location) as c:
+        put(c, "t", pa.record_batch({"x": [1, 2]}), pa.record_batch({"x": [3]}))
+    with start_server(tmp_path / "data") as second, flight.connect(second.location) as c:
+        assert query(c, "SELECT x FROM t ORDER BY x")[1].to_pydict() == {"x": [1, 2, 3]}
+        assert put(c, "t", pa.record_batch({"x": [4]})) == [{"offset": 2, "rows": 1}]
+
+
+def test_schema_mismatch_is_invalid_argument_and_earlier_batches_stay(
+    server: FlightServeService, client: flight.FlightClient
+) -> None:
+    put(client, "t", pa.record_batch({"x": pa.array([1], pa.int64()), "y": ["a"]}))
+    bad = pa.record_batch({"x": pa.array(["1"]), "z": [True]})
+    with pytest.raises(pa.ArrowInvalid) as info:
+        put(client, "t", bad)
+    assert str(info.value).startswith(
+        "batch schema does not match stream 't': missing field 'y' (string); "
+        "unexpected field 'z' (bool); retyped field 'x' (stream has int64, batch has string)"
+    )
+    assert server.store.info("t").next_offset == 1
+    still_serving(server.location)
+
+
+def test_a_mismatch_mid_upload_keeps_the_batches_before_it(
+    server: FlightServeService, client: flight.FlightClient
+) -> None:
+    # The upload's schema matches when it starts; the stream is re-created with another schema
+    # by a concurrent writer half way through.
+    writer, reader = client.do_put(
+        flight.FlightDescriptor.for_path("t"), pa.schema([("x", pa.int64())])
+    )
+    writer.write_batch(pa.record_batch({"x": pa.array([1], pa.int64())}))
+    assert json.loads(reader.read().to_pybytes()) == {"offset": 0, "rows": 1}
+    server.store.drop("t")
+    server.store.append("t", pa.record_batch({"other": ["q"]}))
+    writer.write_batch(pa.record_batch({"x": pa.array([2], pa.int64())}))
+    with pytest.raises(pa.ArrowInvalid, match="missing field 'other'"):
+        writer.close()
+    assert [b.to_pydict() for b in server.store.batches("t")] == [{"other": ["q"]}]
+    still_serving(server.location)
+
+
+def test_bad_sql_is_invalid_argument_with_datafusion_message(
+    server: FlightServeService, client: flight.FlightClient
+) -> None:
+    with pytest.raises(pa.ArrowInvalid, match=r"SQL error: ParserError\(\"Expected: an SQL"):
+        client.get_flight_info(flight.FlightDescriptor.for_command("SELEC 1"))
+    with pytest.raises(pa.ArrowInvalid, match=r"table 'datafusion\.public\.missing' not found"):
+        client.get_schema(flight.FlightDescriptor.for_command("SELECT * FROM missing"))
+    with pytest.raises(pa.ArrowInvalid, match="DDL not supported"):
+        client.get_flight_info(flight.FlightDescriptor.for_command("CREATE TABLE x (a INT)"))
+    put(client, "t", pa.record_batch({"s": ["not a number"]}))
+    _, t = query(client, "SELECT 1 AS one FROM t")
+    assert t.to_pydict() == {"one": [1]}
+    info = client.get_flight_info(
+        flight.FlightDescriptor.for_command("SELECT CAST(s AS INT) FROM t")
+    )
+    with pytest.raises(pa.ArrowInvalid, match="Cannot cast string 'not a number'"):
+        client.do_get(info.endpoints[0].ticket).read_all()  # fails while running
+    still_serving(server.location)
+
+
+def test_malformed_and_stale_tickets_are_invalid_argument(
+    server: FlightServeService, client: flight.FlightClient
+) -> None:
+    with pytest.raises(pa.ArrowInvalid, match="malformed ticket"):
+        client.do_get(flight.Ticket(b"\xff\x00garbage")).read_all()
+    with pytest.raises(pa.ArrowInvalid, match="unknown ticket version 0"):
+        client.do_get(flight.Ticket(b"")).read_all()
+
+    put(client, "t", pa.record_batch({"x": [1]}))
+    sql_info = client.get_flight_info(flight.FlightDescriptor.for_command("SELECT x FROM t"))
+    path_info = client.get_flight_info(flight.FlightDescriptor.for_path("t"))
+    list(client.do_action(flight.Action("stream.drop", b'{"stream": "t"}')))
+    put(client, "t", pa.record_batch({"x": [2]}))  # same name, new incarnation
+    for info in (sql_info, path_info):
+        with pytest.raises(pa.ArrowInvalid, match="stale ticket: stream 't' incarnation"):
+            client.do_get(info.endpoints[0].ticket).read_all()
+    still_serving(server.location)
+
+
+def test_too_large_batch_names_the_limit(tmp_path: Path) -> None:
+    with start_server(tmp_path / "data", max_batch_bytes=1000) as service:
+        with flight.connect(service.location) as c:
+            put(c, "t", pa.record_batch({"x": pa.array(range(10), pa.int64())}))
+            with pytest.raises(
+                pa.ArrowInvalid, match="exceeds the maximum batch size of 1000 bytes"
+            ):
+                put(c, "t", pa.record_batch({"x": pa.array(range(1000), pa.int64())}))
+        still_serving(service.location)
+
+
+def test_a_large_result_arrives_in_batches_of_at_most_4_mib(client: flight.FlightClient) -> None:
+    rows = 20_000
+    text = pa.array([f"{i:08d}" + "x" * 992 for i in range(rows)], pa.string())  # 1000 B each
+    put(client, "big", pa.record_batch({"i": pa.array(range(rows), pa.int64()), "s": text}))
+
+    info = client.get_flight_info(flight.FlightDescriptor.for_command("SELECT i, s FROM big"))
+    batches = read_batches(client, info.endpoints[0].ticket)
+    sizes = [b.nbytes for b in batches]
+    assert max(sizes) <= FOUR_MIB
+    assert sum(b.num_rows for b in batches) == rows
+    assert any(size > FOUR_MIB // 2 for size in sizes)  # DataFusion's 8 MiB batches were split
+    table = pa.Table.from_batches(batches).sort_by("i")
+    assert table.column("s").to_pylist() == text.to_pylist()
+
+    # The stored batch itself is ~20 MB; reading the stream by path splits it too.
+    path_info = client.get_flight_info(flight.FlightDescriptor.for_path("big"))
+    batches = read_batches(client, path_info.endpoints[0].ticket)
+    assert len(batches) >= 5
+    assert max(b.nbytes for b in batches) <= FOUR_MIB
+    assert pa.Table.from_batches(batches).column("s").to_pylist() == (text.to_pylist())
+
+
+def test_view_types_are_sent_as_plain_types(client: flight.FlightClient) -> None:
+    put(client, "t", pa.record_batch({"s": ["a", "b"]}))
+    info, table = query(
+        client,
+        "SELECT arrow_cast(s, 'Utf8View') AS v, "
+        "arrow_cast(make_array(1, 2), 'ListView(Int64)') AS l FROM t ORDER BY s",
+    )
+    assert info.schema.field("v").type == pa.string()
+    assert info.schema.field("l").type == pa.list_(pa.int64())
+    assert table.to_pydict() == {"v": ["a", "b"], "l": [[1, 2], [1, 2]]}
+
+
+def test_a_tail_sees_batches_appended_after_it_started(
+    server: FlightServeService, client: flight.FlightClient
+) -> None:
+    put(client, "live", pa.record_batch({"x": [0]}))
+    (result,) = client.do_action(
+        flight.Action("stream.tail", json.dumps({"stream": "live", "offset": 0}).encode())
+    )
+    reader = client.do_get(flight.Ticket(result.body.to_pybytes()), TIMEOUT)
+
+    def chunk() -> tuple[list[Any], dict[str, int]]:
+        c = reader.read_chunk()
+        assert c.app_metadata is not None
+        assert c.data is not None
+        return c.data.column(0).to_pylist(), json.loads(c.app_metadata.to_pybytes())
+
+    assert chunk() == ([0], {"offset": 0})
+    with flight.connect(server.location) as writer_client:
+        put(writer_client, "live", pa.record_batch({"x": [1, 2]}))
+        assert chunk() == ([1, 2], {"offset": 1})
+        put(writer_client, "live", pa.record_batch({"x": [3]}))
+        assert chunk() == ([3], {"offset": 2})
+        list(writer_client.do_action(flight.Action("stream.drop", b'{"stream": "live"}')))
+    with pytest.raises(StopIteration):  # a dropped stream ends the tail
+        reader.read_chunk()
+
+
+def test_a_tail_from_a_later_offset_and_shutdown_ends_it(tmp_path: Path) -> None:
+    with start_server(tmp_path / "data") as service, flight.connect(service.location) as c:
+        put(c, "s", *[pa.record_batch({"x": [i]}) for i in range(3)])
+        (result,) = c.do_action(flight.Action("stream.tail", b'{"stream": "s", "offset": 2}'))
+        reader = c.do_get(flight.Ticket(result.body.to_pybytes()), TIMEOUT)
+        first = reader.read_chunk().data
+        assert first is not None
+        assert first.to_pydict() == {"x": [2]}
+        # Leaving the block shuts the server down while the tail waits; it must not hang.
+
+
+def _raw_grpc_code(location: str, method: str, request: bytes, streaming: bool) -> grpc.StatusCode:
+    target = location.removeprefix("grpc://")
+    with grpc.insecure_channel(target) as channel:
+        path = f"/arrow.flight.protocol.FlightService/{method}"
+        try:
+            if streaming:
+                list(channel.unary_stream(path)(request, timeout=10))
+            else:
+                channel.unary_unary(path)(request, timeout=10)
+        except grpc.RpcError as exc:
+            code: grpc.StatusCode = exc.code()
+            return code
+    raise AssertionError(f"{method} succeeded")
+
+
+def _len_prefixed(field: int, data: bytes) -> bytes:
+    assert len(data) < 128
+    return bytes([field << 3 | 2, len(data)]) + data
+
+
+def test_status_codes_on_the_wire(server: FlightServeService, client: flight.FlightClient) -> None:
+    """What a non-pyarrow gRPC client sees (the table in flight_serve.flight.status)."""
+    loc = server.location
+    # FlightDescriptor{type=CMD(2), cmd=...}
+    bad_sql = b"\x08\x02" + _len_prefixed(2, b"SELEC 1")
+    assert _raw_grpc_code(loc, "GetFlightInfo", bad_sql, False) == grpc.StatusCode.INVALID_ARGUMENT
+    # FlightDescriptor{type=PATH(1), path=["missing"]}
+    missing = b"\x08\x01" + _len_prefixed(3, b"missing")
+    assert _raw_grpc_code(loc, "GetFlightInfo", missing, False) == grpc.StatusCode.NOT_FOUND
+    # Ticket{ticket=garbage}
+    bad_ticket = _len_prefixed(1, b"\xff\xffnope")
+    assert _raw_grpc_code(loc, "DoGet", bad_ticket, True) == grpc.StatusCode.INVALID_ARGUMENT
+    # Action{type="stream.drop", body={"stream": "missing"}}
+    drop = _len_prefixed(1, b"stream.drop") + _len_prefixed(2, b'{"stream": "missing"}')
+    assert _raw_grpc_code(loc, "DoAction", drop, True) == grpc.StatusCode.NOT_FOUND
+    unknown = _len_prefixed(1, b"no.such.action")
+    assert _raw_grpc_code(loc, "DoAction", unknown, True) == grpc.StatusCode.INVALID_ARGUMENT
+
+    # pyarrow clients see the matching exception classes.
+    with pytest.raises(pa.ArrowInvalid):
+        client.get_flight_info(flight.FlightDescriptor.for_command("SELEC 1"))
+    with pytest.raises(pa.ArrowKeyError):
+        client.get_flight_info(flight.FlightDescriptor.for_path("missing"))
+    cmd_writer, _ = client.do_put(
+        flight.FlightDescriptor.for_command("x"), pa.schema([("a", pa.int8())])
+    )
+    with pytest.raises(pa.ArrowInvalid, match="expected a path descriptor"):
+        cmd_writer.close()
+
+
+def test_an_internal_failure_is_internal_not_unknown(
+    server: FlightServeService, client: flight.FlightClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(server.store, "list_streams", broken)
+    with pytest.raises(flight.FlightInternalError, match=r"internal error \w+ \(RuntimeError\)"):
+        list(client.list_flights())
+
+
+def test_serve_forever_logs_json_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flight_serve.cli",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--fsync",
+            "never",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        location = proc.stdout.readline().strip()
+        assert location.startswith("grpc://127.0.0.1:")
+        with flight.connect(location) as c:
+            assert put(c, "t", pa.record_batch({"x": [1]})) == [{"offset": 0, "rows": 1}]
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    lines = [json.loads(line) for line in stderr.splitlines()]
+    msgs = [line["msg"] for line in lines]
+    assert "listening" in msgs
+    assert msgs[-2:] == ["shutting down", "stopped"]
+    listening = lines[msgs.index("listening")]
+    assert listening["location"] == location
+    assert listening["level"] == "info"
+    assert lines[-2]["signal"] == "SIGTERM"
+    assert all({"ts", "level", "msg"} <= line.keys() for line in lines)
+
+
+def test_concurrent_puts_and_queries(server: FlightServeService) -> None:
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            with flight.connect(server.location) as c:
+                put(c, "shared", *[pa.record_batch({"x": [k * 10 + i]}) for i in range(5)])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with flight.connect(server.location) as c:
+        _, table = query(c, "SELECT count(*) AS n, sum(x) AS s FROM shared")
+    assert table.to_pydict() == {
+        "n": [20],
+        "s": [sum(k * 10 + i for k in range(4) for i in range(5))],
+    }
