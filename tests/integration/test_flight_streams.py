@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -16,9 +17,10 @@ import grpc  # type: ignore[import-untyped]
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.server import start_server
+from flight_serve.flight.server import serve_forever, start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve.flight.tickets import decode_ticket
+from flight_serve.store import StreamStore
 
 pytestmark = pytest.mark.integration
 
@@ -455,3 +457,22 @@ def test_concurrent_puts_and_queries(server: FlightServeService) -> None:
         "n": [20],
         "s": [sum(k * 10 + i for k in range(4) for i in range(5))],
     }
+
+
+def test_serve_forever_returns_1_when_the_data_dir_is_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    level = root.level
+    try:
+        with StreamStore(tmp_path / "data"):
+            assert serve_forever("127.0.0.1", 0, tmp_path / "data", "never") == 1
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(level)
+    (line,) = [json.loads(x) for x in capsys.readouterr().err.splitlines()]
+    assert line["msg"].startswith("cannot serve: data dir")
+    assert (line["level"], line["error_class"]) == ("error", "StorageError")

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
+import pyarrow as pa
+
 from flight_serve.errors import FlightServeError
 from flight_serve.flight.service import FlightServeService
 from flight_serve.store import FsyncMode, StreamStore
@@ -119,7 +121,8 @@ def serve_forever(host: str, port: int, data_dir: Path, fsync: FsyncMode) -> int
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
     Logs JSON lines to stderr (a ``listening`` line with the ``location``) and prints the
-    location on stdout. Returns 0 after a clean shutdown, 1 if the server could not start.
+    location on stdout. Returns 0 after a clean shutdown, 1 if the server could not start (the
+    data dir is unusable or owned by another server, or the port is taken).
     """
     configure_json_logging()
     stop = threading.Event()
@@ -143,7 +146,8 @@ def serve_forever(host: str, port: int, data_dir: Path, fsync: FsyncMode) -> int
             while not stop.wait(0.5):
                 pass
             log.info("shutting down", extra={"signal": received[0] if received else None})
-    except FlightServeError as exc:
+    except (FlightServeError, pa.ArrowException, OSError) as exc:
+        # The store could not open the data dir, or gRPC could not bind (port in use).
         log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
         return 1
     finally:
