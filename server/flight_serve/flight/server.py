@@ -103,7 +103,8 @@ def start_server(
     """
     store = StreamStore(Path(data_dir), fsync=fsync)
     try:
-        service = FlightServeService(f"grpc://{host}:{port}", store=store, **service_options)
+        uri_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        service = FlightServeService(f"grpc://{uri_host}:{port}", store=store, **service_options)
     except BaseException:
         store.close()
         raise

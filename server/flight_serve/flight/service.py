@@ -68,6 +68,11 @@ class _Action:
     handler: ActionHandler
 
 
+def _url_host(host: str) -> str:
+    """Return ``host`` as it goes in a URI (IPv6 addresses in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def _fail(exc: BaseException, rpc: str) -> NoReturn:
     raise to_flight_error(exc, rpc=rpc) from None
 
@@ -135,7 +140,8 @@ class FlightServeService(flight.FlightServerBase):
         )
         super().__init__(location, **kwargs)
         parts = urlsplit(location)
-        self.location = f"{parts.scheme}://{parts.hostname}:{self.port}"
+        host = parts.hostname or "127.0.0.1"
+        self.location = f"{parts.scheme}://{_url_host(host)}:{self.port}"
 
     # --- lifecycle ---------------------------------------------------------------------------
 
