@@ -1,0 +1,167 @@
+"""flight_serve_client against a real flight-serve server on a free loopback port.
+
+One server per test (``start_server(tmp_path, port=0)``), a client against it: put → query exact
+values, tail seeing later appends, stream_info, list, drop, the error mapping, and DoExchange.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight_serve.flight.server import start_server
+from flight_serve_client import FlightServeClient
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2013, 1, 1, tzinfo=UTC)
+SCHEMA = pa.schema(
+    [
+        pa.field("k", pa.string()),
+        pa.field("v", pa.int64()),
+        pa.field("t", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+def _rows(*rows: tuple[str, int, int]) -> pa.Table:
+    """Rows of (key, value, seconds after T0)."""
+    return pa.Table.from_pylist(
+        [{"k": k, "v": v, "t": T0 + timedelta(seconds=s)} for k, v, s in rows], schema=SCHEMA
+    )
+
+
+def _location(value: object) -> str:
+    if isinstance(value, flight.Location):
+        return value.uri.decode() if isinstance(value.uri, bytes) else str(value.uri)
+    return str(value)
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[FlightServeClient]:
+    with (
+        start_server(tmp_path / "data", port=0) as service,
+        FlightServeClient(_location(service.location)) as c,
+    ):
+        yield c
+
+
+def test_put_then_query_exact_values(client: FlightServeClient) -> None:
+    progress: list[int] = []
+    table = _rows(("a", 1, 0), ("b", 2, 1), ("c", 3, 2))
+    assert client.put("s", table, batch_rows=2, on_progress=progress.append) == 1
+    assert progress == [2, 3]
+    assert client.put("s", _rows(("d", 4, 3))) == 2
+    result = client.query("SELECT k, v, t FROM s ORDER BY v")
+    assert result.to_pylist() == [
+        {"k": "a", "v": 1, "t": T0},
+        {"k": "b", "v": 2, "t": T0 + timedelta(seconds=1)},
+        {"k": "c", "v": 3, "t": T0 + timedelta(seconds=2)},
+        {"k": "d", "v": 4, "t": T0 + timedelta(seconds=3)},
+    ]
+    total = client.query("SELECT sum(v) AS total, count(*) AS n FROM s")
+    assert total.to_pylist() == [{"total": 10, "n": 4}]
+    assert sum(b.num_rows for b in client.query_batches("SELECT * FROM s")) == 4
+
+
+def test_stream_info_list_and_drop(client: FlightServeClient) -> None:
+    client.put("s", _rows(("a", 1, 0), ("b", 2, 1)), batch_rows=1)
+    client.put("other", _rows(("x", 9, 0)))
+    info = client.stream_info("s")
+    assert info["name"] == "s"
+    assert info["schema"].names == SCHEMA.names
+    assert info["total_records"] == 2
+    assert (info["first_offset"], info["next_offset"]) == (0, 2)
+    assert "incarnation" in info
+    assert client.list_streams() == ["other", "s"]
+    client.drop("s")
+    assert client.list_streams() == ["other"]
+    with pytest.raises(KeyError):
+        client.stream_info("s")
+    with pytest.raises(KeyError):
+        client.drop("s")
+
+
+def test_tail_sees_later_appends(tmp_path: Path) -> None:
+    with start_server(tmp_path / "data", port=0) as service:
+        location = _location(service.location)
+        with FlightServeClient(location) as writer, FlightServeClient(location) as reader:
+            writer.put("s", _rows(("a", 1, 0), ("b", 2, 1)), batch_rows=1)
+            seen: queue.Queue[tuple[int, list[str]]] = queue.Queue()
+            failures: list[BaseException] = []
+
+            def follow() -> None:
+                try:
+                    for offset, batch in reader.tail("s", offset=1):
+                        seen.put((offset, batch.column("k").to_pylist()))
+                        if offset == 3:
+                            return
+                except BaseException as exc:  # pragma: no cover - reported below
+                    failures.append(exc)
+
+            thread = threading.Thread(target=follow, daemon=True)
+            thread.start()
+            assert seen.get(timeout=10) == (1, ["b"])  # existing batches first
+            writer.put("s", _rows(("c", 3, 2)))
+            assert seen.get(timeout=10) == (2, ["c"])  # then each append as it lands
+            writer.put("s", _rows(("d", 4, 3), ("e", 5, 4)))
+            assert seen.get(timeout=10) == (3, ["d", "e"])
+            thread.join(timeout=10)
+            assert not thread.is_alive()
+            assert failures == []
+
+
+def test_errors_map_to_pyarrow_exceptions(client: FlightServeClient) -> None:
+    client.put("s", _rows(("a", 1, 0)))
+    with pytest.raises(pa.ArrowInvalid, match="v"):
+        client.put("s", pa.table({"k": ["a"], "v": [1.5]}))  # v retyped, t missing
+    with pytest.raises(pa.ArrowInvalid):
+        client.query("SELEC k FROM s")
+    with pytest.raises(KeyError):
+        client.stream_info("missing")
+
+
+def test_exchange_tumbling_window_with_a_late_row(client: FlightServeClient) -> None:
+    # Tumbling 10 s, watermark = max event time (no bound).
+    #   batch 0:  a@0 b@5 a@12         -> W = 12 s after it: [0, 10) fires
+    #   batch 1:  a@3 (late: 10 <= 12)  b@15
+    #   finish:   W = +inf: [10, 20) fires
+    sql = (
+        "SELECT k, window_start, window_end, count(*) AS n, sum(v) AS total "
+        "FROM TUMBLE(input, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end"
+    )
+    batches = [
+        _rows(("a", 1, 0), ("b", 2, 5), ("a", 3, 12)).to_batches()[0],
+        _rows(("a", 10, 3), ("b", 4, 15)).to_batches()[0],
+    ]
+    events = list(client.exchange(sql, batches))
+    assert [e.kind for e in events if e.kind in ("ack", "done")] == ["ack", "ack", "done"]
+    first_ack = next(e for e in events if e.kind == "ack")
+    assert first_ack.metadata["ack"] == 0
+    assert first_ack.metadata["late_rows"] == 0
+    assert events[-1].metadata["late_rows"] == 1
+    closed_by_batch_0 = [e for e in events if e.kind == "result" and e.input_batch == 0]
+    assert sum(e.batch.num_rows for e in closed_by_batch_0 if e.batch is not None) == 2
+
+    results, late = client.exchange_table(sql, pa.Table.from_batches(batches), batch_rows=3)
+    got = sorted(
+        (r["k"], r["window_start"], r["window_end"], r["n"], r["total"])
+        for r in results.to_pylist()
+    )
+    w0, w1, w2 = (T0 + timedelta(seconds=s) for s in (0, 10, 20))
+    assert got == [
+        ("a", w0, w1, 1, 1),
+        ("a", w1, w2, 1, 3),
+        ("b", w0, w1, 1, 2),
+        ("b", w1, w2, 1, 4),
+    ]
+    assert late.num_rows == 1
+    assert late.column("k").to_pylist() == ["a"]
+    assert late.column("v").to_pylist() == [10]
+    assert late.column("_late_reason").to_pylist() == ["late"]
