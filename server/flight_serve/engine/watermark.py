@@ -31,13 +31,13 @@ class WatermarkTracker:
         ValueError: if the bound is negative.
 
     >>> w = WatermarkTracker(max_out_of_orderness_ns=10)
-    >>> w.observe("a", 100); w.watermark_ns
+    >>> w.observe("a", 100)
     90
-    >>> w.observe("b", 50); w.watermark_ns  # a new partition cannot move W backwards
+    >>> w.observe("b", 50)  # a new partition cannot move W backwards
     90
-    >>> w.observe("b", 120); w.watermark_ns
+    >>> w.observe("b", 120)
     90
-    >>> w.finish("a"); w.watermark_ns
+    >>> w.finish("a")
     110
     """
 
