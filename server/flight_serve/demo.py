@@ -24,6 +24,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -108,6 +109,8 @@ def _cell(value: object) -> str:
         return "NULL"
     if isinstance(value, float):
         return f"{value:.2f}"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M")
     return str(value)
 
 
@@ -174,9 +177,13 @@ def run_demo(server: str | None, data_dir: Path | None, batch_rows: int = 8192) 
                 )
         console.print()
         console.print(
-            "Results are streams on the server. Any Flight client gets them with "
-            "GetFlightInfo(cmd=<SQL>) then DoGet(ticket); in Python:\n"
+            "Results are streams in the data directory; times are UTC. Serve them to any Flight "
+            "client with\n"
+            f"  flight-serve serve --data-dir {data_dir or Path('flight-data')}\n"
+            "then GetFlightInfo(cmd=<SQL>) and DoGet(ticket), or in Python:\n"
             "  from flight_serve_client import FlightServeClient\n"
-            f"  FlightServeClient({location!r}).query('SELECT * FROM hourly_departures')"
+            "  FlightServeClient('grpc://127.0.0.1:8815').query('SELECT * FROM hourly_departures')"
+            if server is None
+            else f"Results are streams on {server}."
         )
     return 0
