@@ -69,8 +69,12 @@ class AggregateCall:
         if self.column is None and self.func != "count":
             raise ValueError(f"{self.func}(*) is not an aggregate; name a column")
 
-    def partial_sql(self, prefix: str) -> list[tuple[str, str]]:
-        """``(partial column name, DataFusion SQL over the raw rows)`` pairs."""
+    def partial_sql(self, prefix: str, time_sql: str = '"__ts"') -> list[tuple[str, str]]:
+        """``(partial column name, DataFusion SQL over the raw rows)`` pairs.
+
+        ``time_sql`` is the SQL of the buffered event time (int64 ns since the epoch), for
+        aggregates ordered by event time.
+        """
         if self.column is None:
             return [(f"{prefix}c", "count(*)")]
         col = quote_ident(self.column)
@@ -83,7 +87,7 @@ class AggregateCall:
     def merge_sql(self, prefix: str) -> list[tuple[str, str]]:
         """``(partial column name, DataFusion SQL that merges partial rows)`` pairs."""
         out = []
-        for name, _ in self.partial_sql(prefix):
+        for name, _ in self.partial_sql(prefix, '"__ts"'):
             fn = self.func if self.func in ("min", "max") else "sum"
             out.append((name, f"{fn}({quote_ident(name)})"))
         return out

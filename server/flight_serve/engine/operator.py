@@ -57,7 +57,7 @@ from flight_serve.engine.windows import (
 from flight_serve.errors import EventTimeError, InvalidInputError, QueryError
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, NS_PER_UNIT, timedelta_to_ns
 
-WS, WE = "__ws", "__we"
+WS, WE, TS = "__ws", "__we", "__ts"
 LATE_REASON, LATE_START, LATE_END = "_late_reason", "_window_start", "_window_end"
 DEFAULT_PARTITION = "0"
 
@@ -143,7 +143,7 @@ class OperatorMetrics:
 
 @dataclass
 class _Batch:
-    """Buffered accepted rows: the needed input columns plus ``__ws``/``__we`` (int64 ns)."""
+    """Buffered accepted rows: the needed input columns plus ``__ts``, ``__ws``, ``__we`` (int64 ns)."""
 
     batches: list[pa.RecordBatch] = field(default_factory=list)
     rows: int = 0
@@ -196,7 +196,7 @@ class WindowOperator:
                 needed.append(name)
         self._buffer_schema = pa.schema(
             [input_schema.field(n) for n in needed]
-            + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
+            + [pa.field(TS, pa.int64()), pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
         )
         self._buffer = _Batch()
         self._merge_sql, self._state_schema = self._plan_merge()
@@ -268,7 +268,7 @@ class WindowOperator:
         group = [*keys, quote_ident(WS), quote_ident(WE)]
         partial_items, merge_items = [], []
         for i, agg in enumerate(cfg.aggregates):
-            for name, expr in agg.partial_sql(f"__p{i}"):
+            for name, expr in agg.partial_sql(f"__p{i}", quote_ident(TS)):
                 partial_items.append(f"{expr} AS {quote_ident(name)}")
             for name, expr in agg.merge_sql(f"__p{i}"):
                 merge_items.append(f"{expr} AS {quote_ident(name)}")
@@ -427,12 +427,19 @@ class WindowOperator:
                     self.metrics.rows_late += len(late_rows)
                 rows, starts, ends = rows[alive], starts[alive], ends[alive]
         if len(rows):
-            cols = [batch.column(n) for n in self._buffer_schema.names[:-2]]
+            cols = [batch.column(n) for n in self._buffer_schema.names[:-3]]
+            row_ts = ts_ns
             if len(rows) != batch.num_rows or isinstance(self.config.window, HoppingWindow):
                 take = pa.array(rows, pa.int64())
                 cols = [c.take(take) for c in cols]
+                row_ts = ts_ns[rows]
             buf = pa.RecordBatch.from_arrays(
-                [*cols, pa.array(starts, pa.int64()), pa.array(ends, pa.int64())],
+                [
+                    *cols,
+                    pa.array(row_ts, pa.int64()),
+                    pa.array(starts, pa.int64()),
+                    pa.array(ends, pa.int64()),
+                ],
                 schema=self._buffer_schema,
             )
             self._buffer.batches.append(buf)
