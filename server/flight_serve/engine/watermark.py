@@ -2,33 +2,58 @@
 
 For each input partition ``p`` (one DoPut writer, one file, one DoExchange client):
 
-    W_p = max event time seen on p - max_out_of_orderness
+    W_p = max(max event time seen on p - max_out_of_orderness, explicit watermark of p)
 
-The operator watermark is the minimum of ``W_p`` over the partitions that have not finished, and it
-never decreases. It advances only at batch boundaries: the engine judges every row of a batch
-against the watermark as it stood *before* that batch, then folds the batch into ``W``.
-A partition that ends (end of input) counts as ``+∞``; when every partition has ended the
-watermark is ``+∞`` and every open window fires.
+The operator watermark ``W`` is the minimum of ``W_p`` over the partitions that are neither
+finished nor idle, and it never decreases.
 
-Idle-partition timeouts are a later addition; the tracker keeps per-partition state so they fit.
+* **Batch boundaries**: the engine judges every row of a batch against ``W`` as it stood *before*
+  that batch, then folds the batch into ``W``.
+* **Registered partitions hold W back**: a partition added with :meth:`WatermarkTracker.add_partition`
+  counts as ``-∞`` until it produces a row, advances explicitly, goes idle, or finishes. (A source
+  registers all its partitions before reading any, so one fast file cannot make another's rows late.)
+* **Idle partitions** (processing time): a partition with no rows for ``idle_timeout`` and no unread
+  backlog is idle and does not hold ``W`` back. When it produces rows again it counts again, but
+  ``W`` never moves backwards. If every live partition is idle, ``W`` stays where it is.
+* **Explicit advance**: :meth:`WatermarkTracker.advance` sets a floor for ``W_p`` without rows (a
+  client saying "no more rows before t").
+* **End of input**: a finished partition counts as ``+∞``; when every partition has finished, ``W`` is
+  ``+∞`` and every open window fires.
+
+Durations are nanoseconds (``*_ns``); processing time comes from ``clock_ns`` (default
+:func:`time.monotonic_ns`), so tests can drive it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
 
 @dataclass
+class _Partition:
+    max_ts: int = MIN_WATERMARK_NS
+    explicit: int = MIN_WATERMARK_NS
+    last_active_ns: int = 0
+    backlog: bool = False
+    finished: bool = False
+
+
+@dataclass
 class WatermarkTracker:
-    """Per-partition maxima and the monotone operator watermark, in ns since the epoch.
+    """Per-partition event-time progress and the monotone operator watermark (ns since the epoch).
 
     Args:
-        max_out_of_orderness_ns: the bound ``B`` subtracted from each partition's maximum (≥ 0).
+        max_out_of_orderness_ns: the bound ``B`` subtracted from each partition's maximum (>= 0).
+        idle_timeout_ns: processing time without rows after which a partition without backlog is
+            idle; ``None`` never marks partitions idle.
+        clock_ns: processing-time clock in ns (monotonic).
 
     Raises:
-        ValueError: if the bound is negative.
+        ValueError: if the bound or the timeout is negative.
 
     >>> w = WatermarkTracker(max_out_of_orderness_ns=10)
     >>> w.observe("a", 100)
@@ -42,52 +67,98 @@ class WatermarkTracker:
     """
 
     max_out_of_orderness_ns: int = 0
-    _max_ts: dict[str, int] = field(default_factory=dict)
-    _finished: set[str] = field(default_factory=set)
+    idle_timeout_ns: int | None = None
+    clock_ns: Callable[[], int] = time.monotonic_ns
+    _parts: dict[str, _Partition] = field(default_factory=dict)
     _watermark_ns: int = MIN_WATERMARK_NS
 
     def __post_init__(self) -> None:
         if self.max_out_of_orderness_ns < 0:
             raise ValueError("max_out_of_orderness must not be negative")
+        if self.idle_timeout_ns is not None and self.idle_timeout_ns < 0:
+            raise ValueError("idle_timeout must not be negative")
 
     @property
     def watermark_ns(self) -> int:
-        """The current operator watermark (``MIN_WATERMARK_NS`` before any row)."""
+        """The current operator watermark (``MIN_WATERMARK_NS`` before any progress)."""
         return self._watermark_ns
-
-    def observe(self, partition: str, max_event_time_ns: int | None) -> int:
-        """Fold one batch's maximum event time of ``partition`` in and return the new watermark.
-
-        ``None`` (a batch with no valid event time) registers the partition without moving it.
-        """
-        current = self._max_ts.get(partition, MIN_WATERMARK_NS)
-        if max_event_time_ns is not None and max_event_time_ns > current:
-            current = max_event_time_ns
-        self._max_ts[partition] = current
-        return self._advance()
 
     @property
     def partitions(self) -> tuple[str, ...]:
-        """Every partition seen so far, finished or not."""
-        return tuple(self._max_ts)
+        """Every partition known so far, finished or not."""
+        return tuple(self._parts)
+
+    def _part(self, partition: str) -> _Partition:
+        part = self._parts.get(partition)
+        if part is None:
+            part = self._parts[partition] = _Partition(last_active_ns=self.clock_ns())
+        return part
+
+    def add_partition(self, partition: str) -> None:
+        """Register ``partition`` so it holds the watermark back until it makes progress."""
+        self._part(partition)
+
+    def observe(self, partition: str, max_event_time_ns: int | None) -> int:
+        """Fold one batch's maximum event time of ``partition`` in; return the new watermark.
+
+        ``None`` (a batch with no valid event time) registers the partition and counts as activity.
+        """
+        part = self._part(partition)
+        part.last_active_ns = self.clock_ns()
+        if max_event_time_ns is not None and max_event_time_ns > part.max_ts:
+            part.max_ts = max_event_time_ns
+        return self._advance()
+
+    def advance(self, partition: str, watermark_ns: int) -> int:
+        """Explicitly raise ``partition``'s watermark to ``watermark_ns`` (never lowers it)."""
+        part = self._part(partition)
+        part.last_active_ns = self.clock_ns()
+        part.explicit = max(part.explicit, watermark_ns)
+        return self._advance()
+
+    def set_backlog(self, partition: str, backlog: bool) -> None:
+        """Tell the tracker whether ``partition`` has unread input (a backlogged one is never idle)."""
+        self._part(partition).backlog = backlog
 
     def finish(self, partition: str) -> int:
         """Mark ``partition`` as ended (its watermark becomes +∞) and return the new watermark."""
-        self._max_ts.setdefault(partition, MIN_WATERMARK_NS)
-        self._finished.add(partition)
+        self._part(partition).finished = True
         return self._advance()
 
-    def _advance(self) -> int:
-        live = [ts for p, ts in self._max_ts.items() if p not in self._finished]
-        if not live:
-            candidate = MAX_WATERMARK_NS
+    def refresh(self) -> int:
+        """Re-evaluate idleness at the current processing time; return the watermark."""
+        return self._advance()
+
+    def is_idle(self, partition: str) -> bool:
+        """Whether ``partition`` is idle now (see the module docstring)."""
+        part = self._parts[partition]
+        return self._idle(part, self.clock_ns())
+
+    def _idle(self, part: _Partition, now: int) -> bool:
+        return (
+            self.idle_timeout_ns is not None
+            and not part.backlog
+            and not part.finished
+            and now - part.last_active_ns >= self.idle_timeout_ns
+        )
+
+    def _partition_watermark(self, part: _Partition) -> int:
+        if part.max_ts == MIN_WATERMARK_NS:
+            from_rows = MIN_WATERMARK_NS
         else:
-            low = min(live)
-            candidate = (
-                MIN_WATERMARK_NS
-                if low == MIN_WATERMARK_NS
-                else max(low - self.max_out_of_orderness_ns, MIN_WATERMARK_NS)
-            )
+            from_rows = max(part.max_ts - self.max_out_of_orderness_ns, MIN_WATERMARK_NS)
+        return max(from_rows, part.explicit)
+
+    def _advance(self) -> int:
+        now = self.clock_ns()
+        live = [p for p in self._parts.values() if not p.finished]
+        if not live:
+            candidate = MAX_WATERMARK_NS if self._parts else MIN_WATERMARK_NS
+        else:
+            active = [p for p in live if not self._idle(p, now)]
+            if not active:
+                return self._watermark_ns  # everything idle: hold
+            candidate = min(self._partition_watermark(p) for p in active)
         if candidate > self._watermark_ns:
             self._watermark_ns = candidate
         return self._watermark_ns
@@ -96,7 +167,8 @@ class WatermarkTracker:
         """An immutable copy of the tracker's state (for checkpoints); live state is untouched."""
         return {
             "max_out_of_orderness_ns": self.max_out_of_orderness_ns,
-            "max_ts": dict(self._max_ts),
-            "finished": sorted(self._finished),
+            "partitions": {
+                name: (p.max_ts, p.explicit, p.finished) for name, p in self._parts.items()
+            },
             "watermark_ns": self._watermark_ns,
         }
