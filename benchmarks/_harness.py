@@ -117,7 +117,12 @@ def alternate(
     after_baseline: Callable[[], object] | None = None,
 ) -> Comparison:
     """Run subject and baseline ``repeat`` times each, alternating (baseline first on odd
-    rounds) so slow drift of a shared machine hits both alike; ``after_*`` run untimed."""
+    rounds) so slow drift of a shared machine hits both alike, after one untimed warm-up run of
+    each (first-touch page faults, lazy initialisation); ``after_*`` run untimed after every run."""
+    for fn, after in ((subject, after_subject), (baseline, after_baseline)):
+        fn()
+        if after is not None:
+            after()
     for round_ in range(repeat):
         order = [(subject, comparison.subject_s, after_subject)]
         order.append((baseline, comparison.baseline_s, after_baseline))

@@ -14,16 +14,17 @@ same GIL and gRPC costs.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.flight as flight
 from flight_serve_client import FlightServeClient
 
-from benchmarks._harness import Comparison, alternate
+from benchmarks._harness import Comparison, alternate, timed
 from benchmarks.data import flights_like
 
 ROWS = 5_000_000
@@ -76,15 +77,30 @@ def _uri(location: Any) -> str:
 
 
 @contextlib.contextmanager
-def flight_serve_location() -> Iterator[str]:
+def flight_serve_location(fsync: Literal["batch", "never"] = "batch") -> Iterator[str]:
     """Start flight-serve on a free loopback port over a temporary data directory."""
     from flight_serve.flight.server import start_server
 
     with (
         tempfile.TemporaryDirectory(prefix="flight-serve-bench-") as data_dir,
-        start_server(Path(data_dir), port=0) as service,
+        start_server(Path(data_dir), port=0, fsync=fsync) as service,
     ):
         yield _uri(service.location)
+
+
+def _no_fsync_note(comparison: Comparison, batches: list[pa.RecordBatch], repeat: int) -> str:
+    """Informative: the same DoPut with ``fsync = never`` (page cache only), to split the cost of
+    durability from the rest of the write path."""
+    with flight_serve_location(fsync="never") as location, FlightServeClient(location) as client:
+        times = []
+        for _ in range(repeat + 1):  # the first run warms up
+            times.append(timed(lambda: client.put("bench", batches, batch_rows=BATCH_ROWS)))
+            client.drop("bench")
+    median = statistics.median(times[1:])
+    return (
+        f"\n  for reference, flight-serve with fsync = never: {median:.3f} s, "
+        f"ratio {comparison.baseline_median / median:.2f}"
+    )
 
 
 def _raw_put(client: flight.FlightClient, batches: list[pa.RecordBatch]) -> None:
@@ -146,6 +162,7 @@ def doput(repeat: int, rows: int = ROWS) -> list[Comparison]:
         if ok
         else f"[red]MISMATCH[/red]: stream rows {stored}, drained rows {drained}"
     )
+    comparison.note += _no_fsync_note(comparison, batches, repeat)
     return [comparison]
 
 
