@@ -35,7 +35,8 @@ runs per row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
@@ -58,6 +59,9 @@ from flight_serve.errors import EventTimeError, InvalidInputError, QueryError
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, NS_PER_UNIT, timedelta_to_ns
 
 WS, WE, TS = "__ws", "__we", "__ts"
+#: pane bookkeeping columns: changed since last emission (0/1), last emitted revision (-1: none)
+CHG, REV = "__chg", "__rev"
+REVISION = "_revision"
 LATE_REASON, LATE_START, LATE_END = "_late_reason", "_window_start", "_window_end"
 DEFAULT_PARTITION = "0"
 
@@ -88,6 +92,15 @@ class WindowAggregation:
         projection_sql: a DataFusion ``SELECT … FROM fired`` run on the fired rows instead of
             ``columns`` (for expressions over aggregates and HAVING).
         merge_rows: buffered rows that trigger a merge into pane state even if nothing fires.
+        emit: ``final`` (default): a window emits once, at ``W ≥ window_end + L``. ``update``: it
+            emits at ``W ≥ window_end`` (``_revision`` 0), re-emits an updated row with the next
+            ``_revision`` after each step that accepted late rows for it, and is evicted at
+            ``W ≥ window_end + L``. Update mode adds an int64 ``_revision`` output column.
+        idle_timeout: processing time without rows after which a partition with no backlog stops
+            holding the watermark back (``None``: never).
+        max_future_skew: a row whose event time is further ahead of processing (wall-clock) time
+            than this goes to the late side output with reason ``future`` and does not move the
+            watermark (``None``: no limit).
     """
 
     window: WindowSpec
@@ -100,9 +113,21 @@ class WindowAggregation:
     columns: tuple[OutputColumn, ...] = ()
     projection_sql: str | None = None
     merge_rows: int = 1 << 18
+    emit: Literal["final", "update"] = "final"
+    idle_timeout: timedelta | None = None
+    max_future_skew: timedelta | None = None
 
-    def build(self, input_schema: pa.Schema) -> WindowOperator:
+    def build(
+        self,
+        input_schema: pa.Schema,
+        *,
+        clock_ns: Callable[[], int] | None = None,
+        wall_clock_ns: Callable[[], int] | None = None,
+    ) -> WindowOperator:
         """Return a running operator for input batches of ``input_schema``.
+
+        ``clock_ns`` (monotonic, for idle timeouts) and ``wall_clock_ns`` (ns since the epoch, for
+        ``max_future_skew``) default to :func:`time.monotonic_ns` and :func:`time.time_ns`.
 
         Raises:
             EventTimeError: the event-time column is missing or not a timestamp.
@@ -110,7 +135,7 @@ class WindowAggregation:
                 finer than the event-time column's unit.
             QueryError: DataFusion cannot plan the filter or the projection.
         """
-        return WindowOperator(self, input_schema)
+        return WindowOperator(self, input_schema, clock_ns=clock_ns, wall_clock_ns=wall_clock_ns)
 
 
 @dataclass(frozen=True)
@@ -137,6 +162,7 @@ class OperatorMetrics:
     rows_late: int = 0
     rows_null_time: int = 0
     rows_out_of_range: int = 0
+    rows_future: int = 0
     windows_fired: int = 0
     merges: int = 0
 
@@ -179,7 +205,14 @@ class WindowOperator:
     one operator belongs to one pipeline task.
     """
 
-    def __init__(self, config: WindowAggregation, input_schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        config: WindowAggregation,
+        input_schema: pa.Schema,
+        *,
+        clock_ns: Callable[[], int] | None = None,
+        wall_clock_ns: Callable[[], int] | None = None,
+    ) -> None:
         self.config = config
         self.input_schema = input_schema
         self.metrics = OperatorMetrics()
@@ -189,7 +222,18 @@ class WindowOperator:
         self.time_type: pa.TimestampType = ts_type
         self._unit_ns = NS_PER_UNIT[ts_type.unit]
         self._lateness_ns = timedelta_to_ns(config.allowed_lateness)
-        self._tracker = WatermarkTracker(timedelta_to_ns(config.max_out_of_orderness))
+        if config.emit not in ("final", "update"):
+            raise InvalidInputError(f"emit must be 'final' or 'update', got {config.emit!r}")
+        self._update = config.emit == "update"
+        self._tracker = WatermarkTracker(
+            timedelta_to_ns(config.max_out_of_orderness),
+            None if config.idle_timeout is None else timedelta_to_ns(config.idle_timeout),
+            clock_ns or time.monotonic_ns,
+        )
+        self._wall_clock_ns = wall_clock_ns or time.time_ns
+        self._future_skew_ns = (
+            None if config.max_future_skew is None else timedelta_to_ns(config.max_future_skew)
+        )
         needed: list[str] = []
         for name in (*config.key_columns, *(a.column for a in config.aggregates if a.column)):
             if name not in needed:
@@ -202,6 +246,7 @@ class WindowOperator:
         self._merge_sql, self._state_schema = self._plan_merge()
         self._state: pa.Table = self._state_schema.empty_table()
         self._state_min_end: int | None = None
+        self._state_min_pending_end: int | None = None
         self.late_schema = pa.schema(
             [
                 *input_schema,
@@ -211,7 +256,10 @@ class WindowOperator:
             ]
         )
         self._fired_schema = self._finalize(self._state_schema.empty_table()).schema
-        self.output_schema = self._project(self._fired_schema.empty_table()).schema
+        output_schema = self._project(self._fired_schema.empty_table()).schema
+        if self._update:
+            output_schema = output_schema.append(pa.field(REVISION, pa.int64()))
+        self.output_schema = output_schema
         self._empty_late = self.late_schema.empty_table()
 
     # --- planning -----------------------------------------------------------------------------
@@ -272,6 +320,11 @@ class WindowOperator:
                 partial_items.append(f"{expr} AS {quote_ident(name)}")
             for name, expr in agg.merge_sql(f"__p{i}"):
                 merge_items.append(f"{expr} AS {quote_ident(name)}")
+        partial_items += [f"1 AS {quote_ident(CHG)}", f"-1 AS {quote_ident(REV)}"]
+        merge_items += [
+            f"max({quote_ident(CHG)}) AS {quote_ident(CHG)}",
+            f"max({quote_ident(REV)}) AS {quote_ident(REV)}",
+        ]
         partial = (
             f"SELECT {', '.join([*group, *partial_items])} FROM buf GROUP BY {', '.join(group)}"
         )
@@ -345,6 +398,15 @@ class WindowOperator:
             valid_idx = np.flatnonzero(invalid == 0)
             batch = batch.take(pa.array(valid_idx, pa.int64()))
             ts_ns = ts_ns[valid_idx]
+        if self._future_skew_ns is not None and batch.num_rows:
+            future = ts_ns > self._wall_clock_ns() + self._future_skew_ns
+            if future.any():
+                idx = np.flatnonzero(future)
+                late_tables.append(self._late_rows(batch, idx, "future", None))
+                self.metrics.rows_future += len(idx)
+                keep = np.flatnonzero(~future)
+                batch = batch.take(pa.array(keep, pa.int64()))
+                ts_ns = ts_ns[keep]
         if batch.num_rows:
             late = self._accept(batch, ts_ns, watermark_before)
             if late is not None:
@@ -357,6 +419,31 @@ class WindowOperator:
         if output is None and self._buffer.rows >= self.config.merge_rows:
             self._merge()
         return self._emission(output, late_tables)
+
+    def add_partition(self, partition: str) -> None:
+        """Register an input partition before it sends rows, so it holds the watermark back
+        (until it sends rows, goes idle or finishes). See :mod:`.watermark`."""
+        self._tracker.add_partition(partition)
+
+    def set_backlog(self, partition: str, backlog: bool) -> None:
+        """Tell the operator whether ``partition`` has unread input (then it is never idle)."""
+        self._tracker.set_backlog(partition, backlog)
+
+    def advance_watermark(self, partition: str, watermark_ns: int) -> Emission:
+        """Raise ``partition``'s watermark to ``watermark_ns`` without rows ("no rows before
+        this instant will follow"); fire what that closes."""
+        watermark = self._tracker.advance(partition, watermark_ns)
+        output = self._fire(watermark) if self._may_fire(watermark) else None
+        return self._emission(output, [])
+
+    def tick(self) -> Emission:
+        """Re-evaluate idle partitions at the current processing time and fire what closes.
+
+        Call it periodically (e.g. every ``idle_timeout / 2``) while inputs are quiet.
+        """
+        watermark = self._tracker.refresh()
+        output = self._fire(watermark) if self._may_fire(watermark) else None
+        return self._emission(output, [])
 
     def finish(self, partition: str | None = None) -> Emission:
         """End of input for ``partition`` (default: every partition seen, i.e. the whole input).
@@ -509,12 +596,26 @@ class WindowOperator:
             schema=self.late_schema,
         )
 
+    def _emit_threshold(self, watermark: int) -> int:
+        """Windows with ``window_end <= this`` are due to emit (update mode: at ``W``)."""
+        return watermark if self._update else self._threshold(watermark)
+
     def _may_fire(self, watermark: int) -> bool:
-        threshold = self._threshold(watermark)
         if watermark == MAX_WATERMARK_NS:
             return self._buffer.rows > 0 or self._state.num_rows > 0
-        ends = [e for e in (self._state_min_end, self._buffer.min_end) if e is not None]
-        return bool(ends) and min(ends) <= threshold
+        due = [e for e in (self._state_min_pending_end, self._buffer.min_end) if e is not None]
+        if due and min(due) <= self._emit_threshold(watermark):
+            return True
+        return self._state_min_end is not None and self._state_min_end <= self._threshold(watermark)
+
+    def _refresh_bounds(self) -> None:
+        state = self._state
+        if not state.num_rows:
+            self._state_min_end = self._state_min_pending_end = None
+            return
+        self._state_min_end = int(pc.min(state[WE]).as_py())
+        pending = state.filter(pc.equal(state[CHG], pa.scalar(1, pa.int64())))
+        self._state_min_pending_end = int(pc.min(pending[WE]).as_py()) if pending.num_rows else None
 
     def _merge(self) -> None:
         if not self._buffer.rows:
@@ -526,21 +627,43 @@ class WindowOperator:
         self._state = merged.cast(self._state_schema)
         self._buffer = _Batch()
         self.metrics.merges += 1
-        self._state_min_end = int(pc.min(self._state[WE]).as_py()) if self._state.num_rows else None
+        self._refresh_bounds()
 
     def _fire(self, watermark: int) -> pa.Table | None:
         self._merge()
-        if not self._state.num_rows:
+        state = self._state
+        if not state.num_rows:
             return None
+        n = state.num_rows
         if watermark == MAX_WATERMARK_NS:
-            fire = pa.array(np.ones(self._state.num_rows, dtype=bool))
+            evict = pa.array(np.ones(n, dtype=bool))
+            due = evict
         else:
-            fire = pc.less_equal(self._state[WE], pa.scalar(self._threshold(watermark), pa.int64()))
-        fired = self._state.filter(fire)
+            ends = state[WE]
+            evict = pc.less_equal(ends, pa.scalar(self._threshold(watermark), pa.int64()))
+            due = pc.less_equal(ends, pa.scalar(self._emit_threshold(watermark), pa.int64()))
+        changed = pc.equal(state[CHG], pa.scalar(1, pa.int64()))
+        emit_mask = pc.and_(due, changed)
+        fired = state.filter(emit_mask)
+        if self._update and fired.num_rows:
+            # emitted panes that stay (W < end + L) keep their state with the new revision
+            revision = pc.add(fired[REV], pa.scalar(1, pa.int64()))
+            fired = fired.set_column(fired.schema.get_field_index(REV), REV, revision)
+            kept_mask = pc.invert(evict)
+            kept = state.filter(kept_mask)
+            chg = pc.if_else(
+                pc.and_(due, changed).filter(kept_mask), pa.scalar(0, pa.int64()), kept[CHG]
+            )
+            rev = pc.if_else(
+                pc.and_(due, changed).filter(kept_mask), pc.add(kept[REV], 1), kept[REV]
+            )
+            kept = kept.set_column(kept.schema.get_field_index(CHG), CHG, chg)
+            self._state = kept.set_column(kept.schema.get_field_index(REV), REV, rev)
+        else:
+            self._state = state.filter(pc.invert(evict))
+        self._refresh_bounds()
         if not fired.num_rows:
             return None
-        self._state = self._state.filter(pc.invert(fire))
-        self._state_min_end = int(pc.min(self._state[WE]).as_py()) if self._state.num_rows else None
         self.metrics.windows_fired += fired.num_rows
         order: list[tuple[str, Literal["ascending", "descending"]]] = [
             (WE, "ascending"),
@@ -548,7 +671,10 @@ class WindowOperator:
             *((k, "ascending") for k in self.config.key_columns),
         ]
         fired = fired.sort_by(order)
-        return self._project(self._finalize(fired))
+        output = self._project(self._finalize(fired))
+        if self._update:
+            output = output.append_column(REVISION, fired[REV])
+        return output
 
     def _finalize(self, state: pa.Table) -> pa.Table:
         """Pane state → keys, ``window_start``, ``window_end``, ``__a<i>`` (final aggregates)."""
