@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 from flight_serve.engine.aggregate import AggregateCall, quote_ident
 from flight_serve.engine.watermark import WatermarkTracker
 from flight_serve.engine.windows import (
+    CumulateWindow,
     HoppingWindow,
     Int64Array,
     SessionWindow,
@@ -289,8 +290,10 @@ class WindowOperator:
             durations = {"size": w.size, "offset": w.offset}
         elif isinstance(w, HoppingWindow):
             durations = {"size": w.size, "slide": w.slide, "offset": w.offset}
-        else:
+        elif isinstance(w, SessionWindow):
             durations = {"gap": w.gap}
+        elif isinstance(w, CumulateWindow):
+            durations = {"step": w.step, "max_size": w.max_size, "offset": w.offset}
         durations["allowed_lateness"] = cfg.allowed_lateness
         for name, value in durations.items():
             if timedelta_to_ns(value) % unit_ns:
@@ -495,8 +498,7 @@ class WindowOperator:
 
     def _accept(self, batch: pa.RecordBatch, ts_ns: Int64Array, watermark: int) -> pa.Table | None:
         window = self.config.window
-        rows, starts = window.assign_ns(ts_ns)
-        ends = window.end_ns(starts)
+        rows, starts, ends = window.assign_bounds_ns(ts_ns)
         threshold = self._threshold(watermark)
         late_table = None
         if threshold > MIN_WATERMARK_NS:
@@ -510,13 +512,17 @@ class WindowOperator:
                 if len(late_rows):
                     # the first assignment of each row is its latest window (see assign_ns)
                     first = np.searchsorted(rows, late_rows)
-                    late_table = self._late_rows(batch, late_rows, "late", starts[first])
+                    late_table = self._late_rows(
+                        batch, late_rows, "late", (starts[first], ends[first])
+                    )
                     self.metrics.rows_late += len(late_rows)
                 rows, starts, ends = rows[alive], starts[alive], ends[alive]
         if len(rows):
             cols = [batch.column(n) for n in self._buffer_schema.names[:-3]]
             row_ts = ts_ns
-            if len(rows) != batch.num_rows or isinstance(self.config.window, HoppingWindow):
+            if len(rows) != batch.num_rows or isinstance(
+                self.config.window, HoppingWindow | CumulateWindow
+            ):
                 take = pa.array(rows, pa.int64())
                 cols = [c.take(take) for c in cols]
                 row_ts = ts_ns[rows]
@@ -578,17 +584,21 @@ class WindowOperator:
         return result
 
     def _late_rows(
-        self, batch: pa.RecordBatch, idx: np.ndarray, reason: str, missed_start: Int64Array | None
+        self,
+        batch: pa.RecordBatch,
+        idx: np.ndarray,
+        reason: str,
+        missed: tuple[Int64Array, Int64Array] | None,
     ) -> pa.Table:
         taken = batch.take(pa.array(idx, pa.int64()))
         n = len(idx)
         start: pa.Array[Any]
         end: pa.Array[Any]
-        if missed_start is None:
+        if missed is None:
             start = pa.nulls(n, self.time_type)
             end = pa.nulls(n, self.time_type)
         else:
-            missed_end = self.config.window.end_ns(missed_start)
+            missed_start, missed_end = missed
             start = pa.array(missed_start // self._unit_ns, pa.int64()).cast(self.time_type)
             end = pa.array(missed_end // self._unit_ns, pa.int64()).cast(self.time_type)
         return pa.Table.from_arrays(

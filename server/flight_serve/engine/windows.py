@@ -14,15 +14,27 @@ Rules (the same words as Flink's ``TimeWindow`` and RisingWave's ``TUMBLE``/``HO
 * session(gap): per key, rows closer than ``gap`` (``t2 - t1 < gap``) share a session; a session
   holding rows ``t1 ≤ … ≤ tn`` is ``[t1, tn + gap)``; a row that falls within ``gap`` of two sessions
   merges them. A row alone is the session ``[t, t + gap)``.
+* cumulate(step, max_size, offset): Flink's CUMULATE: windows share the start
+  ``s = offset + k·max_size`` and end at ``s + step, s + 2·step, …, s + max_size``; a row at ``t``
+  belongs to every one of them that ends after ``t``.
+* calendar(unit, time_zone): tumbling day / week (Monday) / month windows that start at local
+  midnight in an IANA time zone, so a day window across a DST change lasts 23 or 25 hours.
+
+Every window type has ``assign_bounds_ns(ts) -> (row_index, window_start_ns, window_end_ns)``, one
+entry per (row, window) pair, the latest window of a row first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from flight_serve.types import timedelta_to_ns
 
@@ -75,6 +87,11 @@ class TumblingWindow:
     def end_ns(self, start_ns: Int64Array) -> Int64Array:
         """``window_end`` for each ``window_start`` (ns)."""
         return start_ns + self.size_ns
+
+    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """``(row_index, window_start_ns, window_end_ns)`` per (row, window) pair."""
+        rows, starts = self.assign_ns(ts_ns)
+        return rows, starts, self.end_ns(starts)
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,11 @@ class HoppingWindow:
         """``window_end`` for each ``window_start`` (ns)."""
         return start_ns + self.size_ns
 
+    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """``(row_index, window_start_ns, window_end_ns)`` per (row, window) pair."""
+        rows, starts = self.assign_ns(ts_ns)
+        return rows, starts, self.end_ns(starts)
+
 
 @dataclass(frozen=True)
 class SessionWindow:
@@ -171,5 +193,114 @@ class SessionWindow:
         """``window_end`` of a one-row proto-session: ``start + gap`` (ns)."""
         return start_ns + self.gap_ns
 
+    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """``(row_index, window_start_ns, window_end_ns)``: one proto-session per row."""
+        rows, starts = self.assign_ns(ts_ns)
+        return rows, starts, self.end_ns(starts)
 
-WindowSpec = TumblingWindow | HoppingWindow | SessionWindow
+
+@dataclass(frozen=True)
+class CumulateWindow:
+    """Flink's cumulating windows: within each ``max_size`` period, windows that all start at the
+    period's start and grow by ``step``.
+
+    Args:
+        step: growth of consecutive windows (> 0).
+        max_size: the period; a multiple of ``step``.
+        offset: shift of the period grid from the Unix epoch.
+
+    Raises:
+        ValueError: non-positive durations, or ``max_size`` not a multiple of ``step``.
+
+    A row at 25 s with step 10 s and max size 30 s is in [0, 30) only; one at 5 s is in [0, 10),
+    [0, 20) and [0, 30):
+
+    >>> w = CumulateWindow(step=timedelta(seconds=10), max_size=timedelta(seconds=30))
+    >>> rows, starts, ends = w.assign_bounds_ns(np.array([25, 5], dtype=np.int64) * 10**9)
+    >>> rows.tolist(), (ends // 10**9).tolist()
+    ([0, 1, 1, 1], [30, 30, 20, 10])
+    """
+
+    step: timedelta
+    max_size: timedelta
+    offset: timedelta = timedelta(0)
+
+    def __post_init__(self) -> None:
+        step = _positive_ns("step", self.step)
+        size = _positive_ns("max_size", self.max_size)
+        if size % step:
+            raise ValueError(f"max_size {self.max_size} must be a multiple of step {self.step}")
+
+    @property
+    def step_ns(self) -> int:
+        return timedelta_to_ns(self.step)
+
+    @property
+    def max_size_ns(self) -> int:
+        return timedelta_to_ns(self.max_size)
+
+    @property
+    def offset_ns(self) -> int:
+        return timedelta_to_ns(self.offset)
+
+    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """``(row_index, window_start_ns, window_end_ns)``, largest window of each row first."""
+        step, size = self.step_ns, self.max_size_ns
+        n = size // step
+        base = ts_ns - np.mod(ts_ns - self.offset_ns, size)
+        rows = np.repeat(np.arange(len(ts_ns), dtype=np.int64), n)
+        starts = np.repeat(base, n)
+        ends = starts + np.tile(np.arange(n, 0, -1, dtype=np.int64) * step, len(ts_ns))
+        keep = ends > np.repeat(ts_ns, n)
+        return rows[keep], starts[keep], ends[keep]
+
+
+_CALENDAR_BUMP_NS = {
+    "day": 26 * 3_600_000_000_000,
+    "week": (7 * 24 + 2) * 3_600_000_000_000,
+    "month": 32 * 86_400_000_000_000,
+}
+
+
+@dataclass(frozen=True)
+class CalendarWindow:
+    """Tumbling windows of one local calendar ``day``, ``week`` (from Monday) or ``month`` in an
+    IANA ``time_zone``: they start at local midnight, so across a DST change a day window lasts 23
+    or 25 hours (the time-zone rules are pyarrow's tz database).
+
+    Raises:
+        ValueError: an unknown unit or time zone.
+
+    >>> w = CalendarWindow("day", "America/New_York")
+    >>> spring = 1772971200 * 10**9  # 2026-03-08 12:00 UTC, the day clocks go forward
+    >>> rows, starts, ends = w.assign_bounds_ns(np.array([spring], dtype=np.int64))
+    >>> int(ends[0] - starts[0]) // 3_600_000_000_000
+    23
+    """
+
+    unit: Literal["day", "week", "month"]
+    time_zone: str
+
+    def __post_init__(self) -> None:
+        if self.unit not in _CALENDAR_BUMP_NS:
+            raise ValueError(f"calendar windows are day, week or month, not {self.unit!r}")
+        try:
+            ZoneInfo(self.time_zone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {self.time_zone!r}") from exc
+
+    def _floor(self, ns: Int64Array) -> Int64Array:
+        local: pa.Array[Any] = pa.array(ns, pa.timestamp("ns", tz=self.time_zone))
+        floored = pc.floor_temporal(local, unit=self.unit, week_starts_monday=True)
+        return np.asarray(floored.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """``(row_index, window_start_ns, window_end_ns)``: one window per row."""
+        if not len(ts_ns):
+            return ts_ns, ts_ns, ts_ns
+        starts = self._floor(ts_ns)
+        ends = self._floor(starts + _CALENDAR_BUMP_NS[self.unit])
+        return np.arange(len(ts_ns), dtype=np.int64), starts, ends
+
+
+WindowSpec = TumblingWindow | HoppingWindow | SessionWindow | CumulateWindow | CalendarWindow
