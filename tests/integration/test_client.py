@@ -7,6 +7,9 @@ values, tail seeing later appends, stream_info, list, drop, the error mapping, a
 from __future__ import annotations
 
 import queue
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -165,3 +168,59 @@ def test_exchange_tumbling_window_with_a_late_row(client: FlightServeClient) -> 
     assert late.column("k").to_pylist() == ["a"]
     assert late.column("v").to_pylist() == [10]
     assert late.column("_late_reason").to_pylist() == ["late"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _serve(data_dir: Path, port: int) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flight_serve.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip().endswith(f":{port}")  # the location: listening
+    return process
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    process.kill()
+    process.wait(timeout=10)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+@pytest.mark.slow
+def test_tail_reconnects_after_the_server_is_killed_and_restarted(tmp_path: Path) -> None:
+    port = _free_port()
+    data_dir = tmp_path / "data"
+    server = _serve(data_dir, port)
+    try:
+        with FlightServeClient(f"grpc://127.0.0.1:{port}") as client:
+            client.put("s", _rows(("a", 1, 0), ("b", 2, 1)), batch_rows=1)
+            tail = client.tail("s")
+            assert [next(tail)[0], next(tail)[0]] == [0, 1]
+            _kill(server)  # no clean shutdown: the tail's connection just drops
+            server = _serve(data_dir, port)
+            with FlightServeClient(f"grpc://127.0.0.1:{port}") as writer:
+                writer.put("s", _rows(("c", 3, 2)))
+            offset, batch = next(tail)  # reconnected from offset 1; 1 is not yielded again
+            assert (offset, batch.column("k").to_pylist()) == (2, ["c"])
+            tail.close()
+    finally:
+        _kill(server)

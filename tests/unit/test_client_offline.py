@@ -36,7 +36,9 @@ class ContractServer(flight.FlightServerBase):
     def __init__(self) -> None:
         super().__init__("grpc://127.0.0.1:0")
         self.streams: dict[str, list[pa.RecordBatch]] = {}
-        self.tail_drops = 0  # drop this many tail connections after their first batch
+        # Tail connection i is dropped after tail_drop_plan[i] messages; later ones run out.
+        self.tail_drop_plan: list[int] = []
+        self.tail_pieces = False  # send every batch as one-row pieces sharing its offset
         self.tail_requests: list[int] = []
         self.put_acks_missing = False
 
@@ -111,15 +113,22 @@ class ContractServer(flight.FlightServerBase):
     def _tail(self, request: dict[str, Any]) -> flight.FlightDataStream:
         log = self.streams[request["stream"]]
         start = request["offset"]
-        drop = self.tail_drops > 0
-        if drop:
-            self.tail_drops -= 1
+        drop_after = self.tail_drop_plan.pop(0) if self.tail_drop_plan else -1
 
         def batches() -> Iterator[tuple[pa.RecordBatch, pa.Buffer]]:
+            sent = 0
             for offset in range(start, len(log)):
-                yield log[offset], _json({"offset": offset})
-                if drop:
-                    raise flight.FlightUnavailableError("connection dropped")
+                batch = log[offset]
+                pieces = (
+                    [batch.slice(i, 1) for i in range(batch.num_rows)]
+                    if self.tail_pieces
+                    else [batch]
+                )
+                for piece in pieces:
+                    yield piece, _json({"offset": offset})
+                    sent += 1
+                    if sent == drop_after:
+                        raise flight.FlightUnavailableError("connection dropped")
 
         return flight.GeneratorStream(log[0].schema, batches())
 
@@ -269,16 +278,29 @@ def test_tail_yields_offsets_and_resumes_after_a_drop(
     client: FlightServeClient, server: ContractServer
 ) -> None:
     client.put("s", TABLE, batch_rows=1)
-    server.tail_drops = 2
+    server.tail_drop_plan = [2, 2]
     seen = [(offset, batch.column("k")[0].as_py()) for offset, batch in client.tail("s", 1)]
     assert seen == [(1, "b"), (2, "c"), (3, "d"), (4, "e")]
-    # Each reconnection asked from the last offset seen + 1.
+    # Each reconnection asked from the last offset seen (and skipped its rows already seen).
     assert server.tail_requests == [1, 2, 3]
+
+
+def test_tail_resumes_inside_a_batch_split_into_pieces(
+    client: FlightServeClient, server: ContractServer
+) -> None:
+    client.put("s", TABLE, batch_rows=3)  # offsets 0: a b c, 1: d e
+    server.tail_pieces = True  # one row per message, like a batch above 4 MiB split in pieces
+    server.tail_drop_plan = [2, 4]
+    seen = [(offset, batch.column("k").to_pylist()) for offset, batch in client.tail("s")]
+    # Connection 1: a b | drop. Connection 2 from offset 0: a b (skipped) c d | drop.
+    # Connection 3 from offset 1: d (skipped) e.
+    assert seen == [(0, ["a"]), (0, ["b"]), (0, ["c"]), (1, ["d"]), (1, ["e"])]
+    assert server.tail_requests == [0, 0, 1]
 
 
 def test_tail_without_reconnect_raises(client: FlightServeClient, server: ContractServer) -> None:
     client.put("s", TABLE, batch_rows=1)
-    server.tail_drops = 1
+    server.tail_drop_plan = [1]
     tail = client.tail("s", 0, reconnect=False)
     assert next(tail)[0] == 0
     with pytest.raises(flight.FlightUnavailableError):

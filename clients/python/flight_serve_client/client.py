@@ -323,40 +323,58 @@ class FlightServeClient:
         self, stream: str, offset: int = 0, *, reconnect: bool = True
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """Follow ``stream`` live from ``offset``: yield ``(offset, batch)`` for every batch,
-        the existing ones first, then each new one as it is appended. It never ends on its own.
+        the existing ones first, then each new one as it is appended.
 
         The ticket comes from action ``stream.tail`` ``{"stream", "offset"}``; each DoGet batch
-        carries app_metadata ``{"offset": int}``. With ``reconnect``, a dropped connection
-        (:class:`pyarrow.flight.FlightUnavailableError`) asks for a new tail ticket from the last
-        offset seen + 1, so no batch is yielded twice or skipped; up to
-        :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row, pausing with doubling delays
-        (:data:`TAIL_BACKOFF_S`). Closing the iterator cancels the call.
+        carries app_metadata ``{"offset": int}``. The server splits a stored batch above 4 MiB
+        into consecutive pieces that share its offset, so one offset may be yielded several
+        times, each time with the next rows. The iterator ends when the server ends the tail
+        (the stream was dropped or re-created, or the server shut down); closing it early
+        cancels the call.
+
+        With ``reconnect``, a dropped connection (:class:`pyarrow.flight.FlightUnavailableError`)
+        asks for a new tail ticket from the last offset seen and skips the rows of that offset
+        already yielded (the contract's "offset + 1", made safe for split batches), so no row is
+        yielded twice or skipped; up to :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row,
+        pausing with doubling delays (:data:`TAIL_BACKOFF_S`).
 
         Raises:
-            pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name.
-            pyarrow.ArrowInvalid: INVALID_ARGUMENT: the stream was dropped or re-created while
-                tailing (its ticket is stale), or a negative offset.
+            pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name (when asking for a
+                ticket, including on reconnection).
+            pyarrow.ArrowInvalid: INVALID_ARGUMENT: a negative offset or a bad stream name.
             pyarrow.flight.FlightUnavailableError: the connection dropped and ``reconnect`` is
                 off, or every reconnection attempt failed.
             ProtocolError: a batch without a JSON ``{"offset": int}``.
         """
-        next_offset = offset
+        position = offset  # the offset to ask from when (re)connecting
+        delivered = 0  # rows of batch ``position`` already yielded
         failures = 0
         while True:
             reader: flight.FlightStreamReader | None = None
+            skip = delivered
             try:
                 ticket = flight.Ticket(
-                    self._action("stream.tail", {"stream": stream, "offset": next_offset})
+                    self._action("stream.tail", {"stream": stream, "offset": position})
                 )
                 reader = self._client.do_get(ticket)
                 for chunk in _chunks(reader):
-                    if chunk.data is None:
+                    batch = chunk.data
+                    if batch is None:
                         continue
                     message = decode_json(chunk.app_metadata, "tail batch")
                     batch_offset = decode_int(message, "offset", "tail batch")
                     failures = 0
-                    next_offset = batch_offset + 1
-                    yield batch_offset, chunk.data
+                    if batch_offset == position:
+                        if skip and skip >= batch.num_rows:
+                            skip -= batch.num_rows  # yielded before the reconnection
+                            continue
+                        if skip:
+                            batch = batch.slice(skip)
+                            skip = 0
+                        delivered += batch.num_rows
+                    else:
+                        position, delivered, skip = batch_offset, batch.num_rows, 0
+                    yield batch_offset, batch
                 return
             except flight.FlightUnavailableError:
                 if not reconnect or failures >= TAIL_RECONNECT_ATTEMPTS:
