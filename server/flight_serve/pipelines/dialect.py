@@ -76,6 +76,22 @@ def sql_error(message: str, node: exp.Expression) -> PipelineSQLError:
     return PipelineSQLError(message, line, col)
 
 
+def calendar_interval(node: exp.Expression) -> str | None:
+    """``'day'``, ``'week'`` or ``'month'`` when ``node`` is ``INTERVAL '1' DAY|WEEK|MONTH``,
+    else ``None`` (the sizes a calendar window can take).
+
+    >>> calendar_interval(sqlglot.parse_one("INTERVAL '1' MONTH"))
+    'month'
+    """
+    if not isinstance(node, exp.Interval) or node.this is None:
+        return None
+    unit_node = node.args.get("unit")
+    unit = unit_node.name.upper().rstrip("S") if unit_node is not None else ""
+    if node.this.name.strip() == "1" and unit in ("DAY", "WEEK", "MONTH"):
+        return unit.lower()
+    return None
+
+
 def interval_to_timedelta(node: exp.Expression) -> timedelta:
     """``INTERVAL '10' SECOND`` (or ``INTERVAL '1 hour'``, or a string like ``'5s'``) → timedelta.
 

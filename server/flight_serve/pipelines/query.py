@@ -19,17 +19,27 @@ are the GROUP BY columns other than the window bounds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
 from sqlglot import exp
 
 from flight_serve.engine.aggregate import AggregateCall
 from flight_serve.engine.operator import OutputColumn, WindowAggregation, WindowOperator
-from flight_serve.engine.windows import HoppingWindow, SessionWindow, TumblingWindow, WindowSpec
+from flight_serve.engine.windows import (
+    CalendarWindow,
+    CumulateWindow,
+    HoppingWindow,
+    SessionWindow,
+    TumblingWindow,
+    WindowSpec,
+)
 from flight_serve.errors import PipelineSQLError
 from flight_serve.pipelines.dialect import (
+    calendar_interval,
     duration_from_text,
     interval_to_timedelta,
     parse_statements,
@@ -70,24 +80,37 @@ def _column_name(node: exp.Expression) -> str:
     return node.name
 
 
-def _window(func: exp.Anonymous) -> tuple[str, str, WindowSpec]:
+def _window(func: exp.Anonymous, time_zone: str | None = None) -> tuple[str, str, WindowSpec]:
     name = func.name.upper()
     args = list(func.expressions)
-    arity = {"TUMBLE": (3, 4), "HOP": (4, 5), "SESSION": (3, 3)}
+    arity = {"TUMBLE": (3, 4), "HOP": (4, 5), "SESSION": (3, 3), "CUMULATE": (4, 5)}
     if name not in arity:
         raise sql_error(
-            f"unknown window table function {func.name}; use TUMBLE, HOP or SESSION", func
+            f"unknown window table function {func.name}; use TUMBLE, HOP, SESSION or CUMULATE",
+            func,
         )
     low, high = arity[name]
     if not low <= len(args) <= high:
         raise sql_error(f"{name} takes {low} to {high} arguments, got {len(args)}", func)
     source = _column_name(args[0])
     time_column = _column_name(args[1])
+    calendar = calendar_interval(args[2]) if name == "TUMBLE" and len(args) == 3 else None
+    if calendar == "month" or (calendar is not None and time_zone is not None):
+        try:
+            return source, time_column, CalendarWindow(calendar, time_zone or "UTC")  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise sql_error(str(exc), func) from exc
     durations = [interval_to_timedelta(a) for a in args[2:]]
     try:
         window: WindowSpec
         if name == "TUMBLE":
             window = TumblingWindow(durations[0], *(durations[1:2]))
+        elif name == "CUMULATE":
+            window = CumulateWindow(
+                step=durations[0],
+                max_size=durations[1],
+                offset=(durations[2:3] or [timedelta(0)])[0],
+            )
         elif name == "HOP":
             window = HoppingWindow(
                 size=durations[1], slide=durations[0], offset=(durations[2:3] or [timedelta(0)])[0]
@@ -99,12 +122,84 @@ def _window(func: exp.Anonymous) -> tuple[str, str, WindowSpec]:
     return source, time_column, window
 
 
-def _source_options(create: exp.Create) -> tuple[str, str | None, timedelta, timedelta]:
+@dataclass(frozen=True)
+class QueryOptions:
+    """Event-time options of a windowed query (DESIGN §4, §5); durations are timedeltas.
+
+    Set on ``CREATE SOURCE … WITH (…)`` (durations as ``'5s'``, ``'15 minutes'`` or an INTERVAL):
+    ``allowed_lateness``, ``emit`` (``final`` | ``update``), ``idle_timeout``,
+    ``max_future_skew``, ``time_zone`` (IANA name, for calendar windows). The watermark bound
+    comes from ``WATERMARK FOR ts AS ts - INTERVAL …``.
+    """
+
+    max_out_of_orderness: timedelta = timedelta(0)
+    allowed_lateness: timedelta = timedelta(0)
+    emit: Literal["final", "update"] = "final"
+    idle_timeout: timedelta | None = None
+    max_future_skew: timedelta | None = None
+    time_zone: str | None = None
+
+
+_DURATION_OPTIONS = ("allowed_lateness", "idle_timeout", "max_future_skew")
+OPTION_NAMES = (*_DURATION_OPTIONS, "emit", "time_zone")
+
+
+def option_duration(value: exp.Expression) -> timedelta:
+    """An option value (``INTERVAL …`` or a string such as ``'5s'``) as a timedelta."""
+    if isinstance(value, exp.Interval):
+        return interval_to_timedelta(value)
+    return duration_from_text(value.name, value)
+
+
+def apply_option(
+    options: QueryOptions, key: str, value: exp.Expression, node: exp.Expression
+) -> QueryOptions:
+    """``options`` with ``key`` set from the SQL ``value``; unknown keys are ignored (connector
+    options share the WITH clause).
+
+    Raises:
+        PipelineSQLError: a bad value, naming the option.
+    """
+    if key == "allowed_lateness":
+        return replace(options, allowed_lateness=option_duration(value))
+    if key == "idle_timeout":
+        return replace(options, idle_timeout=option_duration(value))
+    if key == "max_future_skew":
+        return replace(options, max_future_skew=option_duration(value))
+    if key == "emit":
+        mode = value.name.lower()
+        if mode == "final":
+            return replace(options, emit="final")
+        if mode == "update":
+            return replace(options, emit="update")
+        raise sql_error(f"emit must be 'final' or 'update', got {value.name!r}", node)
+    if key == "time_zone":
+        try:
+            ZoneInfo(value.name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise sql_error(f"unknown time zone {value.name!r} (use an IANA name)", node) from None
+        return replace(options, time_zone=value.name)
+    return options
+
+
+def property_items(create: exp.Create) -> list[tuple[str, exp.Expression, exp.Expression]]:
+    """``(lower-case key, value, node)`` for each ``WITH (key = value)`` property."""
+    props = create.args.get("properties")
+    items = []
+    for prop in props.expressions if props is not None else []:
+        key = prop.this.name if isinstance(prop.this, exp.Expression) else str(prop.name)
+        value = prop.args.get("value")
+        if value is not None:
+            items.append((key.lower(), value, prop))
+    return items
+
+
+def _source_options(create: exp.Create) -> tuple[str, str | None, QueryOptions]:
     schema = create.this
     table = schema.this if isinstance(schema, exp.Schema) else schema
     name = table.name
     time_column: str | None = None
-    bound = timedelta(0)
+    options = QueryOptions()
     for item in schema.expressions if isinstance(schema, exp.Schema) else []:
         if isinstance(item, exp.WatermarkColumnConstraint):
             time_column = _column_name(item.this)
@@ -117,22 +212,10 @@ def _source_options(create: exp.Create) -> tuple[str, str | None, timedelta, tim
                 raise sql_error(
                     "WATERMARK must be '<ts> AS <ts> - INTERVAL ...' or '<ts> AS <ts>'", item
                 )
-    lateness = timedelta(0)
-    props = create.args.get("properties")
-    for prop in props.expressions if props is not None else []:
-        key = (
-            prop.name.lower()
-            if not isinstance(prop.this, exp.Expression)
-            else prop.this.name.lower()
-        )
-        value = prop.args.get("value")
-        if key == "allowed_lateness" and value is not None:
-            lateness = (
-                interval_to_timedelta(value)
-                if isinstance(value, exp.Interval)
-                else duration_from_text(value.name, value)
-            )
-    return name, time_column, bound, lateness
+            options = replace(options, max_out_of_orderness=bound)
+    for key, value, node in property_items(create):
+        options = apply_option(options, key, value, node)
+    return name, time_column, options
 
 
 def parse_window_query(sql: str) -> WindowQuery:
@@ -169,13 +252,17 @@ def parse_window_query(sql: str) -> WindowQuery:
         )
     if select.args.get("joins"):
         raise sql_error("joins are not supported in a windowed query", select.args["joins"][0])
-    source, time_column, window = _window(func)
-
-    bound, lateness = timedelta(0), timedelta(0)
+    options = QueryOptions()
+    source_name = _column_name(func.expressions[0]) if func.expressions else ""
     for create in creates:
         if str(create.args.get("kind", "")).upper() != "SOURCE":
             raise sql_error("only CREATE SOURCE may precede the query", create)
-        name, declared_ts, bound_i, lateness_i = _source_options(create)
+        name, declared_ts, options = _source_options(create)
+        if name != source_name:
+            raise sql_error(f"CREATE SOURCE {name} is not the query's input {source_name}", create)
+    source, time_column, window = _window(func, options.time_zone)
+    for create in creates:
+        name, declared_ts, _ = _source_options(create)
         if name != source:
             raise sql_error(f"CREATE SOURCE {name} is not the query's input {source}", create)
         if declared_ts is not None and declared_ts != time_column:
@@ -183,7 +270,6 @@ def parse_window_query(sql: str) -> WindowQuery:
                 f"the watermark is declared on {declared_ts} but the window uses {time_column}",
                 create,
             )
-        bound, lateness = bound_i, lateness_i
 
     group = select.args.get("group")
     group_names = [_column_name(g) for g in (group.expressions if group else [])]
@@ -233,8 +319,11 @@ def parse_window_query(sql: str) -> WindowQuery:
         time_column=time_column,
         key_columns=keys,
         aggregates=tuple(aggregates),
-        max_out_of_orderness=bound,
-        allowed_lateness=lateness,
+        max_out_of_orderness=options.max_out_of_orderness,
+        allowed_lateness=options.allowed_lateness,
+        emit=options.emit,
+        idle_timeout=options.idle_timeout,
+        max_future_skew=options.max_future_skew,
         filter_sql=filter_sql,
         columns=tuple(columns) if projection_sql is None else (),
         projection_sql=projection_sql,
