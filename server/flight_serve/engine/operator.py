@@ -248,6 +248,11 @@ class WindowOperator:
         self._state: pa.Table = self._state_schema.empty_table()
         self._state_min_end: int | None = None
         self._state_min_pending_end: int | None = None
+        #: sessions already evicted (keys, __ws, __we) that a new row could still overlap
+        self._closed: pa.Table = pa.schema(
+            [input_schema.field(k) for k in config.key_columns]
+            + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
+        ).empty_table()
         self.late_schema = pa.schema(
             [
                 *input_schema,
@@ -501,20 +506,34 @@ class WindowOperator:
         rows, starts, ends = window.assign_bounds_ns(ts_ns)
         threshold = self._threshold(watermark)
         late_table = None
-        if threshold > MIN_WATERMARK_NS:
+        if isinstance(window, SessionWindow) and self._closed.num_rows:
+            # a row that would join a session already emitted and evicted is late for it: it
+            # must not start a second, overlapping session for the same key
+            hit, s_start, s_end = self._overlaps(
+                batch, rows, starts, ends, np.ones(len(rows), dtype=bool), self._closed
+            )
+            if len(hit):
+                late_table = self._late_rows(batch, rows[hit], "late", (s_start, s_end))
+                self.metrics.rows_late += len(hit)
+                keep = np.ones(len(rows), dtype=bool)
+                keep[hit] = False
+                rows, starts, ends = rows[keep], starts[keep], ends[keep]
+        if threshold > MIN_WATERMARK_NS and len(rows):
             alive = ends > threshold
             if not alive.all():
                 if isinstance(window, SessionWindow):
-                    alive |= self._overlaps_open_session(batch, rows, starts, ends, ~alive)
+                    # a late proto-session that overlaps a still-open session merges into it
+                    self._merge()
+                    hit, _, _ = self._overlaps(batch, rows, starts, ends, ~alive, self._state)
+                    alive[hit] = True
                 n = batch.num_rows
                 live_count = np.bincount(rows[alive], minlength=n)
                 late_rows = np.flatnonzero(live_count == 0)
                 if len(late_rows):
                     # the first assignment of each row is its latest window (see assign_ns)
                     first = np.searchsorted(rows, late_rows)
-                    late_table = self._late_rows(
-                        batch, late_rows, "late", (starts[first], ends[first])
-                    )
+                    own = self._late_rows(batch, late_rows, "late", (starts[first], ends[first]))
+                    late_table = own if late_table is None else pa.concat_tables([late_table, own])
                     self.metrics.rows_late += len(late_rows)
                 rows, starts, ends = rows[alive], starts[alive], ends[alive]
         if len(rows):
@@ -543,20 +562,21 @@ class WindowOperator:
             )
         return late_table
 
-    def _overlaps_open_session(
+    def _overlaps(
         self,
         batch: pa.RecordBatch,
         rows: Int64Array,
         starts: Int64Array,
         ends: Int64Array,
         candidates: np.ndarray,
-    ) -> np.ndarray:
-        """For session windows: which candidate rows overlap a still-open session of their key."""
-        self._merge()
-        result = np.zeros(len(rows), dtype=bool)
-        if self._state.num_rows == 0:
-            return result
+        sessions: pa.Table,
+    ) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """Candidate (row, window) pairs whose window overlaps a session of the same key in
+        ``sessions`` (keys, ``__ws``, ``__we``): ``(pair index, session start, session end)``."""
         idx = np.flatnonzero(candidates)
+        empty = np.zeros(0, dtype=np.int64)
+        if not len(idx) or not sessions.num_rows:
+            return empty, empty, empty
         keys = self.config.key_columns
         cand = pa.table(
             {
@@ -574,14 +594,15 @@ class WindowOperator:
             ]
         )
         hits = self._sql(
-            f"SELECT DISTINCT c.__i FROM cand c JOIN state s ON {on}",
-            {
-                "cand": cand.to_batches() or [pa.RecordBatch.from_pylist([], cand.schema)],
-                "state": self._state.to_batches(),
-            },
+            f"SELECT c.__i, max(s.{quote_ident(WS)}) AS s, max(s.{quote_ident(WE)}) AS e "
+            f"FROM cand c JOIN sessions s ON {on} GROUP BY c.__i",
+            {"cand": cand.to_batches(), "sessions": sessions.to_batches()},
         )
-        result[np.asarray(hits["__i"].to_numpy(), dtype=np.int64)] = True
-        return result
+
+        def column(name: str) -> Int64Array:
+            return np.asarray(hits[name].to_numpy(), dtype=np.int64)
+
+        return column("__i"), column("s"), column("e")
 
     def _late_rows(
         self,
@@ -671,6 +692,8 @@ class WindowOperator:
             self._state = kept.set_column(kept.schema.get_field_index(REV), REV, rev)
         else:
             self._state = state.filter(pc.invert(evict))
+        if isinstance(self.config.window, SessionWindow) and watermark != MAX_WATERMARK_NS:
+            self._remember_closed(state.filter(evict), watermark)
         self._refresh_bounds()
         if not fired.num_rows:
             return None
@@ -685,6 +708,15 @@ class WindowOperator:
         if self._update:
             output = output.append_column(REVISION, fired[REV])
         return output
+
+    def _remember_closed(self, evicted: pa.Table, watermark: int) -> None:
+        """Keep evicted sessions while an accepted row could still overlap them: a row is accepted
+        only if ``t + gap > W - L``, so sessions ending at or before ``W - L - gap`` are dropped."""
+        assert isinstance(self.config.window, SessionWindow)
+        names = [*self.config.key_columns, WS, WE]
+        closed = pa.concat_tables([self._closed, evicted.select(names).cast(self._closed.schema)])
+        horizon = self._threshold(watermark) - self.config.window.gap_ns
+        self._closed = closed.filter(pc.greater(closed[WE], pa.scalar(horizon, pa.int64())))
 
     def _finalize(self, state: pa.Table) -> pa.Table:
         """Pane state → keys, ``window_start``, ``window_end``, ``__a<i>`` (final aggregates)."""
