@@ -75,6 +75,11 @@ class StreamNameError(InvalidInputError):
     """A stream name that is empty, too long, or holds characters outside ``[A-Za-z0-9_.-]``."""
 
 
+class ConnectorError(InvalidInputError):
+    """A connector option is invalid, or a connector's files cannot be found, read or written;
+    the message names the option or the file."""
+
+
 class ActionError(InvalidInputError):
     """An unknown action type or a malformed action body."""
 

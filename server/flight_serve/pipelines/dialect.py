@@ -49,25 +49,33 @@ def parse_statements(sql: str) -> list[exp.Expression]:
         description = first.get("description") or str(exc)
         highlight = first.get("highlight")
         near = f" near {highlight!r}" if highlight else ""
-        raise PipelineSQLError(
-            f"syntax error: {description}{near}", first.get("line"), first.get("col")
-        ) from exc
+        line, col = first.get("line"), first.get("col")
+        if col is not None and highlight and "\n" not in highlight:
+            col = max(1, int(col) - len(highlight) + 1)  # sqlglot reports the token's last column
+        raise PipelineSQLError(f"syntax error: {description}{near}", line, col) from exc
     except sqlglot.errors.TokenError as exc:
         raise PipelineSQLError(f"syntax error: {exc}") from exc
     return [s for s in statements if isinstance(s, exp.Expression)]
 
 
 def position(node: exp.Expression) -> tuple[int | None, int | None]:
-    """Line and column (1-based) of ``node``'s first token, when sqlglot recorded them."""
+    """Line and column (1-based) where ``node``'s first recorded token starts.
+
+    sqlglot records positions on identifiers, literals and function names only, and its ``col`` is
+    the token's *last* column; the start is ``col - (end - start)`` (character offsets). A node
+    without a position of its own (a whole statement, an operator) points at the earliest token
+    beneath it.
+    """
     meta = node.meta if hasattr(node, "meta") else {}
-    if not meta:
-        for child in node.walk():
-            if child.meta:
-                meta = child.meta
-                break
-    line = meta.get("line")
-    col = meta.get("col")
-    return (int(line) if line is not None else None, int(col) if col is not None else None)
+    if "line" not in meta:
+        recorded = [c.meta for c in node.walk() if c.meta and "line" in c.meta]
+        meta = min(recorded, key=lambda m: int(m.get("start", 0))) if recorded else {}
+    line, col = meta.get("line"), meta.get("col")
+    if line is None or col is None:
+        return None, None
+    start, end = meta.get("start"), meta.get("end")
+    width = int(end) - int(start) if start is not None and end is not None else 0
+    return int(line), max(1, int(col) - width)
 
 
 def sql_error(message: str, node: exp.Expression) -> PipelineSQLError:

@@ -5,16 +5,20 @@ Accepted form (DESIGN §5), parsed with sqlglot, never with regular expressions:
     [CREATE SOURCE <name> ([<column defs>,] WATERMARK FOR <ts> AS <ts> - INTERVAL '<n>' <unit>)
         [WITH (allowed_lateness = '<duration>')];]
     SELECT <keys>, window_start, window_end, <aggregates or expressions over them>
-    FROM TUMBLE(<name>, <ts>, <size> [, <offset>])
-       | HOP(<name>, <ts>, <slide>, <size> [, <offset>])
-       | SESSION(<name>, <ts>, <gap>)
+    FROM TUMBLE(<name>, <ts>, <size> [, <offset>] [, <option> => <value> ...])
+       | HOP(<name>, <ts>, <slide>, <size> [, <offset>] [, <option> => <value> ...])
+       | SESSION(<name>, <ts>, <gap> [, <option> => <value> ...])
+       | CUMULATE(<name>, <ts>, <step>, <max_size> [, <offset>] [, <option> => <value> ...])
     [WHERE <row filter>]
     GROUP BY <keys>, window_start, window_end
     [HAVING <condition over aggregates>]
 
 Without ``CREATE SOURCE`` the watermark bound is 0 (input in event-time order). The argument order of
 ``HOP`` follows Flink and RisingWave: slide before size. ``SESSION`` windows are per key: the keys
-are the GROUP BY columns other than the window bounds.
+are the GROUP BY columns other than the window bounds. Named arguments (``emit => 'update'``) are
+per-query options (:data:`QUERY_OPTION_NAMES`) that override the source's.
+:func:`window_query_from_select` builds the same thing from an already parsed SELECT (the pipeline
+planner's entry).
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ def _column_name(node: exp.Expression) -> str:
 
 def _window(func: exp.Anonymous, time_zone: str | None = None) -> tuple[str, str, WindowSpec]:
     name = func.name.upper()
-    args = list(func.expressions)
+    args = [a for a in func.expressions if not isinstance(a, exp.Kwarg)]
     arity = {"TUMBLE": (3, 4), "HOP": (4, 5), "SESSION": (3, 3), "CUMULATE": (4, 5)}
     if name not in arity:
         raise sql_error(
@@ -243,33 +247,97 @@ def parse_window_query(sql: str) -> WindowQuery:
         where = selects[1] if len(selects) > 1 else statements[0]
         raise sql_error(f"expected exactly one SELECT, got {len(selects)}", where)
     select = selects[0]
-    from_ = select.args.get("from_") or select.args.get("from")
-    func = from_.this.this if from_ is not None and isinstance(from_.this, exp.Table) else None
-    if not isinstance(func, exp.Anonymous):
-        raise sql_error(
-            "FROM must be a window table function: TUMBLE(...), HOP(...) or SESSION(...)",
-            from_ if from_ is not None else select,
-        )
-    if select.args.get("joins"):
-        raise sql_error("joins are not supported in a windowed query", select.args["joins"][0])
+    func = window_table_function(select)
     options = QueryOptions()
-    source_name = _column_name(func.expressions[0]) if func.expressions else ""
+    source_name = _column_name(func.expressions[0]) if func is not None and func.expressions else ""
+    declared_ts: str | None = None
     for create in creates:
         if str(create.args.get("kind", "")).upper() != "SOURCE":
             raise sql_error("only CREATE SOURCE may precede the query", create)
         name, declared_ts, options = _source_options(create)
         if name != source_name:
             raise sql_error(f"CREATE SOURCE {name} is not the query's input {source_name}", create)
-    source, time_column, window = _window(func, options.time_zone)
-    for create in creates:
-        name, declared_ts, _ = _source_options(create)
-        if name != source:
-            raise sql_error(f"CREATE SOURCE {name} is not the query's input {source}", create)
-        if declared_ts is not None and declared_ts != time_column:
+    return window_query_from_select(select, options, declared_time_column=declared_ts)
+
+
+#: Named arguments a window table function accepts (``TUMBLE(…, emit => 'update')``): the
+#: per-query options, overriding the source's and the pipeline's.
+QUERY_OPTION_NAMES = (*OPTION_NAMES, "max_out_of_orderness")
+
+
+def window_table_function(select: exp.Select) -> exp.Anonymous | None:
+    """The ``TUMBLE``/``HOP``/``SESSION``/``CUMULATE`` call in ``select``'s FROM, if it has one."""
+    from_ = select.args.get("from_") or select.args.get("from")
+    func = from_.this.this if from_ is not None and isinstance(from_.this, exp.Table) else None
+    return func if isinstance(func, exp.Anonymous) else None
+
+
+def query_options(func: exp.Anonymous, options: QueryOptions) -> QueryOptions:
+    """``options`` overridden by the named arguments of the window table function ``func``.
+
+    Raises:
+        PipelineSQLError: an unknown option name or a bad value, pointing at it.
+    """
+    for arg in func.expressions:
+        if not isinstance(arg, exp.Kwarg):
+            continue
+        key, value = arg.this.name.lower(), arg.expression
+        if key == "max_out_of_orderness":
+            options = replace(options, max_out_of_orderness=option_duration(value))
+        elif key in OPTION_NAMES:
+            options = apply_option(options, key, value, arg)
+        else:
             raise sql_error(
-                f"the watermark is declared on {declared_ts} but the window uses {time_column}",
-                create,
+                f"unknown option {key!r} of {func.name.upper()}; options: "
+                f"{', '.join(QUERY_OPTION_NAMES)}",
+                arg,
             )
+    return options
+
+
+def window_query_from_select(
+    select: exp.Select,
+    options: QueryOptions | None = None,
+    *,
+    declared_time_column: str | None = None,
+) -> WindowQuery:
+    """Build the :class:`WindowQuery` of a parsed SELECT over a window table function.
+
+    Args:
+        select: the parsed query (see the module docstring for the accepted form).
+        options: the defaults from the pipeline and the source (the source's ``WATERMARK`` bound
+            is ``options.max_out_of_orderness``); named arguments of the window table function
+            (``TUMBLE(src, ts, INTERVAL '10' SECOND, allowed_lateness => INTERVAL '5' SECOND)``)
+            override them for this query.
+        declared_time_column: the column the input's ``WATERMARK FOR`` names, if any; the window
+            must use it.
+
+    Raises:
+        PipelineSQLError: a query outside the accepted form, pointing at the offending token.
+    """
+    func = window_table_function(select)
+    if func is None:
+        from_ = select.args.get("from_") or select.args.get("from")
+        raise sql_error(
+            "FROM must be a window table function: TUMBLE(...), HOP(...), SESSION(...) or "
+            "CUMULATE(...)",
+            from_ if from_ is not None else select,
+        )
+    if select.args.get("joins"):
+        raise sql_error("joins are not supported in a windowed query", select.args["joins"][0])
+    given = options or QueryOptions()
+    options = query_options(func, given)
+    source, time_column, window = _window(func, options.time_zone)
+    if options.time_zone != given.time_zone and not isinstance(window, CalendarWindow):
+        raise sql_error(
+            "time_zone applies to TUMBLE with INTERVAL '1' DAY, WEEK or MONTH only", func
+        )
+    if declared_time_column is not None and declared_time_column != time_column:
+        raise sql_error(
+            f"the watermark is declared on {declared_time_column} but the window uses "
+            f"{time_column}",
+            func.expressions[1],
+        )
 
     group = select.args.get("group")
     group_names = [_column_name(g) for g in (group.expressions if group else [])]
