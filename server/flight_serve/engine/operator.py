@@ -62,6 +62,7 @@ from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, NS_PER_UNIT, 
 WS, WE, TS = "__ws", "__we", "__ts"
 #: pane bookkeeping columns: changed since last emission (0/1), last emitted revision (-1: none)
 CHG, REV = "__chg", "__rev"
+SID = "__sid"
 REVISION = "_revision"
 LATE_REASON, LATE_START, LATE_END = "_late_reason", "_window_start", "_window_end"
 DEFAULT_PARTITION = "0"
@@ -253,6 +254,7 @@ class WindowOperator:
             [input_schema.field(k) for k in config.key_columns]
             + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
         ).empty_table()
+        self._closed_max_end = MIN_WATERMARK_NS
         self.late_schema = pa.schema(
             [
                 *input_schema,
@@ -336,9 +338,20 @@ class WindowOperator:
         partial = (
             f"SELECT {', '.join([*group, *partial_items])} FROM buf GROUP BY {', '.join(group)}"
         )
-        empty_buf = self._buffer_schema.empty_table().to_batches() or [
-            pa.RecordBatch.from_pylist([], self._buffer_schema)
-        ]
+        buffer_schema = self._buffer_schema
+        if isinstance(cfg.window, SessionWindow):
+            # the buffer arrives with __sid: its rows already split into sessions (see _merge)
+            ts = quote_ident(TS)
+            bounds = [
+                f"min({ts}) AS {quote_ident(WS)}",
+                f"max({ts}) + {cfg.window.gap_ns} AS {quote_ident(WE)}",
+            ]
+            partial = (
+                f"SELECT {', '.join([*keys, *bounds, *partial_items])} FROM buf "
+                f"GROUP BY {', '.join([*keys, SID])}"
+            )
+            buffer_schema = buffer_schema.append(pa.field(SID, pa.int64()))
+        empty_buf = [pa.RecordBatch.from_pylist([], buffer_schema)]
         partial_schema = self._sql(partial, {"buf": empty_buf}).schema
         partial_schema = pa.schema([f.with_nullable(True) for f in partial_schema])
         union = f"SELECT * FROM state UNION ALL {partial}"
@@ -509,9 +522,9 @@ class WindowOperator:
         if isinstance(window, SessionWindow) and self._closed.num_rows:
             # a row that would join a session already emitted and evicted is late for it: it
             # must not start a second, overlapping session for the same key
-            hit, s_start, s_end = self._overlaps(
-                batch, rows, starts, ends, np.ones(len(rows), dtype=bool), self._closed
-            )
+            # only a row that starts before the latest closed session's end can overlap one
+            could = starts < self._closed_max_end
+            hit, s_start, s_end = self._overlaps(batch, rows, starts, ends, could, self._closed)
             if len(hit):
                 late_table = self._late_rows(batch, rows[hit], "late", (s_start, s_end))
                 self.metrics.rows_late += len(hit)
@@ -654,11 +667,38 @@ class WindowOperator:
         state_batches = self._state.to_batches() or [
             pa.RecordBatch.from_pylist([], self._state_schema)
         ]
-        merged = self._sql(self._merge_sql, {"state": state_batches, "buf": self._buffer.batches})
+        buffered: Sequence[pa.RecordBatch] = self._buffer.batches
+        if isinstance(self.config.window, SessionWindow):
+            buffered = self._split_sessions(buffered, self.config.window.gap_ns)
+        merged = self._sql(self._merge_sql, {"state": state_batches, "buf": buffered})
         self._state = merged.cast(self._state_schema)
         self._buffer = _Batch()
         self.metrics.merges += 1
         self._refresh_bounds()
+
+    def _split_sessions(
+        self, batches: Sequence[pa.RecordBatch], gap_ns: int
+    ) -> list[pa.RecordBatch]:
+        """Number the sessions within the buffered rows (``__sid``): sorted by key and event time,
+        a row starts a new session when its key changes or it is ``gap`` or more after the
+        previous row. Merging with the stored sessions then only sees one row per such session."""
+        buf = pa.Table.from_batches(batches).combine_chunks()
+        n = buf.num_rows
+        codes = np.zeros(n, dtype=np.int64)
+        for key in self.config.key_columns:
+            encoded = pc.dictionary_encode(buf[key], null_encoding="encode").combine_chunks()
+            idx = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+            _, codes = np.unique(codes * (len(encoded.dictionary) + 1) + idx, return_inverse=True)
+        ts = np.asarray(buf[TS].to_numpy(), dtype=np.int64)
+        order = np.lexsort((ts, codes))
+        sorted_codes, sorted_ts = codes[order], ts[order]
+        new = np.ones(n, dtype=bool)
+        new[1:] = (sorted_codes[1:] != sorted_codes[:-1]) | (
+            sorted_ts[1:] - sorted_ts[:-1] >= gap_ns
+        )
+        sid = np.empty(n, dtype=np.int64)
+        sid[order] = np.cumsum(new)
+        return buf.append_column(SID, pa.array(sid, pa.int64())).to_batches()
 
     def _fire(self, watermark: int) -> pa.Table | None:
         self._merge()
@@ -717,6 +757,9 @@ class WindowOperator:
         closed = pa.concat_tables([self._closed, evicted.select(names).cast(self._closed.schema)])
         horizon = self._threshold(watermark) - self.config.window.gap_ns
         self._closed = closed.filter(pc.greater(closed[WE], pa.scalar(horizon, pa.int64())))
+        self._closed_max_end = (
+            int(pc.max(self._closed[WE]).as_py()) if self._closed.num_rows else MIN_WATERMARK_NS
+        )
 
     def _finalize(self, state: pa.Table) -> pa.Table:
         """Pane state → keys, ``window_start``, ``window_end``, ``__a<i>`` (final aggregates)."""
