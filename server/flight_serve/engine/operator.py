@@ -335,8 +335,14 @@ class WindowOperator:
             f"max({quote_ident(CHG)}) AS {quote_ident(CHG)}",
             f"max({quote_ident(REV)}) AS {quote_ident(REV)}",
         ]
+        group_by = group
+        if isinstance(cfg.window, TumblingWindow | HoppingWindow):
+            # fixed-size windows: window_end follows from window_start, so group by fewer columns
+            size = cfg.window.size_ns
+            group = [*keys, quote_ident(WS), f"{quote_ident(WS)} + {size} AS {quote_ident(WE)}"]
+            group_by = [*keys, quote_ident(WS)]
         partial = (
-            f"SELECT {', '.join([*group, *partial_items])} FROM buf GROUP BY {', '.join(group)}"
+            f"SELECT {', '.join([*group, *partial_items])} FROM buf GROUP BY {', '.join(group_by)}"
         )
         buffer_schema = self._buffer_schema
         if isinstance(cfg.window, SessionWindow):
@@ -370,7 +376,7 @@ class WindowOperator:
         else:
             merge = (
                 f"SELECT {', '.join([*group, *merge_items])} FROM ({union}) AS u "
-                f"GROUP BY {', '.join(group)}"
+                f"GROUP BY {', '.join(group_by)}"
             )
         return merge, partial_schema
 
