@@ -63,6 +63,7 @@ WS, WE, TS = "__ws", "__we", "__ts"
 #: pane bookkeeping columns: changed since last emission (0/1), last emitted revision (-1: none)
 CHG, REV = "__chg", "__rev"
 SID = "__sid"
+LAST = "__lt"  # the latest event time (ns) in a pane
 REVISION = "_revision"
 LATE_REASON, LATE_START, LATE_END = "_late_reason", "_window_start", "_window_end"
 DEFAULT_PARTITION = "0"
@@ -103,6 +104,11 @@ class WindowAggregation:
         max_future_skew: a row whose event time is further ahead of processing (wall-clock) time
             than this goes to the late side output with reason ``future`` and does not move the
             watermark (``None``: no limit).
+        empty_windows_key_ttl: opt in to empty windows (tumbling and hopping, emit ``final``):
+            when a window fires, every key seen within this TTL that has no row in it gets a row
+            with count 0 and every other aggregate NULL. A key counts for window ``[s, e)`` when it
+            was first seen before ``e`` and last seen at or after ``s - ttl`` (by event time, among
+            the rows accepted when the window fires). Keys with a NULL part are not tracked.
     """
 
     window: WindowSpec
@@ -118,6 +124,7 @@ class WindowAggregation:
     emit: Literal["final", "update"] = "final"
     idle_timeout: timedelta | None = None
     max_future_skew: timedelta | None = None
+    empty_windows_key_ttl: timedelta | None = None
 
     def build(
         self,
@@ -255,6 +262,20 @@ class WindowOperator:
             + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
         ).empty_table()
         self._closed_max_end = MIN_WATERMARK_NS
+        self._empty_ttl_ns: int | None = None
+        if config.empty_windows_key_ttl is not None:
+            if not isinstance(config.window, TumblingWindow | HoppingWindow) or self._update:
+                raise InvalidInputError(
+                    "empty windows need TUMBLE or HOP windows and emit = 'final'"
+                )
+            if not config.key_columns:
+                raise InvalidInputError("empty windows need GROUP BY keys besides the window")
+            self._empty_ttl_ns = timedelta_to_ns(config.empty_windows_key_ttl)
+        #: per key, the latest event time (ns) of the panes already emitted, for empty windows
+        self._known: pa.Table = pa.schema(
+            [input_schema.field(k) for k in config.key_columns] + [pa.field(LAST, pa.int64())]
+        ).empty_table()
+        self._empty_done = MIN_WATERMARK_NS
         self.late_schema = pa.schema(
             [
                 *input_schema,
@@ -326,14 +347,21 @@ class WindowOperator:
         group = [*keys, quote_ident(WS), quote_ident(WE)]
         partial_items, merge_items = [], []
         for i, agg in enumerate(cfg.aggregates):
+            for udf in agg.udfs():  # the sketch functions the partial / merge SQL calls
+                self._ctx.register_udf(udf)
             for name, expr in agg.partial_sql(f"__p{i}", quote_ident(TS)):
                 partial_items.append(f"{expr} AS {quote_ident(name)}")
             for name, expr in agg.merge_sql(f"__p{i}"):
                 merge_items.append(f"{expr} AS {quote_ident(name)}")
-        partial_items += [f"1 AS {quote_ident(CHG)}", f"-1 AS {quote_ident(REV)}"]
+        partial_items += [
+            f"1 AS {quote_ident(CHG)}",
+            f"-1 AS {quote_ident(REV)}",
+            f"max({quote_ident(TS)}) AS {quote_ident(LAST)}",
+        ]
         merge_items += [
             f"max({quote_ident(CHG)}) AS {quote_ident(CHG)}",
             f"max({quote_ident(REV)}) AS {quote_ident(REV)}",
+            f"max({quote_ident(LAST)}) AS {quote_ident(LAST)}",
         ]
         group_by = group
         if isinstance(cfg.window, TumblingWindow | HoppingWindow):
@@ -651,6 +679,10 @@ class WindowOperator:
         return watermark if self._update else self._threshold(watermark)
 
     def _may_fire(self, watermark: int) -> bool:
+        if self._empty_ttl_ns is not None and (
+            self._known.num_rows or self._state.num_rows or self._buffer.rows
+        ):
+            return self._threshold(watermark) > self._empty_done
         if watermark == MAX_WATERMARK_NS:
             return self._buffer.rows > 0 or self._state.num_rows > 0
         due = [e for e in (self._state_min_pending_end, self._buffer.min_end) if e is not None]
@@ -692,9 +724,10 @@ class WindowOperator:
         n = buf.num_rows
         codes = np.zeros(n, dtype=np.int64)
         for key in self.config.key_columns:
-            encoded = pc.dictionary_encode(buf[key], null_encoding="encode").combine_chunks()
+            encoded: Any = pc.dictionary_encode(buf[key], null_encoding="encode").combine_chunks()
             idx = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-            _, codes = np.unique(codes * (len(encoded.dictionary) + 1) + idx, return_inverse=True)
+            combined = codes * (len(encoded.dictionary) + 1) + idx
+            codes = np.unique(combined, return_inverse=True)[1].astype(np.int64)
         ts = np.asarray(buf[TS].to_numpy(), dtype=np.int64)
         order = np.lexsort((ts, codes))
         sorted_codes, sorted_ts = codes[order], ts[order]
@@ -709,7 +742,7 @@ class WindowOperator:
     def _fire(self, watermark: int) -> pa.Table | None:
         self._merge()
         state = self._state
-        if not state.num_rows:
+        if not state.num_rows and not (self._empty_ttl_ns is not None and self._known.num_rows):
             return None
         n = state.num_rows
         if watermark == MAX_WATERMARK_NS:
@@ -741,6 +774,8 @@ class WindowOperator:
         if isinstance(self.config.window, SessionWindow) and watermark != MAX_WATERMARK_NS:
             self._remember_closed(state.filter(evict), watermark)
         self._refresh_bounds()
+        if self._empty_ttl_ns is not None:
+            fired = self._with_empty_windows(fired, watermark)
         if not fired.num_rows:
             return None
         self.metrics.windows_fired += fired.num_rows
@@ -754,6 +789,99 @@ class WindowOperator:
         if self._update:
             output = output.append_column(REVISION, fired[REV])
         return output
+
+    def _with_empty_windows(self, fired: pa.Table, watermark: int) -> pa.Table:
+        """``fired`` plus a pane with count 0 (other partials NULL) for every window ending in
+        ``(last threshold, threshold]`` of every key that had a row within ``ttl`` before the
+        window's start and none in it.
+
+        All rows with an event time before such a window's end are known when it fires (a later
+        one would be late), so "the key's latest row before ``s``" is the maximum ``__lt`` over the
+        key's earlier panes: the ones fired now that start before ``s`` and those emitted before.
+        """
+        window = self.config.window
+        assert isinstance(window, TumblingWindow | HoppingWindow)
+        assert self._empty_ttl_ns is not None
+        ttl, size = self._empty_ttl_ns, window.size_ns
+        slide = window.slide_ns if isinstance(window, HoppingWindow) else size
+        threshold = self._threshold(watermark)
+        done, self._empty_done = self._empty_done, max(self._empty_done, threshold)
+        keys = list(self.config.key_columns)
+        valid = pc.is_valid(fired[keys[0]])
+        for k in keys[1:]:
+            valid = pc.and_(valid, pc.is_valid(fired[k]))
+        fired_now = fired.filter(valid).select([*keys, WS, LAST])
+        before = self._known
+        both = pa.concat_tables([before, fired_now.select([*keys, LAST]).cast(before.schema)])
+        latest = both.group_by(keys).aggregate([(LAST, "max")]).rename_columns([*keys, LAST])
+        if threshold == MAX_WATERMARK_NS:
+            self._known = latest
+        else:  # a key whose latest row is older than ttl + size can make no more empty windows
+            horizon = pa.scalar(threshold - ttl - size, pa.int64())
+            self._known = latest.filter(pc.greater_equal(latest[LAST], horizon))
+        if not latest.num_rows or threshold <= done:
+            return fired
+        # candidates: window ends on the grid in (done, threshold], start <= latest row + ttl
+        origin = window.offset_ns + size
+        last = np.asarray(latest[LAST].to_numpy(), dtype=np.int64)
+        high = np.minimum(last + ttl + size, threshold)
+        k_low = (max(done, MIN_WATERMARK_NS + 2 * size) - origin) // slide + 1
+        counts = np.maximum((high - origin) // slide - k_low + 1, 0)
+        total = int(counts.sum())
+        if not total:
+            return fired
+        rows = np.repeat(np.arange(len(last), dtype=np.int64), counts)
+        steps = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        cand = pa.table(
+            {
+                **{k: latest[k].take(pa.array(rows, pa.int64())) for k in keys},
+                WS: pa.array(origin + (k_low + steps) * slide - size, pa.int64()),
+            }
+        )
+        prior = pa.concat_tables(
+            [
+                before.append_column(
+                    WS, pa.array(np.full(before.num_rows, MIN_WATERMARK_NS, dtype=np.int64))
+                ).select([*keys, WS, LAST]),
+                fired_now.cast(
+                    pa.schema(
+                        [
+                            *before.schema.remove(len(keys)),
+                            pa.field(WS, pa.int64()),
+                            pa.field(LAST, pa.int64()),
+                        ]
+                    )
+                ),
+            ]
+        )
+        q = [quote_ident(k) for k in keys]
+        ws, lt = quote_ident(WS), quote_ident(LAST)
+        on = " AND ".join(f"c.{k} = p.{k}" for k in q)
+        group = ", ".join([*(f"c.{k}" for k in q), f"c.{ws}"])
+        live = self._sql(
+            f"SELECT {group} FROM cand c JOIN prior p ON {on} AND p.{ws} < c.{ws} "
+            f"GROUP BY {group} HAVING max(p.{lt}) >= c.{ws} - {ttl}",
+            {"cand": cand.to_batches(), "prior": prior.to_batches()},
+        )
+        if fired.num_rows and live.num_rows:
+            live = live.join(fired.select([*keys, WS]), keys=[*keys, WS], join_type="left anti")
+        if not live.num_rows:
+            return fired
+        n = live.num_rows
+        arrays: list[Any] = []
+        for field_ in self._state_schema:
+            if field_.name in keys or field_.name == WS:
+                arrays.append(live[field_.name].cast(field_.type))
+            elif field_.name == WE:
+                arrays.append(pc.add(live[WS], pa.scalar(size, pa.int64())))
+            elif field_.name == CHG:
+                arrays.append(pa.array(np.ones(n, dtype=np.int64)))
+            elif field_.name == REV:
+                arrays.append(pa.array(np.full(n, -1, dtype=np.int64)))
+            else:
+                arrays.append(pa.nulls(n, field_.type))
+        empty = pa.Table.from_arrays(arrays, schema=self._state_schema)
+        return pa.concat_tables([fired, empty]) if fired.num_rows else empty
 
     def _remember_closed(self, evicted: pa.Table, watermark: int) -> None:
         """Keep evicted sessions while an accepted row could still overlap them: a row is accepted
