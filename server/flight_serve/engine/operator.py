@@ -353,16 +353,14 @@ class WindowOperator:
                 partial_items.append(f"{expr} AS {quote_ident(name)}")
             for name, expr in agg.merge_sql(f"__p{i}"):
                 merge_items.append(f"{expr} AS {quote_ident(name)}")
-        partial_items += [
-            f"1 AS {quote_ident(CHG)}",
-            f"-1 AS {quote_ident(REV)}",
-            f"max({quote_ident(TS)}) AS {quote_ident(LAST)}",
-        ]
+        partial_items += [f"1 AS {quote_ident(CHG)}", f"-1 AS {quote_ident(REV)}"]
         merge_items += [
             f"max({quote_ident(CHG)}) AS {quote_ident(CHG)}",
             f"max({quote_ident(REV)}) AS {quote_ident(REV)}",
-            f"max({quote_ident(LAST)}) AS {quote_ident(LAST)}",
         ]
+        if cfg.empty_windows_key_ttl is not None:  # empty windows need each pane's latest row
+            partial_items.append(f"max({quote_ident(TS)}) AS {quote_ident(LAST)}")
+            merge_items.append(f"max({quote_ident(LAST)}) AS {quote_ident(LAST)}")
         group_by = group
         if isinstance(cfg.window, TumblingWindow | HoppingWindow):
             # fixed-size windows: window_end follows from window_start, so group by fewer columns
