@@ -13,6 +13,11 @@ The client writes input batches; after **each** batch the server writes, in orde
 When the client finishes writing, the partition's watermark becomes +∞: the remaining windows are
 written, then ``{"done": true, "watermark_ns": null, "late_rows": n}``.
 
+**Explicit watermark**: a client that has no rows to send but knows no earlier event time will
+follow writes a metadata-only message, JSON ``{"watermark_ns": <int>}`` or
+``{"watermark": "<ISO-8601>"}``. The server raises the watermark to that instant (never lowers it),
+writes the windows that closes, then ``{"watermark_ack": <ns>, "watermark_ns": W, "late_rows": n}``.
+
 Errors: the query is parsed before any output (``PipelineSQLError`` → INVALID_ARGUMENT with line
 and column); an input schema without the configured columns → INVALID_ARGUMENT naming the column.
 """
@@ -20,15 +25,17 @@ and column); an input schema without the configured columns → INVALID_ARGUMENT
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flight_serve.engine.operator import Emission, WindowOperator
+from flight_serve.engine.operator import DEFAULT_PARTITION, Emission, WindowOperator
 from flight_serve.errors import InvalidInputError
 from flight_serve.pipelines.query import parse_window_query
-from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
+from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, datetime_to_ns
+
 
 def _json(payload: dict[str, Any]) -> pa.Buffer:
     return pa.py_buffer(json.dumps(payload, separators=(",", ":")).encode())
@@ -53,6 +60,34 @@ def _write_results(
             writer.write_with_metadata(batch, _json(meta))
     if emission.late.num_rows:
         writer.write_metadata(_ipc_bytes(emission.late))
+
+
+def watermark_request(metadata: bytes) -> int:
+    """Decode a client's explicit watermark: JSON ``{"watermark_ns": <int>}`` (ns since the
+    epoch) or ``{"watermark": "<ISO-8601 instant>"}`` (naive = UTC).
+
+    Raises:
+        InvalidInputError: anything else, naming what was expected.
+    """
+    expected = (
+        'a metadata-only DoExchange message must be JSON {"watermark_ns": <int>} or '
+        '{"watermark": "<ISO-8601 instant>"}'
+    )
+    try:
+        message = json.loads(metadata)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InvalidInputError(expected) from None
+    if isinstance(message, dict):
+        value = message.get("watermark_ns")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = message.get("watermark")
+        if isinstance(text, str):
+            try:
+                return datetime_to_ns(datetime.fromisoformat(text))
+            except ValueError:
+                raise InvalidInputError(f"{expected}; cannot read instant {text!r}") from None
+    raise InvalidInputError(expected)
 
 
 def handle_exchange(
@@ -82,6 +117,20 @@ def handle_exchange(
         if context.is_cancelled():
             return
         if chunk.data is None:
+            if chunk.app_metadata is not None:
+                requested = watermark_request(chunk.app_metadata.to_pybytes())
+                emission = operator.advance_watermark(DEFAULT_PARTITION, requested)
+                late_rows += emission.late.num_rows
+                _write_results(writer, emission, {"input_batch": None})
+                writer.write_metadata(
+                    _json(
+                        {
+                            "watermark_ack": requested,
+                            "watermark_ns": _watermark_json(emission.watermark_ns),
+                            "late_rows": late_rows,
+                        }
+                    )
+                )
             continue
         emission = operator.process(chunk.data)
         late_rows += emission.late.num_rows
