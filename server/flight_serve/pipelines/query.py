@@ -187,10 +187,14 @@ def apply_option(
 
 
 def property_items(create: exp.Create) -> list[tuple[str, exp.Expression, exp.Expression]]:
-    """``(lower-case key, value, node)`` for each ``WITH (key = value)`` property."""
+    """``(lower-case key, value, node)`` for each ``WITH (key = value)`` property
+    (``format = …`` too, which sqlglot reads as a file-format property)."""
     props = create.args.get("properties")
-    items = []
+    items: list[tuple[str, exp.Expression, exp.Expression]] = []
     for prop in props.expressions if props is not None else []:
+        if isinstance(prop, exp.FileFormatProperty) and isinstance(prop.this, exp.Expression):
+            items.append(("format", prop.this, prop))
+            continue
         key = prop.this.name if isinstance(prop.this, exp.Expression) else str(prop.name)
         value = prop.args.get("value")
         if value is not None:
@@ -198,12 +202,16 @@ def property_items(create: exp.Create) -> list[tuple[str, exp.Expression, exp.Ex
     return items
 
 
-def _source_options(create: exp.Create) -> tuple[str, str | None, QueryOptions]:
+def source_options(
+    create: exp.Create, base: QueryOptions | None = None
+) -> tuple[str, str | None, QueryOptions]:
+    """``(name, watermark column or None, options)`` of a ``CREATE SOURCE``: ``base`` (the
+    pipeline's options) overridden by the source's ``WITH`` options and its ``WATERMARK`` bound."""
     schema = create.this
     table = schema.this if isinstance(schema, exp.Schema) else schema
     name = table.name
     time_column: str | None = None
-    options = QueryOptions()
+    options = base or QueryOptions()
     for item in schema.expressions if isinstance(schema, exp.Schema) else []:
         if isinstance(item, exp.WatermarkColumnConstraint):
             time_column = _column_name(item.this)
@@ -254,7 +262,7 @@ def parse_window_query(sql: str) -> WindowQuery:
     for create in creates:
         if str(create.args.get("kind", "")).upper() != "SOURCE":
             raise sql_error("only CREATE SOURCE may precede the query", create)
-        name, declared_ts, options = _source_options(create)
+        name, declared_ts, options = source_options(create)
         if name != source_name:
             raise sql_error(f"CREATE SOURCE {name} is not the query's input {source_name}", create)
     return window_query_from_select(select, options, declared_time_column=declared_ts)
