@@ -1,0 +1,348 @@
+"""The ``file`` connector: Parquet, CSV and JSON-lines files as a source, a static table or a sink.
+
+Source (:class:`FileSource`)
+    ``path`` is a file, a directory (every regular file in it) or a glob (``data/*.csv``,
+    ``logs/**/*.jsonl``), matched in sorted order. **Each file is one watermark partition**
+    (DESIGN §4): :attr:`FileSource.partitions` names them all before any is read, and
+    :meth:`FileSource.round_robin` reads them one batch at a time in turn, so the slowest file
+    holds the operator watermark back and no file makes another's rows late. A file's end is its
+    partition's end of input. Every batch has exactly ``batch_rows`` rows except the last of a file.
+    Replay: a file source is bounded; a rerun reads every file again from the start.
+
+Static table (:meth:`FileSource.read_all`)
+    The same reader, read once, in full.
+
+Sink (:class:`FileSink`)
+    **One file per run**: the file is created (truncated) when the run starts, rows are appended
+    as they arrive, and it is complete when the run ends; a rerun replaces it (no duplicates).
+
+Formats: ``parquet`` (``.parquet``, ``.pq``), ``csv`` (``.csv``: a header row; an empty field is
+NULL, ``""`` is the empty string), ``jsonl`` (``.jsonl``, ``.ndjson``, ``.json``: one JSON object a
+line; timestamps are written as ISO 8601 strings). With a declared schema, the reader takes exactly
+those columns, in that order, with those types; without one it infers the types from the first file.
+
+Errors: :class:`~flight_serve.errors.ConnectorError` naming the file (no match for the path, an
+unknown format, a missing column, a value that does not convert).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Iterator
+from datetime import date, datetime, time
+from decimal import Decimal
+from pathlib import Path
+from typing import IO, Final
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from flight_serve.errors import ConnectorError
+
+__all__ = ["DEFAULT_BATCH_ROWS", "FORMATS", "FileSink", "FileSource", "format_of", "resolve_paths"]
+
+FORMATS: Final = ("parquet", "csv", "jsonl")
+DEFAULT_BATCH_ROWS: Final = 4096
+_EXTENSIONS: Final = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+}
+_READ_BLOCK_BYTES: Final = 1 << 20
+
+
+def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:
+    """The files ``path`` names, sorted: a file, every regular file of a directory, or the matches
+    of a glob (``**`` matches directories recursively). Relative paths start at ``base_dir``.
+
+    Raises:
+        ConnectorError: nothing matches.
+    """
+    full = Path(path).expanduser()
+    if not full.is_absolute():
+        full = base_dir / full
+    if full.is_file():
+        return (full,)
+    if full.is_dir():
+        files = sorted(p for p in full.iterdir() if p.is_file() and not p.name.startswith("."))
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(full), recursive=True) if Path(p).is_file())
+    if not files:
+        raise ConnectorError(f"file connector: no file matches path {path!r} (looked in {full})")
+    return tuple(files)
+
+
+def format_of(paths: tuple[Path, ...], declared: str | None) -> str:
+    """The file format: ``declared`` when given, else the one the file extensions name.
+
+    Raises:
+        ConnectorError: an unknown declared format, or extensions that name none or several.
+    """
+    if declared is not None:
+        fmt = declared.lower()
+        fmt = "jsonl" if fmt in ("json", "ndjson") else fmt
+        if fmt not in FORMATS:
+            raise ConnectorError(
+                f"file connector: unknown format {declared!r}; use {', '.join(FORMATS)}"
+            )
+        return fmt
+    found = {_EXTENSIONS.get(p.suffix.lower()) for p in paths}
+    if len(found) != 1 or None in found:
+        raise ConnectorError(
+            "file connector: cannot tell the format from the file names "
+            f"({', '.join(sorted({p.suffix or '(none)' for p in paths}))}); set format = "
+            f"{' | '.join(repr(f) for f in FORMATS)}"
+        )
+    (only,) = found
+    assert only is not None
+    return only
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
+def _rechunk(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut ``batches`` into batches of exactly ``rows`` rows (the last may be shorter)."""
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - held, batch.num_rows)
+            pending.append(batch.slice(0, take))
+            held += take
+            batch = batch.slice(take)
+            if held == rows:
+                yield _concat(pending)
+                pending, held = [], 0
+    if held:
+        yield _concat(pending)
+
+
+class FileSource:
+    """A bounded source over files; one watermark partition per file (see the module docstring).
+
+    Args:
+        paths: the files, in partition order (see :func:`resolve_paths`).
+        format: ``parquet``, ``csv`` or ``jsonl``; ``None`` tells it from the file extensions.
+        batch_rows: rows per batch (≥ 1).
+        schema: the declared columns, or ``None`` to infer them from the first file.
+        delimiter: the CSV field delimiter (one character).
+        base_dir: partitions are named by their path relative to this directory when inside it.
+
+    Raises:
+        ConnectorError: ``batch_rows`` < 1, a bad delimiter or an unknown format.
+    """
+
+    def __init__(
+        self,
+        paths: tuple[Path, ...],
+        format: str | None = None,
+        *,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        schema: pa.Schema | None = None,
+        delimiter: str = ",",
+        base_dir: Path | None = None,
+    ) -> None:
+        if batch_rows < 1:
+            raise ConnectorError(f"file connector: batch_rows must be at least 1, got {batch_rows}")
+        if len(delimiter) != 1:
+            raise ConnectorError(f"file connector: delimiter must be one character: {delimiter!r}")
+        self.paths = paths
+        self.format = format_of(paths, format)
+        self.batch_rows = batch_rows
+        self.declared_schema = schema
+        self.delimiter = delimiter
+        names: list[str] = []
+        for path in paths:
+            try:
+                names.append(str(path.relative_to(base_dir)) if base_dir else str(path))
+            except ValueError:
+                names.append(str(path))
+        self.partitions: tuple[str, ...] = tuple(names)
+        self._schema: pa.Schema | None = schema
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The declared schema, or the one inferred from the first file (read once)."""
+        if self._schema is None:
+            if self.format == "parquet":
+                try:
+                    self._schema = pq.read_schema(self.paths[0]).remove_metadata()
+                except (pa.ArrowInvalid, OSError) as exc:
+                    raise ConnectorError(
+                        f"file connector: cannot read {self.paths[0]}: {exc}"
+                    ) from exc
+            else:
+                first = next(self._read_raw(self.paths[0]), None)
+                if first is None:
+                    raise ConnectorError(
+                        f"file connector: cannot infer the columns of the empty file "
+                        f"{self.paths[0]}; declare them"
+                    )
+                self._schema = first.schema
+        return self._schema
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _read_raw(self, path: Path) -> Iterator[pa.RecordBatch]:
+        declared = self.declared_schema
+        try:
+            if self.format == "parquet":
+                parquet = pq.ParquetFile(path)
+                columns = declared.names if declared is not None else None
+                yield from parquet.iter_batches(batch_size=self.batch_rows, columns=columns)
+            elif self.format == "csv":
+                convert = pacsv.ConvertOptions(
+                    column_types={f.name: f.type for f in declared} if declared else None,
+                    include_columns=declared.names if declared is not None else None,
+                    strings_can_be_null=True,
+                    quoted_strings_can_be_null=False,
+                )
+                reader = pacsv.open_csv(
+                    path,
+                    read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES),
+                    parse_options=pacsv.ParseOptions(delimiter=self.delimiter),
+                    convert_options=convert,
+                )
+                yield from reader
+            else:
+                parse = pajson.ParseOptions(
+                    explicit_schema=declared,
+                    unexpected_field_behavior="ignore" if declared is not None else "infer",
+                )
+                if path.stat().st_size == 0:
+                    return
+                yield from pajson.open_json(
+                    path,
+                    read_options=pajson.ReadOptions(block_size=_READ_BLOCK_BYTES),
+                    parse_options=parse,
+                )
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
+            raise ConnectorError(f"file connector: cannot read {path}: {exc}") from exc
+
+    def _conform(self, batch: pa.RecordBatch, path: Path) -> pa.RecordBatch:
+        schema = self.schema
+        if batch.schema == schema:
+            return batch
+        arrays = []
+        for field in schema:
+            index = batch.schema.get_field_index(field.name)
+            if index < 0:
+                raise ConnectorError(
+                    f"file connector: {path} has no column {field.name!r}; its columns: "
+                    f"{', '.join(batch.schema.names)}"
+                )
+            try:
+                arrays.append(batch.column(index).cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ConnectorError(
+                    f"file connector: column {field.name!r} of {path} does not convert to "
+                    f"{field.type}: {exc}"
+                ) from exc
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    def read_file(self, index: int) -> Iterator[pa.RecordBatch]:
+        """The batches of partition ``index``: exactly ``batch_rows`` rows each (the last may be
+        shorter), in :attr:`schema`.
+
+        Raises:
+            ConnectorError: the file cannot be read or does not match the schema.
+        """
+        path = self.paths[index]
+        for batch in _rechunk(self._read_raw(path), self.batch_rows):
+            yield self._conform(batch, path)
+
+    def round_robin(self) -> Iterator[tuple[str, pa.RecordBatch | None]]:
+        """``(partition, batch)`` one batch per file in turn; ``(partition, None)`` marks the end of
+        that file (its partition's end of input). Every partition ends exactly once."""
+        live = [(self.partitions[i], self.read_file(i)) for i in range(len(self.paths))]
+        while live:
+            still = []
+            for name, batches in live:
+                batch = next(batches, None)
+                yield name, batch
+                if batch is not None:
+                    still.append((name, batches))
+            live = still
+
+    def read_all(self) -> pa.Table:
+        """Every file, in order, as one table (for a static table read once)."""
+        batches = [b for i in range(len(self.paths)) for b in self.read_file(i)]
+        return pa.Table.from_batches(batches, schema=self.schema)
+
+
+def _json_value(value: object) -> object:
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+class FileSink:
+    """Writes one file per run (see the module docstring).
+
+    Args:
+        path: the output file; its directory is created if missing; an existing file is replaced.
+        format: ``parquet``, ``csv`` or ``jsonl``.
+        schema: the schema of every batch written.
+
+    Raises:
+        ConnectorError: an unknown format or a file that cannot be created.
+    """
+
+    def __init__(self, path: Path, format: str, schema: pa.Schema) -> None:
+        self.path = path
+        self.format = format_of((path,), format)
+        self.schema = schema
+        self.rows = 0
+        self._parquet: pq.ParquetWriter | None = None
+        self._csv: pacsv.CSVWriter | None = None
+        self._text: IO[str] | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if self.format == "parquet":
+                self._parquet = pq.ParquetWriter(path, schema)
+            elif self.format == "csv":
+                self._csv = pacsv.CSVWriter(str(path), schema)
+            else:
+                self._text = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        except (OSError, pa.ArrowException) as exc:
+            raise ConnectorError(f"file connector: cannot create {path}: {exc}") from exc
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append ``batch`` (of :attr:`schema`)."""
+        if not batch.num_rows:
+            return
+        self.rows += batch.num_rows
+        if self._parquet is not None:
+            self._parquet.write_batch(batch)
+        elif self._csv is not None:
+            self._csv.write_batch(batch)
+        elif self._text is not None:
+            lines = (
+                json.dumps(row, default=_json_value, ensure_ascii=False, separators=(",", ":"))
+                for row in batch.to_pylist()
+            )
+            self._text.write("".join(line + "\n" for line in lines))
+
+    def close(self) -> None:
+        """Finish the file (Parquet footer, flush); writing after ``close`` is an error."""
+        if self._parquet is not None:
+            self._parquet.close()
+        if self._csv is not None:
+            self._csv.close()
+        if self._text is not None:
+            self._text.close()
+        self._parquet = self._csv = self._text = None
