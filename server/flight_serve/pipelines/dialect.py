@@ -58,7 +58,7 @@ def parse_statements(sql: str) -> list[exp.Expression]:
     return [s for s in statements if isinstance(s, exp.Expression)]
 
 
-def position(node: exp.Expression) -> tuple[int | None, int | None]:
+def position(node: exp.Expr) -> tuple[int | None, int | None]:
     """Line and column (1-based) where ``node``'s first recorded token starts.
 
     sqlglot records positions on identifiers, literals and function names only, and its ``col`` is
@@ -78,7 +78,7 @@ def position(node: exp.Expression) -> tuple[int | None, int | None]:
     return int(line), max(1, int(col) - width)
 
 
-def sql_error(message: str, node: exp.Expression) -> PipelineSQLError:
+def sql_error(message: str, node: exp.Expr) -> PipelineSQLError:
     """A :class:`PipelineSQLError` pointing at ``node``."""
     line, col = position(node)
     return PipelineSQLError(message, line, col)

@@ -1,0 +1,707 @@
+"""Pipeline SQL files → a :class:`PipelinePlan` (DESIGN §5; the grammar is in docs/pipelines.md).
+
+A pipeline file is a list of ``;``-separated statements, parsed with sqlglot (never with regular
+expressions)::
+
+    SET <option> = <value>;                                   -- pipeline options, first
+    CREATE SOURCE <name> [(<column> <type>, …, WATERMARK FOR <ts> AS <ts> - INTERVAL …)]
+        WITH (connector = 'file', path = '…', …);             -- a stream
+    CREATE TABLE <name> [(<column> <type>, …)] WITH (connector = 'file', …);  -- static, read once
+    CREATE SINK <name> [AS SELECT … | FROM <view>] WITH (connector = 'stdout' | 'file', …);
+    CREATE VIEW <name> AS SELECT …;                           -- an intermediate stage
+    INSERT INTO <sink> SELECT …;
+
+Queries are windowed (``FROM TUMBLE/HOP/SESSION/CUMULATE(<input>, …)``, see
+:mod:`flight_serve.pipelines.query`) or per-row (filters, projections, joins with static tables,
+run per batch). ``LATE(<name>)`` in a FROM clause is the late side output of the windowed query that
+reads ``<name>`` (or defines the view ``<name>``).
+
+Names are case-sensitive, as written. A statement may only name sources, tables, views and sinks
+declared above it, so a pipeline is always a DAG.
+
+Planning opens no file: connector options are kept as written and checked when the pipeline is built
+(:mod:`flight_serve.pipelines.runtime`). Every error is a
+:class:`~flight_serve.errors.PipelineSQLError` naming the line and column of the offending token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+from sqlglot import exp
+
+from flight_serve.errors import PipelineSQLError
+from flight_serve.pipelines.dialect import parse_statements, position, sql_error
+from flight_serve.pipelines.query import (
+    OPTION_NAMES,
+    QUERY_OPTION_NAMES,
+    QueryOptions,
+    WindowQuery,
+    apply_option,
+    option_duration,
+    property_items,
+    source_options,
+    window_query_from_select,
+    window_table_function,
+)
+
+__all__ = [
+    "SETTING_NAMES",
+    "Option",
+    "PipelinePlan",
+    "QueryDef",
+    "RelationDef",
+    "SinkDef",
+    "arrow_type",
+    "parse_pipeline",
+]
+
+#: Options of ``SET <option> = <value>`` (the pipeline's defaults).
+SETTING_NAMES = (*QUERY_OPTION_NAMES, "batch_rows")
+_WINDOW_BOUNDS = ("window_start", "window_end")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``key = value`` of a ``WITH (…)`` clause, as written.
+
+    Attributes:
+        key: the option name, lower-case.
+        value: the value's SQL node (a string or number literal, an INTERVAL, a name).
+        node: the whole ``key = value`` node, for error positions.
+    """
+
+    key: str
+    value: exp.Expression
+    node: exp.Expression
+
+    @property
+    def text(self) -> str:
+        """The value as text: a literal's content, a name, or the SQL of anything else."""
+        value = self.value
+        if isinstance(value, exp.Literal | exp.Identifier | exp.Var | exp.Column):
+            return str(value.name)
+        if isinstance(value, exp.Boolean):
+            return "true" if value.this else "false"
+        return str(value.sql())
+
+    def error(self, message: str) -> PipelineSQLError:
+        """A :class:`PipelineSQLError` pointing at this option's value."""
+        return sql_error(f"option {self.key}: {message}", self.value)
+
+
+@dataclass(frozen=True)
+class RelationDef:
+    """A ``CREATE SOURCE`` (a stream read batch by batch) or ``CREATE TABLE`` (static, read once).
+
+    Attributes:
+        kind: ``source`` or ``table``.
+        name: the declared name.
+        node: the statement.
+        columns: the declared columns as an Arrow schema, or ``None`` to infer them from the data.
+        time_column: the ``WATERMARK FOR`` column, or ``None`` (a stream without a watermark rule).
+        options: event-time options of queries reading it: the pipeline's, overridden by the
+            source's ``WITH`` options; ``max_out_of_orderness`` is the ``WATERMARK`` bound.
+        connector: the other ``WITH`` options (``connector`` included), by key.
+    """
+
+    kind: Literal["source", "table"]
+    name: str
+    node: exp.Create
+    columns: pa.Schema | None
+    time_column: str | None
+    options: QueryOptions
+    connector: dict[str, Option]
+
+
+@dataclass(frozen=True)
+class SinkDef:
+    """A ``CREATE SINK``: where rows inserted into ``name`` go (``connector`` options by key)."""
+
+    name: str
+    node: exp.Create
+    connector: dict[str, Option]
+
+
+@dataclass(frozen=True)
+class QueryDef:
+    """One continuous query: a ``CREATE VIEW`` or an ``INSERT INTO`` a sink.
+
+    Attributes:
+        index: position among the pipeline's queries (0-based, file order).
+        node: the statement.
+        select: the query.
+        view: the view it defines, or ``None``.
+        sink: the sink it inserts into, or ``None``.
+        input: the stream it reads: a source or view name, or ``LATE(<name>)``.
+        tables: the static tables it joins (per-row queries only).
+        window: the windowed aggregation, or ``None`` for a per-row query.
+        late_of: for an ``input`` of the form ``LATE(x)``: the index of the windowed query whose
+            late side output it reads.
+    """
+
+    index: int
+    node: exp.Expression
+    select: exp.Select
+    view: str | None
+    sink: str | None
+    input: str
+    tables: tuple[str, ...] = ()
+    window: WindowQuery | None = None
+    late_of: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``view <name>`` or ``INSERT INTO <sink> (line n)``."""
+        if self.view is not None:
+            return f"view {self.view}"
+        line, _ = position(self.node)
+        return f"INSERT INTO {self.sink}" + (f" (line {line})" if line is not None else "")
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """A parsed pipeline (see the module docstring). :func:`parse_pipeline` makes it.
+
+    Attributes:
+        text: the SQL text.
+        path: the file it was read from, if any.
+        base_dir: where relative input paths start (the file's directory, else the working
+            directory).
+        settings: the ``SET`` options (defaults of every query).
+        batch_rows: ``SET batch_rows``, the default rows per batch of file sources.
+        sources, tables, sinks: by name.
+        queries: views and inserts, in file order.
+    """
+
+    text: str
+    path: Path | None
+    base_dir: Path
+    settings: QueryOptions
+    batch_rows: int | None
+    sources: dict[str, RelationDef]
+    tables: dict[str, RelationDef]
+    sinks: dict[str, SinkDef]
+    queries: tuple[QueryDef, ...]
+    views: dict[str, int] = field(default_factory=dict)
+
+
+# --- types ------------------------------------------------------------------------------------
+
+_T = exp.DataType.Type
+_SIMPLE_TYPES: dict[object, pa.DataType] = {
+    _T.BOOLEAN: pa.bool_(),
+    _T.TINYINT: pa.int8(),
+    _T.SMALLINT: pa.int16(),
+    _T.INT: pa.int32(),
+    _T.BIGINT: pa.int64(),
+    _T.UTINYINT: pa.uint8(),
+    _T.USMALLINT: pa.uint16(),
+    _T.UINT: pa.uint32(),
+    _T.UBIGINT: pa.uint64(),
+    _T.FLOAT: pa.float32(),
+    _T.DOUBLE: pa.float64(),
+    _T.VARCHAR: pa.string(),
+    _T.CHAR: pa.string(),
+    _T.NVARCHAR: pa.string(),
+    _T.NCHAR: pa.string(),
+    _T.BPCHAR: pa.string(),
+    _T.TEXT: pa.string(),
+    _T.VARBINARY: pa.binary(),
+    _T.BINARY: pa.binary(),
+    _T.DATE: pa.date32(),
+}
+
+
+def _timestamp_unit(kind: exp.DataType) -> Literal["s", "ms", "us", "ns"]:
+    params = kind.expressions
+    if not params:
+        return "us"
+    digits = int(params[0].this.name) if isinstance(params[0].this, exp.Literal) else 6
+    if digits == 0:
+        return "s"
+    if digits <= 3:
+        return "ms"
+    return "us" if digits <= 6 else "ns"
+
+
+def arrow_type(kind: exp.DataType) -> pa.DataType:
+    """The Arrow type of a SQL column type.
+
+    ``TIMESTAMP(p)`` is a naive timestamp (UTC) with unit ``s`` for p = 0, ``ms`` for p ≤ 3, ``us``
+    for p ≤ 6 (and for plain ``TIMESTAMP``), ``ns`` above; ``TIMESTAMPTZ`` /
+    ``TIMESTAMP WITH TIME ZONE`` is the same with time zone UTC. ``DECIMAL(p, s)`` is decimal128.
+
+    Raises:
+        PipelineSQLError: a type without an Arrow equivalent here, pointing at it.
+
+    >>> import sqlglot
+    >>> arrow_type(sqlglot.parse_one("CAST(x AS TIMESTAMP(0))").to)
+    TimestampType(timestamp[s])
+    """
+    if kind.this in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[kind.this]
+    if kind.this in (_T.TIMESTAMP, _T.DATETIME, _T.TIMESTAMPNTZ):
+        return pa.timestamp(_timestamp_unit(kind))
+    if kind.this in (_T.TIMESTAMPTZ, _T.TIMESTAMPLTZ):
+        return pa.timestamp(_timestamp_unit(kind), tz="UTC")
+    if kind.this == _T.DECIMAL:
+        params = [int(p.this.name) for p in kind.expressions]
+        precision, scale = (params + [38, 0][len(params) :])[:2] if params else (38, 9)
+        return pa.decimal128(precision, scale)
+    raise sql_error(f"column type {kind.sql()} is not supported in a pipeline", kind)
+
+
+# --- statements -------------------------------------------------------------------------------
+
+
+def _name(node: exp.Expression) -> str:
+    """The name of a ``Table`` (or a ``Schema`` wrapping one)."""
+    table = node.this if isinstance(node, exp.Schema) else node
+    if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
+        raise sql_error(f"expected a name, got {node.sql()}", node)
+    if table.args.get("db") or table.args.get("catalog"):
+        raise sql_error(f"qualified names are not supported: {table.sql()}", table)
+    return str(table.this.name)
+
+
+def _options(create: exp.Create) -> list[Option]:
+    items = []
+    seen: set[str] = set()
+    props = create.args.get("properties")
+    for prop in props.expressions if props is not None else []:
+        if not isinstance(prop, exp.Property | exp.FileFormatProperty):
+            raise sql_error(f"unsupported WITH option: {prop.sql()}", prop)
+    for key, value, node in property_items(create):
+        if key in seen:
+            raise sql_error(f"option {key} is given twice", node)
+        seen.add(key)
+        items.append(Option(key, value, node))
+    return items
+
+
+def _columns(create: exp.Create) -> pa.Schema | None:
+    schema = create.this
+    if not isinstance(schema, exp.Schema):
+        return None
+    fields = []
+    for item in schema.expressions:
+        if isinstance(item, exp.ColumnDef):
+            kind = item.args.get("kind")
+            if not isinstance(kind, exp.DataType):
+                raise sql_error(f"column {item.name} needs a type", item)
+            fields.append(pa.field(item.name, arrow_type(kind)))
+        elif not isinstance(item, exp.WatermarkColumnConstraint):
+            raise sql_error(f"unsupported column definition: {item.sql()}", item)
+    names = [f.name for f in fields]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise sql_error(f"column {duplicate} is declared twice", schema)
+    return pa.schema(fields) if fields else None
+
+
+def _setting(
+    item: exp.Expression, settings: QueryOptions, batch_rows: int | None
+) -> tuple[QueryOptions, int | None]:
+    assign = item.this if isinstance(item, exp.SetItem) else item
+    if not isinstance(assign, exp.EQ) or not isinstance(assign.this, exp.Column | exp.Var):
+        raise sql_error("write SET <option> = <value>", item)
+    key, value = assign.this.name.lower(), assign.expression
+    if key == "batch_rows":
+        return settings, _positive_int(Option(key, value, item))
+    if key == "max_out_of_orderness":
+        return replace(settings, max_out_of_orderness=option_duration(value)), batch_rows
+    if key in OPTION_NAMES:
+        return apply_option(settings, key, value, item), batch_rows
+    raise sql_error(f"unknown option {key!r}; SET takes {', '.join(SETTING_NAMES)}", assign.this)
+
+
+def _positive_int(option: Option) -> int:
+    try:
+        number = int(option.text)
+    except ValueError:
+        raise option.error(f"expected a whole number, got {option.text!r}") from None
+    if number < 1:
+        raise option.error(f"must be at least 1, got {number}")
+    return number
+
+
+def _keeps_column(select: exp.Select, column: str) -> bool:
+    """Whether a per-row query's output has ``column`` (``*`` or an item of that name)."""
+    return any(
+        isinstance(item, exp.Star)
+        or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star))
+        or item.alias_or_name == column
+        for item in select.expressions
+    )
+
+
+def _late_target(node: exp.Anonymous) -> str:
+    if len(node.expressions) != 1 or not isinstance(node.expressions[0], exp.Column):
+        raise sql_error("write LATE(<source or view>)", node)
+    return str(node.expressions[0].name)
+
+
+def _check_per_row(select: exp.Select) -> None:
+    for key, what in (
+        ("group", "GROUP BY"),
+        ("having", "HAVING"),
+        ("order", "ORDER BY"),
+        ("limit", "LIMIT"),
+        ("distinct", "DISTINCT"),
+    ):
+        node = select.args.get(key)
+        if node:
+            raise sql_error(
+                f"{what} needs a window in a streaming query: read the input through "
+                "TUMBLE(...), HOP(...), SESSION(...) or CUMULATE(...)",
+                node,
+            )
+    for node in select.walk():
+        if isinstance(node, exp.AggFunc | exp.Window) and node.parent_select is select:
+            raise sql_error(
+                f"{node.sql()[:40]} needs a window in a streaming query: read the input through "
+                "TUMBLE(...), HOP(...), SESSION(...) or CUMULATE(...)",
+                node,
+            )
+
+
+class _Planner:
+    def __init__(self, text: str, path: Path | None, base_dir: Path) -> None:
+        self.text = text
+        self.path = path
+        self.base_dir = base_dir
+        self.settings = QueryOptions()
+        self.batch_rows: int | None = None
+        self.sources: dict[str, RelationDef] = {}
+        self.tables: dict[str, RelationDef] = {}
+        self.sinks: dict[str, SinkDef] = {}
+        self.views: dict[str, int] = {}
+        self.queries: list[QueryDef] = []
+        # per stream name: (options, watermark column, output of an update-mode query)
+        self.streams: dict[str, tuple[QueryOptions, str | None, bool]] = {}
+        self.late_refs: list[tuple[int, str, exp.Expression]] = []
+
+    def declare(self, name: str, node: exp.Expression) -> None:
+        if name in self.sources or name in self.tables or name in self.sinks or name in self.views:
+            raise sql_error(f"{name} is already declared", node)
+
+    def plan(self) -> PipelinePlan:
+        statements = parse_statements(self.text)
+        if not statements:
+            raise PipelineSQLError("empty pipeline: expected CREATE SOURCE, CREATE SINK, INSERT")
+        started = False
+        for statement in statements:
+            if isinstance(statement, exp.Set):
+                if started:
+                    raise sql_error(
+                        "SET sets pipeline options: put it before the other statements", statement
+                    )
+                for item in statement.expressions:
+                    self.settings, self.batch_rows = _setting(item, self.settings, self.batch_rows)
+                continue
+            started = True
+            if isinstance(statement, exp.Create):
+                self.create(statement)
+            elif isinstance(statement, exp.Insert):
+                self.insert(statement)
+            else:
+                raise sql_error(
+                    f"unsupported statement {statement.sql()[:40]!r}: a pipeline holds SET, "
+                    "CREATE SOURCE | TABLE | SINK | VIEW and INSERT INTO",
+                    statement,
+                )
+        queries = self.resolve_late()
+        if not queries:
+            raise PipelineSQLError(
+                "the pipeline has no query: add INSERT INTO <sink> SELECT … (or CREATE SINK … AS "
+                "SELECT …)"
+            )
+        return PipelinePlan(
+            text=self.text,
+            path=self.path,
+            base_dir=self.base_dir,
+            settings=self.settings,
+            batch_rows=self.batch_rows,
+            sources=self.sources,
+            tables=self.tables,
+            sinks=self.sinks,
+            queries=tuple(queries),
+            views=dict(self.views),
+        )
+
+    # --- CREATE -----------------------------------------------------------------------------
+
+    def create(self, create: exp.Create) -> None:
+        kind = str(create.args.get("kind") or "").upper()
+        name = _name(create.this)
+        self.declare(name, create.this)
+        if kind in ("SOURCE", "TABLE"):
+            self.relation(create, name, "source" if kind == "SOURCE" else "table")
+        elif kind == "SINK":
+            options = _options(create)
+            window_keys = [o for o in options if o.key in QUERY_OPTION_NAMES]
+            if window_keys:
+                raise window_keys[0].error(
+                    "is a query option, not a sink option: set it on the query "
+                    "(TUMBLE(…, option => value)) or with SET"
+                )
+            sink = SinkDef(name, create, {o.key: o for o in options})
+            if "connector" not in sink.connector:
+                raise sql_error(f"CREATE SINK {name} needs WITH (connector = …)", create.this)
+            self.sinks[name] = sink
+            query = create.args.get("expression")
+            if query is not None:
+                self.query(create, query, view=None, sink=name)
+        elif kind == "VIEW":
+            query = create.args.get("expression")
+            if query is None:
+                raise sql_error(f"CREATE VIEW {name} needs AS SELECT …", create)
+            if create.args.get("properties"):
+                raise sql_error(
+                    "a view takes no WITH options: set query options as named arguments of the "
+                    "window function, e.g. TUMBLE(…, emit => 'update')",
+                    create.args["properties"],
+                )
+            self.views[name] = len(self.queries)
+            self.query(create, query, view=name, sink=None)
+        else:
+            raise sql_error(
+                f"unsupported CREATE {kind or create.sql()[:20]}: use SOURCE, TABLE, SINK or VIEW",
+                create,
+            )
+
+    def relation(self, create: exp.Create, name: str, kind: Literal["source", "table"]) -> None:
+        options = _options(create)
+        columns = _columns(create)
+        schema = create.this
+        watermark = next(
+            (
+                w
+                for w in (schema.expressions if isinstance(schema, exp.Schema) else [])
+                if isinstance(w, exp.WatermarkColumnConstraint)
+            ),
+            None,
+        )
+        if kind == "table":
+            if watermark is not None:
+                raise sql_error(
+                    "a TABLE is static and has no watermark: declare a stream with CREATE SOURCE",
+                    watermark,
+                )
+            window_keys = [o for o in options if o.key in QUERY_OPTION_NAMES]
+            if window_keys:
+                raise window_keys[0].error("is an event-time option; a TABLE is static")
+            query_options, time_column = self.settings, None
+        else:
+            bad = next((o for o in options if o.key == "max_out_of_orderness"), None)
+            if bad is not None:
+                raise bad.error(
+                    "declare the watermark bound in the column list: "
+                    "WATERMARK FOR <ts> AS <ts> - INTERVAL '<n>' <unit>"
+                )
+            _, time_column, query_options = source_options(create, self.settings)
+            if (
+                time_column is not None
+                and columns is not None
+                and columns.get_field_index(time_column) < 0
+            ):
+                raise sql_error(
+                    f"WATERMARK FOR {time_column}: no such column",
+                    watermark if watermark is not None else create,
+                )
+        connector = {o.key: o for o in options if o.key not in OPTION_NAMES}
+        if "connector" not in connector:
+            raise sql_error(f"CREATE {kind.upper()} {name} needs WITH (connector = …)", create.this)
+        relation = RelationDef(kind, name, create, columns, time_column, query_options, connector)
+        if kind == "source":
+            self.sources[name] = relation
+            self.streams[name] = (query_options, time_column, False)
+        else:
+            self.tables[name] = relation
+
+    # --- queries ----------------------------------------------------------------------------
+
+    def insert(self, insert: exp.Insert) -> None:
+        target = insert.this
+        if isinstance(target, exp.Schema):
+            raise sql_error(
+                "INSERT INTO <sink> (<columns>) is not supported: name the columns in the SELECT",
+                target,
+            )
+        sink = _name(target)
+        if sink not in self.sinks:
+            known = ", ".join(self.sinks) or "none declared"
+            raise sql_error(f"INSERT INTO {sink}: no such sink (sinks: {known})", target)
+        query = insert.args.get("expression")
+        if query is None:
+            raise sql_error("INSERT INTO needs a SELECT", insert)
+        self.query(insert, query, view=None, sink=sink)
+
+    def stream_ref(self, node: exp.Table, ctes: set[str]) -> tuple[str, str] | None:
+        """``(kind, name)`` of a table reference: ``stream``, ``late`` or ``table``."""
+        if isinstance(node.this, exp.Anonymous):
+            if node.this.name.upper() == "LATE":
+                return "late", _late_target(node.this)
+            raise sql_error(
+                f"{node.this.name}(…) here: window functions must be the only FROM item of a "
+                "windowed query",
+                node.this,
+            )
+        name = _name(node)
+        if name in ctes:
+            return None
+        if name in self.streams:
+            return "stream", name
+        if name in self.tables:
+            return "table", name
+        if name in self.sinks:
+            raise sql_error(
+                f"sink {name} cannot be read: declare the intermediate stage as "
+                f"CREATE VIEW {name} AS SELECT … and read the view",
+                node,
+            )
+        raise sql_error(f"unknown source, table or view {name} (declare it above)", node)
+
+    def query(
+        self, statement: exp.Expression, query: exp.Expression, view: str | None, sink: str | None
+    ) -> None:
+        if not isinstance(query, exp.Select):
+            raise sql_error("expected a SELECT (UNION and VALUES are not supported)", query)
+        index = len(self.queries)
+        func = window_table_function(query)
+        if func is not None and func.name.upper() != "LATE":
+            self.windowed(index, statement, query, func, view, sink)
+            return
+        with_ = query.args.get("with_") or query.args.get("with")
+        ctes = {c.alias_or_name for c in with_.expressions} if with_ is not None else set()
+        streams: list[tuple[str, str, exp.Table]] = []
+        tables: list[str] = []
+        for node in query.find_all(exp.Table):
+            ref = self.stream_ref(node, ctes)
+            if ref is None:
+                continue
+            kind, name = ref
+            if kind == "table":
+                if name not in tables:
+                    tables.append(name)
+            else:
+                streams.append((kind, name, node))
+        if not streams:
+            raise sql_error(
+                "a query must read a source or a view (static tables are joined to a stream)", query
+            )
+        if len(streams) > 1:
+            raise sql_error(
+                "a query reads one stream; joining two streams is not supported (join a stream "
+                "with a CREATE TABLE)",
+                streams[1][2],
+            )
+        _check_per_row(query)
+        kind, name, node = streams[0]
+        if kind == "late":
+            if name not in self.streams:
+                raise sql_error(f"LATE({name}): no source or view {name} declared above", node)
+            self.late_refs.append((index, name, node))
+            input_name = f"LATE({name})"
+        else:
+            input_name = name
+        self.queries.append(
+            QueryDef(index, statement, query, view, sink, input_name, tuple(tables))
+        )
+        if view is not None:
+            if kind == "late":
+                self.streams[view] = (self.settings, None, False)
+            else:
+                options, time_column, update = self.streams[name]
+                kept = time_column if time_column and _keeps_column(query, time_column) else None
+                self.streams[view] = (options if kept else self.settings, kept, update)
+
+    def windowed(
+        self,
+        index: int,
+        statement: exp.Expression,
+        query: exp.Select,
+        func: exp.Anonymous,
+        view: str | None,
+        sink: str | None,
+    ) -> None:
+        if not func.expressions or not isinstance(func.expressions[0], exp.Column):
+            raise sql_error(f"{func.name.upper()} needs the input as its first argument", func)
+        source_node = func.expressions[0]
+        name = str(source_node.name)
+        if name in self.tables:
+            raise sql_error(
+                f"{name} is a static TABLE; a window reads a stream (CREATE SOURCE or a view)",
+                source_node,
+            )
+        if name not in self.streams:
+            self.stream_ref(exp.Table(this=exp.to_identifier(name)), set())  # raises the error
+        options, time_column, update = self.streams[name]
+        if update:
+            raise sql_error(
+                f"{name} is the output of an emit => 'update' query: a window over it would "
+                "count every revision; read it per row, or use emit 'final' upstream",
+                source_node,
+            )
+        window = window_query_from_select(query, options, declared_time_column=time_column)
+        self.queries.append(QueryDef(index, statement, query, view, sink, name, (), window))
+        if view is not None:
+            self.streams[view] = (self.settings, None, window.aggregation.emit == "update")
+
+    def resolve_late(self) -> list[QueryDef]:
+        """Point every ``LATE(x)`` at the windowed query whose late side output it is."""
+        queries = list(self.queries)
+        for index, name, node in self.late_refs:
+            if name in self.views and queries[self.views[name]].window is not None:
+                producer = self.views[name]
+            else:
+                readers = [q.index for q in queries if q.window is not None and q.input == name]
+                if not readers:
+                    raise sql_error(
+                        f"LATE({name}): no windowed query reads {name}, so it has no late side "
+                        "output",
+                        node,
+                    )
+                if len(readers) > 1:
+                    raise sql_error(
+                        f"LATE({name}) is ambiguous: {len(readers)} windowed queries read {name}; "
+                        "define them as views and read LATE(<view>)",
+                        node,
+                    )
+                producer = readers[0]
+            # no cycle is possible: x was declared above this query, so its producer never
+            # depends on it, even when the producer comes later in the file
+            queries[index] = replace(queries[index], late_of=producer)
+        return queries
+
+
+def parse_pipeline(
+    text: str, *, path: Path | None = None, base_dir: Path | None = None
+) -> PipelinePlan:
+    """Parse and check a pipeline (see the module docstring); no file is opened.
+
+    Args:
+        text: the pipeline SQL.
+        path: the file it came from (for messages and ``explain``).
+        base_dir: where relative input paths start (default: ``path``'s directory, else the
+            working directory).
+
+    Raises:
+        PipelineSQLError: a syntax error or a statement outside the grammar, with line and column.
+
+    >>> plan = parse_pipeline(
+    ...     "CREATE SOURCE s (k VARCHAR, t TIMESTAMP, WATERMARK FOR t AS t - INTERVAL '5' SECOND)"
+    ...     " WITH (connector = 'file', path = 'in.csv');"
+    ...     "CREATE SINK out WITH (connector = 'stdout');"
+    ...     "INSERT INTO out SELECT k, window_start, window_end, count(*) AS n"
+    ...     " FROM TUMBLE(s, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;")
+    >>> [(q.input, q.sink, q.window.aggregation.max_out_of_orderness) for q in plan.queries]
+    [('s', 'out', datetime.timedelta(seconds=5))]
+    """
+    if base_dir is None:
+        base_dir = path.parent if path is not None else Path.cwd()
+    return _Planner(text, path, base_dir).plan()

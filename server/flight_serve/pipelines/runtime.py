@@ -1,0 +1,793 @@
+"""Running a :class:`~flight_serve.pipelines.pipeline.PipelinePlan` in this process (embedded).
+
+:class:`PipelineRuntime` opens the connectors, builds one operator per query and pushes batches
+through them:
+
+* every **file** of a source is a watermark partition; all are registered with every windowed
+  operator that reads the source (directly or through per-row views) before any is read, then the
+  files are read round-robin, one batch each in turn (DESIGN §4). A file's end is its partition's
+  end of input. In an embedded run every partition has unread backlog until it ends, so
+  ``idle_timeout`` never marks one idle;
+* a **windowed** query is a :class:`~flight_serve.engine.operator.WindowOperator`. Its output is a
+  stream with one partition, so a windowed query reading it keeps its own watermark, computed from
+  the rows it receives (their time column, ``window_end`` typically, never decreases), and never
+  judges the first stage's rows against the first stage's watermark. Its late side output is the
+  stream ``LATE(<input or view>)``;
+* a **per-row** query (filter, projection, join with static tables) runs through DataFusion once per
+  input batch; its output keeps the batch's partition;
+* a **sink** receives every batch inserted into it, as it is produced.
+
+Static tables are read once, in full, before the first source batch.
+
+Errors: building raises :class:`~flight_serve.errors.PipelineSQLError` with the line and column of
+the statement at fault (a missing file, a bad option, a column the input lacks, SQL DataFusion
+cannot plan); running raises :class:`~flight_serve.errors.ConnectorError` (a file that cannot be
+read) or :class:`~flight_serve.errors.QueryError` (DataFusion fails on a batch).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import datafusion
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
+from flight_serve.connectors.stdout import StdoutSink
+from flight_serve.engine.operator import Emission, WindowOperator
+from flight_serve.engine.windows import (
+    CalendarWindow,
+    CumulateWindow,
+    HoppingWindow,
+    SessionWindow,
+    TumblingWindow,
+    WindowSpec,
+)
+from flight_serve.errors import ConnectorError, FlightServeError, PipelineSQLError, QueryError
+from flight_serve.pipelines.dialect import position, sql_error
+from flight_serve.pipelines.pipeline import Option, PipelinePlan, QueryDef, RelationDef, SinkDef
+from flight_serve.pipelines.query import QueryOptions
+from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
+
+__all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
+
+#: Connectors of embedded runs and the options each takes, by role.
+CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
+    "source": {"file": ("connector", "path", "format", "batch_rows", "delimiter")},
+    "table": {"file": ("connector", "path", "format", "delimiter")},
+    "sink": {"file": ("connector", "path", "format"), "stdout": ("connector", "format")},
+}
+#: Connectors of DESIGN §5 that only the server will run.
+_SERVER_CONNECTORS = ("flight", "iceberg", "falkordb", "plugin")
+_EXTENSION = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
+_INPUT = "__input"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run wrote.
+
+    Attributes:
+        rows: rows written per sink.
+        targets: where each sink wrote (a file path, or ``stdout``).
+        late_rows: rows each windowed query sent to its late side output (every reason), by label.
+    """
+
+    rows: dict[str, int]
+    targets: dict[str, str]
+    late_rows: dict[str, int]
+
+
+def _duration(value: timedelta | None) -> str:
+    """``1h``, ``15m``, ``90s``, ``250ms``, …: the largest unit that divides the value."""
+    if value is None:
+        return "none"
+    ns = timedelta_to_ns(value)
+    if ns == 0:
+        return "0s"
+    for unit, size in (
+        ("d", 86_400 * 10**9),
+        ("h", 3_600 * 10**9),
+        ("m", 60 * 10**9),
+        ("s", 10**9),
+        ("ms", 10**6),
+        ("us", 10**3),
+    ):
+        if ns % size == 0:
+            return f"{ns // size}{unit}"
+    return f"{ns}ns"
+
+
+def _columns_text(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
+
+
+def _one_batch(table: pa.Table) -> pa.RecordBatch | None:
+    if not table.num_rows:
+        return None
+    batches = table.combine_chunks().to_batches()
+    return batches[0]
+
+
+def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
+    return a.names == b.names and all(x.type == y.type for x, y in zip(a, b, strict=True))
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
+def _describe_window(spec: WindowSpec, time_column: str) -> str:
+    t = time_column
+    if isinstance(spec, TumblingWindow):
+        return (
+            f"TUMBLE size {_duration(spec.size)} offset {_duration(spec.offset)}: one window per "
+            f"row, window_start = {t} - (({t} - offset) mod size)"
+        )
+    if isinstance(spec, HoppingWindow):
+        return (
+            f"HOP size {_duration(spec.size)} slide {_duration(spec.slide)} offset "
+            f"{_duration(spec.offset)}: windows start at offset + k*slide; a row belongs to every "
+            f"window [s, s + size) holding {t} (up to {spec.windows_per_row})"
+        )
+    if isinstance(spec, SessionWindow):
+        return (
+            f"SESSION gap {_duration(spec.gap)} per key: each row opens [{t}, {t} + gap); "
+            "overlapping sessions of a key merge into [first, last + gap)"
+        )
+    if isinstance(spec, CumulateWindow):
+        return (
+            f"CUMULATE step {_duration(spec.step)} max_size {_duration(spec.max_size)} offset "
+            f"{_duration(spec.offset)}: windows [p, p + k*step) within each max_size period p"
+        )
+    assert isinstance(spec, CalendarWindow)
+    return (
+        f"TUMBLE one calendar {spec.unit} in {spec.time_zone}: from local midnight to the next "
+        "(23 or 25 hours across a DST change)"
+    )
+
+
+def _pretty_sql(sql: str) -> str:
+    try:
+        return str(sqlglot.parse_one(sql).sql(pretty=True))
+    except sqlglot.errors.SqlglotError:
+        return sql
+
+
+def _partial_sql(merge_sql: str) -> str:
+    """The per-batch partial aggregation: the right side of the merge's ``UNION ALL``."""
+    try:
+        union = sqlglot.parse_one(merge_sql).find(exp.Union)
+    except sqlglot.errors.SqlglotError:
+        union = None
+    if union is None or union.expression is None:
+        return merge_sql
+    return str(union.expression.sql(pretty=True))
+
+
+def _indent(text: str, spaces: int = 4) -> str:
+    return "\n".join(" " * spaces + line for line in text.splitlines())
+
+
+# --- the graph --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stream:
+    """A stream inside the run: a source, a view, or a late side output."""
+
+    name: str
+    schema: pa.Schema
+    partitions: tuple[str, ...]
+    consumers: list[_Node] = field(default_factory=list)
+
+
+@dataclass
+class _Sink:
+    definition: SinkDef
+    connector: str
+    format: str
+    path: Path | None
+    schema: pa.Schema | None = None
+    fed_by: list[str] = field(default_factory=list)
+    writer: FileSink | StdoutSink | None = None
+    rows: int = 0
+
+    @property
+    def target(self) -> str:
+        return str(self.path) if self.path is not None else "stdout"
+
+
+class _Node:
+    """One query of the run; subclasses say what it does with a batch."""
+
+    def __init__(
+        self, runtime: PipelineRuntime, query: QueryDef, input: _Stream, schema: pa.Schema
+    ) -> None:
+        self.runtime = runtime
+        self.query = query
+        self.input = input
+        self.schema = schema
+        self.output: _Stream | None = None
+        input.consumers.append(self)
+
+    def start(self) -> None:
+        """Called once before the first source batch."""
+
+    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+        raise NotImplementedError
+
+    def on_end(self, partition: str) -> None:
+        raise NotImplementedError
+
+    def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
+        if batch is None or not batch.num_rows:
+            return
+        if self.query.sink is not None:
+            self.runtime.deliver(self.query.sink, batch)
+        if self.output is not None:
+            self.runtime.push(self.output, partition, batch)
+
+
+class _WindowNode(_Node):
+    def __init__(
+        self, runtime: PipelineRuntime, query: QueryDef, input: _Stream, op: WindowOperator
+    ) -> None:
+        super().__init__(runtime, query, input, op.output_schema)
+        self.op = op
+        self.late: _Stream | None = None
+        self.finished = False
+        self.partition = query.view or f"query {query.index + 1}"
+
+    def start(self) -> None:
+        for partition in self.input.partitions:
+            self.op.add_partition(partition)
+            self.op.set_backlog(partition, True)  # embedded: unread input until it ends
+
+    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+        self.handle(self.op.process(batch, partition=partition))
+
+    def on_end(self, partition: str) -> None:
+        self.op.set_backlog(partition, False)
+        self.handle(self.op.finish(partition))
+
+    def finish_all(self) -> None:
+        if not self.finished:
+            self.handle(self.op.finish())
+
+    def handle(self, emission: Emission) -> None:
+        self.emit(self.partition, _one_batch(emission.output))
+        if self.late is not None:
+            late = _one_batch(emission.late)
+            if late is not None:
+                self.runtime.push(self.late, self.late.partitions[0], late)
+        if emission.watermark_ns == MAX_WATERMARK_NS and not self.finished:
+            self.finished = True
+            if self.output is not None:
+                self.runtime.end(self.output, self.partition)
+            if self.late is not None:
+                self.runtime.end(self.late, self.late.partitions[0])
+
+
+class _RowNode(_Node):
+    def __init__(
+        self,
+        runtime: PipelineRuntime,
+        query: QueryDef,
+        input: _Stream,
+        tables: dict[str, pa.Table],
+    ) -> None:
+        self.ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
+        for name in query.tables:
+            table = tables[name]
+            batches = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
+            self.ctx.register_record_batches(_table_name(name), [batches])
+        self.sql = _row_sql(query, input.name)
+        self.label = query.label
+        empty = pa.RecordBatch.from_pylist([], input.schema)
+        try:
+            schema = _nullable(self.run_sql(empty).schema)
+        except QueryError as exc:
+            raise sql_error(f"{query.label}: {exc}", query.select) from None
+        super().__init__(runtime, query, input, schema)
+
+    def run_sql(self, batch: pa.RecordBatch) -> pa.Table:
+        self.ctx.register_record_batches(_INPUT, [[batch]])
+        try:
+            return self.ctx.sql(self.sql).to_arrow_table()
+        except Exception as exc:  # DataFusion raises generic exceptions: wrap them
+            raise QueryError(f"{self.label}: {exc}") from exc
+        finally:
+            self.ctx.deregister_table(_INPUT)
+
+    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self.emit(partition, _one_batch(self.run_sql(batch).cast(self.schema)))
+
+    def on_end(self, partition: str) -> None:
+        if self.output is not None:
+            self.runtime.end(self.output, partition)
+
+
+def _table_name(name: str) -> str:
+    return f"__table_{name}"
+
+
+def _row_sql(query: QueryDef, input_name: str) -> str:
+    """The per-row query as DataFusion SQL: the stream reads ``__input``, each static table
+    ``__table_<name>`` (aliased back to the name written); identifiers are quoted, so names are
+    case-sensitive as written."""
+    select = query.select.copy()
+    with_ = select.args.get("with_") or select.args.get("with")
+    ctes = {c.alias_or_name for c in with_.expressions} if with_ is not None else set()
+
+    def fix(node: exp.Expr) -> exp.Expr:
+        if not isinstance(node, exp.Table):
+            return node
+        alias = node.args.get("alias")
+        if isinstance(node.this, exp.Anonymous):  # LATE(x): the only stream of this query
+            internal = _INPUT
+        else:
+            name = str(node.this.name)
+            if name in ctes:
+                return node
+            if name == input_name:
+                internal = _INPUT
+            elif name in query.tables:
+                internal = _table_name(name)
+            else:
+                return node
+            if alias is None:
+                alias = exp.TableAlias(this=exp.to_identifier(name))
+        return exp.Table(this=exp.to_identifier(internal, quoted=True), alias=alias)
+
+    return str(select.transform(fix).sql(dialect="postgres", identify=True))
+
+
+# --- the runtime ------------------------------------------------------------------------------
+
+
+class PipelineRuntime:
+    """One run of a pipeline: connectors opened, operators built (see the module docstring).
+
+    Args:
+        plan: the parsed pipeline.
+        output_dir: where relative sink paths start (default: the working directory).
+        load_tables: read static tables now (``False`` for :meth:`explain`, which only needs
+            their schemas).
+
+    Raises:
+        PipelineSQLError: a connector option, a file, a column or a query that cannot work,
+            with the line and column of the statement at fault.
+
+    A runtime runs once: call :meth:`run` (or only :meth:`explain`).
+    """
+
+    def __init__(
+        self, plan: PipelinePlan, *, output_dir: Path | None = None, load_tables: bool = True
+    ) -> None:
+        self.plan = plan
+        self.output_dir = output_dir if output_dir is not None else Path.cwd()
+        self.streams: dict[str, _Stream] = {}
+        self.sources: dict[str, FileSource] = {}
+        self.table_sources: dict[str, FileSource] = {}
+        self.tables: dict[str, pa.Table] = {}
+        self.nodes: list[_Node] = []
+        self.late_streams: dict[int, _Stream] = {}
+        self.sinks: dict[str, _Sink] = {}
+        self._pending: deque[tuple[str, pa.RecordBatch]] = deque()
+        self._collect = False
+        self._ran = False
+        for relation in plan.tables.values():
+            source = self._file_source(relation, "table")
+            self.table_sources[relation.name] = source
+            try:
+                self.tables[relation.name] = (
+                    source.read_all() if load_tables else source.schema.empty_table()
+                )
+            except ConnectorError as exc:
+                raise sql_error(f"CREATE TABLE {relation.name}: {exc}", relation.node.this) from exc
+        for relation in plan.sources.values():
+            source = self._file_source(relation, "source")
+            self.sources[relation.name] = source
+            try:
+                schema = source.schema
+            except ConnectorError as exc:
+                raise sql_error(
+                    f"CREATE SOURCE {relation.name}: {exc}", relation.node.this
+                ) from exc
+            if (
+                relation.time_column is not None
+                and schema.get_field_index(relation.time_column) < 0
+            ):
+                raise sql_error(
+                    f"WATERMARK FOR {relation.time_column}: the files of {relation.name} have no "
+                    f"such column (columns: {', '.join(schema.names)})",
+                    relation.node.this,
+                )
+            self.streams[relation.name] = _Stream(relation.name, schema, source.partitions)
+        for sink in plan.sinks.values():
+            self.sinks[sink.name] = self._sink(sink)
+        self._build_queries()
+
+    # --- building -----------------------------------------------------------------------------
+
+    def _connector(self, options: dict[str, Option], role: str, what: str) -> str:
+        option = options["connector"]
+        name = option.text.lower()
+        available = CONNECTORS[role]
+        if name not in available:
+            if name in _SERVER_CONNECTORS or (role != "sink" and name == "stdout"):
+                raise option.error(
+                    f"connector {name!r} cannot be a {role} of an embedded run; use "
+                    f"{' or '.join(repr(c) for c in available)}"
+                )
+            raise option.error(
+                f"unknown connector {name!r} for a {role}; use "
+                f"{' or '.join(repr(c) for c in available)}"
+            )
+        for key, extra in options.items():
+            if key not in available[name]:
+                raise extra.error(
+                    f"unknown option of the {name} connector of {what}; its options: "
+                    f"{', '.join(available[name])}"
+                )
+        return name
+
+    def _file_source(self, relation: RelationDef, role: str) -> FileSource:
+        what = f"{role.upper()} {relation.name}"
+        self._connector(relation.connector, role, what)
+        options = relation.connector
+        if "path" not in options:
+            raise sql_error(
+                f"{what} needs WITH (path = '<file, directory or glob>')", relation.node
+            )
+        batch_rows = self.plan.batch_rows or DEFAULT_BATCH_ROWS
+        if "batch_rows" in options:
+            option = options["batch_rows"]
+            try:
+                batch_rows = int(option.text)
+            except ValueError:
+                raise option.error(f"expected a whole number, got {option.text!r}") from None
+        try:
+            paths = resolve_paths(options["path"].text, self.plan.base_dir)
+        except ConnectorError as exc:
+            raise options["path"].error(str(exc)) from exc
+        try:
+            return FileSource(
+                paths,
+                options["format"].text if "format" in options else None,
+                batch_rows=batch_rows,
+                schema=relation.columns,
+                delimiter=options["delimiter"].text if "delimiter" in options else ",",
+                base_dir=self.plan.base_dir,
+            )
+        except ConnectorError as exc:
+            raise sql_error(f"{what}: {exc}", relation.node.this) from exc
+
+    def _sink(self, sink: SinkDef) -> _Sink:
+        what = f"SINK {sink.name}"
+        connector = self._connector(sink.connector, "sink", what)
+        options = sink.connector
+        fmt = options["format"].text.lower() if "format" in options else None
+        if connector == "stdout":
+            return _Sink(sink, connector, fmt or "table", None)
+        if "path" in options:
+            path = Path(options["path"].text).expanduser()
+            path = path if path.is_absolute() else self.output_dir / path
+            if fmt is None:
+                fmt = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl"}.get(
+                    path.suffix.lower()
+                )
+        elif fmt is not None:
+            path = self.output_dir / f"{sink.name}.{_EXTENSION.get(fmt, fmt)}"
+        else:
+            raise sql_error(
+                f"{what} needs WITH (format = …) or a path with an extension", sink.node
+            )
+        if fmt not in _EXTENSION:
+            where = options["format"] if "format" in options else options["path"]
+            raise where.error(f"the file sink writes parquet, csv or jsonl, not {fmt!r}")
+        return _Sink(sink, connector, fmt, path)
+
+    def _build_queries(self) -> None:
+        pending = list(self.plan.queries)
+        while pending:
+            ready = [q for q in pending if self._input_of(q) is not None]
+            if not ready:  # the planner rules this out (inputs are declared above)
+                raise PipelineSQLError(
+                    f"cannot order the queries: {', '.join(q.label for q in pending)}"
+                )
+            for query in ready:
+                self._build(query)
+                pending.remove(query)
+
+    def _input_of(self, query: QueryDef) -> _Stream | None:
+        if query.late_of is not None:
+            return self.late_streams.get(query.late_of)
+        return self.streams.get(query.input)
+
+    def _build(self, query: QueryDef) -> None:
+        input = self._input_of(query)
+        assert input is not None
+        node: _Node
+        if query.window is not None:
+            try:
+                op = query.window.build(input.schema)
+            except FlightServeError as exc:
+                func = query.select.args["from_"].this.this
+                raise sql_error(f"{query.label}: {exc}", func) from exc
+            node = _WindowNode(self, query, input, op)
+            if any(q.late_of == query.index for q in self.plan.queries):
+                name = f"LATE({query.view or query.input})"
+                node.late = self.late_streams[query.index] = _Stream(name, op.late_schema, (name,))
+            partitions: tuple[str, ...] = (node.partition,)
+        else:
+            node = _RowNode(self, query, input, self.tables)
+            partitions = input.partitions
+        if query.view is not None:
+            node.output = self.streams[query.view] = _Stream(query.view, node.schema, partitions)
+        if query.sink is not None:
+            sink = self.sinks[query.sink]
+            if sink.schema is None:
+                sink.schema = node.schema
+            elif not _same_columns(sink.schema, node.schema):
+                raise sql_error(
+                    f"{query.label}: its columns ({_columns_text(node.schema)}) differ from "
+                    f"those {sink.fed_by[0]} inserts into {query.sink} "
+                    f"({_columns_text(sink.schema)})",
+                    query.select,
+                )
+            sink.fed_by.append(query.label)
+        self.nodes.append(node)
+
+    # --- running ------------------------------------------------------------------------------
+
+    def push(self, stream: _Stream, partition: str, batch: pa.RecordBatch) -> None:
+        """Hand ``batch`` of ``partition`` to every query reading ``stream``."""
+        for node in stream.consumers:
+            node.on_batch(partition, batch)
+
+    def end(self, stream: _Stream, partition: str) -> None:
+        """End of input of ``partition`` for every query reading ``stream``."""
+        for node in stream.consumers:
+            node.on_end(partition)
+
+    def deliver(self, sink: str, batch: pa.RecordBatch) -> None:
+        """Write ``batch`` to ``sink`` (and queue it for :meth:`run`'s caller when collecting)."""
+        slot = self.sinks[sink]
+        slot.rows += batch.num_rows
+        if slot.writer is not None:
+            slot.writer.write(batch)
+        if self._collect:
+            self._pending.append((sink, batch))
+
+    def _open_writers(self) -> None:
+        for slot in self.sinks.values():
+            if slot.schema is None:
+                continue  # nothing is inserted into it
+            try:
+                if slot.connector == "stdout":
+                    slot.writer = StdoutSink(slot.definition.name, slot.schema, slot.format)
+                else:
+                    assert slot.path is not None
+                    slot.writer = FileSink(slot.path, slot.format, slot.schema)
+            except ConnectorError as exc:
+                raise sql_error(
+                    f"SINK {slot.definition.name}: {exc}", slot.definition.node
+                ) from exc
+
+    def run(
+        self, *, write: bool = True, collect: bool = False
+    ) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Run the pipeline to the end of its input.
+
+        Args:
+            write: write to the sinks' connectors.
+            collect: yield ``(sink name, batch)`` for every batch inserted into a sink, as soon as
+                the input batch that produced it has been processed.
+
+        Yields nothing unless ``collect``. Raises what the module docstring lists.
+        """
+        if self._ran:
+            raise RuntimeError("a PipelineRuntime runs once; build a new one")
+        self._ran = True
+        self._collect = collect
+        if write:
+            self._open_writers()
+        try:
+            for node in self.nodes:
+                node.start()
+            readers: list[tuple[_Stream, Iterator[tuple[str, pa.RecordBatch | None]]]] = [
+                (self.streams[name], source.round_robin())
+                for name, source in self.sources.items()
+                if self.streams[name].consumers
+            ]
+            while readers:
+                still = []
+                for stream, reader in readers:
+                    event = next(reader, None)
+                    if event is None:
+                        continue
+                    partition, batch = event
+                    if batch is None:
+                        self.end(stream, partition)
+                    else:
+                        self.push(stream, partition, batch)
+                    while self._pending:
+                        yield self._pending.popleft()
+                    still.append((stream, reader))
+                readers = still
+            for node in self.nodes:
+                if isinstance(node, _WindowNode):
+                    node.finish_all()
+            while self._pending:
+                yield self._pending.popleft()
+        finally:
+            for slot in self.sinks.values():
+                if slot.writer is not None:
+                    slot.writer.close()
+
+    def summary(self) -> RunSummary:
+        """Rows per sink, targets and late rows so far."""
+        late = {
+            n.query.label: n.op.metrics.rows_late
+            + n.op.metrics.rows_null_time
+            + n.op.metrics.rows_out_of_range
+            + n.op.metrics.rows_future
+            for n in self.nodes
+            if isinstance(n, _WindowNode)
+        }
+        return RunSummary(
+            rows={name: slot.rows for name, slot in self.sinks.items()},
+            targets={name: slot.target for name, slot in self.sinks.items()},
+            late_rows=late,
+        )
+
+    # --- explain ------------------------------------------------------------------------------
+
+    def explain(self) -> str:
+        """The plan as text: sources (connector, partitions, watermark rule), static tables, each
+        query (input, window assignment, partial and merge aggregation SQL, final projection,
+        output columns, late side output), and sinks."""
+        plan = self.plan
+        out: list[str] = [f"pipeline {plan.path if plan.path is not None else '(SQL text)'}"]
+        out.append(f"settings: {_options_text(plan.settings)}")
+        for name, source in self.sources.items():
+            relation = plan.sources[name]
+            stream = self.streams[name]
+            out += ["", f"SOURCE {name}{_at(relation.node)}"]
+            out.append(
+                f"  connector file, format {source.format}, batch_rows {source.batch_rows}; "
+                f"read round-robin, one batch per file in turn"
+            )
+            out.append(f"  partitions ({len(source.partitions)}, one per file):")
+            out += [f"    {p}" for p in source.partitions]
+            out.append(f"  columns: {_columns_text(stream.schema)}")
+            if relation.time_column is not None:
+                bound = _duration(relation.options.max_out_of_orderness)
+                out.append(
+                    f"  watermark: W_p = max({relation.time_column}) - {bound} per partition; "
+                    "W = min over live partitions, never decreasing; a file's end sets W_p = +inf"
+                )
+            else:
+                out.append("  watermark: none declared (windows over it use max_out_of_orderness)")
+            out.append(f"  options: {_options_text(relation.options)}")
+            if not stream.consumers:
+                out.append("  not read by any query")
+        for name, table_source in self.table_sources.items():
+            relation = plan.tables[name]
+            out += ["", f"TABLE {name}{_at(relation.node)}"]
+            out.append(
+                f"  connector file, format {table_source.format}; static: read once, in full, "
+                f"before the first source batch ({len(table_source.paths)} file(s))"
+            )
+            out.append(f"  columns: {_columns_text(table_source.schema)}")
+        for node in self.nodes:
+            out += ["", *self._explain_query(node)]
+        for name, slot in self.sinks.items():
+            out += ["", f"SINK {name}{_at(slot.definition.node)}"]
+            if slot.connector == "stdout":
+                out.append(f"  connector stdout, format {slot.format}: rows printed as they arrive")
+            else:
+                out.append(
+                    f"  connector file, format {slot.format} -> {slot.path} (one file per run, "
+                    "replaced on every run)"
+                )
+            if slot.schema is None:
+                out.append("  nothing is inserted into it (no file is written)")
+            else:
+                out.append(f"  fed by: {'; '.join(slot.fed_by)}")
+                out.append(f"  columns: {_columns_text(slot.schema)}")
+        return "\n".join(out) + "\n"
+
+    def _explain_query(self, node: _Node) -> list[str]:
+        query = node.query
+        out = [f"QUERY {query.index + 1}: {query.label}"]
+        reads = query.input if query.late_of is None else f"{node.input.name} (late side output)"
+        out.append(f"  reads: {reads} ({len(node.input.partitions)} partition(s))")
+        if isinstance(node, _WindowNode):
+            op, cfg = node.op, node.op.config
+            out.append(f"  windowed aggregation, emit {cfg.emit}")
+            out.append(f"  window assignment: {_describe_window(cfg.window, cfg.time_column)}")
+            out.append(
+                f"  watermark: W = min over input partitions of max({cfg.time_column}) - "
+                f"{_duration(cfg.max_out_of_orderness)}; a window fires when W >= window_end + "
+                f"allowed_lateness {_duration(cfg.allowed_lateness)}"
+                + (
+                    ", first at W >= window_end, then once per step with late rows"
+                    if cfg.emit == "update"
+                    else ""
+                )
+            )
+            out.append(
+                f"  idle_timeout {_duration(cfg.idle_timeout)}, max_future_skew "
+                f"{_duration(cfg.max_future_skew)}"
+            )
+            out.append(f"  keys: {', '.join(cfg.key_columns) or '(none)'}")
+            if cfg.filter_sql is not None:
+                out.append(f"  filter (before windowing): {cfg.filter_sql}")
+            aggregates = [
+                f"__a{i} = {a.func}({a.column or '*'})" for i, a in enumerate(cfg.aggregates)
+            ]
+            out.append(f"  aggregates: {', '.join(aggregates)}")
+            merge = _merge_sql(op)
+            out.append("  partial aggregation (DataFusion, over the buffered rows `buf`):")
+            out.append(_indent(_partial_sql(merge)))
+            out.append(
+                "  merge aggregation (DataFusion, pane state `state` UNION ALL the partials):"
+            )
+            out.append(_indent(_pretty_sql(merge)))
+            if cfg.projection_sql is not None:
+                out.append("  final projection (DataFusion, over the fired windows `fired`):")
+                out.append(_indent(_pretty_sql(cfg.projection_sql)))
+            else:
+                columns = cfg.columns or ()
+                text = ", ".join(
+                    c.name if c.name == c.source else f"{c.name} := {c.source}" for c in columns
+                )
+                out.append(
+                    f"  final projection: {text or 'keys, window_start, window_end, aggregates'}"
+                )
+            if node.late is not None:
+                readers = [n.query.label for n in node.late.consumers]
+                out.append(f"  late side output: {node.late.name}, read by {'; '.join(readers)}")
+            else:
+                out.append("  late side output: not read (late rows are counted)")
+        else:
+            assert isinstance(node, _RowNode)
+            tables = f", joined with {', '.join(query.tables)}" if query.tables else ""
+            out.append(f"  per-row query (DataFusion, once per input batch{tables}):")
+            out.append(_indent(_pretty_sql(node.sql)))
+        out.append(f"  output: {_columns_text(node.schema)}")
+        if query.view is not None:
+            out.append(f"  view {query.view}: a stream read by later queries")
+        return out
+
+
+def _merge_sql(op: WindowOperator) -> str:
+    sql: Any = getattr(op, "merge_sql", None)
+    if sql is None:
+        sql = op._merge_sql  # the engine exposes this as ``merge_sql`` from its next version
+    return str(sql)
+
+
+def _at(node: exp.Expr) -> str:
+    line, _ = position(node)
+    return f"  (line {line})" if line is not None else ""
+
+
+def _options_text(options: QueryOptions) -> str:
+    return (
+        f"allowed_lateness {_duration(options.allowed_lateness)}, emit {options.emit}, "
+        f"idle_timeout {_duration(options.idle_timeout)}, max_future_skew "
+        f"{_duration(options.max_future_skew)}, time_zone {options.time_zone or 'UTC'}, "
+        f"max_out_of_orderness {_duration(options.max_out_of_orderness)}"
+    )
