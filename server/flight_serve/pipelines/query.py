@@ -56,8 +56,87 @@ _AGGREGATES: dict[type[exp.Expression], str] = {
     exp.Min: "min",
     exp.Max: "max",
     exp.Avg: "avg",
+    exp.Stddev: "stddev",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+    exp.Variance: "var_samp",  # variance, var_samp
+    exp.VariancePop: "var_pop",
+    exp.FirstValue: "first_value",
+    exp.LastValue: "last_value",
+    exp.ApproxDistinct: "approx_distinct",  # approx_distinct, approx_count_distinct
 }
+# aggregates sqlglot parses as anonymous functions (DataFusion's names)
+_ANONYMOUS_AGGREGATES = {"var": "var", "approx_percentile_cont": "approx_percentile_cont"}
 _WINDOW_BOUNDS = ("window_start", "window_end")
+
+
+def _aggregate_name(node: exp.Expression) -> str | None:
+    """The engine name of the aggregate ``node`` calls (see :data:`_AGGREGATES`), or ``None``."""
+    if isinstance(node, exp.IgnoreNulls | exp.RespectNulls | exp.WithinGroup):
+        node = node.this
+    if isinstance(node, exp.Anonymous):
+        return _ANONYMOUS_AGGREGATES.get(node.name.lower())
+    return _AGGREGATES.get(type(node))
+
+
+def _fraction(node: exp.Expression) -> float:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return float(node.this)
+    raise sql_error(f"the percentile must be a number literal, got {node.sql()}", node)
+
+
+def _aggregate_call(node: exp.Expression, alias: str | None) -> AggregateCall:
+    """The :class:`AggregateCall` of an aggregate ``node`` (``_aggregate_name(node)`` is set)."""
+    func_name = _aggregate_name(node)
+    assert func_name is not None
+    ignore_nulls = isinstance(node, exp.IgnoreNulls)
+    call = node.this if isinstance(node, exp.IgnoreNulls | exp.RespectNulls) else node
+    distinct = False
+    percentile: float | None = None
+    column: str | None
+    if isinstance(call, exp.WithinGroup):
+        # approx_percentile_cont(q) WITHIN GROUP (ORDER BY x [ASC | DESC])
+        args, order = call.this.expressions, call.expression
+        if len(args) != 1 or not isinstance(order, exp.Order) or len(order.expressions) != 1:
+            raise sql_error(f"{func_name}(q) WITHIN GROUP takes one ORDER BY column", node)
+        ordered = order.expressions[0]
+        column = _column_name(ordered.this)
+        percentile = _fraction(args[0])
+        if ordered.args.get("desc"):
+            percentile = 1.0 - percentile
+    elif isinstance(call, exp.Anonymous):
+        args = list(call.expressions)
+        arity = 2 if func_name == "approx_percentile_cont" else 1
+        if len(args) != arity:
+            usage = "(column, percentile)" if arity == 2 else "(column)"
+            raise sql_error(f"{func_name} takes {usage}, got {len(args)} arguments", node)
+        column = _column_name(args[0])
+        if arity == 2:
+            percentile = _fraction(args[1])
+    else:
+        arg = call.this
+        if isinstance(arg, exp.Distinct):
+            if len(arg.expressions) != 1:
+                raise sql_error(f"{func_name}(DISTINCT ...) takes one column", node)
+            distinct, arg = True, arg.expressions[0]
+        if isinstance(arg, exp.Order):
+            raise sql_error(f"{func_name} is ordered by event time; remove the ORDER BY", node)
+        column = None if isinstance(arg, exp.Star) else _column_name(arg)
+    if alias is None:
+        inner = f"{'DISTINCT ' if distinct else ''}{column or '*'}"
+        inner += f", {percentile!r}" if percentile is not None else ""
+        alias = f"{func_name}({inner})" + (" IGNORE NULLS" if ignore_nulls else "")
+    try:
+        return AggregateCall(
+            func_name,
+            column,
+            alias,
+            distinct=distinct,
+            ignore_nulls=ignore_nulls,
+            percentile=percentile,
+        )
+    except ValueError as exc:
+        raise sql_error(str(exc), node) from exc
 
 
 @dataclass(frozen=True)
@@ -354,14 +433,9 @@ def window_query_from_select(
     aggregates: list[AggregateCall] = []
 
     def register(node: exp.Expression, alias: str | None) -> str:
-        func_name = _AGGREGATES[type(node)]
-        arg = node.this
-        if isinstance(arg, exp.Distinct):
-            raise sql_error(f"{func_name}(DISTINCT ...) is not supported yet", node)
-        column = None if isinstance(arg, exp.Star) else _column_name(arg)
-        call = AggregateCall(func_name, column, alias or f"{func_name}({column or '*'})")
+        call = _aggregate_call(node, alias)
         for i, existing in enumerate(aggregates):
-            if (existing.func, existing.column) == (call.func, call.column):
+            if existing.key == call.key:
                 return f"__a{i}"
         aggregates.append(call)
         return f"__a{len(aggregates) - 1}"
@@ -378,7 +452,7 @@ def window_query_from_select(
                     f"column {name} must appear in GROUP BY or be used in an aggregate", inner
                 )
             columns.append(OutputColumn(alias or name, name))
-        elif type(inner) in _AGGREGATES:
+        elif _aggregate_name(inner) is not None:
             source_col = register(inner, alias)
             columns.append(OutputColumn(alias or aggregates[int(source_col[3:])].alias, source_col))
         else:
@@ -419,7 +493,7 @@ def _projection_sql(select: exp.Select, register: object) -> str:
             copy = exp.alias_(copy, alias, quoted=True)
 
         def rewrite(node: exp.Expression) -> exp.Expression:
-            if type(node) in _AGGREGATES:
+            if _aggregate_name(node) is not None:
                 return exp.column(register(node, None), quoted=True)
             if isinstance(node, exp.Column):
                 return exp.column(node.name, quoted=True)
@@ -432,7 +506,7 @@ def _projection_sql(select: exp.Select, register: object) -> str:
         cond = having.this.copy().transform(
             lambda n: (
                 exp.column(register(n, None), quoted=True)
-                if type(n) in _AGGREGATES
+                if _aggregate_name(n) is not None
                 else (exp.column(n.name, quoted=True) if isinstance(n, exp.Column) else n)
             )
         )
