@@ -279,6 +279,24 @@ def test_result_types_are_datafusions() -> None:
     ]
 
 
+def test_approx_distinct_takes_any_type_datafusion_can_print() -> None:
+    # binary need not be UTF-8; floats (which DataFusion's approx_distinct rejects) are fine
+    columns: dict[str, pa.Array[Any]] = {
+        "b": pa.array([b"\xff", b"a", b"\xff", None, b"\x00\xfe"], pa.binary()),
+        "x": pa.array([1.5, -0.5, 1.5, None, 2.0], pa.float32()),
+        "d": pa.array([1, 2, 1, None, 3]).cast(pa.decimal128(30, 3)),
+        "w": pa.array([1, 2, 1, None, 3], pa.int64()).cast(pa.timestamp("ms")),
+        "o": pa.array([True, False, True, None, True]),
+    }
+    table = pa.table(
+        {"key": pa.array(["k"] * 5), "t": pa.array(range(5), pa.int64()).cast(UTC_S), **columns}
+    )
+    sql = window_sql("tumbling", [f"approx_distinct({c})" for c in columns])
+    op = parse_window_query(sql).build(table.schema)
+    out = run(op, table, [2]).to_pylist()
+    assert [out[0][f"a{i}"] for i in range(len(columns))] == [3, 3, 3, 3, 2]
+
+
 def test_stddev_does_not_cancel_on_large_offsets() -> None:
     # 5 000 values 1e9 + {0, 1, 2, 3}, merged into pane state 50 times; a running
     # (count, sum, sum of squares) in float64 would lose every digit here

@@ -55,8 +55,8 @@ it cannot be bit-equal:
   of at most 100 values), not DataFusion's, so they agree with DataFusion's exact
   ``count(DISTINCT x)`` and ``percentile_cont`` within those errors. Both sketches merge exactly
   (max of registers, sum of counts), so these results do not depend on how the input was cut into
-  batches. approx_distinct accepts every type DataFusion can cast to text (DataFusion's own
-  rejects floats).
+  batches. approx_distinct accepts every type DataFusion can cast to text, and binary (DataFusion's
+  own rejects floats, for one).
 """
 
 from __future__ import annotations
@@ -203,7 +203,13 @@ class AggregateCall:
                 (f"{prefix}t", f"{bound}({time_sql}){flt}"),
             ]
         if func == "approx_distinct":
-            digest = f"digest(CAST({col} AS VARCHAR), 'md5')"
+            # the text of the value; binary (possibly not UTF-8) as the hex of a one-element list.
+            # DataFusion folds arrow_typeof at planning, so only one branch runs.
+            digest = (
+                f"CASE WHEN arrow_typeof({col}) LIKE '%Binary%' "
+                f"THEN digest(CAST(make_array({col}) AS VARCHAR), 'md5') "
+                f"ELSE digest(CAST({col} AS VARCHAR), 'md5') END"
+            )
             return [(f"{prefix}h", f"__fs_hll_sketch(array_agg({digest}) {not_null})")]
         if func == "approx_percentile_cont":
             # the second column is always NULL: it carries DataFusion's result type (and makes
