@@ -226,7 +226,7 @@ class FileSource:
                     read_options=pajson.ReadOptions(block_size=_READ_BLOCK_BYTES),
                     parse_options=parse,
                 )
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:
             raise ConnectorError(f"file connector: cannot read {path}: {exc}") from exc
 
     def _conform(self, batch: pa.RecordBatch, path: Path) -> pa.RecordBatch:

@@ -228,7 +228,7 @@ def _timestamp_unit(kind: exp.DataType) -> Literal["s", "ms", "us", "ns"]:
     return "us" if digits <= 6 else "ns"
 
 
-def arrow_type(kind: exp.DataType) -> pa.DataType:
+def arrow_type(kind: exp.DataType, node: exp.Expr | None = None) -> pa.DataType:
     """The Arrow type of a SQL column type.
 
     ``TIMESTAMP(p)`` is a naive timestamp (UTC) with unit ``s`` for p = 0, ``ms`` for p ≤ 3, ``us``
@@ -236,7 +236,8 @@ def arrow_type(kind: exp.DataType) -> pa.DataType:
     ``TIMESTAMP WITH TIME ZONE`` is the same with time zone UTC. ``DECIMAL(p, s)`` is decimal128.
 
     Raises:
-        PipelineSQLError: a type without an Arrow equivalent here, pointing at it.
+        PipelineSQLError: a type without an Arrow equivalent here, pointing at ``node`` (the
+            column definition) or the type.
 
     >>> import sqlglot
     >>> arrow_type(sqlglot.parse_one("CAST(x AS TIMESTAMP(0))").to)
@@ -252,7 +253,10 @@ def arrow_type(kind: exp.DataType) -> pa.DataType:
         params = [int(p.this.name) for p in kind.expressions]
         precision, scale = (params + [38, 0][len(params) :])[:2] if params else (38, 9)
         return pa.decimal128(precision, scale)
-    raise sql_error(f"column type {kind.sql()} is not supported in a pipeline", kind)
+    raise sql_error(
+        f"column type {kind.sql()} is not supported in a pipeline",
+        node if node is not None else kind,
+    )
 
 
 # --- statements -------------------------------------------------------------------------------
@@ -293,7 +297,7 @@ def _columns(create: exp.Create) -> pa.Schema | None:
             kind = item.args.get("kind")
             if not isinstance(kind, exp.DataType):
                 raise sql_error(f"column {item.name} needs a type", item)
-            fields.append(pa.field(item.name, arrow_type(kind)))
+            fields.append(pa.field(item.name, arrow_type(kind, item)))
         elif not isinstance(item, exp.WatermarkColumnConstraint):
             raise sql_error(f"unsupported column definition: {item.sql()}", item)
     names = [f.name for f in fields]

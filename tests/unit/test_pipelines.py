@@ -1,0 +1,346 @@
+"""Pipeline SQL files (DESIGN §5): the planner's rules and errors, the file and stdout connectors,
+and the embedded Python API (``flight_serve.Pipeline``). The semantics of whole runs are asserted
+by the golden cases (tests/golden/); this file covers what they cannot show: error positions,
+option precedence, connector details and the API's shapes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from flight_serve.connectors.file import FileSink, FileSource, resolve_paths
+from flight_serve.connectors.stdout import StdoutSink
+from flight_serve.embedded import Pipeline
+from flight_serve.errors import ConnectorError, PipelineSQLError
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.query import parse_window_query
+
+SOURCE = (
+    "CREATE SOURCE s (k VARCHAR, t TIMESTAMP(0), v BIGINT,\n"
+    "    WATERMARK FOR t AS t - INTERVAL '2' SECOND)\n"
+    "WITH (connector = 'file', path = 'in.csv', batch_rows = '1');\n"
+)
+SINK = "CREATE SINK o WITH (connector = 'stdout');\n"
+COUNT = (
+    "INSERT INTO o SELECT k, window_start, window_end, count(*) AS n\n"
+    "FROM TUMBLE(s, t, INTERVAL '10' SECOND{args})\n"
+    "GROUP BY k, window_start, window_end;\n"
+)
+
+
+def at(seconds: int) -> datetime:
+    return datetime(1970, 1, 1) + timedelta(seconds=seconds)
+
+
+def write_csv(path: Path, rows: list[tuple[str, int | None, int]]) -> Path:
+    lines = ["k,t,v"] + [f"{k},{'' if t is None else at(t)},{v}" for k, t, v in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def error_of(sql: str) -> PipelineSQLError:
+    with pytest.raises(PipelineSQLError) as info:
+        parse_pipeline(sql)
+    return info.value
+
+
+# --- errors name line and column --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "message", "line", "col"),
+    [
+        (SOURCE + "INSERT INTO o SELEKT k FROM s;", "syntax error", 4, 15),
+        (SOURCE + "INSERT INTO nowhere SELECT * FROM s;", "no such sink", 4, 13),
+        (SOURCE + SINK + "INSERT INTO o SELECT * FROM nothing;", "unknown source", 5, 29),
+        (SINK + "SET emit = 'update';", "SET sets pipeline options", 2, 5),
+        (
+            SOURCE + SINK + "INSERT INTO o SELECT k, count(*) AS n FROM s GROUP BY k;",
+            "GROUP BY needs a window",
+            5,
+            55,  # the first token sqlglot records under GROUP BY: the key
+        ),
+        (SOURCE + SINK + "INSERT INTO o SELECT count(*) FROM s;", "needs a window", 5, 22),
+        (
+            SOURCE + SINK + COUNT.format(args=", lateness => '5s'"),
+            "unknown option 'lateness' of TUMBLE",
+            6,
+            53,  # sqlglot records no position for the option name: its value
+        ),
+        ("CREATE SOURCE s (k VARCHAR,\n  t INTERVAL) WITH (connector = 'file');", "INTERVAL", 2, 3),
+        ("CREATE SOURCE s (k VARCHAR) WITH (path = 'x');", "needs WITH (connector", 1, 15),
+        (SINK + "DROP TABLE x;", "unsupported statement", 2, 12),
+    ],
+)
+def test_errors_point_at_the_offending_token(sql: str, message: str, line: int, col: int) -> None:
+    error = error_of(sql)
+    assert message in str(error)
+    assert (error.line, error.col) == (line, col), str(error)
+    assert f"(line {line}, column {col})" in str(error)
+
+
+def test_a_multi_character_token_is_reported_at_its_first_column() -> None:
+    # sqlglot reports the last column of a token; `nowhere` spans columns 13-19
+    error = error_of(SOURCE + "INSERT INTO nowhere SELECT * FROM s;")
+    assert error.col == 13
+
+
+def test_two_streams_cannot_be_joined() -> None:
+    other = SOURCE.replace("CREATE SOURCE s", "CREATE SOURCE u").replace("in.csv", "u.csv")
+    error = error_of(SOURCE + other + SINK + "INSERT INTO o SELECT s.k FROM s JOIN u ON s.k = u.k;")
+    assert "joining two streams" in str(error)
+
+
+def test_a_sink_is_not_readable_use_a_view() -> None:
+    error = error_of(
+        SINK + "CREATE SINK p WITH (connector = 'stdout');\nINSERT INTO p SELECT * FROM o;"
+    )
+    assert "CREATE VIEW o" in str(error)
+
+
+def test_late_needs_exactly_one_windowed_reader() -> None:
+    late = "CREATE SINK l WITH (connector = 'stdout');\nINSERT INTO l SELECT * FROM LATE(s);\n"
+    assert "no windowed query reads s" in str(error_of(SOURCE + late))
+    twice = COUNT.format(args="") + COUNT.format(args="").replace("'10'", "'20'")
+    assert "ambiguous" in str(error_of(SOURCE + SINK + twice + late))
+
+
+def test_a_window_over_an_update_mode_view_is_refused() -> None:
+    sql = SOURCE + (
+        "CREATE VIEW v AS SELECT k, window_start, window_end, count(*) AS n\n"
+        "FROM TUMBLE(s, t, INTERVAL '1' SECOND, emit => 'update') GROUP BY k, window_start, "
+        "window_end;\n" + SINK + "INSERT INTO o SELECT window_start, window_end, sum(n) AS n\n"
+        "FROM TUMBLE(v, window_end, INTERVAL '10' SECOND) GROUP BY window_start, window_end;"
+    )
+    assert "count every revision" in str(error_of(sql))
+
+
+def test_time_zone_as_a_query_option_needs_a_calendar_window() -> None:
+    sql = SOURCE + SINK + COUNT.format(args=", time_zone => 'Europe/Paris'")
+    assert "time_zone applies to TUMBLE" in str(error_of(sql))
+
+
+def test_parse_window_query_keeps_its_signature_and_reads_named_options() -> None:
+    q = parse_window_query(
+        "SELECT k, window_start, window_end, count(*) AS n "
+        "FROM TUMBLE(input, t, INTERVAL '10' SECOND, emit => 'update', "
+        "allowed_lateness => INTERVAL '5' SECOND) GROUP BY k, window_start, window_end"
+    )
+    assert (q.source, q.aggregation.emit) == ("input", "update")
+    assert q.aggregation.allowed_lateness == timedelta(seconds=5)
+
+
+# --- options: query > source > pipeline -------------------------------------------------------
+
+
+def test_option_precedence_query_over_source_over_pipeline() -> None:
+    base = "SET allowed_lateness = '1s'; SET emit = 'update'; SET max_future_skew = '1h';\n"
+    source = SOURCE.replace("batch_rows = '1'", "batch_rows = '1', allowed_lateness = '3s'")
+    plan = parse_pipeline(base + source + SINK + COUNT.format(args=", emit => 'final'"))
+    (query,) = plan.queries
+    assert query.window is not None
+    agg = query.window.aggregation
+    assert agg.allowed_lateness == timedelta(seconds=3)  # source over pipeline
+    assert agg.emit == "final"  # query over pipeline
+    assert agg.max_future_skew == timedelta(hours=1)  # pipeline
+    assert agg.max_out_of_orderness == timedelta(seconds=2)  # the WATERMARK bound
+
+
+def test_a_view_without_the_watermark_column_falls_back_to_max_out_of_orderness() -> None:
+    sql = (
+        "SET max_out_of_orderness = '7s';\n"
+        + SOURCE
+        + "CREATE VIEW renamed AS SELECT k, t AS ts FROM s;\n"
+        + SINK
+        + "INSERT INTO o SELECT window_start, window_end, count(*) AS n\n"
+        "FROM TUMBLE(renamed, ts, INTERVAL '10' SECOND) GROUP BY window_start, window_end;"
+    )
+    window = parse_pipeline(sql).queries[1].window
+    assert window is not None
+    assert window.aggregation.max_out_of_orderness == timedelta(seconds=7)
+
+
+# --- the file connector -----------------------------------------------------------------------
+
+
+def test_file_source_reads_files_round_robin_in_batches_of_batch_rows(tmp_path: Path) -> None:
+    write_csv(tmp_path / "a.csv", [("a", t, 0) for t in (1, 2, 3)])
+    write_csv(tmp_path / "b.csv", [("b", 9, 0)])
+    source = FileSource(resolve_paths("*.csv", tmp_path), batch_rows=2, base_dir=tmp_path)
+    assert source.partitions == ("a.csv", "b.csv")
+    events = [(p, None if b is None else b.num_rows) for p, b in source.round_robin()]
+    assert events == [("a.csv", 2), ("b.csv", 1), ("a.csv", 1), ("b.csv", None), ("a.csv", None)]
+
+
+def test_file_source_takes_declared_columns_in_order_and_names_a_missing_one(
+    tmp_path: Path,
+) -> None:
+    path = write_csv(tmp_path / "in.csv", [("a", 1, 5)])
+    declared = pa.schema([("v", pa.int32()), ("k", pa.string())])
+    source = FileSource((path,), schema=declared)
+    (batch,) = source.read_file(0)
+    assert batch.schema == declared
+    assert batch.to_pylist() == [{"v": 5, "k": "a"}]
+    missing = FileSource((path,), schema=pa.schema([("nope", pa.int64())]))
+    with pytest.raises(ConnectorError, match="nope"):
+        list(missing.read_file(0))
+
+
+def test_file_source_reads_parquet_and_jsonl_and_infers_columns(tmp_path: Path) -> None:
+    table = pa.table({"k": ["a", "b", "c"], "v": [1, 2, 3]})
+    pq.write_table(table, tmp_path / "t.parquet")
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table.to_pylist()))
+    for name in ("t.parquet", "t.jsonl"):
+        source = FileSource((tmp_path / name,), batch_rows=2)
+        assert source.schema.names == ["k", "v"]
+        assert [b.num_rows for b in source.read_file(0)] == [2, 1]
+        assert source.read_all().to_pylist() == table.to_pylist()
+
+
+def test_no_match_and_unknown_format_are_connector_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConnectorError, match="no file matches"):
+        resolve_paths("missing/*.csv", tmp_path)
+    (tmp_path / "x.txt").write_text("k\n")
+    with pytest.raises(ConnectorError, match="cannot tell the format"):
+        FileSource((tmp_path / "x.txt",))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_file_sink_writes_one_file_per_run(tmp_path: Path, fmt: str) -> None:
+    schema = pa.schema([("k", pa.string()), ("t", pa.timestamp("s", "UTC"))])
+    rows = [{"k": "a", "t": datetime(2013, 1, 1, 5, tzinfo=UTC)}]
+    path = tmp_path / "out" / f"o.{fmt}"
+    for _ in range(2):  # a rerun replaces the file
+        sink = FileSink(path, fmt, schema)
+        sink.write(pa.RecordBatch.from_pylist(rows, schema))
+        sink.close()
+    back = FileSource((path,), schema=schema).read_all()
+    assert back.to_pylist() == rows
+
+
+def test_stdout_sink_prints_csv_jsonl_and_tables() -> None:
+    schema = pa.schema([("k", pa.string()), ("n", pa.int64())])
+    batch = pa.RecordBatch.from_pylist([{"k": "a", "n": 1}], schema)
+    printed = {}
+    for fmt in ("csv", "jsonl", "table"):
+        stream = io.StringIO()
+        sink = StdoutSink("o", schema, fmt, stream=stream)
+        sink.write(batch)
+        sink.write(batch)
+        printed[fmt] = stream.getvalue()
+    assert printed["csv"] == '"k","n"\n"a",1\n"a",1\n'
+    assert printed["jsonl"] == '{"k": "a", "n": 1}\n' * 2
+    assert printed["table"].count("o\n") == 2
+    assert "│ a │" in printed["table"]
+    with pytest.raises(ConnectorError, match="unknown format"):
+        StdoutSink("o", schema, "xml")
+
+
+# --- the embedded API -------------------------------------------------------------------------
+
+
+def pipeline_dir(tmp_path: Path) -> Path:
+    write_csv(tmp_path / "in.csv", [("a", 1, 1), ("a", 12, 1), ("a", 3, 1), ("b", 25, 1)])
+    late = "CREATE SINK l WITH (connector = 'file', format = 'jsonl');\n"
+    (tmp_path / "p.sql").write_text(
+        SOURCE.replace("'2'", "'0'")
+        + SINK.replace("'stdout'", "'file', format = 'csv'")
+        + late
+        + COUNT.format(args="")
+        + "INSERT INTO l SELECT * FROM LATE(s);\n"
+    )
+    return tmp_path
+
+
+def test_iterating_a_pipeline_yields_sink_batches_without_writing(tmp_path: Path) -> None:
+    pipeline = Pipeline.from_sql(pipeline_dir(tmp_path) / "p.sql", output_dir=tmp_path / "out")
+    got = [(name, batch.to_pylist()) for name, batch in pipeline]
+    assert got == [
+        ("o", [{"k": "a", "window_start": at(0), "window_end": at(10), "n": 1}]),
+        (
+            "l",
+            [
+                {
+                    "k": "a",
+                    "t": at(3),
+                    "v": 1,
+                    "_late_reason": "late",
+                    "_window_start": at(0),
+                    "_window_end": at(10),
+                }
+            ],
+        ),
+        ("o", [{"k": "a", "window_start": at(10), "window_end": at(20), "n": 1}]),
+        ("o", [{"k": "b", "window_start": at(20), "window_end": at(30), "n": 1}]),
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_writes_every_sink_and_summarises(tmp_path: Path) -> None:
+    directory = pipeline_dir(tmp_path)
+    summary = Pipeline.from_sql(str(directory / "p.sql"), output_dir=tmp_path / "out").run()
+    assert summary.rows == {"o": 3, "l": 1}
+    assert summary.targets["o"] == str(tmp_path / "out" / "o.csv")
+    assert list(summary.late_rows.values()) == [1]
+    assert (tmp_path / "out" / "l.jsonl").read_text().count("\n") == 1
+
+
+def test_sql_text_reads_relative_paths_from_base_dir(tmp_path: Path) -> None:
+    text = (pipeline_dir(tmp_path) / "p.sql").read_text()
+    batches = list(Pipeline.from_sql(text, base_dir=tmp_path))
+    assert sum(b.num_rows for name, b in batches if name == "o") == 3
+
+
+def test_a_missing_input_file_points_at_the_path_option(tmp_path: Path) -> None:
+    pipeline = Pipeline.from_sql(SOURCE + SINK + COUNT.format(args=""), base_dir=tmp_path)
+    with pytest.raises(PipelineSQLError, match="no file matches") as info:
+        pipeline.run()
+    assert (info.value.line, info.value.col) == (3, 34)
+
+
+def test_explain_names_partitions_watermark_window_sql_and_sinks(tmp_path: Path) -> None:
+    text = Pipeline.from_sql(pipeline_dir(tmp_path) / "p.sql").explain()
+    for expected in (
+        "SOURCE s",
+        "partitions (1, one per file):",
+        "W_p = max(t) - 0s per partition",
+        "TUMBLE size 10s",
+        "partial aggregation",
+        "FROM buf",
+        "merge aggregation",
+        "UNION ALL",
+        "final projection: k, window_start, window_end, n := __a0",
+        "late side output: LATE(s), read by INSERT INTO l",
+        "SINK o",
+        "per-row query",
+    ):
+        assert expected in text, expected
+
+
+def test_flight_serve_pipeline_is_exported_lazily() -> None:
+    code = (
+        "import sys, flight_serve\n"
+        "assert 'datafusion' not in sys.modules and 'sqlglot' not in sys.modules\n"
+        "assert flight_serve.Pipeline.__name__ == 'Pipeline'\n"
+        "assert 'datafusion' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_run_reports_errors_with_position_and_exit_code_1(tmp_path: Path) -> None:
+    (tmp_path / "bad.sql").write_text(SOURCE + "INSERT INTO nowhere SELECT * FROM s;\n")
+    cli = Path(sys.executable).parent / "flight-serve"
+    done = subprocess.run(
+        [str(cli), "run", str(tmp_path / "bad.sql")], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert "no such sink" in done.stderr
+    assert "(line 4, column 13)" in done.stderr
