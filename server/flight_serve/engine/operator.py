@@ -418,6 +418,13 @@ class WindowOperator:
         """Pane rows held in state (one per key and open window), not counting the buffer."""
         return self._state.num_rows
 
+    @property
+    def merge_sql(self) -> str:
+        """The DataFusion SQL that merges buffered rows into pane state: the pane state (table
+        ``state``) ``UNION ALL`` the partial aggregation of the buffered rows (table ``buf``,
+        grouped by key and window), merged per key and window (for ``explain``)."""
+        return self._merge_sql
+
     def process(self, batch: pa.RecordBatch, partition: str = DEFAULT_PARTITION) -> Emission:
         """Consume one input batch of ``partition``; return what fired and what went late.
 

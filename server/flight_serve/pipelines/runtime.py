@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import datafusion
 import pyarrow as pa
@@ -738,7 +737,7 @@ class PipelineRuntime:
                 f"__a{i} = {a.func}({a.column or '*'})" for i, a in enumerate(cfg.aggregates)
             ]
             out.append(f"  aggregates: {', '.join(aggregates)}")
-            merge = _merge_sql(op)
+            merge = op.merge_sql
             out.append("  partial aggregation (DataFusion, over the buffered rows `buf`):")
             out.append(_indent(_partial_sql(merge)))
             out.append(
@@ -770,13 +769,6 @@ class PipelineRuntime:
         if query.view is not None:
             out.append(f"  view {query.view}: a stream read by later queries")
         return out
-
-
-def _merge_sql(op: WindowOperator) -> str:
-    sql: Any = getattr(op, "merge_sql", None)
-    if sql is None:
-        sql = op._merge_sql  # the engine exposes this as ``merge_sql`` from its next version
-    return str(sql)
 
 
 def _at(node: exp.Expr) -> str:
