@@ -344,3 +344,14 @@ def test_cli_run_reports_errors_with_position_and_exit_code_1(tmp_path: Path) ->
     assert done.returncode == 1
     assert "no such sink" in done.stderr
     assert "(line 4, column 13)" in done.stderr
+
+
+def test_sink_as_select_and_materialized_view_forms(tmp_path: Path) -> None:
+    write_csv(tmp_path / "in.csv", [("a", 1, 1), ("b", 2, 5)])
+    sql = SOURCE + (
+        "CREATE MATERIALIZED VIEW big AS SELECT k, v FROM s WHERE v > 1;\n"
+        "CREATE SINK all_big FROM big WITH (connector = 'stdout');\n"
+        "CREATE SINK keys AS SELECT k FROM big WITH (connector = 'stdout');\n"
+    )
+    got = [(name, b.to_pylist()) for name, b in Pipeline.from_sql(sql, base_dir=tmp_path)]
+    assert got == [("all_big", [{"k": "b", "v": 5}]), ("keys", [{"k": "b"}])]

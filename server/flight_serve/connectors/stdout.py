@@ -111,7 +111,10 @@ class StdoutSink:
             view.add_column(field.name, justify="right" if numeric else "left")
         for row in batch.to_pylist():
             view.add_row(*[_cell(v) for v in row.values()])
-        Console(file=self.stream, soft_wrap=True).print(view)
+        stream = self.stream
+        # a pipe or file has no width: do not squeeze the table into rich's default 80 columns
+        width = None if stream.isatty() else 200
+        Console(file=stream, width=width, soft_wrap=True).print(view)
 
     def close(self) -> None:
         """Flush the output stream."""

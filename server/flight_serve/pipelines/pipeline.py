@@ -464,11 +464,17 @@ class _Planner:
             query = create.args.get("expression")
             if query is None:
                 raise sql_error(f"CREATE VIEW {name} needs AS SELECT …", create)
-            if create.args.get("properties"):
+            props = create.args.get("properties")
+            other = [
+                p
+                for p in (props.expressions if props is not None else [])
+                if not isinstance(p, exp.MaterializedProperty)  # RisingWave's MATERIALIZED VIEW
+            ]
+            if other:
                 raise sql_error(
                     "a view takes no WITH options: set query options as named arguments of the "
                     "window function, e.g. TUMBLE(…, emit => 'update')",
-                    create.args["properties"],
+                    other[0],
                 )
             self.views[name] = len(self.queries)
             self.query(create, query, view=name, sink=None)
