@@ -68,12 +68,18 @@ class Pipeline:
 
         Raises:
             PipelineSQLError: the SQL does not parse or breaks a rule, with line and column.
-            OSError: the file cannot be read.
+            OSError: the file cannot be read (``FileNotFoundError`` for a missing ``*.sql``).
         """
         is_file = isinstance(text_or_path, os.PathLike) or (
             "\n" not in text_or_path and ";" not in text_or_path and Path(text_or_path).is_file()
         )
         path = Path(text_or_path) if is_file else None
+        if (
+            path is None
+            and str(text_or_path).strip().endswith(".sql")
+            and " " not in str(text_or_path)
+        ):
+            raise FileNotFoundError(f"no pipeline file {text_or_path}")
         text = path.read_text(encoding="utf-8") if path is not None else str(text_or_path)
         plan = parse_pipeline(
             text, path=path, base_dir=Path(base_dir) if base_dir is not None else None
