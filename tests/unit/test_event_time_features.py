@@ -28,7 +28,7 @@ import pyarrow as pa
 import pytest
 from flight_serve.engine.operator import Emission, WindowOperator
 from flight_serve.engine.windows import CalendarWindow, TumblingWindow
-from flight_serve.errors import InvalidInputError, QueryError
+from flight_serve.errors import InvalidInputError
 from flight_serve.pipelines.query import parse_window_query
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
@@ -712,16 +712,6 @@ def test_late_session_rows_overlapping_an_open_session_merge_into_it() -> None:
     assert r.late == [[]] * 6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "engine bug: evicted sessions are forgotten once they end at or before W - L - gap "
-        "(_remember_closed), but a row late for its own [t, t + gap) is still accepted when it "
-        "overlaps an open session, and such a row can also overlap a forgotten emitted session: "
-        "it then merges into a session overlapping the emitted one. Here another key's session "
-        "firing at W = 12 makes a's emitted [0, 5) forgotten (5 <= 12 - 5)"
-    ),
-)
 def test_row_bridging_an_emitted_and_an_open_session_is_late_whatever_other_keys_do() -> None:
     r = run(
         source(0) + select(SESSION_5, "count(*) AS n, sum(v) AS s"),
@@ -937,15 +927,6 @@ def test_snapshot_mid_stream_does_not_change_the_results(sql: str, merge_rows: i
     assert all(contents(snapshot) == copy for snapshot, copy in snapshots)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=QueryError,
-    reason=(
-        "engine bug: sum(v) and avg(v) in one query fail at build with QueryError 'Schema contains "
-        "duplicate unqualified field name \"sum(buf.v)\"': avg's partial sum(CAST(v AS DOUBLE)) "
-        "has the same DataFusion display name as sum(v) (apache/datafusion#18975), aliases or not"
-    ),
-)
 def test_sum_and_avg_of_one_column_snapshot_and_finish_together() -> None:
     sql = source(0) + select(TUMBLE_10, "sum(v) AS s, avg(v) AS m")
     op = parse_window_query(sql).build(INPUT)

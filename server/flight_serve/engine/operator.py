@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -346,10 +346,20 @@ class WindowOperator:
         keys = [quote_ident(k) for k in cfg.key_columns]
         group = [*keys, quote_ident(WS), quote_ident(WE)]
         partial_items, merge_items = [], []
+        # DataFusion names an aggregate by its expression with casts hidden and refuses two with
+        # one name (sum(v) next to avg's sum(CAST(v AS DOUBLE))), so each aggregate reads its own
+        # zero-copy alias of its input column and of the event time.
+        copies = [
+            f"{quote_ident(TS)} AS {quote_ident(f'__t{i}')}" for i in range(len(cfg.aggregates))
+        ]
         for i, agg in enumerate(cfg.aggregates):
             for udf in agg.udfs():  # the sketch functions the partial / merge SQL calls
                 self._ctx.register_udf(udf)
-            for name, expr in agg.partial_sql(f"__p{i}", quote_ident(TS)):
+            own = agg
+            if agg.column is not None:
+                copies.append(f"{quote_ident(agg.column)} AS {quote_ident(f'__i{i}')}")
+                own = replace(agg, column=f"__i{i}")
+            for name, expr in own.partial_sql(f"__p{i}", quote_ident(f"__t{i}")):
                 partial_items.append(f"{expr} AS {quote_ident(name)}")
             for name, expr in agg.merge_sql(f"__p{i}"):
                 merge_items.append(f"{expr} AS {quote_ident(name)}")
@@ -367,8 +377,10 @@ class WindowOperator:
             size = cfg.window.size_ns
             group = [*keys, quote_ident(WS), f"{quote_ident(WS)} + {size} AS {quote_ident(WE)}"]
             group_by = [*keys, quote_ident(WS)]
+        source = f"(SELECT *, {', '.join(copies)} FROM buf) AS b" if copies else "buf"
         partial = (
-            f"SELECT {', '.join([*group, *partial_items])} FROM buf GROUP BY {', '.join(group_by)}"
+            f"SELECT {', '.join([*group, *partial_items])} FROM {source} "
+            f"GROUP BY {', '.join(group_by)}"
         )
         buffer_schema = self._buffer_schema
         if isinstance(cfg.window, SessionWindow):
@@ -379,7 +391,7 @@ class WindowOperator:
                 f"max({ts}) + {cfg.window.gap_ns} AS {quote_ident(WE)}",
             ]
             partial = (
-                f"SELECT {', '.join([*keys, *bounds, *partial_items])} FROM buf "
+                f"SELECT {', '.join([*keys, *bounds, *partial_items])} FROM {source} "
                 f"GROUP BY {', '.join([*keys, SID])}"
             )
             buffer_schema = buffer_schema.append(pa.field(SID, pa.int64()))
@@ -889,13 +901,30 @@ class WindowOperator:
         return pa.concat_tables([fired, empty]) if fired.num_rows else empty
 
     def _remember_closed(self, evicted: pa.Table, watermark: int) -> None:
-        """Keep evicted sessions while an accepted row could still overlap them: a row is accepted
-        only if ``t + gap > W - L``, so sessions ending at or before ``W - L - gap`` are dropped."""
+        """Keep evicted sessions while an accepted row could still overlap them.
+
+        A row is accepted when ``t + gap > W - L`` or when it overlaps an open session of its key,
+        so an evicted session may be forgotten once it ends at or before ``W - L - gap`` *and* its
+        key has no open session (a row bridging the two would otherwise reopen it).
+        """
         assert isinstance(self.config.window, SessionWindow)
-        names = [*self.config.key_columns, WS, WE]
+        keys = list(self.config.key_columns)
+        names = [*keys, WS, WE]
         closed = pa.concat_tables([self._closed, evicted.select(names).cast(self._closed.schema)])
         horizon = self._threshold(watermark) - self.config.window.gap_ns
-        self._closed = closed.filter(pc.greater(closed[WE], pa.scalar(horizon, pa.int64())))
+        recent = pc.greater(closed[WE], pa.scalar(horizon, pa.int64()))
+        if not keys:
+            keep = recent if not self._state.num_rows else pa.array(np.ones(closed.num_rows, bool))
+            self._closed = closed.filter(keep)
+        else:
+            live = self._state.select(keys).group_by(keys).aggregate([])
+            held = closed.join(live, keys=keys, join_type="left semi")
+            self._closed = (
+                pa.concat_tables([closed.filter(recent), held])
+                .group_by(names)
+                .aggregate([])
+                .select(names)
+            )
         self._closed_max_end = (
             int(pc.max(self._closed[WE]).as_py()) if self._closed.num_rows else MIN_WATERMARK_NS
         )
