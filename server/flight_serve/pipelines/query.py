@@ -211,8 +211,10 @@ class QueryOptions:
 
     Set on ``CREATE SOURCE … WITH (…)`` (durations as ``'5s'``, ``'15 minutes'`` or an INTERVAL):
     ``allowed_lateness``, ``emit`` (``final`` | ``update``), ``idle_timeout``,
-    ``max_future_skew``, ``time_zone`` (IANA name, for calendar windows). The watermark bound
-    comes from ``WATERMARK FOR ts AS ts - INTERVAL …``.
+    ``max_future_skew``, ``time_zone`` (IANA name, for calendar windows), ``empty_windows``
+    (``'true'`` | ``'false'``) with ``key_ttl`` (how long after its last row a key still gets
+    empty windows; required with ``empty_windows``). The watermark bound comes from
+    ``WATERMARK FOR ts AS ts - INTERVAL …``.
     """
 
     max_out_of_orderness: timedelta = timedelta(0)
@@ -221,10 +223,20 @@ class QueryOptions:
     idle_timeout: timedelta | None = None
     max_future_skew: timedelta | None = None
     time_zone: str | None = None
+    empty_windows: bool = False
+    key_ttl: timedelta | None = None
 
 
-_DURATION_OPTIONS = ("allowed_lateness", "idle_timeout", "max_future_skew")
-OPTION_NAMES = (*_DURATION_OPTIONS, "emit", "time_zone")
+_DURATION_OPTIONS = ("allowed_lateness", "idle_timeout", "max_future_skew", "key_ttl")
+OPTION_NAMES = (*_DURATION_OPTIONS, "emit", "time_zone", "empty_windows")
+
+
+def _empty_windows_ttl(options: QueryOptions, node: exp.Expression) -> timedelta | None:
+    if not options.empty_windows:
+        return None
+    if options.key_ttl is None:
+        raise sql_error("empty_windows = 'true' needs key_ttl (for example key_ttl = '1h')", node)
+    return options.key_ttl
 
 
 def option_duration(value: exp.Expression) -> timedelta:
@@ -249,6 +261,13 @@ def apply_option(
         return replace(options, idle_timeout=option_duration(value))
     if key == "max_future_skew":
         return replace(options, max_future_skew=option_duration(value))
+    if key == "key_ttl":
+        return replace(options, key_ttl=option_duration(value))
+    if key == "empty_windows":
+        flag = value.name.lower()
+        if flag not in ("true", "false"):
+            raise sql_error(f"empty_windows must be 'true' or 'false', got {value.name!r}", node)
+        return replace(options, empty_windows=flag == "true")
     if key == "emit":
         mode = value.name.lower()
         if mode == "final":
@@ -474,6 +493,7 @@ def window_query_from_select(
         emit=options.emit,
         idle_timeout=options.idle_timeout,
         max_future_skew=options.max_future_skew,
+        empty_windows_key_ttl=_empty_windows_ttl(options, select),
         filter_sql=filter_sql,
         columns=tuple(columns) if projection_sql is None else (),
         projection_sql=projection_sql,
