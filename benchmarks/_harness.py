@@ -3,7 +3,11 @@
 A :class:`Comparison` holds the wall-clock seconds of each repetition of a subject (flight-serve)
 and its baseline over the same work (``units`` items: rows or events). Throughput is
 ``units / median(seconds)``; the ratio is subject throughput / baseline throughput (higher is
-better for flight-serve; 1.0 = as fast as the baseline).
+better for flight-serve; 1.0 = as fast as the baseline). A slow baseline may process fewer items
+(``baseline_units``): the throughputs are still what the ratio compares.
+
+A **time** comparison (``lower_is_better``, e.g. cold start) compares seconds instead: the ratio
+is subject median / baseline median and its target is a ceiling.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ class Comparison:
         name: the benchmark's name (``doput``, ``doget``, ``tumbling``...).
         subject: what flight-serve runs; ``baseline``: what it is compared with.
         units: items processed per repetition; ``unit``: their name (``rows``, ``events``).
+        baseline_units: items the baseline processes per repetition, when fewer (default
+            ``units``).
+        lower_is_better: a time comparison: ratio = subject / baseline median seconds, and
+            ``ratio_target`` is a ceiling (``≤``); no throughputs are shown.
         nbytes: Arrow bytes moved per repetition (0 when not meaningful).
         subject_s / baseline_s: seconds of each repetition.
         ratio_target: the DESIGN §10 target for the ratio, if any.
@@ -44,6 +52,8 @@ class Comparison:
     ratio_target: float | None = None
     rate_target: float | None = None
     note: str = ""
+    baseline_units: int | None = None
+    lower_is_better: bool = False
 
     @property
     def subject_median(self) -> float:
@@ -59,17 +69,23 @@ class Comparison:
 
     @property
     def baseline_rate(self) -> float:
-        return self.units / self.baseline_median
+        units = self.units if self.baseline_units is None else self.baseline_units
+        return units / self.baseline_median
 
     @property
     def ratio(self) -> float:
-        return self.baseline_median / self.subject_median
+        if self.lower_is_better:
+            return self.subject_median / self.baseline_median
+        return self.subject_rate / self.baseline_rate
 
     def verdict(self) -> str:
         """``ratio met``/``ratio below`` and ``rate met``/``rate below`` for each target set."""
         parts = []
         if self.ratio_target is not None:
-            ok = self.ratio >= self.ratio_target
+            if self.lower_is_better:
+                ok = self.ratio <= self.ratio_target
+            else:
+                ok = self.ratio >= self.ratio_target
             parts.append("[green]ratio met[/green]" if ok else "[red]ratio below[/red]")
         if self.rate_target is not None:
             ok = self.subject_rate >= self.rate_target
@@ -83,6 +99,8 @@ class Comparison:
             "baseline": self.baseline,
             "units": self.units,
             "unit": self.unit,
+            "baseline_units": self.baseline_units,
+            "lower_is_better": self.lower_is_better,
             "nbytes": self.nbytes,
             "subject_s": self.subject_s,
             "baseline_s": self.baseline_s,
@@ -142,34 +160,45 @@ def _rate(value: float, unit: str) -> str:
 def render(console: Console, comparison: Comparison) -> None:
     """Print one comparison as a rich table: medians, throughputs, the ratio and its target."""
     c = comparison
-    table = Table(title=f"{c.name}: {c.units:,} {c.unit}", title_justify="left")
+    title = f"{c.name}: {c.units:,} {c.unit}"
+    if c.baseline_units is not None:
+        title += f" (baseline: {c.baseline_units:,})"
+    table = Table(title=title, title_justify="left")
     table.add_column("side")
     table.add_column("median s", justify="right")
     table.add_column("runs (s)", justify="right")
-    table.add_column("throughput", justify="right")
+    if not c.lower_is_better:
+        table.add_column("throughput", justify="right")
     if c.nbytes:
         table.add_column("MB/s", justify="right")
     for label, median, runs, rate in (
         (f"flight-serve: {c.subject}", c.subject_median, c.subject_s, c.subject_rate),
         (f"baseline: {c.baseline}", c.baseline_median, c.baseline_s, c.baseline_rate),
     ):
-        row = [label, f"{median:.3f}", " ".join(f"{t:.3f}" for t in runs), _rate(rate, c.unit)]
+        row = [label, f"{median:.3f}", " ".join(f"{t:.3f}" for t in runs)]
+        if not c.lower_is_better:
+            row.append(_rate(rate, c.unit))
         if c.nbytes:
             row.append(f"{c.nbytes / median / 1e6:,.0f}")
         table.add_row(*row)
     console.print(table)
     targets = []
     if c.ratio_target is not None:
-        targets.append(f"ratio ≥ {c.ratio_target}")
+        targets.append(f"ratio {_bound(c)} {c.ratio_target}")
     if c.rate_target is not None:
         targets.append(f"≥ {c.rate_target / 1e6:g} M {c.unit}/s")
+    measure = "seconds" if c.lower_is_better else "throughput"
     console.print(
-        f"  ratio (flight-serve / baseline throughput) = [bold]{c.ratio:.2f}[/bold]"
+        f"  ratio (flight-serve / baseline {measure}) = [bold]{c.ratio:.2f}[/bold]"
         + (f"; target {', '.join(targets)}: {c.verdict()}" if targets else "")
     )
     if c.note:
         console.print(f"  {c.note}")
     console.print()
+
+
+def _bound(comparison: Comparison) -> str:
+    return "≤" if comparison.lower_is_better else "≥"
 
 
 def render_summary(console: Console, comparisons: list[Comparison]) -> None:
@@ -181,8 +210,8 @@ def render_summary(console: Console, comparisons: list[Comparison]) -> None:
         table.add_row(
             c.name,
             f"{c.ratio:.2f}",
-            "-" if c.ratio_target is None else f"≥ {c.ratio_target}",
-            _rate(c.subject_rate, c.unit),
+            "-" if c.ratio_target is None else f"{_bound(c)} {c.ratio_target}",
+            f"{c.subject_median:.3f} s" if c.lower_is_better else _rate(c.subject_rate, c.unit),
             "-" if c.rate_target is None else f"≥ {c.rate_target / 1e6:g} M/s",
             c.verdict(),
         )
