@@ -1,8 +1,9 @@
 """``python -m benchmarks.run [NAME ...]``: run the side-by-side benchmarks, print ratios.
 
 Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by default), ``hopping``,
-``session`` (also run by default). ``--repeat N`` sets the runs per side (median reported);
-``--json PATH`` also writes every measurement as JSON.
+``session``, ``bytewax`` (the tumbling job in Bytewax), ``coldstart`` (``flight-serve run``
+time to first row vs the bare imports); all run by default. ``--repeat N`` sets the runs per
+side (median reported); ``--json PATH`` also writes every measurement as JSON.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import flight_io, windows
+from benchmarks import coldstart, flight_io, vs_bytewax, windows
 from benchmarks._harness import Comparison, render, render_summary
 
 BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
@@ -27,6 +28,8 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "tumbling": windows.tumbling,
     "hopping": windows.hopping,
     "session": windows.session,
+    "bytewax": vs_bytewax.bytewax,
+    "coldstart": coldstart.coldstart,
 }
 
 
