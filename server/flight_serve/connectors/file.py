@@ -33,12 +33,14 @@ from collections.abc import Iterator
 from datetime import date, datetime, time
 from decimal import Decimal
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
+
+if TYPE_CHECKING:  # pyarrow.parquet pulls in pyarrow.fs and ssl: imported when a file is parquet
+    import pyarrow.parquet as pq
 import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
 from flight_serve.errors import ConnectorError
 
@@ -176,6 +178,8 @@ class FileSource:
         if self._schema is None:
             if self.format == "parquet":
                 try:
+                    import pyarrow.parquet as pq
+
                     self._schema = pq.read_schema(self.paths[0]).remove_metadata()
                 except (pa.ArrowInvalid, OSError) as exc:
                     raise ConnectorError(
@@ -197,6 +201,8 @@ class FileSource:
         declared = self.declared_schema
         try:
             if self.format == "parquet":
+                import pyarrow.parquet as pq
+
                 parquet = pq.ParquetFile(path)
                 columns = declared.names if declared is not None else None
                 yield from parquet.iter_batches(batch_size=self.batch_rows, columns=columns)
@@ -313,6 +319,8 @@ class FileSink:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if self.format == "parquet":
+                import pyarrow.parquet as pq
+
                 self._parquet = pq.ParquetWriter(path, schema)
             elif self.format == "csv":
                 self._csv = pacsv.CSVWriter(str(path), schema)
