@@ -25,7 +25,6 @@ and column); an input schema without the configured columns → INVALID_ARGUMENT
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -33,8 +32,9 @@ import pyarrow.flight as flight
 
 from flight_serve.engine.operator import DEFAULT_PARTITION, Emission, WindowOperator
 from flight_serve.errors import InvalidInputError
+from flight_serve.flight.markers import watermark_request
 from flight_serve.pipelines.query import parse_window_query
-from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, datetime_to_ns
+from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
 
 def _json(payload: dict[str, Any]) -> pa.Buffer:
@@ -60,34 +60,6 @@ def _write_results(
             writer.write_with_metadata(batch, _json(meta))
     if emission.late.num_rows:
         writer.write_metadata(_ipc_bytes(emission.late))
-
-
-def watermark_request(metadata: bytes) -> int:
-    """Decode a client's explicit watermark: JSON ``{"watermark_ns": <int>}`` (ns since the
-    epoch) or ``{"watermark": "<ISO-8601 instant>"}`` (naive = UTC).
-
-    Raises:
-        InvalidInputError: anything else, naming what was expected.
-    """
-    expected = (
-        'a metadata-only DoExchange message must be JSON {"watermark_ns": <int>} or '
-        '{"watermark": "<ISO-8601 instant>"}'
-    )
-    try:
-        message = json.loads(metadata)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise InvalidInputError(expected) from None
-    if isinstance(message, dict):
-        value = message.get("watermark_ns")
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        text = message.get("watermark")
-        if isinstance(text, str):
-            try:
-                return datetime_to_ns(datetime.fromisoformat(text))
-            except ValueError:
-                raise InvalidInputError(f"{expected}; cannot read instant {text!r}") from None
-    raise InvalidInputError(expected)
 
 
 def handle_exchange(
