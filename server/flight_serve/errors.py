@@ -123,6 +123,13 @@ class BatchTooLargeError(InvalidInputError):
 # --- storage and internal ---------------------------------------------------------------------
 
 
+class CheckpointError(FlightServeError):
+    """A checkpoint or snapshot that cannot be read, or does not fit the pipeline restoring it;
+    the message says what differs and how to start fresh."""
+
+    domain: ClassVar[Domain] = "internal"
+
+
 class StorageError(FlightServeError):
     """The stream store could not read or write its files."""
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from flight_serve.engine.operator import Emission, WindowOperator
+from flight_serve.engine.operator import Emission, OperatorSnapshot, WindowOperator
 from flight_serve.engine.windows import CalendarWindow, TumblingWindow
 from flight_serve.errors import InvalidInputError
 from flight_serve.pipelines.query import parse_window_query
@@ -877,6 +877,11 @@ def contents(value: object) -> object:
     """A plain-Python deep copy of a snapshot: tables and batches as lists of row dicts."""
     if isinstance(value, pa.Table | pa.RecordBatch):
         return value.to_pylist()
+    if isinstance(value, OperatorSnapshot):
+        return {
+            name: contents(getattr(value, name))
+            for name in ("panes", "buffer", "closed_sessions", "known_keys", "meta")
+        }
     if isinstance(value, dict):
         return {k: contents(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -275,10 +275,8 @@ def test_hopping_late_row_creates_no_state() -> None:
     # pane state and buffered rows both carry the window start as __ws (int64 ns):
     # only [95, 105) and [100, 110) are held, nothing for [45, 55) or [50, 60)
     snapshot = op.snapshot()
-    state, buffer = snapshot["state"], snapshot["buffer"]
-    assert isinstance(state, pa.Table)
-    assert isinstance(buffer, list)
-    starts = [s for b in [*state.to_batches(), *buffer] for s in b.column("__ws").to_pylist()]
+    state, buffer = snapshot.panes, snapshot.buffer
+    starts = [*state.column("__ws").to_pylist(), *buffer.column("__ws").to_pylist()]
     assert sorted(int(s) for s in starts) == [95 * 10**9, 100 * 10**9]
 
     end = op.finish()

@@ -35,11 +35,12 @@ runs per row.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import datafusion
 import numpy as np
@@ -56,7 +57,7 @@ from flight_serve.engine.windows import (
     TumblingWindow,
     WindowSpec,
 )
-from flight_serve.errors import EventTimeError, InvalidInputError, QueryError
+from flight_serve.errors import CheckpointError, EventTimeError, InvalidInputError, QueryError
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, NS_PER_UNIT, timedelta_to_ns
 
 WS, WE, TS = "__ws", "__we", "__ts"
@@ -132,8 +133,10 @@ class WindowAggregation:
         *,
         clock_ns: Callable[[], int] | None = None,
         wall_clock_ns: Callable[[], int] | None = None,
+        restore: OperatorSnapshot | None = None,
     ) -> WindowOperator:
-        """Return a running operator for input batches of ``input_schema``.
+        """Return a running operator for input batches of ``input_schema``, continuing from
+        ``restore`` (a :meth:`WindowOperator.snapshot`) when given.
 
         ``clock_ns`` (monotonic, for idle timeouts) and ``wall_clock_ns`` (ns since the epoch, for
         ``max_future_skew``) default to :func:`time.monotonic_ns` and :func:`time.time_ns`.
@@ -143,8 +146,76 @@ class WindowAggregation:
             InvalidInputError: a key or aggregated column is missing, or a window duration is
                 finer than the event-time column's unit.
             QueryError: DataFusion cannot plan the filter or the projection.
+            CheckpointError: ``restore`` does not fit this query and input schema.
         """
-        return WindowOperator(self, input_schema, clock_ns=clock_ns, wall_clock_ns=wall_clock_ns)
+        operator = WindowOperator(
+            self, input_schema, clock_ns=clock_ns, wall_clock_ns=wall_clock_ns
+        )
+        if restore is not None:
+            operator._restore(restore)
+        return operator
+
+
+@dataclass(frozen=True)
+class OperatorSnapshot:
+    """One operator's share of a checkpoint: immutable Arrow tables plus JSON-ready ``meta``.
+
+    Attributes:
+        panes: the pane state, one row of partial aggregates per key and open window.
+        buffer: accepted rows not merged into panes yet (input columns, ``__ts``, ``__ws``,
+            ``__we``; int64 ns).
+        closed_sessions: emitted sessions still remembered (session windows).
+        known_keys: per key, the latest event time of its emitted panes (empty windows).
+        meta: version, watermark tracker state, empty-window progress, metrics.
+    """
+
+    VERSION: ClassVar[int] = 1
+
+    panes: pa.Table
+    buffer: pa.Table
+    closed_sessions: pa.Table
+    known_keys: pa.Table
+    meta: dict[str, Any]
+
+    def to_bytes(self) -> bytes:
+        """Serialise as one Arrow IPC stream: a one-row table whose columns hold each table as
+        Arrow IPC bytes and ``meta`` as JSON."""
+        row = {
+            name: [_ipc(getattr(self, name))]
+            for name in ("panes", "buffer", "closed_sessions", "known_keys")
+        }
+        table = pa.table(
+            {
+                **{k: pa.array(v, pa.large_binary()) for k, v in row.items()},
+                "meta": pa.array([json.dumps(self.meta)], pa.large_string()),
+            }
+        )
+        return _ipc(table)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> OperatorSnapshot:
+        """The inverse of :meth:`to_bytes`.
+
+        Raises:
+            CheckpointError: ``data`` is not a serialised operator snapshot.
+        """
+        try:
+            table = pa.ipc.open_stream(data).read_all()
+            tables = {
+                name: pa.ipc.open_stream(table[name][0].as_py()).read_all()
+                for name in ("panes", "buffer", "closed_sessions", "known_keys")
+            }
+            meta = json.loads(table["meta"][0].as_py())
+        except (pa.ArrowInvalid, KeyError, IndexError, ValueError) as exc:
+            raise CheckpointError(f"not an operator snapshot: {exc}") from exc
+        return cls(meta=meta, **tables)
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
 @dataclass(frozen=True)
@@ -531,16 +602,64 @@ class WindowOperator:
         output = self._fire(watermark) if self._may_fire(watermark) else None
         return self._emission(output, [])
 
-    def snapshot(self) -> dict[str, object]:
-        """Immutable copies of the operator state (pane state, buffer, watermarks).
+    def snapshot(self) -> OperatorSnapshot:
+        """The operator's whole state, as immutable Arrow tables and JSON-ready values.
 
-        Taking a snapshot never consumes or resets live state: Arrow tables are immutable.
+        Taking a snapshot never consumes or resets live state (Arrow tables are immutable; the
+        buffer is copied as it is, not merged). :meth:`WindowAggregation.build` with
+        ``restore=`` continues from it; :meth:`OperatorSnapshot.to_bytes` serialises it.
         """
-        return {
-            "state": self._state,
-            "buffer": list(self._buffer.batches),
-            "watermark": self._tracker.snapshot(),
-        }
+        buffer = (
+            pa.Table.from_batches(self._buffer.batches, self._buffer_schema)
+            if self._buffer.batches
+            else self._buffer_schema.empty_table()
+        )
+        return OperatorSnapshot(
+            panes=self._state,
+            buffer=buffer,
+            closed_sessions=self._closed,
+            known_keys=self._known,
+            meta={
+                "version": OperatorSnapshot.VERSION,
+                "watermark": self._tracker.snapshot(),
+                "empty_done_ns": self._empty_done,
+                "metrics": dict(vars(self.metrics)),
+            },
+        )
+
+    def _restore(self, snapshot: OperatorSnapshot) -> None:
+        if snapshot.meta.get("version") != OperatorSnapshot.VERSION:
+            raise CheckpointError(
+                f"operator snapshot version {snapshot.meta.get('version')!r} is not "
+                f"{OperatorSnapshot.VERSION}"
+            )
+        for name, table, schema in (
+            ("pane state", snapshot.panes, self._state_schema),
+            ("buffer", snapshot.buffer, self._buffer_schema),
+            ("closed sessions", snapshot.closed_sessions, self._closed.schema),
+            ("key registry", snapshot.known_keys, self._known.schema),
+        ):
+            if not table.schema.equals(schema):
+                raise CheckpointError(
+                    f"the checkpoint's {name} does not match this query (was the query or its "
+                    f"input schema changed?): {table.schema} vs {schema}"
+                )
+        self._state = snapshot.panes
+        if snapshot.buffer.num_rows:
+            batches = snapshot.buffer.combine_chunks().to_batches()
+            ends = snapshot.buffer[WE]
+            self._buffer = _Batch(batches, snapshot.buffer.num_rows, int(pc.min(ends).as_py()))
+        self._closed = snapshot.closed_sessions
+        self._closed_max_end = (
+            int(pc.max(self._closed[WE]).as_py()) if self._closed.num_rows else MIN_WATERMARK_NS
+        )
+        self._known = snapshot.known_keys
+        self._empty_done = int(snapshot.meta["empty_done_ns"])
+        self._tracker.restore(snapshot.meta["watermark"])
+        for key, value in snapshot.meta.get("metrics", {}).items():
+            if hasattr(self.metrics, key):
+                setattr(self.metrics, key, int(value))
+        self._refresh_bounds()
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -838,11 +957,19 @@ class WindowOperator:
             self._known = latest.filter(pc.greater_equal(latest[LAST], horizon))
         if not latest.num_rows or threshold <= done:
             return fired
-        # candidates: window ends on the grid in (done, threshold], start <= latest row + ttl
+        # candidates per key: window ends on the grid after ``done`` and, for a key not seen in
+        # an earlier fire, after its first pane fired now (it had no row before that pane), up
+        # to the threshold and to its latest row + ttl
+        first_ws = fired_now.group_by(keys).aggregate([(WS, "min")]).rename_columns([*keys, "__f"])
+        new_keys = first_ws.join(before.select(keys), keys=keys, join_type="left anti")
+        latest = latest.join(new_keys, keys=keys, join_type="left outer")
         origin = window.offset_ns + size
         last = np.asarray(latest[LAST].to_numpy(), dtype=np.int64)
+        floor = max(done, MIN_WATERMARK_NS + 2 * size)
+        first = latest["__f"].fill_null(pa.scalar(floor, pa.int64()))
+        low = np.maximum(np.asarray(first.to_numpy(), dtype=np.int64), floor)
         high = np.minimum(last + ttl + size, threshold)
-        k_low = (max(done, MIN_WATERMARK_NS + 2 * size) - origin) // slide + 1
+        k_low = (low - origin) // slide + 1
         counts = np.maximum((high - origin) // slide - k_low + 1, 0)
         total = int(counts.sum())
         if not total:
@@ -852,7 +979,9 @@ class WindowOperator:
         cand = pa.table(
             {
                 **{k: latest[k].take(pa.array(rows, pa.int64())) for k in keys},
-                WS: pa.array(origin + (k_low + steps) * slide - size, pa.int64()),
+                WS: pa.array(
+                    origin + (np.repeat(k_low, counts) + steps) * slide - size, pa.int64()
+                ),
             }
         )
         prior = pa.concat_tables(

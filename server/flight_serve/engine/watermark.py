@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
@@ -163,12 +164,28 @@ class WatermarkTracker:
             self._watermark_ns = candidate
         return self._watermark_ns
 
-    def snapshot(self) -> dict[str, object]:
-        """An immutable copy of the tracker's state (for checkpoints); live state is untouched."""
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready copy of the tracker's state (for checkpoints); live state is untouched.
+
+        Processing-time facts (last activity, backlog) are not part of it: after a restore every
+        partition counts as active from the moment of the restore.
+        """
         return {
-            "max_out_of_orderness_ns": self.max_out_of_orderness_ns,
             "partitions": {
-                name: (p.max_ts, p.explicit, p.finished) for name, p in self._parts.items()
+                name: [p.max_ts, p.explicit, p.finished] for name, p in self._parts.items()
             },
             "watermark_ns": self._watermark_ns,
         }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Replace this tracker's state with ``snapshot`` (from :meth:`snapshot`).
+
+        Raises:
+            KeyError, ValueError: ``snapshot`` is not a tracker snapshot.
+        """
+        now = self.clock_ns()
+        self._parts = {
+            str(name): _Partition(int(m), int(e), now, False, bool(f))
+            for name, (m, e, f) in snapshot["partitions"].items()
+        }
+        self._watermark_ns = int(snapshot["watermark_ns"])

@@ -32,7 +32,12 @@ import pyarrow as pa
 from sqlglot import exp
 
 from flight_serve.engine.aggregate import AggregateCall
-from flight_serve.engine.operator import OutputColumn, WindowAggregation, WindowOperator
+from flight_serve.engine.operator import (
+    OperatorSnapshot,
+    OutputColumn,
+    WindowAggregation,
+    WindowOperator,
+)
 from flight_serve.engine.windows import (
     CalendarWindow,
     CumulateWindow,
@@ -151,10 +156,12 @@ class WindowQuery:
     source: str
     aggregation: WindowAggregation
 
-    def build(self, input_schema: pa.Schema) -> WindowOperator:
-        """The running operator for input batches of ``input_schema`` (see
-        :meth:`WindowAggregation.build` for the errors)."""
-        return self.aggregation.build(input_schema)
+    def build(
+        self, input_schema: pa.Schema, *, restore: OperatorSnapshot | None = None
+    ) -> WindowOperator:
+        """The running operator for input batches of ``input_schema``, resumed from ``restore``
+        when given (see :meth:`WindowAggregation.build` for the errors)."""
+        return self.aggregation.build(input_schema, restore=restore)
 
 
 def _column_name(node: exp.Expression) -> str:
