@@ -79,6 +79,9 @@ def _run_pipeline(path: Path, output_dir: Path | None, explain_only: bool) -> in
     except (FlightServeError, OSError) as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # open windows are not flushed: their input did not end
+        print(f"flight-serve: {path}: interrupted", file=sys.stderr)
+        return 130
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
     for label, rows in summary.late_rows.items():

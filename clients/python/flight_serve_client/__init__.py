@@ -9,6 +9,9 @@ Example (against a running server)::
 
     with FlightServeClient("grpc://127.0.0.1:8815") as client:
         client.put("flights", table)                     # -> last durable offset
+        client.put("flights", table, writer="sensor-7")  # one named watermark partition
+        client.advance_watermark("flights", ts, writer="sensor-7")  # no rows, W_p >= ts
+        client.end_input("flights", writer="sensor-7")   # the partition ends for good
         client.query("SELECT count(*) FROM flights")     # -> pyarrow.Table
         for offset, batch in client.tail("flights", offset=0):
             ...
@@ -17,6 +20,6 @@ Example (against a running server)::
 from __future__ import annotations
 
 from flight_serve_client._protocol import ProtocolError
-from flight_serve_client.client import ExchangeEvent, ExchangeKind, FlightServeClient
+from flight_serve_client.client import ExchangeEvent, ExchangeKind, FlightServeClient, TailEntry
 
-__all__ = ["ExchangeEvent", "ExchangeKind", "FlightServeClient", "ProtocolError"]
+__all__ = ["ExchangeEvent", "ExchangeKind", "FlightServeClient", "ProtocolError", "TailEntry"]

@@ -31,6 +31,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from itertools import chain
 from types import TracebackType
 from typing import Any, Literal, Self, cast
@@ -46,7 +47,7 @@ from flight_serve_client._protocol import (
     is_late_rows,
 )
 
-__all__ = ["ExchangeEvent", "ExchangeKind", "FlightServeClient"]
+__all__ = ["ExchangeEvent", "ExchangeKind", "FlightServeClient", "TailEntry"]
 
 #: Batches written by :meth:`FlightServeClient.put` before it waits for the oldest PutResult.
 #: Bounds client-side buffering; PutResults are read as they arrive anyway.
@@ -95,6 +96,32 @@ class _ExchangeState:
     result_schema: pa.Schema | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TailEntry:
+    """One entry of a stream read by :meth:`FlightServeClient.tail_entries` (schemas/README.md,
+    "Tail DoGet").
+
+    Attributes:
+        offset: the entry's offset in the stream.
+        writer: the DoPut writer (watermark partition) that wrote it.
+        batch: the rows (or the next piece of a batch split above 4 MiB); ``None`` for a marker.
+        watermark_ns: for a watermark marker: the writer's explicit watermark, in ns since the
+            Unix epoch ("no row with an earlier event time will follow from this writer").
+        end_of_input: for an end-of-input marker: the writer is done for good.
+    """
+
+    offset: int
+    writer: str
+    batch: pa.RecordBatch | None = None
+    watermark_ns: int | None = None
+    end_of_input: bool = False
+
+    @property
+    def is_marker(self) -> bool:
+        """Whether this entry is a marker (no rows) rather than a batch."""
+        return self.batch is None
+
+
 class FlightServeClient:
     """A connection to one flight-serve server.
 
@@ -141,8 +168,11 @@ class FlightServeClient:
         *,
         batch_rows: int = 65536,
         on_progress: Callable[[int], None] | None = None,
+        writer: str | None = None,
+        end_input: bool = False,
     ) -> int:
-        """Append ``data`` to ``stream`` (DoPut, ``path = [stream]``) and wait until it is durable.
+        """Append ``data`` to ``stream`` (DoPut, ``path = [stream]``, or ``[stream, writer]``)
+        and wait until it is durable.
 
         The stream is created with the first batch's schema if it does not exist. ``data`` is
         sent in batches of at most ``batch_rows`` rows (larger batches are sliced, zero-copy).
@@ -155,10 +185,16 @@ class FlightServeClient:
             data: a table, or record batches that all share one schema.
             batch_rows: the largest batch sent, in rows (≥ 1).
             on_progress: called after each PutResult with the rows acknowledged (durable) so far.
+            writer: this producer's name: the stream's watermark partition it writes to
+                (``[A-Za-z0-9_.:@-]``, 1 to 200 characters). A producer that reconnects under
+                the same name stays the same partition; without one, the server names the call
+                (one new partition per call, which stays open until it ends or goes idle).
+            end_input: after the batches, end the writer's partition for good (an
+                ``{"end_of_input": true}`` marker; see :meth:`end_input`).
 
         Returns:
-            The offset of the last batch acknowledged (the last durable offset), or ``-1`` when
-            ``data`` held no batch (nothing is sent).
+            The offset of the last entry acknowledged (the last durable offset), or ``-1`` when
+            ``data`` held no batch and no marker was asked for (nothing is sent).
 
         Raises:
             ValueError: ``batch_rows < 1``.
@@ -174,10 +210,68 @@ class FlightServeClient:
         batches = _rechunk(data, batch_rows)
         first = next(batches, None)
         if first is None:
+            if end_input and writer is not None:
+                return self.end_input(stream, writer=writer)
             return -1
-        writer, stream_reader = self._client.do_put(
-            flight.FlightDescriptor.for_path(stream), first.schema
+        markers = [_END_OF_INPUT] if end_input else []
+        return self._put(
+            stream, writer, first.schema, chain((first,), batches), markers, on_progress
         )
+
+    def advance_watermark(self, stream: str, watermark: datetime | int, *, writer: str) -> int:
+        """Advance ``writer``'s watermark on ``stream`` without sending rows.
+
+        Sends a metadata-only DoPut message ``{"watermark_ns": N}`` as ``writer`` ("no row
+        with an event time before ``watermark`` will follow from this writer"). The server
+        stores it as a marker in the stream (it gets an offset, like a batch) and pipelines
+        reading the stream raise that partition's watermark to it (never lower it).
+
+        Args:
+            watermark: an instant (a naive datetime is UTC) or ns since the Unix epoch.
+
+        Returns:
+            The marker's offset, once it is durable.
+
+        Raises:
+            pyarrow.ArrowKeyError: NOT_FOUND: the stream does not exist.
+            pyarrow.ArrowInvalid: INVALID_ARGUMENT: a bad stream or writer name.
+        """
+        ns = watermark if isinstance(watermark, int) else _datetime_ns(watermark)
+        return self._put_markers(stream, writer, [{"watermark_ns": ns}])
+
+    def end_input(self, stream: str, *, writer: str) -> int:
+        """End ``writer``'s partition of ``stream`` for good (``{"end_of_input": true}``).
+
+        A writer's DoPut finishing does not end its partition (the writer may come back); this
+        does: pipelines reading the stream take the partition's watermark to +∞, and a
+        pipeline run with a ``flight`` source ends once every writer it knows has ended.
+
+        Returns:
+            The marker's offset, once it is durable.
+
+        Raises:
+            pyarrow.ArrowKeyError: NOT_FOUND: the stream does not exist.
+        """
+        return self._put_markers(stream, writer, [_END_OF_INPUT])
+
+    def _put_markers(self, stream: str, writer: str, markers: list[dict[str, Any]]) -> int:
+        result: Any = self._client.get_schema(flight.FlightDescriptor.for_path(stream))
+        schema: pa.Schema = result.schema  # a SchemaResult (the stubs say Schema)
+        return self._put(stream, writer, schema, iter(()), markers, None)
+
+    def _put(
+        self,
+        stream: str,
+        writer_name: str | None,
+        schema: pa.Schema,
+        batches: Iterator[pa.RecordBatch],
+        markers: list[dict[str, Any]],
+        on_progress: Callable[[int], None] | None,
+    ) -> int:
+        """DoPut ``batches`` then ``markers`` (metadata-only messages); wait for every
+        PutResult; return the last offset."""
+        path = [stream] if writer_name is None else [stream, writer_name]
+        writer, stream_reader = self._client.do_put(flight.FlightDescriptor.for_path(*path), schema)
         # pyarrow returns a FlightMetadataReader here; the stubs say FlightStreamReader.
         reader = cast(flight.FlightMetadataReader, stream_reader)
         written = 0
@@ -202,11 +296,14 @@ class FlightServeClient:
                 on_progress(acked_rows)
 
         try:
-            for batch in chain((first,), batches):
+            for batch in batches:
                 writer.write_batch(batch)
                 written += 1
                 while written - acked > MAX_UNACKED_BATCHES:
                     read_ack()
+            for marker in markers:
+                writer.write_metadata(pa.py_buffer(json.dumps(marker).encode()))
+                written += 1
             writer.done_writing()
             while acked < written:
                 read_ack()
@@ -325,17 +422,32 @@ class FlightServeClient:
         """Follow ``stream`` live from ``offset``: yield ``(offset, batch)`` for every batch,
         the existing ones first, then each new one as it is appended.
 
-        The ticket comes from action ``stream.tail`` ``{"stream", "offset"}``; each DoGet batch
-        carries app_metadata ``{"offset": int}``. The server splits a stored batch above 4 MiB
+        Markers (explicit watermarks, end of input) are left out: :meth:`tail_entries` yields
+        them too, with the writer of every entry. The server splits a stored batch above 4 MiB
         into consecutive pieces that share its offset, so one offset may be yielded several
         times, each time with the next rows. The iterator ends when the server ends the tail
         (the stream was dropped or re-created, or the server shut down); closing it early
-        cancels the call.
+        cancels the call. Reconnection and errors: see :meth:`tail_entries`.
+        """
+        for entry in self.tail_entries(stream, offset, reconnect=reconnect):
+            if entry.batch is not None:
+                yield entry.offset, entry.batch
+
+    def tail_entries(
+        self, stream: str, offset: int = 0, *, reconnect: bool = True
+    ) -> Iterator[TailEntry]:
+        """Follow ``stream`` live from ``offset``: yield a :class:`TailEntry` for every batch
+        and marker, with its writer, the existing ones first, then each new one as it comes.
+
+        The ticket comes from action ``stream.tail`` ``{"stream", "offset"}``; each DoGet
+        message carries app_metadata ``{"offset", "writer"}`` (a batch), or, on a message
+        without rows, ``{"offset", "writer", "watermark_ns"}`` / ``{"offset", "writer",
+        "end_of_input": true}`` (a marker).
 
         With ``reconnect``, a dropped connection (:class:`pyarrow.flight.FlightUnavailableError`)
         asks for a new tail ticket from the last offset seen and skips the rows of that offset
-        already yielded (the contract's "offset + 1", made safe for split batches), so no row is
-        yielded twice or skipped; up to :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row,
+        already yielded (the contract's "offset + 1", made safe for split batches), so no entry
+        is yielded twice or skipped; up to :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row,
         pausing with doubling delays (:data:`TAIL_BACKOFF_S`).
 
         Raises:
@@ -344,7 +456,7 @@ class FlightServeClient:
             pyarrow.ArrowInvalid: INVALID_ARGUMENT: a negative offset or a bad stream name.
             pyarrow.flight.FlightUnavailableError: the connection dropped and ``reconnect`` is
                 off, or every reconnection attempt failed.
-            ProtocolError: a batch without a JSON ``{"offset": int}``.
+            ProtocolError: a message without a JSON ``{"offset": int}``.
         """
         position = offset  # the offset to ask from when (re)connecting
         delivered = 0  # rows of batch ``position`` already yielded
@@ -361,10 +473,23 @@ class FlightServeClient:
                     batch = chunk.data
                     if batch is None:
                         continue
-                    message = decode_json(chunk.app_metadata, "tail batch")
-                    batch_offset = decode_int(message, "offset", "tail batch")
+                    message = decode_json(chunk.app_metadata, "tail message")
+                    entry_offset = decode_int(message, "offset", "tail message")
+                    writer = message.get("writer")
+                    writer = writer if isinstance(writer, str) else ""
                     failures = 0
-                    if batch_offset == position:
+                    if "watermark_ns" in message or message.get("end_of_input") is True:
+                        position, delivered, skip = entry_offset + 1, 0, 0
+                        watermark = message.get("watermark_ns")
+                        yield TailEntry(
+                            entry_offset,
+                            writer,
+                            None,
+                            watermark if isinstance(watermark, int) else None,
+                            message.get("end_of_input") is True,
+                        )
+                        continue
+                    if entry_offset == position:
                         if skip and skip >= batch.num_rows:
                             skip -= batch.num_rows  # yielded before the reconnection
                             continue
@@ -373,8 +498,8 @@ class FlightServeClient:
                             skip = 0
                         delivered += batch.num_rows
                     else:
-                        position, delivered, skip = batch_offset, batch.num_rows, 0
-                    yield batch_offset, batch
+                        position, delivered, skip = entry_offset, batch.num_rows, 0
+                    yield TailEntry(entry_offset, writer, batch)
                 return
             except flight.FlightUnavailableError:
                 if not reconnect or failures >= TAIL_RECONNECT_ATTEMPTS:
@@ -594,3 +719,17 @@ def _command(sql: str) -> flight.FlightDescriptor:
 def _uri_bytes(location: flight.Location | str | bytes) -> bytes:
     uri = location.uri if isinstance(location, flight.Location) else location
     return uri if isinstance(uri, bytes) else uri.encode()
+
+
+_END_OF_INPUT: dict[str, Any] = {"end_of_input": True}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _datetime_ns(value: datetime) -> int:
+    """Nanoseconds since the Unix epoch (a naive datetime is UTC), exact.
+
+    >>> _datetime_ns(datetime(1970, 1, 1, 0, 0, 1, 5))
+    1000005000
+    """
+    delta: timedelta = (value if value.tzinfo else value.replace(tzinfo=UTC)) - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000

@@ -27,6 +27,7 @@ read) or :class:`~flight_serve.errors.QueryError` (DataFusion fails on a batch).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ import sqlglot
 from sqlglot import exp
 
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
+from flight_serve.connectors.flight import DEFAULT_SERVER, FlightSink, FlightSource, SourceEvent
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import Emission, WindowOperator
 from flight_serve.engine.windows import (
@@ -59,12 +61,22 @@ __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
 
 #: Connectors of embedded runs and the options each takes, by role.
 CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
-    "source": {"file": ("connector", "path", "format", "batch_rows", "delimiter")},
+    "source": {
+        "file": ("connector", "path", "format", "batch_rows", "delimiter"),
+        "flight": ("connector", "server", "stream", "start_offset", "stop_at_end"),
+    },
     "table": {"file": ("connector", "path", "format", "delimiter")},
-    "sink": {"file": ("connector", "path", "format"), "stdout": ("connector", "format")},
+    "sink": {
+        "file": ("connector", "path", "format"),
+        "stdout": ("connector", "format"),
+        "flight": ("connector", "server", "stream", "writer"),
+    },
 }
 #: Connectors of DESIGN §5 that only the server will run.
-_SERVER_CONNECTORS = ("flight", "iceberg", "falkordb", "plugin")
+_SERVER_CONNECTORS = ("iceberg", "falkordb", "plugin")
+#: How often (seconds) windowed queries re-check idle partitions while a live source is quiet:
+#: a quarter of the smallest ``idle_timeout``, within these bounds.
+_TICK_BOUNDS_S = (0.01, 0.5)
 _EXTENSION = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
 _INPUT = "__input"
 
@@ -196,11 +208,16 @@ class _Sink:
     path: Path | None
     schema: pa.Schema | None = None
     fed_by: list[str] = field(default_factory=list)
-    writer: FileSink | StdoutSink | None = None
+    writer: FileSink | StdoutSink | FlightSink | None = None
     rows: int = 0
+    #: flight sinks: (server, stream, writer)
+    flight: tuple[str, str, str] | None = None
 
     @property
     def target(self) -> str:
+        if self.flight is not None:
+            server, stream, writer = self.flight
+            return f"{server} stream {stream} (writer {writer})"
         return str(self.path) if self.path is not None else "stdout"
 
 
@@ -225,6 +242,15 @@ class _Node:
 
     def on_end(self, partition: str) -> None:
         raise NotImplementedError
+
+    def on_partition(self, partition: str) -> None:
+        """A partition that appeared after the start (a new writer of a live source)."""
+
+    def on_watermark(self, partition: str, watermark_ns: int) -> None:
+        """An explicit watermark of ``partition`` (a writer's watermark marker)."""
+
+    def on_backlog(self, partition: str, backlog: bool) -> None:
+        """Whether ``partition`` has unread input (then it is never idle)."""
 
     def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
         if batch is None or not batch.num_rows:
@@ -256,6 +282,20 @@ class _WindowNode(_Node):
     def on_end(self, partition: str) -> None:
         self.op.set_backlog(partition, False)
         self.handle(self.op.finish(partition))
+
+    def on_partition(self, partition: str) -> None:
+        self.op.add_partition(partition)
+
+    def on_watermark(self, partition: str, watermark_ns: int) -> None:
+        self.handle(self.op.advance_watermark(partition, watermark_ns))
+
+    def on_backlog(self, partition: str, backlog: bool) -> None:
+        self.op.set_backlog(partition, backlog)
+
+    def tick(self) -> None:
+        """Re-evaluate idle partitions now (live sources) and fire what that closes."""
+        if not self.finished:
+            self.handle(self.op.tick())
 
     def finish_all(self) -> None:
         if not self.finished:
@@ -313,6 +353,19 @@ class _RowNode(_Node):
     def on_end(self, partition: str) -> None:
         if self.output is not None:
             self.runtime.end(self.output, partition)
+
+    # a per-row query keeps its input's partitions: pass their progress on
+    def on_partition(self, partition: str) -> None:
+        if self.output is not None:
+            self.runtime.add_partition(self.output, partition)
+
+    def on_watermark(self, partition: str, watermark_ns: int) -> None:
+        if self.output is not None:
+            self.runtime.advance(self.output, partition, watermark_ns)
+
+    def on_backlog(self, partition: str, backlog: bool) -> None:
+        if self.output is not None:
+            self.runtime.set_backlog(self.output, partition, backlog)
 
 
 def _table_name(name: str) -> str:
@@ -376,6 +429,7 @@ class PipelineRuntime:
         self.output_dir = output_dir if output_dir is not None else Path.cwd()
         self.streams: dict[str, _Stream] = {}
         self.sources: dict[str, FileSource] = {}
+        self.flight_sources: dict[str, FlightSource] = {}
         self.table_sources: dict[str, FileSource] = {}
         self.tables: dict[str, pa.Table] = {}
         self.nodes: list[_Node] = []
@@ -394,6 +448,11 @@ class PipelineRuntime:
             except ConnectorError as exc:
                 raise sql_error(f"CREATE TABLE {relation.name}: {exc}", relation.node.this) from exc
         for relation in plan.sources.values():
+            if self._connector(relation.connector, "source", f"SOURCE {relation.name}") == "flight":
+                live = self._flight_source(relation)
+                self.flight_sources[relation.name] = live
+                self.streams[relation.name] = _Stream(relation.name, live.schema, live.partitions)
+                continue
             source = self._file_source(relation, "source")
             self.sources[relation.name] = source
             try:
@@ -471,6 +530,47 @@ class PipelineRuntime:
         except ConnectorError as exc:
             raise sql_error(f"{what}: {exc}", relation.node.this) from exc
 
+    def _flight_source(self, relation: RelationDef) -> FlightSource:
+        options = relation.connector
+        server = options["server"].text if "server" in options else DEFAULT_SERVER
+        stream = options["stream"].text if "stream" in options else relation.name
+        start_offset = 0
+        if "start_offset" in options:
+            option = options["start_offset"]
+            try:
+                start_offset = int(option.text)
+            except ValueError:
+                raise option.error(f"expected a whole number, got {option.text!r}") from None
+            if start_offset < 0:
+                raise option.error(f"must be at least 0, got {start_offset}")
+        stop_at_end = False
+        if "stop_at_end" in options:
+            option = options["stop_at_end"]
+            if option.text.lower() not in ("true", "false"):
+                raise option.error(f"expected 'true' or 'false', got {option.text!r}")
+            stop_at_end = option.text.lower() == "true"
+        try:
+            source = FlightSource(
+                server,
+                stream,
+                schema=relation.columns,
+                start_offset=start_offset,
+                stop_at_end=stop_at_end,
+            )
+        except ConnectorError as exc:
+            raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
+        if (
+            relation.time_column is not None
+            and source.schema.get_field_index(relation.time_column) < 0
+        ):
+            source.close()
+            raise sql_error(
+                f"WATERMARK FOR {relation.time_column}: stream {stream} has no such column "
+                f"(columns: {', '.join(source.schema.names)})",
+                relation.node.this,
+            )
+        return source
+
     def _sink(self, sink: SinkDef) -> _Sink:
         what = f"SINK {sink.name}"
         connector = self._connector(sink.connector, "sink", what)
@@ -478,6 +578,11 @@ class PipelineRuntime:
         fmt = options["format"].text.lower() if "format" in options else None
         if connector == "stdout":
             return _Sink(sink, connector, fmt or "table", None)
+        if connector == "flight":
+            server = options["server"].text if "server" in options else DEFAULT_SERVER
+            stream = options["stream"].text if "stream" in options else sink.name
+            writer = options["writer"].text if "writer" in options else sink.name
+            return _Sink(sink, connector, "arrow", None, flight=(server, stream, writer))
         if "path" in options:
             path = Path(options["path"].text).expanduser()
             path = path if path.is_absolute() else self.output_dir / path
@@ -559,6 +664,50 @@ class PipelineRuntime:
         for node in stream.consumers:
             node.on_end(partition)
 
+    def add_partition(self, stream: _Stream, partition: str) -> None:
+        """A new partition of ``stream`` (a live source's new writer): it holds the watermark
+        of every windowed query reading ``stream`` back from now on."""
+        if partition not in stream.partitions:
+            stream.partitions = (*stream.partitions, partition)
+        for node in stream.consumers:
+            node.on_partition(partition)
+
+    def advance(self, stream: _Stream, partition: str, watermark_ns: int) -> None:
+        """An explicit watermark of ``partition`` for every query reading ``stream``."""
+        for node in stream.consumers:
+            node.on_watermark(partition, watermark_ns)
+
+    def set_backlog(self, stream: _Stream, partition: str, backlog: bool) -> None:
+        """Whether ``partition`` of ``stream`` has unread input."""
+        for node in stream.consumers:
+            node.on_backlog(partition, backlog)
+
+    def _live_event(self, stream: _Stream, event: SourceEvent) -> None:
+        """Hand one event of a live (flight) source to the queries reading ``stream``."""
+        if event.kind == "batch":
+            assert event.batch is not None
+            self.push(stream, event.partition, event.batch)
+        elif event.kind == "partition":
+            self.add_partition(stream, event.partition)
+            self.set_backlog(stream, event.partition, self.flight_sources[stream.name].backlog)
+        elif event.kind == "watermark":
+            assert event.watermark_ns is not None
+            self.advance(stream, event.partition, event.watermark_ns)
+        elif event.kind == "end":
+            self.end(stream, event.partition)
+        else:  # backlog: the tail has unread entries, and they may hold any writer's rows
+            for partition in stream.partitions:
+                self.set_backlog(stream, partition, event.backlog)
+
+    def _tick_s(self) -> float:
+        timeouts = [
+            n.op.config.idle_timeout.total_seconds()
+            for n in self.nodes
+            if isinstance(n, _WindowNode) and n.op.config.idle_timeout is not None
+        ]
+        low, high = _TICK_BOUNDS_S
+        return min(max(min(timeouts) / 4, low), high) if timeouts else high
+
     def deliver(self, sink: str, batch: pa.RecordBatch) -> None:
         """Write ``batch`` to ``sink`` (and queue it for :meth:`run`'s caller when collecting)."""
         slot = self.sinks[sink]
@@ -575,6 +724,8 @@ class PipelineRuntime:
             try:
                 if slot.connector == "stdout":
                     slot.writer = StdoutSink(slot.definition.name, slot.schema, slot.format)
+                elif slot.flight is not None:
+                    slot.writer = FlightSink(*slot.flight[:2], slot.schema, slot.flight[2])
                 else:
                     assert slot.path is not None
                     slot.writer = FileSink(slot.path, slot.format, slot.schema)
@@ -604,12 +755,25 @@ class PipelineRuntime:
         try:
             for node in self.nodes:
                 node.start()
+            live = [
+                (self.streams[name], source)
+                for name, source in self.flight_sources.items()
+                if self.streams[name].consumers
+            ]
+            for stream, source in live:
+                for partition, watermark_ns in source.initial_watermarks.items():
+                    self.advance(stream, partition, watermark_ns)
+                for partition in stream.partitions:
+                    self.set_backlog(stream, partition, source.backlog)
+                source.start()
             readers: list[tuple[_Stream, Iterator[tuple[str, pa.RecordBatch | None]]]] = [
                 (self.streams[name], source.round_robin())
                 for name, source in self.sources.items()
                 if self.streams[name].consumers
             ]
-            while readers:
+            tick_s = self._tick_s()
+            next_tick = time.monotonic() + tick_s
+            while readers or live:
                 still = []
                 for stream, reader in readers:
                     event = next(reader, None)
@@ -624,12 +788,32 @@ class PipelineRuntime:
                         yield self._pending.popleft()
                     still.append((stream, reader))
                 readers = still
+                for stream, source in live:
+                    # a live source waits for its next entries only when no file is left to read
+                    wait = 0.0 if readers else max(next_tick - time.monotonic(), 0.0) / len(live)
+                    for live_event in source.poll(wait):
+                        self._live_event(stream, live_event)
+                        while self._pending:
+                            yield self._pending.popleft()
+                live = [(stream, source) for stream, source in live if not source.done]
+                if time.monotonic() >= next_tick:
+                    for node in self.nodes:
+                        if isinstance(node, _WindowNode):
+                            node.tick()
+                    while self._pending:
+                        yield self._pending.popleft()
+                    next_tick = time.monotonic() + tick_s
             for node in self.nodes:
                 if isinstance(node, _WindowNode):
                     node.finish_all()
             while self._pending:
                 yield self._pending.popleft()
+            for slot in self.sinks.values():  # the run reached the end of its input
+                if isinstance(slot.writer, FlightSink):
+                    slot.writer.end_input()
         finally:
+            for source in self.flight_sources.values():
+                source.close()
             for slot in self.sinks.values():
                 if slot.writer is not None:
                     slot.writer.close()
@@ -681,6 +865,36 @@ class PipelineRuntime:
             out.append(f"  options: {_options_text(relation.options)}")
             if not stream.consumers:
                 out.append("  not read by any query")
+        for name, live in self.flight_sources.items():
+            relation = plan.sources[name]
+            stream = self.streams[name]
+            out += ["", f"SOURCE {name}{_at(relation.node)}"]
+            out.append(
+                f"  connector flight, server {live.server}, stream {live.stream}, from offset "
+                f"{live.start_offset}; "
+                + (
+                    f"stop_at_end: reads up to offset {live.end_offset} (the stream's end now), "
+                    "then every writer ends"
+                    if live.stop_at_end
+                    else "runs until every writer it knows has sent end_of_input"
+                )
+            )
+            out.append(
+                f"  partitions: one per DoPut writer; known now ({len(stream.partitions)}): "
+                + (", ".join(stream.partitions) or "none")
+            )
+            out.append(f"  columns: {_columns_text(stream.schema)}")
+            if relation.time_column is not None:
+                bound = _duration(relation.options.max_out_of_orderness)
+                out.append(
+                    f"  watermark: W_p = max(max({relation.time_column}) - {bound}, the writer's "
+                    "watermark markers) per writer; W = min over writers neither ended nor idle, "
+                    "never decreasing; end_of_input sets W_p = +inf"
+                )
+            out.append(f"  options: {_options_text(relation.options)}")
+            if not stream.consumers:
+                out.append("  not read by any query")
+            live.close()
         for name, table_source in self.table_sources.items():
             relation = plan.tables[name]
             out += ["", f"TABLE {name}{_at(relation.node)}"]
@@ -695,6 +909,11 @@ class PipelineRuntime:
             out += ["", f"SINK {name}{_at(slot.definition.node)}"]
             if slot.connector == "stdout":
                 out.append(f"  connector stdout, format {slot.format}: rows printed as they arrive")
+            elif slot.flight is not None:
+                out.append(
+                    f"  connector flight -> {slot.target}: one DoPut for the run, each batch "
+                    "acknowledged (durable) before the next; end_of_input when the run ends"
+                )
             else:
                 out.append(
                     f"  connector file, format {slot.format} -> {slot.path} (one file per run, "
