@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where relative sink paths start (default: the working directory)",
     )
+    _add_checkpoint_arguments(run)
     explain = sub.add_parser(
         "explain", help="print a pipeline's plan: sources, watermarks, windows, SQL, sinks"
     )
@@ -66,7 +67,132 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_pipeline(path: Path, output_dir: Path | None, explain_only: bool) -> int:
+def _add_checkpoint_arguments(run: argparse.ArgumentParser) -> None:
+    group = run.add_argument_group(
+        "checkpoints (docs/operations.md)",
+        "on when the pipeline SETs checkpoint_interval or checkpoint_every, or with these flags; "
+        "a checkpointed run resumes the newest checkpoint of an unfinished run by default",
+    )
+    group.add_argument(
+        "--checkpoint-interval",
+        metavar="DURATION",
+        default=None,
+        help="a checkpoint every DURATION of processing time ('1s', '500ms')",
+    )
+    group.add_argument(
+        "--checkpoint-every",
+        metavar="N",
+        type=int,
+        default=None,
+        help="a checkpoint every N source batches (a file's end counts as one)",
+    )
+    group.add_argument(
+        "--state-root",
+        metavar="PATH_OR_URI",
+        default=None,
+        help="where checkpoints go: a path or a pyarrow.fs URI (default: "
+        "<output-dir>/checkpoints/<pipeline file stem>)",
+    )
+    which = group.add_mutually_exclusive_group()
+    which.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume the newest checkpoint of an unfinished run, else start (the default)",
+    )
+    which.add_argument(
+        "--fresh", action="store_true", help="delete the checkpoints and start from the beginning"
+    )
+    which.add_argument(
+        "--from-epoch",
+        metavar="N",
+        type=int,
+        default=None,
+        help="resume from checkpoint N (newer checkpoints are deleted)",
+    )
+
+
+def _checkpointing(args: argparse.Namespace) -> bool:
+    return any(
+        value is not None
+        for value in (args.checkpoint_interval, args.checkpoint_every, args.state_root)
+    ) or bool(args.from_epoch is not None)
+
+
+def _run_durable(path: Path, args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from flight_serve.embedded import Pipeline
+    from flight_serve.errors import FlightServeError, PipelineSQLError
+    from flight_serve.pipelines.dialect import duration_from_text
+    from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped, ResumeFrom
+
+    try:
+        plan = Pipeline.from_sql(path, output_dir=args.output_dir).plan
+        options = plan.run_options
+        if args.checkpoint_interval is not None:
+            interval = duration_from_text(args.checkpoint_interval)
+            options = replace(options, checkpoint_interval=interval)
+        if args.checkpoint_every is not None:
+            if args.checkpoint_every < 1:
+                raise PipelineSQLError("--checkpoint-every must be at least 1")
+            options = replace(options, checkpoint_every=args.checkpoint_every)
+        if not options.checkpoints:
+            raise PipelineSQLError(
+                "checkpoints need an interval: SET checkpoint_interval = '1s' (or "
+                "checkpoint_every = N) in the pipeline, or --checkpoint-interval / "
+                "--checkpoint-every"
+            )
+        resume: ResumeFrom = "latest"
+        if args.fresh:
+            resume = "fresh"
+        elif args.from_epoch is not None:
+            resume = int(args.from_epoch)
+        runtime = DurableRuntime(
+            plan,
+            name=path.stem,
+            options=options,
+            state_root=args.state_root,
+            output_dir=args.output_dir,
+            resume=resume,
+        )
+        if runtime.resumed_from is not None:
+            print(
+                f"flight-serve: {path}: resuming from checkpoint {runtime.resumed_from} "
+                f"({runtime.checkpoints.uri})",
+                file=sys.stderr,
+            )
+        for _ in runtime.run():
+            pass
+    except PipelineStopped:  # pragma: no cover  (nothing asks an embedded run to stop)
+        return 1
+    except (FlightServeError, OSError) as exc:
+        print(f"flight-serve: {path}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            f"flight-serve: {path}: interrupted; the next run resumes from checkpoint "
+            f"{runtime.epoch}",
+            file=sys.stderr,
+        )
+        return 130
+    summary = runtime.summary()
+    for name, rows in summary.rows.items():
+        print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
+    for label, rows in summary.late_rows.items():
+        if rows:
+            print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
+    for gap in runtime.gaps:
+        print(f"flight-serve: {path}: gap: {gap}", file=sys.stderr)
+    print(
+        f"checkpoints: last epoch {runtime.epoch} (finished) in {runtime.checkpoints.uri}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run_pipeline(
+    path: Path, output_dir: Path | None, explain_only: bool, args: argparse.Namespace | None = None
+) -> int:
     from flight_serve.embedded import Pipeline
     from flight_serve.errors import FlightServeError
 
@@ -75,6 +201,8 @@ def _run_pipeline(path: Path, output_dir: Path | None, explain_only: bool) -> in
         if explain_only:
             sys.stdout.write(pipeline.explain())
             return 0
+        if args is not None and (_checkpointing(args) or pipeline.plan.run_options.checkpoints):
+            return _run_durable(path, args)
         summary = pipeline.run()
     except (FlightServeError, OSError) as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
@@ -136,7 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(server=args.server, data_dir=args.data_dir, batch_rows=args.batch_rows)
     if args.command in ("run", "explain"):
-        return _run_pipeline(args.pipeline, args.output_dir, explain_only=args.command == "explain")
+        return _run_pipeline(
+            args.pipeline,
+            args.output_dir,
+            explain_only=args.command == "explain",
+            args=args if args.command == "run" else None,
+        )
     if args.command == "data":
         return _write_data(args.dataset, args.out)
     raise AssertionError(args.command)  # argparse enforces the choices

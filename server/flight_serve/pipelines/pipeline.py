@@ -47,6 +47,7 @@ from flight_serve.pipelines.query import (
     window_query_from_select,
     window_table_function,
 )
+from flight_serve.pipelines.run_options import RUN_OPTION_NAMES, RunOptions, apply_run_option
 
 __all__ = [
     "SETTING_NAMES",
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 #: Options of ``SET <option> = <value>`` (the pipeline's defaults).
-SETTING_NAMES = (*QUERY_OPTION_NAMES, "batch_rows")
+SETTING_NAMES = (*QUERY_OPTION_NAMES, "batch_rows", *RUN_OPTION_NAMES)
 _WINDOW_BOUNDS = ("window_start", "window_end")
 
 
@@ -175,6 +176,8 @@ class PipelinePlan:
         batch_rows: ``SET batch_rows``, the default rows per batch of file sources.
         sources, tables, sinks: by name.
         queries: views and inserts, in file order.
+        run_options: how it runs: checkpoints, failures (``SET checkpoint_interval`` …; see
+            :mod:`flight_serve.pipelines.run_options`).
     """
 
     text: str
@@ -187,6 +190,7 @@ class PipelinePlan:
     sinks: dict[str, SinkDef]
     queries: tuple[QueryDef, ...]
     views: dict[str, int] = field(default_factory=dict)
+    run_options: RunOptions = field(default_factory=RunOptions)
 
 
 # --- types ------------------------------------------------------------------------------------
@@ -380,6 +384,7 @@ class _Planner:
         self.base_dir = base_dir
         self.settings = QueryOptions()
         self.batch_rows: int | None = None
+        self.run_options = RunOptions()
         self.sources: dict[str, RelationDef] = {}
         self.tables: dict[str, RelationDef] = {}
         self.sinks: dict[str, SinkDef] = {}
@@ -405,6 +410,16 @@ class _Planner:
                         "SET sets pipeline options: put it before the other statements", statement
                     )
                 for item in statement.expressions:
+                    assign = item.this if isinstance(item, exp.SetItem) else item
+                    if (
+                        isinstance(assign, exp.EQ)
+                        and isinstance(assign.this, exp.Column | exp.Var)
+                        and assign.this.name.lower() in RUN_OPTION_NAMES
+                    ):
+                        self.run_options = apply_run_option(
+                            self.run_options, assign.this.name.lower(), assign.expression, item
+                        )
+                        continue
                     self.settings, self.batch_rows = _setting(item, self.settings, self.batch_rows)
                 continue
             started = True
@@ -435,6 +450,7 @@ class _Planner:
             sinks=self.sinks,
             queries=tuple(queries),
             views=dict(self.views),
+            run_options=self.run_options,
         )
 
     # --- CREATE -----------------------------------------------------------------------------

@@ -1,0 +1,361 @@
+"""Exactly-once sinks: a prepare / commit protocol per epoch (two-phase commit with the checkpoint).
+
+Every sink of a checkpointed run goes through the same steps for epoch ``e``:
+
+1. **write**: the rows of epoch ``e`` go to a place nobody reads as output yet;
+2. **prepare** (at the barrier, before the manifest is written): the epoch's rows are made
+   durable where a restore can find them, and the sink returns its **commit mark** for the
+   manifest;
+3. the checkpoint manifest of epoch ``e`` is written: from here on epoch ``e`` *is* committed;
+4. **commit**: the epoch's rows become visible output. A crash between 3 and 4 is repaired by the
+   next restore, which redoes the commit from the checkpoint (every commit is idempotent);
+5. **recover** (on restore from checkpoint ``r``): commit what ``r`` says is committed, throw away
+   everything of epochs after ``r``. The replay from ``r`` then produces those epochs again, so no
+   row is lost, and none is written twice.
+
+:class:`EpochFileSink` (the ``file`` connector)
+    Epoch ``e``'s rows are appended to ``<path>.parts/<e>.arrow.pending`` (an Arrow IPC file,
+    batches exactly as produced); prepare closes and ``fsync``-s it; commit renames it to
+    ``<e>.arrow``. Recovery renames the pending parts of epochs ``≤ r`` and deletes every part
+    of an epoch ``> r``. While the pipeline runs, its committed output is the parts in epoch order.
+    When the pipeline reaches the end of its input, :meth:`EpochFileSink.finalize` writes ``path``
+    in the sink's format (Parquet, CSV, JSON lines) from the parts, through the same writer as an
+    unchecked run (so the file is byte for byte what a straight run writes), moves it into place,
+    and removes the parts.
+
+:class:`EpochStreamSink` (a stream of the server)
+    Epoch ``e``'s batches are held in memory; prepare stages them in the checkpoint itself
+    (``sink-<name>.arrow``) with the commit mark (the stream offset after this sink's last
+    committed batch); commit appends them to the stream (each append durable). Recovery reads the
+    stream from the mark and matches the staged batches, in order, against what is there: a batch
+    already in the stream (a commit cut short by the crash, or a replay of an epoch committed after
+    the checkpoint it resumes from) is skipped, so the stream holds every result batch once.
+    The stream is the sink's own: a batch another writer appended is passed over, never taken
+    for ours unless it is identical to ours, column for column.
+
+Replay semantics, in one line: after a crash the output holds exactly the results of the epochs
+whose checkpoint completed, and the resumed run adds the rest, each once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from flight_serve.connectors.file import FileSink
+from flight_serve.errors import CheckpointError, ConnectorError
+
+__all__ = ["EpochFileSink", "EpochStreamSink", "StreamTarget", "read_ipc", "to_ipc"]
+
+_PART = re.compile(r"(\d{10})\.arrow(\.pending)?")
+
+
+def to_ipc(schema: pa.Schema, batches: list[pa.RecordBatch]) -> bytes:
+    """``batches`` as one Arrow IPC stream (batch boundaries kept)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def read_ipc(data: bytes) -> list[pa.RecordBatch]:
+    """The batches of an Arrow IPC stream (the inverse of :func:`to_ipc`)."""
+    return list(pa.ipc.open_stream(data))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class EpochFileSink:
+    """The file sink of a checkpointed run (see the module docstring).
+
+    Args:
+        name: the sink's name (for messages).
+        path: the output file.
+        format: ``parquet``, ``csv`` or ``jsonl``.
+        schema: the schema of every batch.
+        restored_epoch: the checkpoint the run resumes from, or ``None`` for a fresh run (which
+            removes the parts of any earlier run).
+        rows: rows committed before (from the checkpoint).
+        finished: the checkpoint resumed from is the finished one: only :meth:`finalize` is
+            left to do (if a crash interrupted it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        format: str,
+        schema: pa.Schema,
+        *,
+        restored_epoch: int | None,
+        rows: int = 0,
+        finished: bool = False,
+    ) -> None:
+        self.name = name
+        self.path = path
+        self.format = format
+        self.schema = schema
+        self.parts = path.with_name(path.name + ".parts")
+        self._done = path.with_name(path.name + ".parts.done")
+        self.rows = rows
+        self.epoch = (restored_epoch or 0) + 1  # the epoch being written
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._file: pa.NativeFile | None = None
+        self._epoch_rows = 0
+        self._prepared = False
+        try:
+            shutil.rmtree(self._done, ignore_errors=True)
+            if restored_epoch is None:
+                shutil.rmtree(self.parts, ignore_errors=True)
+            else:
+                self.recover(restored_epoch)
+            if not finished:  # the parts directory exists until the file is written
+                self.parts.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConnectorError(f"file sink {name}: cannot prepare {self.parts}: {exc}") from exc
+
+    def _part(self, epoch: int, pending: bool) -> Path:
+        return self.parts / f"{epoch:010d}.arrow{'.pending' if pending else ''}"
+
+    def recover(self, epoch: int) -> None:
+        """Commit the prepared parts of epochs ``≤ epoch``; delete every part after it."""
+        if not self.parts.is_dir():
+            return
+        for entry in sorted(self.parts.iterdir()):
+            match = _PART.fullmatch(entry.name)
+            if match is None:
+                entry.unlink()
+                continue
+            part_epoch, pending = int(match.group(1)), match.group(2) is not None
+            if part_epoch > epoch:
+                entry.unlink()
+            elif pending:
+                entry.rename(self._part(part_epoch, pending=False))
+        _fsync_dir(self.parts)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append ``batch`` to the current epoch's pending part."""
+        if not batch.num_rows:
+            return
+        if self._writer is None:
+            self._file = pa.OSFile(str(self._part(self.epoch, pending=True)), "wb")
+            self._writer = pa.ipc.new_file(self._file, self.schema)
+        self._writer.write_batch(batch)
+        self._epoch_rows += batch.num_rows
+
+    def _close_part(self, sync: bool) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            assert self._file is not None
+            self._file.close()
+            if sync:
+                fd = os.open(self._part(self.epoch, pending=True), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        self._writer = self._file = None
+
+    def prepare(self, epoch: int) -> dict[str, Any]:
+        """Make epoch ``epoch``'s part durable; return the commit mark for the manifest."""
+        assert epoch == self.epoch, (epoch, self.epoch)
+        self._close_part(sync=True)
+        self.rows += self._epoch_rows
+        self._prepared = self._epoch_rows > 0
+        self._epoch_rows = 0
+        self.epoch = epoch + 1  # rows from now on belong to the next epoch
+        return {"kind": "file", "path": str(self.path), "through_epoch": epoch, "rows": self.rows}
+
+    def commit(self, epoch: int) -> None:
+        """Epoch ``epoch`` is in a complete checkpoint: publish its part."""
+        if self._prepared:
+            self._part(epoch, pending=True).rename(self._part(epoch, pending=False))
+            _fsync_dir(self.parts)
+        self._prepared = False
+
+    def committed_parts(self) -> Iterator[Path]:
+        """The committed parts, in epoch order."""
+        if self.parts.is_dir():
+            for entry in sorted(self.parts.iterdir()):
+                match = _PART.fullmatch(entry.name)
+                if match is not None and match.group(2) is None:
+                    yield entry
+
+    def finalize(self) -> None:
+        """The pipeline reached the end of its input and its last epoch is committed: write
+        ``path`` from the parts (as an unchecked run writes it), then remove the parts.
+
+        Idempotent: a crash in the middle is finished by the next restore of the final
+        checkpoint.
+        """
+        if not self.parts.is_dir():
+            return  # finalized already
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        writer = FileSink(tmp, self.format, self.schema)
+        try:
+            for part in self.committed_parts():
+                with pa.memory_map(str(part)) as source:
+                    reader = pa.ipc.open_file(source)
+                    for i in range(reader.num_record_batches):
+                        writer.write(reader.get_batch(i))
+        finally:
+            writer.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
+        self.parts.rename(self._done)  # the parts are spent: a crash from here on is harmless
+        _fsync_dir(self.path.parent)
+        shutil.rmtree(self._done, ignore_errors=True)
+
+    def close(self) -> None:
+        """Close the current part without committing it (a failed or stopped run)."""
+        with contextlib.suppress(OSError, pa.ArrowException):
+            self._close_part(sync=False)
+
+
+class StreamTarget(Protocol):
+    """A stream an :class:`EpochStreamSink` appends to (the server's store, directly)."""
+
+    @property
+    def name(self) -> str:
+        """The stream name."""
+
+    def incarnation(self) -> str | None:
+        """The stream's incarnation (``None`` if it does not exist)."""
+
+    def next_offset(self) -> int:
+        """The offset the next entry gets (0 if the stream does not exist)."""
+
+    def entries(self, start: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """``(offset, batch)`` of the batches from ``start`` on that may be this sink's."""
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Append ``batch`` durably; return its offset."""
+
+
+def _same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
+    if a.num_rows != b.num_rows or a.schema.names != b.schema.names:
+        return False
+    return all(x.equals(y) for x, y in zip(a.columns, b.columns, strict=True))
+
+
+class EpochStreamSink:
+    """The stream sink of a checkpointed run (see the module docstring).
+
+    Args:
+        name: the sink's name; its staged output is the checkpoint file ``sink-<name>.arrow``.
+        target: the stream.
+        schema: the schema of every batch.
+        mark: from the checkpoint resumed from, the commit mark (``None`` for a fresh run: the
+            stream's end now).
+        incarnation: from the checkpoint, the stream's incarnation then (``None``: it did not
+            exist yet).
+        rows: rows committed before (from the checkpoint).
+
+    Raises:
+        CheckpointError: the stream was dropped and re-created since the checkpoint.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        target: StreamTarget,
+        schema: pa.Schema,
+        *,
+        mark: int | None = None,
+        incarnation: str | None = None,
+        rows: int = 0,
+    ) -> None:
+        self.name = name
+        self.target = target
+        self.schema = schema
+        self.rows = rows
+        self.file = f"sink-{name}.arrow"
+        self._buffer: list[pa.RecordBatch] = []
+        self._staged: list[pa.RecordBatch] = []
+        self._tail: list[tuple[int, pa.RecordBatch]] = []
+        self.skipped = 0  # batches found in the stream already (not appended again)
+        now = target.incarnation()
+        if mark is None:
+            self.mark, self.incarnation = target.next_offset(), now
+            return
+        if incarnation is not None and now != incarnation:
+            raise CheckpointError(
+                f"sink {name}: stream {target.name!r} was dropped or re-created since the "
+                f"checkpoint (incarnation {incarnation}, now {now or 'none'}); its committed "
+                "results are gone: start the pipeline over (--fresh, or cancel and submit again)"
+            )
+        self.mark, self.incarnation = mark, now
+        if now is not None:
+            self._tail = list(target.entries(mark))
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether rows wait for the next checkpoint."""
+        return bool(self._buffer)
+
+    def recover(self, staged: list[pa.RecordBatch]) -> None:
+        """Redo the commit of the checkpoint resumed from (its staged batches)."""
+        self._staged = staged
+        self._commit_staged()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Hold ``batch`` for the current epoch."""
+        if batch.num_rows:
+            self._buffer.append(batch)
+
+    def prepare(self, epoch: int, files: dict[str, bytes]) -> dict[str, Any]:
+        """Stage the epoch's batches in the checkpoint (``files``); return the commit mark."""
+        self._staged, self._buffer = self._buffer, []
+        self.rows += sum(b.num_rows for b in self._staged)
+        entry: dict[str, Any] = {
+            "kind": "stream",
+            "stream": self.target.name,
+            "incarnation": self.incarnation,
+            "mark": self.mark,
+            "rows": self.rows,
+            "staged": None,
+        }
+        if self._staged:
+            files[self.file] = to_ipc(self.schema, self._staged)
+            entry["staged"] = self.file
+        return entry
+
+    def commit(self, epoch: int) -> None:
+        """Epoch ``epoch`` is in a complete checkpoint: append its batches to the stream."""
+        self._commit_staged()
+
+    def _commit_staged(self) -> None:
+        for batch in self._staged:
+            found = next(
+                (i for i, (_, old) in enumerate(self._tail) if _same_rows(old, batch)), None
+            )
+            if found is not None:  # committed before the crash: skip it
+                self.mark = self._tail[found][0] + 1
+                self._tail = self._tail[found + 1 :]
+                self.skipped += 1
+                continue
+            self._tail = []  # ours are appended in order: nothing later can be ours
+            self.mark = self.target.append(batch) + 1
+            if self.incarnation is None:
+                self.incarnation = self.target.incarnation()
+        self._staged = []
+
+    def close(self) -> None:
+        """Drop what was not committed (it is replayed from the last checkpoint)."""
+        self._buffer = []
+        self._staged = []
