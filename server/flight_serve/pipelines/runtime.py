@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Protocol
 
 import datafusion
 import pyarrow as pa
@@ -185,6 +186,32 @@ def _partial_sql(merge_sql: str) -> str:
 
 def _indent(text: str, spaces: int = 4) -> str:
     return "\n".join(" " * spaces + line for line in text.splitlines())
+
+
+class LiveSource(Protocol):
+    """What the run loop needs of a live source: :class:`~flight_serve.connectors.flight.FlightSource`
+    (a stream over Flight), or a server pipeline's stream read from the store directly."""
+
+    schema: pa.Schema
+    partitions: tuple[str, ...]
+    initial_watermarks: dict[str, int]
+    server: str
+    stream: str
+    start_offset: int
+    stop_at_end: bool
+    end_offset: int
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def backlog(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]: ...
+
+    def close(self) -> None: ...
 
 
 # --- the graph --------------------------------------------------------------------------------
@@ -429,7 +456,7 @@ class PipelineRuntime:
         self.output_dir = output_dir if output_dir is not None else Path.cwd()
         self.streams: dict[str, _Stream] = {}
         self.sources: dict[str, FileSource] = {}
-        self.flight_sources: dict[str, FlightSource] = {}
+        self.flight_sources: dict[str, LiveSource] = {}
         self.table_sources: dict[str, FileSource] = {}
         self.tables: dict[str, pa.Table] = {}
         self.nodes: list[_Node] = []
@@ -530,7 +557,7 @@ class PipelineRuntime:
         except ConnectorError as exc:
             raise sql_error(f"{what}: {exc}", relation.node.this) from exc
 
-    def _flight_source(self, relation: RelationDef) -> FlightSource:
+    def _flight_source(self, relation: RelationDef) -> LiveSource:
         options = relation.connector
         server = options["server"].text if "server" in options else DEFAULT_SERVER
         stream = options["stream"].text if "stream" in options else relation.name
