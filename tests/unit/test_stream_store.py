@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import struct
 import threading
 import time
@@ -10,6 +12,7 @@ import zlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -19,7 +22,7 @@ from flight_serve.errors import (
     StreamNameError,
     StreamNotFoundError,
 )
-from flight_serve.store import StreamStore
+from flight_serve.store import StreamStore, streams
 
 
 def _batch(xs: list[int], names: list[str] | None = None) -> pa.RecordBatch:
@@ -309,3 +312,186 @@ def test_frames_are_what_the_module_docstring_says(store: StreamStore, tmp_path:
     raw = _segments(tmp_path, "t")[0].read_bytes()
     body = batch.serialize().to_pybytes()
     assert raw == b"FSF1" + struct.pack("<QQI", len(body), 2, zlib.crc32(body)) + body
+
+
+# --- group commit, O_DIRECT frames, write and sync failures -----------------------------------
+
+
+def _big_batch(start: int, rows: int = 200_000) -> pa.RecordBatch:
+    """About 2.4 MB of Arrow: above the O_DIRECT threshold (1 MiB)."""
+    xs = list(range(start, start + rows))
+    return pa.record_batch(
+        {"x": pa.array(xs, pa.int64()), "name": pa.array([f"n{x % 1000}" for x in xs])}
+    )
+
+
+def test_a_written_batch_is_invisible_until_committed_and_one_sync_covers_many(
+    store: StreamStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs: list[int] = []
+    real_sync = streams._sync
+
+    def counted(fd: int) -> None:
+        syncs.append(fd)
+        real_sync(fd)
+
+    monkeypatch.setattr(streams, "_sync", counted)
+    store.append("t", _batch([0]))
+    syncs.clear()
+
+    pending = [store.write("t", _batch([i])) for i in (1, 2)]
+    pending.append(store.write("t", _big_batch(3)))
+    assert [p.offset for p in pending] == [1, 2, 3]
+    assert store.info("t").next_offset == 1  # staged, not durable: not visible
+    assert [o for o, _ in store.read("t")] == [0]
+    assert store.wait_for("t", 1, timeout_s=0.0) is False
+    assert syncs == []
+
+    assert store.commit(pending[2]) == 3  # the last one: a single fdatasync covers all three
+    assert len(syncs) == 1
+    assert [store.commit(p) for p in pending[:2]] == [1, 2]  # already durable: no sync
+    assert len(syncs) == 1
+    info = store.info("t")
+    assert (info.next_offset, info.num_rows) == (4, 3 + 200_000)
+    assert [b.num_rows for b in store.batches("t")] == [1, 1, 1, 200_000]
+
+
+def test_fsync_never_makes_a_write_visible_at_once(tmp_path: Path) -> None:
+    with StreamStore(tmp_path, fsync="never") as store:
+        pending = store.write("t", _big_batch(0))
+        assert store.info("t").next_offset == 1
+        assert store.commit(pending) == 0
+
+
+def test_large_frames_are_page_aligned_and_survive_a_reopen(tmp_path: Path) -> None:
+    expected = [_batch([1]), _big_batch(0), _big_batch(7), _batch([2, 3]), _big_batch(9)]
+    with StreamStore(tmp_path) as store:
+        for i, batch in enumerate(expected):
+            assert store.append("t", batch) == i
+        assert store.direct_io  # this file system takes O_DIRECT
+        assert all(b.equals(e) for b, e in zip(store.batches("t"), expected, strict=True))
+        info = store.info("t")
+    (segment,) = _segments(tmp_path, "t")
+    raw = segment.read_bytes()
+    position, ends = 0, []
+    while position < len(raw):  # walk the frames as recovery does
+        magic, body_len, _, crc = struct.unpack_from("<4sQQI", raw, position)
+        assert magic == b"FSF1"
+        body = raw[position + 24 : position + 24 + body_len]
+        assert zlib.crc32(body) == crc  # the CRC covers the zero padding too
+        position += 24 + body_len
+        ends.append(position)
+    # A large frame ends on a 4 KiB boundary (its body is the IPC message plus zero padding).
+    assert [end % 4096 == 0 for end in ends] == [False, True, True, False, True]
+    with StreamStore(tmp_path) as store:
+        assert store.info("t") == info
+        assert all(b.equals(e) for b, e in zip(store.batches("t"), expected, strict=True))
+
+
+def test_a_torn_large_frame_is_truncated_on_open(tmp_path: Path) -> None:
+    with StreamStore(tmp_path) as store:
+        store.append("t", _batch([1]))
+        store.append("t", _big_batch(0))
+    (segment,) = _segments(tmp_path, "t")
+    size = segment.stat().st_size
+    with segment.open("r+b") as f:  # the last 4 KiB page never reached the disk: zeros
+        f.seek(size - 4096)
+        f.write(bytes(4096))
+    with StreamStore(tmp_path) as store:
+        assert store.info("t").next_offset == 1
+        assert store.append("t", _big_batch(5)) == 1
+        assert store.batches("t")[1].equals(_big_batch(5))
+
+
+def test_without_o_direct_large_frames_go_through_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_direct(path: Any, flags: int, *args: Any) -> int:
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    with StreamStore(tmp_path) as store:
+        store.append("t", _batch([1]))
+        assert store.append("t", _big_batch(0)) == 1
+        assert not store.direct_io
+        assert store.append("t", _big_batch(3)) == 2
+    with StreamStore(tmp_path) as store:
+        assert [b.num_rows for b in store.batches("t")] == [1, 200_000, 200_000]
+
+
+def test_a_failed_write_discards_what_was_not_durable_and_the_stream_goes_on(
+    store: StreamStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.append("t", _batch([0]))
+    good_size = _segments(tmp_path, "t")[0].stat().st_size
+    real_pwrite = os.pwrite
+    calls = 0
+
+    def full_disk(fd: int, data: Any, position: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # the second frame (its header)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, position)
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    first, second = store.write("t", _batch([1])), store.write("t", _batch([2]))
+    with pytest.raises(StorageError, match="No space left"):
+        store.commit(first)
+    with pytest.raises(StorageError, match="batch 2 of stream 't' was discarded"):
+        store.commit(second)
+    assert store.info("t").next_offset == 1
+    assert _segments(tmp_path, "t")[0].stat().st_size == good_size  # cut back
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert store.append("t", _batch([3])) == 1  # the offset is reused: it was never durable
+    assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [3]]
+
+
+def test_a_failed_sync_makes_the_stream_refuse_writes_until_reopened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with StreamStore(tmp_path) as store:
+        store.append("t", _batch([0]))
+        real_sync = streams._sync
+
+        def broken(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(streams, "_sync", broken)
+        with pytest.raises(StorageError, match="refuses writes after a failed fdatasync"):
+            store.append("t", _batch([1]))
+        monkeypatch.setattr(streams, "_sync", real_sync)
+        with pytest.raises(StorageError, match="refuses writes"):
+            store.append("t", _batch([2]))
+        assert store.info("t").next_offset == 1  # never acknowledged, never visible
+        assert store.append("u", _batch([1])) == 0  # other streams are fine
+    with StreamStore(tmp_path) as store:  # the frame may or may not have survived: it is whole
+        assert store.info("t").next_offset in (1, 2)
+        assert store.append("t", _batch([3])) == store.info("t").next_offset - 1
+
+
+def test_drop_and_close_make_staged_batches_durable_first(tmp_path: Path) -> None:
+    with StreamStore(tmp_path) as store:
+        pending = store.write("t", _batch([1]))
+        store.drop("t")
+        assert store.commit(pending) == 0  # durable before the drop, then dropped
+        pending = store.write("u", _big_batch(0))
+    with pytest.raises(StorageError):  # the store is closed
+        store.info("u")
+    assert store.commit(pending) == 0
+    with StreamStore(tmp_path) as store:
+        assert store.batches("u")[0].equals(_big_batch(0))
+
+
+def test_segments_roll_with_staged_frames_across_the_boundary(tmp_path: Path) -> None:
+    with StreamStore(tmp_path, segment_bytes=3_000_000) as store:
+        pending = [store.write("t", _big_batch(i * 10)) for i in range(5)]
+        assert store.commit(pending[-1]) == 4
+        assert len(_segments(tmp_path, "t")) == 5
+        assert all(b.equals(_big_batch(i * 10)) for i, b in enumerate(store.batches("t")))
+    with StreamStore(tmp_path, segment_bytes=3_000_000) as store:
+        assert store.info("t").next_offset == 5

@@ -3,6 +3,7 @@
 from flight_serve.store.streams import (
     DEFAULT_SEGMENT_BYTES,
     FsyncMode,
+    PendingAppend,
     StreamInfo,
     StreamStore,
     plain_type,
@@ -13,6 +14,7 @@ from flight_serve.store.streams import (
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "FsyncMode",
+    "PendingAppend",
     "StreamInfo",
     "StreamStore",
     "plain_type",

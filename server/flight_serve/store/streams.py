@@ -12,8 +12,9 @@ On-disk layout (``data_dir/streams/<name>/``)::
     00000000000000000000.seg     segment: frames for offsets 0, 1, ...
     00000000000000012345.seg     the next segment starts at offset 12345 (its file name)
 
-A segment is a sequence of frames; a frame is a 24-byte header and one encapsulated Arrow IPC
-record-batch message (``pa.RecordBatch.serialize()``)::
+A segment is a sequence of frames; a frame is a 24-byte header and a body: one encapsulated
+Arrow IPC record-batch message (the bytes of ``pa.RecordBatch.serialize()``), possibly followed
+by zero padding (fewer than 4096 bytes) that the length and CRC include and readers ignore::
 
     magic b"FSF1" | body_len u64 LE | num_rows u64 LE | crc32(body) u32 LE | body (body_len bytes)
 
@@ -22,9 +23,37 @@ default). A stream directory is staged in ``data_dir/streams-staging/`` and rena
 so a stream either exists completely or not at all; a drop renames it to
 ``data_dir/streams-trash/`` before deleting it.
 
-Durability: with ``fsync="batch"`` (the default) :meth:`StreamStore.append` returns only after
-the frame is written and ``fdatasync``-ed, so an acknowledged batch survives a crash. With
-``fsync="never"`` the OS decides when data reaches the disk.
+Durability: with ``fsync="batch"`` (the default) a batch becomes visible (to :meth:`read`,
+:meth:`info`, :meth:`wait_for`) and :meth:`StreamStore.append` returns only after its frame is
+written and ``fdatasync``-ed, so an acknowledged batch survives a crash and no reader ever sees a
+batch that a crash could take back (an offset is never served with two different batches).
+``fdatasync`` is enough for an append: it also flushes the metadata needed to read the data back,
+the file size included (POSIX "synchronized I/O data integrity completion"; Linux fdatasync(2):
+"a change to the file size ... would require a metadata flush"). With ``fsync="never"`` a batch is
+visible once written and the OS decides when data reaches the disk.
+
+Group commit: :meth:`StreamStore.write` reserves the next offset and file position and stages
+the frame in memory; :meth:`StreamStore.commit` waits until it is durable. The first commit to
+come writes every staged frame of the stream (in offset order, ``pwrite`` at its reserved
+position) and runs one ``fdatasync`` for all of them, while writers go on staging: a DoPut (which
+writes on one thread and commits on another) or several concurrent appenders share syncs. A
+segment roll only reserves positions in the next segment; the drain that first writes to it
+syncs the old segment before creating the new file, so a segment file exists only once every
+earlier one is durable (recovery checks CRCs in the last segment only).
+
+Large frames (an IPC message of 1 MiB or more, with ``fsync="batch"``) are encoded straight into
+a page-aligned buffer and written with ``O_DIRECT``: the device reads them from that buffer, with
+no copy into the page cache (which costs more CPU than encoding the batch, and makes the later
+``fdatasync`` write it all out anyway). Their body is padded with zeros so that the frame ends on
+a 4 KiB boundary; the part of a frame before its first page boundary is written through the page
+cache. Where the file system refuses ``O_DIRECT`` (tmpfs) the same bytes go through the page cache.
+``fdatasync`` is still what makes a frame durable (the device's write cache and the file size).
+
+Failures: a failed write cuts the file back to its durable frames and discards every offset
+reserved after them (their commits raise :class:`~flight_serve.errors.StorageError`); the
+stream goes on from there. A failed ``fdatasync`` leaves the frames it covered in an unknown
+state (the kernel may have dropped the dirty pages), so the stream then refuses writes until
+the store is re-opened, which re-checks the tail.
 
 Recovery: on open, every segment's frame headers are checked (magic, length inside the file,
 segment first offsets contiguous) and the frame bodies of each stream's *last* segment -- the
@@ -55,9 +84,11 @@ if another store (in this or another process) holds it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -68,6 +99,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -87,6 +119,7 @@ __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "STREAM_NAME_PATTERN",
     "FsyncMode",
+    "PendingAppend",
     "StreamInfo",
     "StreamStore",
     "plain_type",
@@ -107,6 +140,17 @@ STREAM_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 _FORMAT = 1
 _FRAME_MAGIC = b"FSF1"
 _HEADER = struct.Struct("<4sQQI")  # magic, body_len, num_rows, crc32(body)
+#: Frames with an IPC message at least this large are written with O_DIRECT (when available).
+_DIRECT_MIN_BYTES = 1 << 20
+#: O_DIRECT alignment of file offsets, lengths and memory (covers 512 and 4096 byte sectors).
+_ALIGN = 4096
+_ZEROS = bytes(_ALIGN)
+_IPC_CONTINUATION = b"\xff\xff\xff\xff"
+#: A stream keeps its direct frames' staging buffers for reuse, up to this many bytes of them
+#: (fresh anonymous memory costs a page fault per 4 KiB on first touch: more than the copy).
+_SPARE_BYTES = 64 << 20
+#: write() puts the staged frames in the file itself once they hold this many bytes.
+_MAX_STAGED_BYTES = 64 << 20
 _SEGMENT_SUFFIX = ".seg"
 _META_FILE = "stream.json"
 _SCHEMA_FILE = "schema.arrow"
@@ -268,8 +312,8 @@ class StreamInfo:
         next_offset: offset the next appended batch gets; batches ``[first_offset, next_offset)``
             are readable.
         num_rows: rows in the retained batches.
-        num_bytes: bytes of the retained batches' Arrow IPC messages on disk (frame headers
-            excluded).
+        num_bytes: bytes of the retained batches' frame bodies on disk: their Arrow IPC
+            messages plus any alignment padding (frame headers excluded).
         created_at: aware UTC instant the stream was created.
     """
 
@@ -286,13 +330,14 @@ class StreamInfo:
 class _Segment:
     """One segment file: frame positions plus a lazily (re)mapped read buffer."""
 
-    def __init__(self, path: Path, first_offset: int) -> None:
+    def __init__(self, path: Path, first_offset: int, *, created: bool = True) -> None:
         self.path = path
         self.first_offset = first_offset
         self.positions: array[int] = array("Q")  # byte position of each frame body
         self.lengths: array[int] = array("Q")  # body length of each frame
         self.rows: array[int] = array("Q")
-        self.size = 0  # bytes of valid frames
+        self.size = 0  # bytes of valid (and reserved) frames
+        self.created = created  # False until the first drain into it creates the file
         self._mapped: pa.Buffer | None = None
 
     @property
@@ -315,8 +360,64 @@ class _Segment:
         return mapped
 
 
+class _Staged:
+    """A frame whose offset and file position are reserved but which is not in the file yet.
+
+    A buffered frame is ``header`` + ``body`` (the serialized batch, not copied). A direct frame
+    lives in ``aligned``, a page-aligned buffer whose byte ``prefix + k`` goes to file position
+    ``position - head + k`` for ``k`` in ``[head, size)``: header, IPC message and zero padding
+    up to a 4 KiB boundary. The bytes before ``prefix + head`` are scratch room (the IPC writer
+    puts the schema message there). A direct frame is filled outside the stream lock: ``ready``
+    tells a drain when it may be written, ``error`` that filling it failed.
+    """
+
+    __slots__ = (
+        "aligned",
+        "body",
+        "error",
+        "head",
+        "header",
+        "position",
+        "prefix",
+        "ready",
+        "segment",
+        "size",
+    )
+
+    def __init__(
+        self,
+        segment: _Segment,
+        position: int,
+        header: bytes = b"",
+        body: pa.Buffer | None = None,
+        aligned: mmap.mmap | None = None,
+        prefix: int = 0,
+        head: int = 0,
+        size: int = 0,
+    ) -> None:
+        self.segment = segment
+        self.position = position
+        self.header = header
+        self.body = body
+        self.aligned = aligned
+        self.prefix = prefix
+        self.head = head
+        self.size = size
+        self.ready = aligned is None
+        self.error: BaseException | None = None
+
+    @property
+    def nbytes(self) -> int:
+        if self.aligned is not None:
+            return len(self.aligned)
+        return self.body.size if self.body is not None else 0
+
+
 class _Stream:
-    """In-memory state of one open stream incarnation. Guarded by ``cond``'s lock."""
+    """In-memory state of one open stream incarnation. Guarded by ``cond``'s lock.
+
+    Lock order: the store's lock, then ``sync_lock``, then ``cond``.
+    """
 
     def __init__(
         self, name: str, directory: Path, schema: pa.Schema, incarnation: str, created_at: datetime
@@ -327,12 +428,60 @@ class _Stream:
         self.incarnation = incarnation
         self.created_at = created_at
         self.segments: list[_Segment] = []
+        # Visible (durable) batches: [first_offset, next_offset), num_rows and num_bytes of them.
         self.next_offset = 0
         self.num_rows = 0
         self.num_bytes = 0
-        self.fd: int | None = None  # append handle of the last segment
+        # Offsets [next_offset, written_offset) are reserved by write() (staged, or in the file
+        # but not synced yet); written_rows/written_bytes count up to written_offset. A roll
+        # appends a segment at once, but its file is created by the drain that first writes
+        # to it, after syncing the segment before: a segment file exists only once every
+        # earlier segment is durable (recovery checks CRCs in the last segment only).
+        self.written_offset = 0
+        self.written_rows = 0
+        self.written_bytes = 0
+        self.staged: list[_Staged] = []  # in offset order; written to the file by _drain
+        self.staged_bytes = 0
+        self.spare: list[mmap.mmap] = []  # page-aligned buffers for direct frames, for reuse
+        self.schema_bytes = 0  # length of the IPC schema message of ``schema`` (0: not known)
+        self.spare_bytes = 0
+        self.fd: int | None = None  # write handle of fd_segment
+        self.direct_fd: int | None = None  # O_DIRECT handle of fd_segment
+        self.fd_segment: _Segment | None = None  # the segment the drains write to
         self.dropped = False
         self.cond = threading.Condition(threading.Lock())
+        self.sync_lock = threading.Lock()  # held while staged frames are written and synced
+        self.failed: str | None = None  # why the stream refuses writes (a failed fdatasync)
+        # A failed write discards every reserved offset and starts a new epoch; ends[e] is the
+        # next_offset at which epoch e ended (a PendingAppend of epoch e below it is durable).
+        self.epoch = 0
+        self.epoch_ends: list[int] = []
+
+    def aligned_buffer(self, size: int) -> mmap.mmap:
+        """Return a page-aligned buffer of at least ``size`` bytes (cond held)."""
+        for i, buffer in enumerate(self.spare):
+            if len(buffer) >= size:
+                self.spare_bytes -= len(buffer)
+                return self.spare.pop(i)
+        return mmap.mmap(-1, -(-size // (1 << 20)) * (1 << 20))  # unmapped when unreferenced
+
+    def release(self, staged: list[_Staged]) -> None:
+        """Keep the direct frames' buffers for reuse, up to _SPARE_BYTES (cond held)."""
+        for frame in staged:
+            aligned = frame.aligned
+            if not frame.ready:
+                continue  # still being filled (a discarded frame): not reusable yet
+            if aligned is not None and self.spare_bytes + len(aligned) <= _SPARE_BYTES:
+                self.spare.append(aligned)
+                self.spare_bytes += len(aligned)
+
+    def publish(self, offset: int, rows: int, num_bytes: int) -> None:
+        """Make the reserved batches below ``offset`` visible (cond held); wakes waiters."""
+        if offset > self.next_offset:
+            self.next_offset = offset
+            self.num_rows = rows
+            self.num_bytes = num_bytes
+            self.cond.notify_all()
 
     def info(self) -> StreamInfo:
         return StreamInfo(
@@ -359,6 +508,31 @@ class _Stream:
         return segment, offset - segment.first_offset
 
 
+@dataclass(frozen=True)
+class PendingAppend:
+    """A batch written by :meth:`StreamStore.write`, durable (and visible) once
+    :meth:`StreamStore.commit` returns for it.
+
+    Attributes:
+        stream: the stream name.
+        offset: the batch's offset.
+        rows: the batch's row count.
+    """
+
+    stream: str
+    offset: int
+    rows: int
+    _handle: _Stream = dataclass_field(repr=False, compare=False)
+    _epoch: int = dataclass_field(default=0, repr=False, compare=False)
+
+
+def _schema_message_bytes(schema: pa.Schema) -> int:
+    """Length of the schema message an IPC stream writer puts before the first batch."""
+    sink = pa.BufferOutputStream()
+    pa.ipc.new_stream(sink, schema).close()
+    return int(sink.getvalue().size) - 8  # less the end-of-stream marker
+
+
 def _segment_name(first_offset: int) -> str:
     return f"{first_offset:020d}{_SEGMENT_SUFFIX}"
 
@@ -379,11 +553,16 @@ def _write_file(path: Path, data: bytes, fsync: bool) -> None:
             os.fsync(f.fileno())
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def _pwrite_all(fd: int, data: bytes | memoryview, position: int) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        written = os.pwrite(fd, view, position)
         view = view[written:]
+        position += written
+
+
+def _sync_failure(name: str, exc: OSError) -> str:
+    return f"stream {name!r} refuses writes after a failed fdatasync ({exc}); re-open the store"
 
 
 def _sync(fd: int) -> None:
@@ -403,6 +582,9 @@ class StreamStore:
             ``"never"`` -- leave flushing to the OS (fast, loses recent batches on a crash).
         segment_bytes: roll to a new segment file once the current one would exceed this many
             bytes (64 MiB by default; a single larger frame still gets a segment of its own).
+        direct_io: with ``fsync="batch"``, write frames of 1 MiB and more with ``O_DIRECT``
+            (no copy into the page cache; see the module docstring). Turned off by itself where
+            the file system refuses it.
 
     Raises:
         StorageError: the directory cannot be created or is already owned by another store.
@@ -423,12 +605,14 @@ class StreamStore:
         fsync: FsyncMode = "batch",
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        direct_io: bool = True,
     ) -> None:
         if fsync not in ("batch", "never"):
             raise ValueError(f"fsync must be 'batch' or 'never', not {fsync!r}")
         self.data_dir = Path(data_dir)
         self.fsync: FsyncMode = fsync
         self.segment_bytes = segment_bytes
+        self.direct_io = direct_io
         self._root = self.data_dir / "streams"
         self._staging = self.data_dir / "streams-staging"
         self._trash = self.data_dir / "streams-trash"
@@ -467,10 +651,7 @@ class StreamStore:
             streams = list(self._streams.values())
             self._streams.clear()
         for stream in streams:
-            with stream.cond:
-                self._close_fd(stream)
-                stream.dropped = True  # wakes waiters: the store is gone for them
-                stream.cond.notify_all()
+            self._retire(stream)  # wakes waiters: the store is gone for them
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)
 
@@ -511,27 +692,180 @@ class StreamStore:
 
         The stream is created with the batch's schema on the first append. Empty batches are
         stored (and get an offset) like any other. Returns only after the frame is written, and
-        fdatasync-ed when ``fsync="batch"``.
+        fdatasync-ed when ``fsync="batch"``: ``commit(write(name, batch))``.
 
         Raises:
             StreamNameError: ``name`` is not a valid stream name.
             SchemaMismatchError: the batch does not match the stream schema; the message names
                 each missing, unexpected and retyped field. Nothing is written.
-            StorageError: the write failed (the partial frame is cut off again).
+            StorageError: the write or the sync failed (a partial frame is cut off again).
+        """
+        return self.commit(self.write(name, batch))
+
+    def write(self, name: str, batch: pa.RecordBatch) -> PendingAppend:
+        """Reserve the next offset of stream ``name`` for ``batch`` without waiting for the disk.
+
+        Like :meth:`append` (same stream creation, schema rule and errors), but with
+        ``fsync="batch"`` the frame is only staged: the next :meth:`commit` of the stream puts
+        it in the file and syncs it, and only then is the batch visible to readers. With
+        ``fsync="never"`` the frame is in the file and visible when this returns. Offsets are
+        assigned in call order.
         """
         validate_stream_name(name)
         batch = _decode_dictionaries(batch)
         while True:
             stream = self._get_or_create(name, batch.schema)
             conformed = _conform(name, stream.schema, batch)
-            body = conformed.serialize()
+            if self.direct_io and self.fsync == "batch" and conformed.nbytes >= _DIRECT_MIN_BYTES:
+                size = pa.ipc.get_record_batch_size(conformed)
+                reserved = self._reserve(stream, size, conformed.num_rows, None, 0)
+                if reserved is not None:
+                    self._fill(stream, reserved[1], conformed, size)
+            else:
+                body = conformed.serialize()
+                crc = zlib.crc32(memoryview(body))  # outside the lock (releases the GIL)
+                reserved = self._reserve(stream, body.size, conformed.num_rows, body, crc)
+            if reserved is None:
+                self._check_open()  # dropped between lookup and write: a new incarnation
+                continue
+            pending, _, drain = reserved
+            if drain:  # fsync="never", or too much staged: put it in the file now
+                with stream.sync_lock:
+                    self._drain(stream, publish=self.fsync != "batch")
+            return pending
+
+    def _reserve(
+        self, stream: _Stream, size: int, num_rows: int, body: pa.Buffer | None, crc: int
+    ) -> tuple[PendingAppend, _Staged, bool] | None:
+        """Reserve an offset and a file position in ``stream`` for an IPC message of ``size``
+        bytes, rolling the segment if needed, and stage the frame: ``body`` with its ``crc``,
+        or (``body=None``) a direct frame that the caller must :meth:`_fill`.
+
+        Returns the pending append, the staged frame and whether the caller should drain now
+        (``fsync="never"``, or too much staged); ``None`` if the stream was dropped.
+        """
+        frame_bytes = _HEADER.size + size
+        with stream.cond:
+            if stream.dropped:
+                return None
+            if stream.failed is not None:
+                raise StorageError(stream.failed)
+            segment = stream.segments[-1]
+            if segment.size > 0 and segment.size + frame_bytes > self.segment_bytes:
+                first = stream.written_offset  # roll: the next drain creates the file
+                segment = _Segment(stream.directory / _segment_name(first), first, created=False)
+                stream.segments.append(segment)
+            position = segment.size
+            if body is None:
+                if stream.schema_bytes == 0:
+                    stream.schema_bytes = _schema_message_bytes(stream.schema)
+                pad = -(position + frame_bytes) % _ALIGN
+                head = position % _ALIGN  # where the frame starts inside its first page
+                prefix = -(-stream.schema_bytes // _ALIGN) * _ALIGN  # room for the schema message
+                end = head + frame_bytes + pad  # a multiple of _ALIGN
+                aligned = stream.aligned_buffer(prefix + end + 8)  # + the end-of-stream marker
+                frame = _Staged(
+                    segment, position, aligned=aligned, prefix=prefix, head=head, size=end
+                )
+            else:
+                pad = 0
+                header = _HEADER.pack(_FRAME_MAGIC, size, num_rows, crc)
+                frame = _Staged(segment, position, header, body)
+            stream.staged.append(frame)
+            stream.staged_bytes += frame.nbytes
+            segment.positions.append(position + _HEADER.size)
+            segment.lengths.append(size + pad)
+            segment.rows.append(num_rows)
+            segment.size = position + frame_bytes + pad
+            offset = stream.written_offset
+            stream.written_offset += 1
+            stream.written_rows += num_rows
+            stream.written_bytes += size + pad
+            pending = PendingAppend(stream.name, offset, num_rows, stream, stream.epoch)
+            drain = self.fsync != "batch" or stream.staged_bytes > _MAX_STAGED_BYTES
+            return pending, frame, drain
+
+    def _fill(self, stream: _Stream, frame: _Staged, batch: pa.RecordBatch, size: int) -> None:
+        """Encode ``batch`` (an IPC message of ``size`` bytes) straight into a direct frame's
+        aligned buffer, then checksum it, outside the stream lock; mark the frame ready."""
+        try:
+            assert frame.aligned is not None
+            view = memoryview(frame.aligned)
+            start = frame.prefix + frame.head + _HEADER.size
+            end = frame.prefix + frame.size
+            # An IPC stream writer puts the schema message in the scratch room before ``start``
+            # and the record batch message at ``start``: the same bytes as batch.serialize(),
+            # without a copy. Its end-of-stream marker lands in the padding, zeroed below.
+            scratch = start - stream.schema_bytes
+            sink = pa.FixedSizeBufferWriter(pa.py_buffer(view[scratch : start + size + 8]))
+            with pa.ipc.new_stream(sink, stream.schema) as writer:
+                writer.write_batch(batch)
+            if (
+                sink.tell() != stream.schema_bytes + size + 8
+                or view[start : start + 4] != _IPC_CONTINUATION
+            ):
+                raise StorageError(
+                    f"IPC stream writer produced {sink.tell()} bytes, expected "
+                    f"{stream.schema_bytes} + {size} + 8"
+                )
+            view[start + size : end] = _ZEROS[: end - start - size]
+            crc = zlib.crc32(view[start:end])
+            view[start - _HEADER.size : start] = _HEADER.pack(
+                _FRAME_MAGIC, end - start, batch.num_rows, crc
+            )
+            del view
+        except BaseException as exc:
             with stream.cond:
-                if stream.dropped:
-                    self._check_open()
-                    continue  # dropped between lookup and write: append to a new incarnation
-                offset = self._write_frame(stream, body, conformed.num_rows)
+                frame.error = exc
+                frame.ready = True
                 stream.cond.notify_all()
-                return offset
+            raise
+        with stream.cond:
+            frame.ready = True
+            stream.cond.notify_all()
+
+    def commit(self, pending: PendingAppend) -> int:
+        """Wait until the batch ``pending`` names is durable (and so visible); return its offset.
+
+        Group commit: the first caller writes every staged frame of the stream and runs one
+        ``fdatasync`` for all of them; a commit whose batch an earlier or concurrent sync
+        covered returns without syncing.
+
+        Raises:
+            StreamNotFoundError: the stream was dropped (or the store closed) before the batch
+                was durable.
+            StorageError: writing or syncing failed. After a failed write every batch not yet
+                durable is discarded and the stream goes on; after a failed sync the stream
+                refuses writes until the store is re-opened.
+        """
+        stream = pending._handle
+        while True:
+            with stream.cond:
+                if self._committed(stream, pending):
+                    return pending.offset
+            with stream.sync_lock:
+                with stream.cond:
+                    if self._committed(stream, pending):
+                        return pending.offset
+                self._drain(stream, publish=True)
+
+    @staticmethod
+    def _committed(stream: _Stream, pending: PendingAppend) -> bool:
+        """Whether ``pending`` is durable and visible (cond held); raise if it never will be."""
+        if pending._epoch != stream.epoch and pending.offset >= stream.epoch_ends[pending._epoch]:
+            raise StorageError(
+                f"batch {pending.offset} of stream {stream.name!r} was discarded: "
+                "a write to the stream failed before it was durable"
+            )
+        if stream.next_offset > pending.offset:
+            return True
+        if stream.dropped:
+            raise StreamNotFoundError(
+                f"stream {stream.name!r} was dropped before batch {pending.offset} was durable"
+            )
+        if stream.failed is not None:
+            raise StorageError(stream.failed)
+        return False
 
     def info(self, name: str) -> StreamInfo:
         """Return what stream ``name`` holds now.
@@ -573,10 +907,7 @@ class StreamStore:
             stream = self._streams.pop(name, None)
             if stream is None:
                 raise StreamNotFoundError(f"stream {name!r} does not exist")
-            with stream.cond:
-                stream.dropped = True
-                self._close_fd(stream)
-                stream.cond.notify_all()
+            self._retire(stream)
             trash = self._trash / f"{name}.{stream.incarnation}"
             try:
                 os.rename(stream.directory, trash)
@@ -720,52 +1051,145 @@ class StreamStore:
         log.info("stream created", extra={"stream": name, "incarnation": incarnation})
         return stream
 
-    def _write_frame(self, stream: _Stream, body: pa.Buffer, num_rows: int) -> int:
-        """Append one frame to the stream's last segment (stream lock held); return its offset."""
-        segment = stream.segments[-1]
-        frame_bytes = _HEADER.size + body.size
-        try:
-            if segment.size > 0 and segment.size + frame_bytes > self.segment_bytes:
-                segment = self._roll(stream)
-            if stream.fd is None:
-                stream.fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND)
-            view = memoryview(body)
-            header = _HEADER.pack(_FRAME_MAGIC, body.size, num_rows, zlib.crc32(view))
-        except OSError as exc:
-            raise StorageError(f"cannot append to stream {stream.name!r}: {exc}") from exc
-        try:
-            _write_all(stream.fd, header)
-            _write_all(stream.fd, view)
-            if self.fsync == "batch":
-                _sync(stream.fd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.ftruncate(stream.fd, segment.size)
-            raise StorageError(f"cannot append to stream {stream.name!r}: {exc}") from exc
-        offset = stream.next_offset
-        segment.positions.append(segment.size + _HEADER.size)
-        segment.lengths.append(body.size)
-        segment.rows.append(num_rows)
-        segment.size += frame_bytes
-        stream.next_offset += 1
-        stream.num_rows += num_rows
-        stream.num_bytes += body.size
-        return offset
+    def _drain(self, stream: _Stream, *, publish: bool) -> None:
+        """Write the staged frames of ``stream`` to the file; with ``publish``, also sync them
+        (``fsync="batch"``) and everything written before, and make them visible.
 
-    def _roll(self, stream: _Stream) -> _Segment:
-        self._close_fd(stream)
-        segment = _Segment(stream.directory / _segment_name(stream.next_offset), stream.next_offset)
-        _write_file(segment.path, b"", self.fsync == "batch")
-        if self.fsync == "batch":
-            _fsync_dir(stream.directory)
-        stream.segments.append(segment)
-        return segment
+        Called with ``sync_lock`` held (and not ``cond``): frames reach the file in offset
+        order, one drain at a time, while other threads go on staging frames.
+        """
+        with stream.cond:
+            if stream.dropped or stream.failed is not None:
+                return
+            frames, stream.staged, stream.staged_bytes = stream.staged, [], 0
+            target = (stream.written_offset, stream.written_rows, stream.written_bytes)
+            if not frames and target[0] == stream.next_offset:
+                return
+        try:
+            for frame in frames:
+                if not frame.ready:  # a direct frame still being filled by its writer
+                    with stream.cond:
+                        stream.cond.wait_for(lambda frame=frame: frame.ready)  # type: ignore[misc]
+                if frame.error is not None:
+                    raise OSError(errno.EIO, f"encoding the batch failed: {frame.error}")
+                if frame.segment is not stream.fd_segment or stream.fd is None:
+                    self._open_segment(stream, frame.segment)
+                self._write_staged(stream, frame)
+        except OSError as exc:
+            with stream.cond:
+                self._discard_reserved(stream, frames)
+            raise StorageError(f"cannot append to stream {stream.name!r}: {exc}") from exc
+        if publish and self.fsync == "batch" and stream.fd is not None:
+            try:
+                _sync(stream.fd)
+            except OSError as exc:
+                with stream.cond:
+                    stream.failed = _sync_failure(stream.name, exc)
+                raise StorageError(stream.failed) from exc
+        with stream.cond:
+            stream.release(frames)
+            if publish:
+                stream.publish(*target)
+
+    def _open_segment(self, stream: _Stream, segment: _Segment) -> None:
+        """Point the drains at ``segment`` (``sync_lock`` held): sync and close the segment
+        written so far, then create ``segment``'s file if it is new, and open it."""
+        if stream.fd is not None and stream.fd_segment is not segment:
+            if self.fsync == "batch":
+                _sync(stream.fd)  # an OSError here is a failed write: nothing is published
+            self._close_fd(stream)
+        if not segment.created:
+            _write_file(segment.path, b"", self.fsync == "batch")
+            if self.fsync == "batch":
+                _fsync_dir(stream.directory)
+            segment.created = True
+        if stream.fd is None:
+            stream.fd = os.open(segment.path, os.O_WRONLY)
+            stream.fd_segment = segment
+
+    def _write_staged(self, stream: _Stream, frame: _Staged) -> None:
+        """Put one staged frame in the segment file (``sync_lock`` held)."""
+        assert stream.fd is not None
+        if frame.aligned is None:
+            assert frame.body is not None
+            _pwrite_all(stream.fd, frame.header, frame.position)
+            _pwrite_all(stream.fd, memoryview(frame.body), frame.position + _HEADER.size)
+            return
+        view = memoryview(frame.aligned)[frame.prefix :]
+        base = frame.position - frame.head
+        first = 0
+        if frame.head:  # the rest of a page that earlier frames began: through the page cache
+            _pwrite_all(stream.fd, view[frame.head : _ALIGN], frame.position)
+            first = _ALIGN
+        if first < frame.size and self.direct_io:
+            try:
+                if stream.direct_fd is None:
+                    flags = os.O_WRONLY | getattr(os, "O_DIRECT", 0)
+                    stream.direct_fd = os.open(frame.segment.path, flags)
+                written = os.pwrite(stream.direct_fd, view[first : frame.size], base + first)
+                if written != frame.size - first:  # short: finish through the page cache
+                    _pwrite_all(
+                        stream.fd, view[first + written : frame.size], base + first + written
+                    )
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self.direct_io = False
+                log.warning(
+                    "O_DIRECT writes unavailable, using the page cache",
+                    extra={"data_dir": str(self.data_dir), "error": str(exc)},
+                )
+        _pwrite_all(stream.fd, view[first : frame.size], base + first)
+
+    def _discard_reserved(self, stream: _Stream, frames: list[_Staged]) -> None:
+        """After a failed write (cond held): cut the file back to its durable frames and
+        discard every offset reserved after them; their commits raise StorageError."""
+        while len(stream.segments) > 1 and stream.segments[-1].first_offset >= stream.next_offset:
+            dropped = stream.segments.pop()  # holds reserved frames only
+            if dropped is stream.fd_segment:
+                self._close_fd(stream)
+            if dropped.created:
+                with contextlib.suppress(OSError):
+                    dropped.path.unlink()
+        segment = stream.segments[-1]
+        keep = stream.next_offset - segment.first_offset
+        size = segment.positions[keep - 1] + segment.lengths[keep - 1] if keep else 0
+        if segment.created:
+            with contextlib.suppress(OSError):
+                os.truncate(segment.path, size)
+        del segment.positions[keep:]
+        del segment.lengths[keep:]
+        del segment.rows[keep:]
+        segment.size = size
+        stream.release(frames + stream.staged)
+        stream.staged, stream.staged_bytes = [], 0
+        stream.written_offset = stream.next_offset
+        stream.written_rows = stream.num_rows
+        stream.written_bytes = stream.num_bytes
+        stream.epoch_ends.append(stream.next_offset)
+        stream.epoch += 1
+
+    def _retire(self, stream: _Stream) -> None:
+        """Mark ``stream`` dropped (a drop, or the store closing) and close its files; staged
+        frames are made durable first, so their commits succeed rather than fail."""
+        with stream.sync_lock:
+            with contextlib.suppress(StorageError):
+                self._drain(stream, publish=True)
+            with stream.cond:
+                stream.dropped = True
+                self._close_fd(stream)
+                stream.spare.clear()
+                stream.spare_bytes = 0
+                stream.cond.notify_all()
 
     @staticmethod
     def _close_fd(stream: _Stream) -> None:
-        if stream.fd is not None:
-            os.close(stream.fd)
-            stream.fd = None
+        for fd in (stream.fd, stream.direct_fd):
+            if fd is not None:
+                os.close(fd)
+        stream.fd = stream.direct_fd = None
+        stream.fd_segment = None
 
     def _load(self, directory: Path) -> _Stream | None:
         """Open the stream in ``directory``, truncating a torn or corrupt tail."""
@@ -810,6 +1234,9 @@ class StreamStore:
             if not intact:
                 self._truncate_tail(stream, segment, segment_paths[i + 1 :])
                 break
+        stream.written_offset = stream.next_offset
+        stream.written_rows = stream.num_rows
+        stream.written_bytes = stream.num_bytes
         if not stream.segments:
             segment = _Segment(directory / _segment_name(stream.next_offset), stream.next_offset)
             _write_file(segment.path, b"", self.fsync == "batch")
