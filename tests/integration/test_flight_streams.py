@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from flight_serve.flight.server import serve_forever, start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve.flight.tickets import decode_ticket
-from flight_serve.store import StreamStore
+from flight_serve.store import StreamStore, streams
 
 pytestmark = pytest.mark.integration
 
@@ -476,3 +477,51 @@ def test_serve_forever_returns_1_when_the_data_dir_is_taken(
     (line,) = [json.loads(x) for x in capsys.readouterr().err.splitlines()]
     assert line["msg"].startswith("cannot serve: data dir")
     assert (line["level"], line["error_class"]) == ("error", "StorageError")
+
+
+def _frame_ends(segment: Path) -> list[int]:
+    """The end position of each frame of a segment file (header: magic, body_len u64, ...)."""
+    raw = segment.read_bytes()
+    ends, position = [], 0
+    while position < len(raw):
+        position += 24 + int.from_bytes(raw[position + 4 : position + 12], "little")
+        ends.append(position)
+    return ends
+
+
+def test_a_put_result_is_sent_only_after_an_fdatasync_covered_its_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Instrument the store's fdatasync: record, once it returns, how much of the file it made
+    # durable (the size when it started), after a pause that gives a PutResult sent too early
+    # the time to arrive first.
+    durable = [0]
+    real_sync = streams._sync
+
+    def slow_sync(fd: int) -> None:
+        size = os.fstat(fd).st_size
+        time.sleep(0.02)
+        real_sync(fd)
+        durable.append(max(durable[-1], size))
+
+    monkeypatch.setattr(streams, "_sync", slow_sync)
+    small = [pa.record_batch({"x": pa.array(range(i, i + 10), pa.int64())}) for i in range(8)]
+    big = pa.record_batch({"x": pa.array(range(300_000), pa.int64())})  # 2.4 MB: O_DIRECT
+    batches = [small[0], big, *small[1:4], big, big, *small[4:]]
+    with start_server(tmp_path / "data") as server, flight.connect(server.location) as client:
+        writer, reader = client.do_put(flight.FlightDescriptor.for_path("t"), big.schema)
+        seen: list[tuple[int, int]] = []  # (offset acknowledged, bytes durable when it arrived)
+        with writer:
+            for batch in batches:
+                writer.write_batch(batch)
+            writer.done_writing()
+            for _ in batches:
+                ack = json.loads(reader.read().to_pybytes())
+                seen.append((ack["offset"], durable[-1]))
+        assert server.store.info("t").next_offset == len(batches)
+        (segment,) = sorted((tmp_path / "data" / "streams" / "t").glob("*.seg"))
+        ends = _frame_ends(segment)
+    assert [offset for offset, _ in seen] == list(range(len(batches)))
+    late = [(offset, size, ends[offset]) for offset, size in seen if size < ends[offset]]
+    assert late == [], "PutResults arrived before an fdatasync covered their frame"
+    assert len(durable) - 1 < len(batches)  # group commit: fewer syncs than batches

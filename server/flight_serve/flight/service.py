@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from flight_serve.flight.tickets import (
     decode_ticket,
     encode_ticket,
 )
-from flight_serve.store import StreamInfo, StreamStore, validate_stream_name
+from flight_serve.store import PendingAppend, StreamInfo, StreamStore, validate_stream_name
 
 __all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService"]
 
@@ -92,6 +93,89 @@ def _body_stream(body: dict[str, Any], action: str) -> str:
     if not isinstance(name, str):
         raise ActionError(f'{action}: the body needs "stream": a stream name')
     return validate_stream_name(name)
+
+
+#: Batches DoPut's reading thread may queue ahead of the one writing them to the store.
+_PUT_QUEUE_BATCHES = 4
+
+
+class _PutPipeline:
+    """DoPut's pipeline: the handler thread only reads batches; a writing thread stages each in
+    the store (:meth:`StreamStore.write`: encode, checksum, reserve the offset) and an
+    acknowledging thread commits them in order (:meth:`StreamStore.commit`: write the staged
+    frames, one fdatasync for all of them) and sends each PutResult only after the commit that
+    covers its batch.
+
+    So reading the next batch overlaps encoding this one, which overlaps the disk writing the
+    previous ones. The reading thread cannot send PutResults itself: it blocks reading the next
+    batch while a client may wait for PutResults before it writes more.
+
+    After a failure no further batch is written; the batches written before it are still
+    committed and acknowledged, and :meth:`check` / :meth:`finish` raise the first error.
+    """
+
+    def __init__(self, store: StreamStore, name: str, writer: flight.FlightMetadataWriter) -> None:
+        self._store = store
+        self._name = name
+        self._writer = writer
+        self._batches: queue.Queue[pa.RecordBatch | None] = queue.Queue(_PUT_QUEUE_BATCHES)
+        self._pending: queue.SimpleQueue[PendingAppend | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._threads = [
+            threading.Thread(target=self._write, name="flight-serve-doput-write"),
+            threading.Thread(target=self._acknowledge, name="flight-serve-doput-ack"),
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._finished = False
+
+    def put(self, batch: pa.RecordBatch) -> None:
+        """Queue ``batch`` for writing (blocks while the writing thread is behind)."""
+        self.check()
+        self._batches.put(batch)
+
+    def check(self) -> None:
+        """Raise the first error of the pipeline's threads, if any."""
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> None:
+        """Wait until every batch queued so far is written and acknowledged (or skipped after a
+        failure); raise the first error, if any."""
+        if not self._finished:
+            self._finished = True
+            self._batches.put(None)
+            for thread in self._threads:
+                thread.join()
+        self.check()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+
+    def _write(self) -> None:
+        try:
+            while (batch := self._batches.get()) is not None:
+                if self._error is None:  # after a failure, only drain the queue
+                    try:
+                        self._pending.put(self._store.write(self._name, batch))
+                    except BaseException as exc:
+                        self._fail(exc)
+        finally:
+            self._pending.put(None)
+
+    def _acknowledge(self) -> None:
+        failed = False
+        while (pending := self._pending.get()) is not None:
+            if failed:
+                continue  # no PutResult after a failed commit or send
+            try:
+                offset = self._store.commit(pending)
+                ack = json.dumps({"offset": offset, "rows": pending.rows}).encode()
+                self._writer.write(pa.py_buffer(ack))
+            except BaseException as exc:
+                failed = True
+                self._fail(exc)
 
 
 class FlightServeService(flight.FlightServerBase):
@@ -171,12 +255,18 @@ class FlightServeService(flight.FlightServerBase):
         Each batch is acknowledged by a PutResult after it is durable; its app_metadata is JSON
         ``{"offset": <int>, "rows": <int>}``. Batches appended before a failure stay.
 
+        Pipelined with group commit (see :class:`_PutPipeline`): reading, encoding and the
+        disk overlap, one fdatasync covers every batch written so far, and each PutResult is
+        sent only after the fdatasync that covers its batch.
+
         Errors: INVALID_ARGUMENT for a non-path descriptor, an invalid stream name, a schema
         mismatch (naming the fields) or a batch above ``max_batch_bytes`` (naming the limit).
         """
+        pipeline: _PutPipeline | None = None
         try:
             name = self._stream_of(descriptor)
             self.store.create(name, reader.schema)
+            pipeline = _PutPipeline(self.store, name, writer)
             for chunk in reader:
                 batch = chunk.data
                 if batch is None:  # metadata-only message
@@ -186,11 +276,18 @@ class FlightServeService(flight.FlightServerBase):
                         f"batch of {batch.nbytes} bytes exceeds the maximum batch size of "
                         f"{self.max_batch_bytes} bytes; split it into smaller batches"
                     )
-                offset = self.store.append(name, batch)
-                ack = json.dumps({"offset": offset, "rows": batch.num_rows}).encode()
-                writer.write(pa.py_buffer(ack))
+                pipeline.put(batch)
+            pipeline.finish()
         except Exception as exc:
-            _fail(exc, "DoPut")
+            error: BaseException = exc
+            if pipeline is not None:
+                # Acknowledge what was written before the failure (it stays), then report the
+                # first error (a pipeline thread's error came before this one).
+                try:
+                    pipeline.finish()
+                except Exception as first:
+                    error = first
+            _fail(error, "DoPut")
 
     # --- GetFlightInfo / GetSchema / ListFlights ---------------------------------------------
 
