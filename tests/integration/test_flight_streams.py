@@ -282,6 +282,28 @@ def test_a_large_result_arrives_in_batches_of_at_most_4_mib(client: flight.Fligh
     assert pa.Table.from_batches(batches).column("s").to_pylist() == (text.to_pylist())
 
 
+def test_a_tail_numbers_the_pieces_of_a_batch_above_4_mib(client: flight.FlightClient) -> None:
+    rows = 12_000
+    text = pa.array([f"{i:08d}" + "x" * 992 for i in range(rows)], pa.string())  # ~12 MB
+    put(client, "big", pa.record_batch({"s": text}), pa.record_batch({"s": ["small"]}))
+    (result,) = client.do_action(flight.Action("stream.tail", b'{"stream": "big", "offset": 0}'))
+    reader = client.do_get(flight.Ticket(result.body.to_pybytes()), TIMEOUT)
+    chunks = []
+    while len(chunks) < 2 or chunks[-1][1]["offset"] == 0:
+        c = reader.read_chunk()
+        assert c.data is not None
+        assert c.app_metadata is not None
+        chunks.append((c.data, json.loads(c.app_metadata.to_pybytes())))
+    reader.cancel()
+    *pieces, (last, last_meta) = chunks
+    n = len(pieces)
+    assert n >= 3
+    assert [m for _, m in pieces] == [{"offset": 0, "piece": i, "pieces": n} for i in range(n)]
+    assert all(b.nbytes <= FOUR_MIB for b, _ in pieces)
+    assert pa.Table.from_batches([b for b, _ in pieces]).column("s").to_pylist() == text.to_pylist()
+    assert (last.to_pydict(), last_meta) == ({"s": ["small"]}, {"offset": 1})  # sent whole
+
+
 def test_view_types_are_sent_as_plain_types(client: flight.FlightClient) -> None:
     put(client, "t", pa.record_batch({"s": ["a", "b"]}))
     info, table = query(

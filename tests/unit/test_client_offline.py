@@ -39,6 +39,7 @@ class ContractServer(flight.FlightServerBase):
         # Tail connection i is dropped after tail_drop_plan[i] messages; later ones run out.
         self.tail_drop_plan: list[int] = []
         self.tail_pieces = False  # send every batch as one-row pieces sharing its offset
+        self.tail_numbered = False  # number the pieces: {"offset", "piece", "pieces"}
         self.tail_requests: list[int] = []
         self.put_acks_missing = False
 
@@ -124,8 +125,9 @@ class ContractServer(flight.FlightServerBase):
                     if self.tail_pieces
                     else [batch]
                 )
-                for piece in pieces:
-                    yield piece, _json({"offset": offset})
+                for i, piece in enumerate(pieces):
+                    numbered = {"piece": i, "pieces": len(pieces)} if self.tail_numbered else {}
+                    yield piece, _json({"offset": offset, **numbered})
                     sent += 1
                     if sent == drop_after:
                         raise flight.FlightUnavailableError("connection dropped")
@@ -296,6 +298,19 @@ def test_tail_resumes_inside_a_batch_split_into_pieces(
     # Connection 3 from offset 1: d (skipped) e.
     assert seen == [(0, ["a"]), (0, ["b"]), (0, ["c"]), (1, ["d"]), (1, ["e"])]
     assert server.tail_requests == [0, 0, 1]
+
+
+def test_tail_resumes_after_the_last_piece_of_a_numbered_split_batch(
+    client: FlightServeClient, server: ContractServer
+) -> None:
+    client.put("s", TABLE, batch_rows=3)  # offsets 0: a b c, 1: d e
+    server.tail_pieces = server.tail_numbered = True
+    server.tail_drop_plan = [3, 1]
+    seen = [(offset, batch.column("k").to_pylist()) for offset, batch in client.tail("s")]
+    # Connection 1: a b c (piece 2 of 3: offset 0 is complete) | drop. Connection 2 from
+    # offset 1: d | drop. Connection 3 from offset 1: d (skipped) e.
+    assert seen == [(0, ["a"]), (0, ["b"]), (0, ["c"]), (1, ["d"]), (1, ["e"])]
+    assert server.tail_requests == [0, 1, 1]
 
 
 def test_tail_without_reconnect_raises(client: FlightServeClient, server: ContractServer) -> None:

@@ -3,7 +3,7 @@
 Two kinds of metadata travel on flight-serve's streams:
 
 * JSON objects (UTF-8, always beginning with ``{``): PutResults ``{"offset", "rows"}``, tail batches
-  ``{"offset"}``, DoExchange result batches ``{"input_batch"}``, acknowledgements ``{"ack",
+  ``{"offset"}`` (pieces of a split batch add ``"piece", "pieces"``), DoExchange result batches ``{"input_batch"}``, acknowledgements ``{"ack",
   "watermark_ns", "late_rows"}`` and the final ``{"done": true, ...}``;
 * late-row messages of DoExchange: an Arrow IPC stream (beginning with the continuation marker
   ``FF FF FF FF``) holding the input columns plus ``_late_reason``, ``_window_start`` and

@@ -440,15 +440,17 @@ class FlightServeClient:
         and marker, with its writer, the existing ones first, then each new one as it comes.
 
         The ticket comes from action ``stream.tail`` ``{"stream", "offset"}``; each DoGet
-        message carries app_metadata ``{"offset", "writer"}`` (a batch), or, on a message
+        message carries app_metadata ``{"offset", "writer"}`` (a batch; a batch above 4 MiB
+        comes as consecutive pieces that also carry ``"piece": i, "pieces": n``), or, on a message
         without rows, ``{"offset", "writer", "watermark_ns"}`` / ``{"offset", "writer",
         "end_of_input": true}`` (a marker).
 
         With ``reconnect``, a dropped connection (:class:`pyarrow.flight.FlightUnavailableError`)
-        asks for a new tail ticket from the last offset seen and skips the rows of that offset
-        already yielded (the contract's "offset + 1", made safe for split batches), so no entry
-        is yielded twice or skipped; up to :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row,
-        pausing with doubling delays (:data:`TAIL_BACKOFF_S`).
+        asks for a new tail ticket: after the last piece of a split batch, from the next
+        offset; otherwise from the last offset seen, skipping the rows of that offset already
+        yielded (safe whether or not the server numbers the pieces), so no entry is yielded
+        twice or skipped; up to :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row, pausing
+        with doubling delays (:data:`TAIL_BACKOFF_S`).
 
         Raises:
             pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name (when asking for a
@@ -499,6 +501,9 @@ class FlightServeClient:
                         delivered += batch.num_rows
                     else:
                         position, delivered, skip = entry_offset, batch.num_rows, 0
+                    piece, pieces = message.get("piece"), message.get("pieces")
+                    if isinstance(piece, int) and isinstance(pieces, int) and piece + 1 >= pieces:
+                        position, delivered = entry_offset + 1, 0  # its last piece: complete
                     yield TailEntry(entry_offset, writer, batch)
                 return
             except flight.FlightUnavailableError:

@@ -356,9 +356,10 @@ class FlightServeService(flight.FlightServerBase):
         """Stream what ``ticket`` names: a query result, a stream offset range, or a live tail.
 
         Every batch is at most 4 MiB (``RecordBatch.nbytes``). Tail batches carry app_metadata
-        JSON ``{"offset": <int>}``; a stored batch above 4 MiB arrives as several consecutive
-        pieces with the same offset. A tail ends when the stream is dropped, the client cancels,
-        or the server shuts down.
+        JSON ``{"offset": <int>}``; a stored batch above 4 MiB arrives as ``n`` consecutive
+        pieces with the same offset, each also carrying ``"piece": i, "pieces": n`` (``i`` from
+        0). A tail ends when the stream is dropped, the client cancels, or the server shuts
+        down.
 
         Errors: INVALID_ARGUMENT for a malformed, unknown-version or stale ticket, and for a
         query DataFusion rejects (also mid-stream).
@@ -403,9 +404,12 @@ class FlightServeService(flight.FlightServerBase):
             try:
                 items = self.store.read(ticket.stream, offset, incarnation=ticket.incarnation)
                 for batch_offset, batch in items:
-                    metadata = pa.py_buffer(json.dumps({"offset": batch_offset}).encode())
-                    for piece in split_batch(batch, MAX_RESULT_BATCH_BYTES):
-                        yield piece, metadata
+                    pieces = list(split_batch(batch, MAX_RESULT_BATCH_BYTES))
+                    for i, piece in enumerate(pieces):
+                        message: dict[str, int] = {"offset": batch_offset}
+                        if len(pieces) > 1:
+                            message.update(piece=i, pieces=len(pieces))
+                        yield piece, pa.py_buffer(json.dumps(message).encode())
                     offset = batch_offset + 1
                 self.store.wait_for(ticket.stream, offset, timeout_s=self.tail_poll_s)
             except StreamNotFoundError:
