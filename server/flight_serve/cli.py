@@ -1,5 +1,6 @@
 """The ``flight-serve`` command line: ``serve`` (the daemon), ``demo`` (the main job), ``run`` and
-``explain`` (pipeline SQL files, embedded), ``data`` (write a data set to a file).
+``explain`` (pipeline SQL files, embedded), ``submit`` and ``pipelines`` (pipelines on a server),
+``data`` (write a data set to a file).
 
 Sub-commands import their implementation lazily so ``flight-serve --help`` stays fast.
 """
@@ -10,6 +11,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+_DEFAULT_SERVER = "grpc://127.0.0.1:8815"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     explain.add_argument("--output-dir", type=Path, default=None, help="as for run")
+
+    submit = sub.add_parser(
+        "submit", help="submit a pipeline SQL file to a server; prints its id and exits"
+    )
+    submit.add_argument("pipeline", type=Path, help="the pipeline SQL file")
+    submit.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
+    submit.add_argument("--name", default=None, help="a name (default: the file's stem)")
+    submit.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help="where relative file sink paths start (default: the working directory; the "
+        "server must see the same paths)",
+    )
+    manage = sub.add_parser(
+        "pipelines", help="list, inspect, checkpoint or cancel a server's pipelines"
+    )
+    manage.add_argument("what", choices=["list", "status", "cancel", "logs", "checkpoint"])
+    manage.add_argument("id", nargs="?", default=None, help="the pipeline id (all but list)")
+    manage.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
+    manage.add_argument("--json", action="store_true", help="print the raw JSON result")
 
     data = sub.add_parser("data", help="write a bundled data set to a file for pipelines to read")
     data.add_argument(
@@ -218,6 +243,85 @@ def _run_pipeline(
     return 0
 
 
+def _action(server: str, action: str, body: dict[str, Any]) -> Any:
+    """Run a JSON action on ``server``; return its decoded result (``RuntimeError`` on failure)."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.flight as flight
+
+    location = server if "://" in server else f"grpc://{server}"
+    try:
+        with flight.FlightClient(location) as client:
+            results = list(
+                client.do_action(
+                    flight.Action(action, json.dumps(body).encode()),
+                    options=flight.FlightCallOptions(timeout=60),
+                )
+            )
+    except flight.FlightUnavailableError:
+        raise RuntimeError(f"cannot reach a server at {location}") from None
+    except (flight.FlightError, pa.ArrowException) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(message) from None
+    return json.loads(results[0].body.to_pybytes()) if results else None
+
+
+def _submit(args: argparse.Namespace) -> int:
+    path: Path = args.pipeline
+    try:
+        sql = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"flight-serve: {exc}", file=sys.stderr)
+        return 1
+    output_dir = args.output_dir if args.output_dir is not None else Path.cwd()
+    body = {
+        "sql": sql,
+        "name": args.name or path.stem,
+        "base_dir": str(path.absolute().parent),
+        "output_dir": str(output_dir.absolute()),
+    }
+    try:
+        result = _action(args.server, "pipeline.submit", body)
+    except RuntimeError as exc:
+        print(f"flight-serve: {path}: {exc}", file=sys.stderr)
+        return 1
+    print(result["id"])
+    for sink, target in result.get("outputs", {}).items():
+        print(f"sink {sink} -> {target}", file=sys.stderr)
+    return 0
+
+
+def _pipelines(args: argparse.Namespace) -> int:
+    import json
+
+    if args.what != "list" and not args.id:
+        print(f"flight-serve: pipelines {args.what} needs a pipeline id", file=sys.stderr)
+        return 2
+    body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
+    try:
+        result = _action(args.server, f"pipeline.{args.what}", body)
+    except RuntimeError as exc:
+        print(f"flight-serve: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.what == "list":
+        for item in result["pipelines"]:
+            epoch = "-" if item["epoch"] is None else item["epoch"]
+            print(f"{item['id']}\t{item['state']}\tepoch {epoch}\t{item['name']}")
+    elif args.what == "logs":
+        for line in result["lines"]:
+            print(f"{line['ts']} {line['level']}: {line['message']}")
+    elif args.what == "status":
+        for key, value in result.items():
+            shown = json.dumps(value) if isinstance(value, dict | list) else value
+            print(f"{key}: {shown}")
+    else:
+        print(" ".join(f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
 def _write_data(dataset: str, out: Path) -> int:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -272,6 +376,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "data":
         return _write_data(args.dataset, args.out)
+    if args.command == "submit":
+        return _submit(args)
+    if args.command == "pipelines":
+        return _pipelines(args)
     raise AssertionError(args.command)  # argparse enforces the choices
 
 

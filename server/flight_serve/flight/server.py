@@ -89,6 +89,7 @@ def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     fsync: FsyncMode = "batch",
+    pipelines: bool = True,
     **service_options: Any,
 ) -> Iterator[FlightServeService]:
     """Open the store in ``data_dir``, serve it on ``host:port`` and yield the running service.
@@ -97,6 +98,10 @@ def start_server(
     (``grpc://HOST:PORT``) and ``.store``. On exit the server shuts down (running tails end,
     in-flight calls finish) and the store is closed. ``service_options`` go to
     :class:`~flight_serve.flight.service.FlightServeService` (``max_batch_bytes``, ...).
+
+    With ``pipelines`` (the default) the server runs submitted pipelines
+    (:class:`~flight_serve.pipelines.manager.PipelineManager`, the ``pipeline.*`` actions): it
+    resumes every ``running`` one at start, and on exit asks each to checkpoint and stop first.
 
     Raises:
         StorageError: the data directory cannot be opened or another store owns it.
@@ -108,10 +113,20 @@ def start_server(
     except BaseException:
         store.close()
         raise
+    manager = None
     try:
+        if pipelines:
+            from flight_serve.flight.pipeline_actions import register_pipeline_actions
+            from flight_serve.pipelines.manager import PipelineManager
+
+            manager = PipelineManager(store, Path(data_dir))
+            register_pipeline_actions(service, manager)
+            manager.start()
         yield service
     finally:
         try:
+            if manager is not None:
+                manager.stop()
             service.shutdown()
             service.wait()
         finally:

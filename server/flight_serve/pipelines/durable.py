@@ -55,15 +55,12 @@ from flight_serve.engine.operator import OperatorSnapshot
 from flight_serve.errors import CheckpointError, ConnectorError, FlightServeError
 from flight_serve.pipelines.checkpoint import CheckpointStore, Manifest, fingerprint, now_utc
 from flight_serve.pipelines.dialect import sql_error
-from flight_serve.pipelines.epoch_sinks import (
-    EpochFileSink,
-    EpochStreamSink,
-    StreamTarget,
-    read_ipc,
-)
-from flight_serve.pipelines.pipeline import PipelinePlan
+from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink, read_ipc
+from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
 from flight_serve.pipelines.run_options import RunOptions
-from flight_serve.pipelines.runtime import PipelineRuntime, _WindowNode
+from flight_serve.pipelines.runtime import LiveSource, PipelineRuntime, RunSummary, _WindowNode
+from flight_serve.pipelines.store_io import StoreSource, StoreTarget
+from flight_serve.store import StreamStore
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
 __all__ = [
@@ -278,8 +275,9 @@ class DurableRuntime(PipelineRuntime):
             ``state_root``, else ``<output_dir>/checkpoints/<name>``.
         output_dir: where relative sink paths start.
         resume: ``"latest"``, ``"fresh"`` or an epoch (see the module docstring).
-        stream_target: for server pipelines: makes the stream a ``flight`` sink without
-            ``server`` writes to (``None``: such sinks are refused).
+        store: for server pipelines: the server's store, which ``flight`` sources and sinks
+            without a ``server`` option read and write (:mod:`.store_io`); ``None``: such
+            connectors are refused.
         on_checkpoint: called after every completed checkpoint.
 
     Raises:
@@ -298,17 +296,17 @@ class DurableRuntime(PipelineRuntime):
         state_root: str | None = None,
         output_dir: Path | None = None,
         resume: ResumeFrom = "latest",
-        stream_target: Callable[[str, str], StreamTarget] | None = None,
+        store: StreamStore | None = None,
         on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     ) -> None:
         self.options = options if options is not None else plan.run_options
-        self.stream_target = stream_target
-        self._check_connectors(plan)
-        super().__init__(plan, output_dir=output_dir)
+        self.store = store
         self.name = name
+        self._check_connectors(plan)
         root = state_root or self.options.state_root
         if root is None:
-            root = str(self.output_dir / "checkpoints" / name)
+            base = output_dir if output_dir is not None else Path.cwd()
+            root = str(base / "checkpoints" / name)
         self.checkpoints = CheckpointStore(root)
         self.fingerprint = fingerprint(plan.text)
         self.on_checkpoint = on_checkpoint
@@ -326,6 +324,7 @@ class DurableRuntime(PipelineRuntime):
         self._next_due = time.monotonic() + (self._interval_s or 0.0)
         self.manifest = self._pick(resume)
         self.epoch = self.manifest.epoch if self.manifest is not None else 0
+        super().__init__(plan, output_dir=output_dir)  # opens the sources (from their offsets)
         self._restore_operators()
         for name_, source in list(self.sources.items()):
             state = self.manifest.sources.get(name_) if self.manifest is not None else None
@@ -335,7 +334,7 @@ class DurableRuntime(PipelineRuntime):
     # --- building -----------------------------------------------------------------------------
 
     def _check_connectors(self, plan: PipelinePlan) -> None:
-        server = self.stream_target is not None
+        server = self.store is not None
         for relation in plan.sources.values():
             option = relation.connector["connector"]
             connector = option.text.lower()
@@ -397,6 +396,42 @@ class DurableRuntime(PipelineRuntime):
         self.resumed_from = manifest.epoch
         return manifest
 
+    def _flight_source(self, relation: RelationDef) -> LiveSource:
+        if self.store is None:  # refused by _check_connectors: never reached
+            return super()._flight_source(relation)
+        options = relation.connector
+        stream = options["stream"].text if "stream" in options else relation.name
+        state = self.manifest.sources.get(relation.name, {}) if self.manifest is not None else {}
+        try:
+            source = StoreSource(
+                self.store,
+                stream,
+                name=relation.name,
+                schema=relation.columns,
+                start_offset=int(state.get("offset", 0)),
+                incarnation=state.get("incarnation"),
+                offset_reset=self.options.offset_reset,
+                on_gap=self.report_gap,
+                rows=int(state.get("rows", 0)),
+            )
+        except ConnectorError as exc:
+            raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
+        if (
+            relation.time_column is not None
+            and source.schema.get_field_index(relation.time_column) < 0
+        ):
+            raise sql_error(
+                f"WATERMARK FOR {relation.time_column}: stream {stream} has no such column "
+                f"(columns: {', '.join(source.schema.names)})",
+                relation.node.this,
+            )
+        source.barrier = self.barrier
+        source.counted = self.count_event
+        return source
+
+    def _store_sources(self) -> dict[str, StoreSource]:
+        return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}
+
     def _window_nodes(self) -> list[_WindowNode]:
         return [n for n in self.nodes if isinstance(n, _WindowNode)]
 
@@ -446,12 +481,12 @@ class DurableRuntime(PipelineRuntime):
                         finished=finished,
                     )
                 else:
-                    assert self.stream_target is not None
+                    assert self.store is not None
                     assert slot.flight is not None
-                    _, stream, writer = slot.flight
+                    _, stream, _ = slot.flight
                     sink = EpochStreamSink(
                         name,
-                        self.stream_target(stream, writer),
+                        StoreTarget(self.store, stream, slot.schema),
                         slot.schema,
                         mark=entry.get("mark"),
                         incarnation=entry.get("incarnation"),
@@ -542,7 +577,8 @@ class DurableRuntime(PipelineRuntime):
         }
 
     def _source_rows(self) -> int:
-        return sum(s.rows for s in self.sources.values() if isinstance(s, _FileCursor))
+        files = sum(s.rows for s in self.sources.values() if isinstance(s, _FileCursor))
+        return files + sum(s.rows for s in self._store_sources().values())
 
     def watermark_ns(self) -> int | None:
         """The lowest watermark of the windowed queries (``None`` without one, or before any)."""
@@ -576,6 +612,8 @@ class DurableRuntime(PipelineRuntime):
             for name, source in self.sources.items()
             if isinstance(source, _FileCursor)
         }
+        for name, live in self._store_sources().items():
+            sources[name] = live.position_state()
         sinks: dict[str, dict[str, Any]] = {}
         for name, slot in self.sinks.items():
             txn = self._txn.get(name)
@@ -644,6 +682,17 @@ class DurableRuntime(PipelineRuntime):
         finally:
             for txn in self._txn.values():
                 txn.close()
+
+    def summary(self) -> RunSummary:
+        """Rows per sink, targets (a server stream is ``stream <name>``) and late rows so far."""
+        summary = super().summary()
+        if self.store is None:
+            return summary
+        targets = dict(summary.targets)
+        for name, slot in self.sinks.items():
+            if slot.flight is not None:
+                targets[name] = f"stream {slot.flight[1]}"
+        return RunSummary(summary.rows, targets, summary.late_rows)
 
     def deliver(self, sink: str, batch: pa.RecordBatch) -> None:
         """Hand ``batch`` to the sink's current epoch (committed at the next checkpoint)."""

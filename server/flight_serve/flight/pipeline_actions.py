@@ -1,0 +1,143 @@
+"""The ``pipeline.*`` actions (DESIGN §6): submit a pipeline and walk away, then look at it.
+
+Bodies and results are UTF-8 JSON objects (schemas/README.md, "Actions"):
+
+=======================  =============================================  ===========================
+action                   body                                           result
+=======================  =============================================  ===========================
+``pipeline.submit``      ``{"sql", "name"?, "base_dir"?,                ``{"id", "name", "state",
+                         "output_dir"?}``                               "outputs"}``
+``pipeline.list``        ``{}``                                         ``{"pipelines": [{"id",
+                                                                        "name", "state", …}]}``
+``pipeline.status``      ``{"id"}``                                     state, watermark, lag, rows
+                                                                        in / out, late rows, last
+                                                                        checkpoint, last error
+``pipeline.cancel``      ``{"id"}``                                     ``{"id", "state"}``
+``pipeline.checkpoint``  ``{"id", "wait_s"?}``                          ``{"id", "epoch",
+                                                                        "completed", …}``
+``pipeline.logs``        ``{"id", "after"?}``                           ``{"lines": [{"seq", "ts",
+                                                                        "level", "message"}]}``
+=======================  =============================================  ===========================
+
+A pipeline's results are its output streams: tail them (``stream.tail``) from any offset.
+Errors: INVALID_ARGUMENT for a malformed body or a pipeline that does not plan (with line and
+column), NOT_FOUND for an unknown id.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow.flight as flight
+
+from flight_serve.errors import ActionError
+from flight_serve.flight.service import FlightServeService
+from flight_serve.pipelines.manager import PipelineManager
+
+__all__ = ["register_pipeline_actions"]
+
+
+def _body(raw: bytes, action: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw.decode("utf-8")) if raw else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ActionError(f"{action}: the body is not UTF-8 JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ActionError(f"{action}: the body must be a JSON object")
+    return value
+
+
+def _text(body: dict[str, Any], key: str, action: str, required: bool = True) -> str | None:
+    value = body.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ActionError(f'{action}: the body needs "{key}": a non-empty string')
+    return value
+
+
+def _result(value: Any) -> list[bytes]:
+    return [json.dumps(value).encode()]
+
+
+def register_pipeline_actions(service: FlightServeService, manager: PipelineManager) -> None:
+    """Add the ``pipeline.*`` actions of ``manager`` to ``service``."""
+
+    def submit(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
+        body = _body(raw, "pipeline.submit")
+        sql = _text(body, "sql", "pipeline.submit")
+        assert sql is not None
+        return _result(
+            manager.submit(
+                sql,
+                name=_text(body, "name", "pipeline.submit", required=False),
+                base_dir=_text(body, "base_dir", "pipeline.submit", required=False),
+                output_dir=_text(body, "output_dir", "pipeline.submit", required=False),
+            )
+        )
+
+    def list_(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
+        _body(raw, "pipeline.list")
+        return _result({"pipelines": manager.pipelines()})
+
+    def status(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
+        pid = _text(_body(raw, "pipeline.status"), "id", "pipeline.status")
+        assert pid is not None
+        return _result(manager.status(pid))
+
+    def cancel(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
+        pid = _text(_body(raw, "pipeline.cancel"), "id", "pipeline.cancel")
+        assert pid is not None
+        return _result(manager.cancel(pid))
+
+    def checkpoint(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
+        body = _body(raw, "pipeline.checkpoint")
+        pid = _text(body, "id", "pipeline.checkpoint")
+        assert pid is not None
+        wait_s = body.get("wait_s", 30.0)
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or wait_s < 0:
+            raise ActionError('pipeline.checkpoint: "wait_s" must be a number of seconds >= 0')
+        return _result(manager.checkpoint(pid, float(wait_s)))
+
+    def logs(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
+        body = _body(raw, "pipeline.logs")
+        pid = _text(body, "id", "pipeline.logs")
+        assert pid is not None
+        after = body.get("after", 0)
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ActionError('pipeline.logs: "after" must be an integer >= 0')
+        lines = manager.logs(pid, after)
+        return _result({"lines": [vars(line) for line in lines]})
+
+    service.register_action(
+        "pipeline.submit",
+        'Submit a pipeline to run on the server. Body: {"sql": text, "name"?, "base_dir"?, '
+        '"output_dir"?}. Result: {"id", "name", "state", "outputs"}.',
+        submit,
+    )
+    service.register_action(
+        "pipeline.list", 'List the pipelines. Body: {}. Result: {"pipelines": [...]}.', list_
+    )
+    service.register_action(
+        "pipeline.status",
+        "A pipeline's state, watermark, lag, rows in and out, late rows, last checkpoint and "
+        'last error. Body: {"id"}.',
+        status,
+    )
+    service.register_action(
+        "pipeline.cancel",
+        'Checkpoint and stop a pipeline (state cancelled). Body: {"id"}. Result: {"id", "state"}.',
+        cancel,
+    )
+    service.register_action(
+        "pipeline.checkpoint",
+        'Take a checkpoint of a running pipeline now. Body: {"id", "wait_s"?}. Result: '
+        '{"id", "epoch", "completed"}.',
+        checkpoint,
+    )
+    service.register_action(
+        "pipeline.logs",
+        'A pipeline\'s log lines. Body: {"id", "after"?: seq}. Result: {"lines": [...]}.',
+        logs,
+    )

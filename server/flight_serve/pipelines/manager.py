@@ -1,0 +1,405 @@
+"""Submitted pipelines inside the server: each runs in its own thread, checkpoints, and resumes
+after a restart (DESIGN §1 "submit and walk away", §3 pipeline states).
+
+:class:`PipelineManager` owns the :class:`~flight_serve.pipelines.registry.Registry` of a data
+directory and one thread per ``running`` pipeline. A pipeline runs as a
+:class:`~flight_serve.pipelines.durable.DurableRuntime` against the server's store: ``flight``
+sources and sinks without a ``server`` option are the server's streams, read and written
+directly; file sources and sinks work as in ``flight-serve run``.
+
+* **submit**: the SQL is planned and every connector opened in the caller's thread (a bad
+  pipeline is refused with its line and column and nothing is registered); then the pipeline is
+  registered ``running`` and its thread starts. Its output streams exist from that moment, so a
+  client can tail them at once and from any offset.
+* **checkpoints**: every ``checkpoint_interval`` (1 s unless the pipeline SETs one) in
+  ``<data-dir>/checkpoints/<id>/`` (or its ``state_root``); the registry keeps the last one and the
+  metrics taken with it.
+* **restart**: :meth:`PipelineManager.start` resumes every ``running`` pipeline from its newest
+  checkpoint. :meth:`PipelineManager.stop` (server shutdown) asks every pipeline to checkpoint and
+  stop; they stay ``running`` in the registry.
+* **failure**: a pipeline whose run raises goes to ``failed`` with the error in its status, or,
+  with ``SET on_failure = 'retry'``, resumes from its last checkpoint after a pause that doubles
+  each time (``retry_backoff``, at most a minute), up to ``max_retries`` times in a row (a
+  completed checkpoint resets the count). Other pipelines are not affected.
+* **cancel**: checkpoint, stop, state ``cancelled`` (outputs stay).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from flight_serve.errors import FlightServeError, InvalidInputError
+from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry
+from flight_serve.pipelines.store_io import StoreSource
+from flight_serve.store import StreamStore
+from flight_serve.types import MAX_WATERMARK_NS
+
+__all__ = ["DEFAULT_CHECKPOINT_INTERVAL", "PipelineManager"]
+
+log = logging.getLogger("flight_serve.pipelines")
+
+#: The checkpoint interval of a server pipeline that does not SET one.
+DEFAULT_CHECKPOINT_INTERVAL = timedelta(seconds=1)
+#: How long :meth:`PipelineManager.stop` waits for each pipeline to checkpoint and stop.
+STOP_TIMEOUT_S = 30.0
+_SLUG = re.compile(r"[^a-z0-9_-]+")
+
+
+def _slug(name: str) -> str:
+    slug = _SLUG.sub("-", name.lower()).strip("-")[:40]
+    return slug or "pipeline"
+
+
+def _iso_ns(ns: int | None) -> str | None:
+    if ns is None:
+        return None
+    if ns >= MAX_WATERMARK_NS:
+        return "+inf"
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat()
+
+
+class _Run:
+    """One pipeline's thread."""
+
+    def __init__(self, manager: PipelineManager, record: PipelineRecord) -> None:
+        self.manager = manager
+        self.id = record.id
+        self.runtime: DurableRuntime | None = None
+        self.cancelled = threading.Event()
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self.attempts = record.attempts
+        self.thread = threading.Thread(
+            target=self.main, name=f"flight-serve-pipeline-{record.id}", daemon=True
+        )
+
+    def main(self) -> None:
+        manager, pid = self.manager, self.id
+        registry = manager.registry
+        while True:
+            try:
+                runtime = self.runtime
+                if runtime is None:
+                    runtime = self.runtime = manager.build(registry.get(pid))
+                    if runtime.resumed_from is not None:
+                        registry.log(pid, "info", f"resumed from checkpoint {runtime.resumed_from}")
+                    for gap in runtime.gaps:
+                        registry.log(pid, "warning", f"gap: {gap}")
+                if self.stopping.is_set() or self.cancelled.is_set():
+                    runtime.request_stop()
+                for _ in runtime.run():
+                    pass
+                registry.log(pid, "info", f"finished at epoch {runtime.epoch}")
+                registry.set_state(pid, "finished")
+                return
+            except PipelineStopped:
+                if self.cancelled.is_set():
+                    registry.log(pid, "info", "cancelled")
+                    registry.set_state(pid, "cancelled")
+                else:
+                    registry.log(pid, "info", "stopped with the server; resumes on restart")
+                return
+            except Exception as exc:  # a failing pipeline must not take the server down
+                message = (
+                    f"{type(exc).__name__}: {exc}"
+                    if not isinstance(exc, FlightServeError)
+                    else str(exc)
+                )
+                log.warning(
+                    "pipeline failed", extra={"pipeline": pid, "error": message}, exc_info=True
+                )
+                self.runtime = None
+                options = manager.options_of(pid)
+                retry = (
+                    options is not None
+                    and options.on_failure == "retry"
+                    and self.attempts < options.max_retries
+                    and not (self.stopping.is_set() or self.cancelled.is_set())
+                )
+                if not retry or options is None:
+                    registry.log(pid, "error", f"failed: {message}")
+                    registry.set_state(pid, "failed", error=message, attempts=self.attempts)
+                    return
+                self.attempts += 1
+                pause = options.backoff(self.attempts)
+                registry.set_state(pid, "running", error=message, attempts=self.attempts)
+                registry.log(
+                    pid,
+                    "warning",
+                    f"failed: {message}; retry {self.attempts} of {options.max_retries} in "
+                    f"{pause.total_seconds():g} s from the last checkpoint",
+                )
+                self.wake.wait(pause.total_seconds())
+                if self.cancelled.is_set():
+                    registry.log(pid, "info", "cancelled")
+                    registry.set_state(pid, "cancelled")
+                    return
+                if self.stopping.is_set():
+                    return
+
+    def stop(self, cancel: bool) -> None:
+        (self.cancelled if cancel else self.stopping).set()
+        self.wake.set()
+        runtime = self.runtime
+        if runtime is not None:
+            runtime.request_stop()
+
+
+class PipelineManager:
+    """The submitted pipelines of one server (see the module docstring).
+
+    Args:
+        store: the server's stream store.
+        data_dir: the server's data directory (registry, checkpoints, default outputs).
+        checkpoint_interval: for pipelines that do not SET one.
+
+    Raises:
+        StorageError: the registry cannot be opened.
+    """
+
+    def __init__(
+        self,
+        store: StreamStore,
+        data_dir: Path,
+        *,
+        checkpoint_interval: timedelta = DEFAULT_CHECKPOINT_INTERVAL,
+    ) -> None:
+        self.store = store
+        self.data_dir = Path(data_dir)
+        self.checkpoint_interval = checkpoint_interval
+        self.registry = Registry(self.data_dir / "pipelines.sqlite")
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Resume every ``running`` pipeline of the registry (each from its last checkpoint)."""
+        for record in self.registry.all():
+            if record.state == "running":
+                self.registry.log(record.id, "info", "server started: resuming")
+                self._launch(record, None)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask every pipeline to checkpoint and stop; wait for them (they stay ``running``)."""
+        with self._lock:
+            self._closed = True
+            runs = list(self._runs.values())
+        for run in runs:
+            run.stop(cancel=False)
+        for run in runs:
+            run.thread.join(timeout_s)
+        self.registry.close()
+
+    def _launch(self, record: PipelineRecord, runtime: DurableRuntime | None) -> None:
+        run = _Run(self, record)
+        run.runtime = runtime
+        with self._lock:
+            if self._closed:
+                return
+            self._runs[record.id] = run
+        run.thread.start()
+
+    # --- building ----------------------------------------------------------------------------
+
+    def options_of(self, pid: str) -> Any:
+        """The run options of ``pid``'s pipeline (``None`` if its text no longer parses)."""
+        try:
+            record = self.registry.get(pid)
+            return parse_pipeline(record.sql, base_dir=Path(record.base_dir)).run_options
+        except FlightServeError:
+            return None
+
+    def build(self, record: PipelineRecord) -> DurableRuntime:
+        """The runtime of ``record``'s pipeline, resumed from its newest checkpoint."""
+        plan = parse_pipeline(record.sql, base_dir=Path(record.base_dir))
+        options = plan.run_options
+        if not options.checkpoints:
+            options = replace(options, checkpoint_interval=self.checkpoint_interval)
+        pid = record.id
+        return DurableRuntime(
+            plan,
+            name=pid,
+            options=options,
+            state_root=options.state_root or str(self.data_dir / "checkpoints" / pid),
+            output_dir=Path(record.output_dir),
+            resume="latest",
+            store=self.store,
+            on_checkpoint=lambda info: self._checkpointed(pid, info),
+        )
+
+    def _checkpointed(self, pid: str, info: CheckpointInfo) -> None:
+        run = self._runs.get(pid)
+        runtime = run.runtime if run is not None else None
+        metrics = runtime.metrics() if runtime is not None else {}
+        if runtime is not None:
+            metrics["source_lag_entries"] = sum(
+                max(self.store.info(s.stream).next_offset - s.position, 0)
+                for s in runtime.flight_sources.values()
+                if isinstance(s, StoreSource) and self.store.exists(s.stream)
+            )
+            metrics["outputs"] = runtime.summary().targets
+        self.registry.checkpointed(
+            pid,
+            {
+                "epoch": info.epoch,
+                "taken_at": info.taken_at.isoformat(),
+                "duration_ms": round(info.duration_s * 1000, 3),
+                "bytes": info.bytes,
+                "finished": info.finished,
+            },
+            metrics,
+        )
+        if run is not None and run.attempts:
+            run.attempts = 0  # a checkpoint after a retry: the retries in a row start over
+            self.registry.set_state(pid, "running", attempts=0)
+
+    # --- the actions -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        sql: str,
+        *,
+        name: str | None = None,
+        base_dir: str | None = None,
+        output_dir: str | None = None,
+    ) -> dict[str, Any]:
+        """Plan, open and start a pipeline; return ``{"id", "name", "state", "outputs"}``.
+
+        Args:
+            sql: the pipeline text.
+            name: a name (default ``pipeline``); the id is the name's slug and 8 hex digits.
+            base_dir: where relative source paths start (default: the data directory).
+            output_dir: where relative sink paths start (default ``<data-dir>/outputs/<id>``).
+
+        Raises:
+            PipelineSQLError: the pipeline does not plan, or a connector cannot open (line and
+                column given). Nothing is registered then.
+        """
+        if not sql.strip():
+            raise InvalidInputError("pipeline.submit: the pipeline SQL is empty")
+        pid = f"{_slug(name or 'pipeline')}-{uuid.uuid4().hex[:8]}"
+        base = str(Path(base_dir) if base_dir else self.data_dir.absolute())
+        out = str(Path(output_dir) if output_dir else (self.data_dir / "outputs" / pid).absolute())
+        record = PipelineRecord(
+            pid, name or "pipeline", sql, base, out, "running", "", "", 0, None, None, {}
+        )
+        runtime = self.build(record)  # refuses a bad pipeline before anything is registered
+        record = self.registry.add(pid, record.name, sql, base, out)
+        self.registry.log(pid, "info", "submitted")
+        self._launch(record, runtime)
+        return {
+            "id": pid,
+            "name": record.name,
+            "state": record.state,
+            "outputs": runtime.summary().targets,
+        }
+
+    def pipelines(self) -> list[dict[str, Any]]:
+        """Every pipeline's id, name, state, last checkpoint epoch and last error."""
+        return [
+            {
+                "id": r.id,
+                "name": r.name,
+                "state": r.state,
+                "submitted_at": r.submitted_at,
+                "epoch": r.last_checkpoint["epoch"] if r.last_checkpoint else None,
+                "last_error": r.last_error,
+            }
+            for r in self.registry.all()
+        ]
+
+    def status(self, pid: str) -> dict[str, Any]:
+        """State, watermark and its lag, rows in and out, late rows, last checkpoint, last
+        error, retries. Counters are those of the last checkpoint (at most one interval old).
+
+        Raises:
+            NotFoundError: no such pipeline.
+        """
+        record = self.registry.get(pid)
+        metrics = record.metrics
+        marks = [int(v) for v in metrics.get("watermark_ns", {}).values()]
+        watermark = min(marks) if marks else None
+        lag = None
+        if watermark is not None and watermark < MAX_WATERMARK_NS and watermark > 0:
+            lag = round(datetime.now(UTC).timestamp() - watermark / 1e9, 3)
+        return {
+            "id": record.id,
+            "name": record.name,
+            "state": record.state,
+            "submitted_at": record.submitted_at,
+            "updated_at": record.updated_at,
+            "watermark": _iso_ns(watermark),
+            "watermark_lag_s": lag,
+            "watermarks": {k: _iso_ns(int(v)) for k, v in metrics.get("watermark_ns", {}).items()},
+            "source_lag_entries": metrics.get("source_lag_entries"),
+            "rows_in": metrics.get("rows_in", 0),
+            "rows_out": metrics.get("rows_out", {}),
+            "late_rows": metrics.get("late_rows", {}),
+            "open_panes": metrics.get("open_panes", 0),
+            "outputs": metrics.get("outputs", {}),
+            "gaps": metrics.get("gaps", []),
+            "last_checkpoint": record.last_checkpoint,
+            "last_error": record.last_error,
+            "attempts": record.attempts,
+        }
+
+    def cancel(self, pid: str) -> dict[str, Any]:
+        """Checkpoint and stop ``pid``; its state becomes ``cancelled``.
+
+        Raises:
+            NotFoundError: no such pipeline.
+        """
+        record = self.registry.get(pid)
+        with self._lock:
+            run = self._runs.get(pid)
+        if run is not None and run.thread.is_alive():
+            run.stop(cancel=True)
+            run.thread.join(STOP_TIMEOUT_S)
+        elif record.state != "finished":
+            self.registry.log(pid, "info", "cancelled")
+            self.registry.set_state(pid, "cancelled")
+        return {"id": pid, "state": self.registry.get(pid).state}
+
+    def checkpoint(self, pid: str, wait_s: float = 30.0) -> dict[str, Any]:
+        """Take a checkpoint of ``pid`` now and wait (up to ``wait_s``) until it completes.
+
+        Raises:
+            NotFoundError: no such pipeline. InvalidInputError: it is not running.
+        """
+        record = self.registry.get(pid)
+        with self._lock:
+            run = self._runs.get(pid)
+        runtime = run.runtime if run is not None else None
+        if record.state != "running" or runtime is None:
+            raise InvalidInputError(f"pipeline {pid} is {record.state}, not running")
+        before = runtime.epoch
+        runtime.request_checkpoint()
+        info = runtime.wait_checkpoint(before, wait_s)
+        if info is None:
+            return {"id": pid, "epoch": None, "completed": False}
+        return {
+            "id": pid,
+            "epoch": info.epoch,
+            "completed": True,
+            "taken_at": info.taken_at.isoformat(),
+            "bytes": info.bytes,
+        }
+
+    def logs(self, pid: str, after: int = 0) -> list[LogLine]:
+        """``pid``'s log lines after ``after``.
+
+        Raises:
+            NotFoundError: no such pipeline.
+        """
+        return self.registry.logs(pid, after)

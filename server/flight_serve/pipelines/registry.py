@@ -1,0 +1,216 @@
+"""The durable registry of a server's pipelines: one SQLite file in the data directory.
+
+``<data-dir>/pipelines.sqlite`` holds, per pipeline, what it is (id, name, SQL text, where its
+relative paths start), its state (``running``, ``failed``, ``cancelled``, ``finished``), its last
+error, retry attempts, its last checkpoint and the metrics taken with it; and a log of what
+happened to it (submitted, resumed, retried, failed, …). Every change is committed (SQLite WAL,
+``synchronous = FULL``) before the call returns, so a pipeline that was acknowledged as submitted
+is found again after a crash, and a server restart resumes every ``running`` pipeline.
+
+Thread-safe: one connection guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from flight_serve.errors import NotFoundError, StorageError
+
+__all__ = ["LogLine", "PipelineRecord", "PipelineState", "Registry"]
+
+PipelineState = Literal["running", "failed", "cancelled", "finished"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pipelines (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    sql TEXT NOT NULL,
+    base_dir TEXT NOT NULL,
+    output_dir TEXT NOT NULL,
+    state TEXT NOT NULL,
+    submitted_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    last_checkpoint TEXT,
+    metrics TEXT
+);
+CREATE TABLE IF NOT EXISTS pipeline_logs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    pipeline TEXT NOT NULL,
+    ts TEXT NOT NULL,
+    level TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pipeline_logs_by_pipeline ON pipeline_logs (pipeline, seq);
+"""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class PipelineRecord:
+    """One pipeline as the registry holds it.
+
+    Attributes:
+        id: the pipeline id.
+        name: a human name (the submitted file's stem, or given).
+        sql: the pipeline text.
+        base_dir: where its relative source paths start.
+        output_dir: where its relative sink paths start.
+        state: ``running``, ``failed``, ``cancelled`` or ``finished``.
+        submitted_at, updated_at: ISO 8601 UTC.
+        attempts: retries in a row after failures.
+        last_error: the last error's message, if any.
+        last_checkpoint: ``{"epoch", "taken_at", "duration_ms", "bytes", "finished"}`` or ``None``.
+        metrics: the counters taken with the last checkpoint.
+    """
+
+    id: str
+    name: str
+    sql: str
+    base_dir: str
+    output_dir: str
+    state: PipelineState
+    submitted_at: str
+    updated_at: str
+    attempts: int
+    last_error: str | None
+    last_checkpoint: dict[str, Any] | None
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of a pipeline's log."""
+
+    seq: int
+    ts: str
+    level: str
+    message: str
+
+
+class Registry:
+    """The pipelines of one data directory (see the module docstring).
+
+    Raises:
+        StorageError: the database cannot be opened or written.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot open the pipeline registry {path}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise StorageError(f"pipeline registry {self.path}: {exc}") from exc
+
+    @staticmethod
+    def _record(row: tuple[Any, ...]) -> PipelineRecord:
+        (pid, name, sql, base, out, state, submitted, updated, attempts, error, ckpt, metrics) = row
+        return PipelineRecord(
+            pid,
+            name,
+            sql,
+            base,
+            out,
+            state,
+            submitted,
+            updated,
+            int(attempts),
+            error,
+            json.loads(ckpt) if ckpt else None,
+            json.loads(metrics) if metrics else {},
+        )
+
+    def add(self, pid: str, name: str, sql: str, base_dir: str, output_dir: str) -> PipelineRecord:
+        """Register a new ``running`` pipeline."""
+        now = _now()
+        self._run(
+            "INSERT INTO pipelines (id, name, sql, base_dir, output_dir, state, submitted_at, "
+            "updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+            (pid, name, sql, base_dir, output_dir, now, now),
+        )
+        return self.get(pid)
+
+    def get(self, pid: str) -> PipelineRecord:
+        """The pipeline ``pid``.
+
+        Raises:
+            NotFoundError: no such pipeline.
+        """
+        rows = self._run("SELECT * FROM pipelines WHERE id = ?", (pid,))
+        if not rows:
+            raise NotFoundError(f"no pipeline {pid!r}; flight-serve pipelines list shows them")
+        return self._record(rows[0])
+
+    def all(self) -> list[PipelineRecord]:
+        """Every pipeline, oldest first."""
+        rows = self._run("SELECT * FROM pipelines ORDER BY submitted_at, id")
+        return [self._record(r) for r in rows]
+
+    def set_state(
+        self,
+        pid: str,
+        state: PipelineState,
+        *,
+        error: str | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        """Set ``pid``'s state (and its last error and attempts when given)."""
+        sets, args = ["state = ?", "updated_at = ?"], [state, _now()]
+        if error is not None:
+            sets.append("last_error = ?")
+            args.append(error)
+        if attempts is not None:
+            sets.append("attempts = ?")
+            args.append(str(attempts))
+        self._run(f"UPDATE pipelines SET {', '.join(sets)} WHERE id = ?", (*args, pid))
+
+    def checkpointed(self, pid: str, checkpoint: dict[str, Any], metrics: dict[str, Any]) -> None:
+        """Record ``pid``'s latest checkpoint and the metrics taken with it."""
+        self._run(
+            "UPDATE pipelines SET last_checkpoint = ?, metrics = ?, updated_at = ? WHERE id = ?",
+            (json.dumps(checkpoint), json.dumps(metrics), _now(), pid),
+        )
+
+    def log(self, pid: str, level: str, message: str) -> None:
+        """Append a line to ``pid``'s log."""
+        self._run(
+            "INSERT INTO pipeline_logs (pipeline, ts, level, message) VALUES (?, ?, ?, ?)",
+            (pid, _now(), level, message),
+        )
+
+    def logs(self, pid: str, after: int = 0, limit: int = 1000) -> list[LogLine]:
+        """``pid``'s log lines after sequence number ``after`` (oldest first)."""
+        self.get(pid)
+        rows = self._run(
+            "SELECT seq, ts, level, message FROM pipeline_logs WHERE pipeline = ? AND seq > ? "
+            "ORDER BY seq LIMIT ?",
+            (pid, after, limit),
+        )
+        return [LogLine(int(seq), ts, level, message) for seq, ts, level, message in rows]

@@ -1,0 +1,260 @@
+"""A server pipeline's streams, read and written through the server's own store (no network).
+
+In a pipeline running inside the server, ``CREATE SOURCE … WITH (connector = 'flight', stream =
+…)`` and ``CREATE SINK … WITH (connector = 'flight', stream = …)`` without a ``server`` option
+name a stream of *this* server, and go straight to its
+:class:`~flight_serve.store.StreamStore`:
+
+:class:`StoreSource`
+    Reads the stream from an offset, entry by entry, as the runtime polls it; its **offset** (the
+    next entry to read) is what a checkpoint records. The stream is one watermark partition
+    (named ``""``: the store does not record DoPut writers yet, so every writer's rows share it);
+    it has no end (a server stream is live), so windows over it fire as its watermark advances.
+    On restore, an offset that retention removed (``offset < first_offset``), or a stream that was
+    dropped and re-created since the checkpoint, is a :class:`~flight_serve.errors.CheckpointError`,
+    unless ``offset_reset = 'earliest'``: then the read resumes at the oldest entry there is and
+    the gap (entries skipped) is reported.
+
+:class:`StoreTarget`
+    The stream an exactly-once stream sink
+    (:class:`~flight_serve.pipelines.epoch_sinks.EpochStreamSink`) appends to; it is created,
+    with the sink's columns, when the pipeline starts, so a client can tail it at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+
+from flight_serve.connectors.flight import SourceEvent
+from flight_serve.errors import (
+    CheckpointError,
+    ConnectorError,
+    FlightServeError,
+    StreamNotFoundError,
+)
+from flight_serve.store import StreamStore
+
+__all__ = ["PARTITION", "StoreSource", "StoreTarget"]
+
+#: The watermark partition of a stream read from the store (see the module docstring).
+PARTITION = ""
+_WAIT_FOR_STREAM_S = 0.05
+
+
+class StoreSource:
+    """A stream of this server as a pipeline source (see the module docstring).
+
+    Args:
+        store: the server's store.
+        stream: the stream name.
+        name: the source's name in the pipeline (for messages).
+        schema: the declared columns, or ``None`` to take the stream's (it must exist then).
+        start_offset: the first entry to read (a checkpoint's offset, or 0).
+        incarnation: the stream incarnation the offset belongs to (from a checkpoint).
+        offset_reset: ``fail`` or ``earliest`` (see the module docstring).
+        on_gap: told about a gap skipped under ``offset_reset = 'earliest'``.
+        rows: rows read before (from a checkpoint).
+
+    Raises:
+        ConnectorError: no such stream and no declared columns, or a declared column is missing.
+        CheckpointError: the offset is gone and ``offset_reset`` is ``fail``.
+    """
+
+    server = "this server (its store)"
+    stop_at_end = False
+
+    def __init__(
+        self,
+        store: StreamStore,
+        stream: str,
+        *,
+        name: str,
+        schema: pa.Schema | None = None,
+        start_offset: int = 0,
+        incarnation: str | None = None,
+        offset_reset: str = "fail",
+        on_gap: Callable[[str], None] | None = None,
+        rows: int = 0,
+    ) -> None:
+        self.store = store
+        self.stream = stream
+        self.what = f"source {name} (stream {stream!r})"
+        info = store.info(stream) if store.exists(stream) else None
+        if info is None and schema is None:
+            raise ConnectorError(
+                f"{self.what}: the stream does not exist yet; declare the source's columns to "
+                "wait for it"
+            )
+        self.schema: pa.Schema = schema if schema is not None else info.schema  # type: ignore[union-attr]
+        if info is not None:
+            missing = [n for n in self.schema.names if info.schema.get_field_index(n) < 0]
+            if missing:
+                raise ConnectorError(
+                    f"{self.what}: the stream has no column {', '.join(map(repr, missing))}; its "
+                    f"columns: {', '.join(info.schema.names)}"
+                )
+        self.partitions: tuple[str, ...] = (PARTITION,)
+        self.initial_watermarks: dict[str, int] = {}
+        self.rows = rows
+        self.gap_entries = 0
+        self.incarnation = info.incarnation if info is not None else None
+        reset = offset_reset == "earliest"
+        if incarnation is not None and self.incarnation != incarnation:
+            message = (
+                f"{self.what}: the stream was dropped or re-created since the checkpoint "
+                f"(incarnation {incarnation}, now {self.incarnation or 'none'}); the offset "
+                f"{start_offset} names nothing"
+            )
+            if not reset:
+                raise CheckpointError(
+                    f"{message}. Start over (cancel and submit again), or SET offset_reset = "
+                    "'earliest' to read the new stream from its start"
+                )
+            start_offset = info.first_offset if info is not None else 0
+            if on_gap is not None:
+                on_gap(f"{message}: reading the new stream from offset {start_offset}")
+        elif info is not None and start_offset < info.first_offset:
+            gap = info.first_offset - start_offset
+            message = (
+                f"{self.what}: the checkpoint's offset {start_offset} is gone (retention kept "
+                f"offsets {info.first_offset} and up): {gap} entries were never read"
+            )
+            if not reset:
+                raise CheckpointError(
+                    f"{message}. SET offset_reset = 'earliest' to skip them and go on from "
+                    f"{info.first_offset} (the gap is reported), or start over"
+                )
+            self.gap_entries = gap
+            start_offset = info.first_offset
+            if on_gap is not None:
+                on_gap(f"{message}; resuming at {start_offset} (offset_reset = 'earliest')")
+        self.start_offset = start_offset
+        self.position = start_offset  # the next entry to read
+        self.end_offset = info.next_offset if info is not None else 0
+        self._backlog = self.end_offset > start_offset
+        #: called before each poll: the runtime's barrier (a checkpoint may be taken there)
+        self.barrier: Callable[[], None] = lambda: None
+        #: called with each batch handed out
+        self.counted: Callable[[pa.RecordBatch | None], None] = lambda batch: None
+
+    @property
+    def done(self) -> bool:
+        """Never: a server stream has no end."""
+        return False
+
+    @property
+    def backlog(self) -> bool:
+        """Whether the stream holds entries not read yet."""
+        return self._backlog
+
+    def start(self) -> None:
+        """Nothing to start: reads happen in :meth:`poll`."""
+
+    def position_state(self) -> dict[str, object]:
+        """The offset as checkpoint JSON."""
+        return {
+            "kind": "stream",
+            "stream": self.stream,
+            "incarnation": self.incarnation,
+            "offset": self.position,
+            "rows": self.rows,
+            "gap_entries": self.gap_entries,
+        }
+
+    def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
+        """The next entries (up to ``max_entries``), waiting up to ``timeout_s`` seconds when
+        there are none. Every event returned by the previous poll has been processed when this
+        is called, so the barrier runs first.
+
+        Raises:
+            ConnectorError: the stream was dropped, or a batch does not fit the declared columns.
+        """
+        self.barrier()
+        if self.incarnation is None:
+            if not self.store.exists(self.stream):
+                time.sleep(min(timeout_s, _WAIT_FOR_STREAM_S))
+                return []
+            self.incarnation = self.store.info(self.stream).incarnation
+        events: list[SourceEvent] = []
+        try:
+            entries = self.store.read(
+                self.stream,
+                self.position,
+                self.position + max_entries,
+                incarnation=self.incarnation,
+            )
+            for offset, batch in entries:
+                events.append(SourceEvent("batch", PARTITION, self._conform(batch), offset=offset))
+                self.position = offset + 1
+                self.rows += batch.num_rows
+                self.counted(batch)
+            if not events and timeout_s > 0:
+                self.store.wait_for(self.stream, self.position, timeout_s)
+            next_offset = self.store.info(self.stream).next_offset
+        except StreamNotFoundError as exc:
+            raise ConnectorError(f"{self.what}: the stream was dropped ({exc})") from exc
+        backlog = next_offset > self.position
+        if backlog != self._backlog:
+            self._backlog = backlog
+            events.append(SourceEvent("backlog", backlog=backlog))
+        return events
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if batch.schema.equals(self.schema):
+            return batch
+        try:
+            return pa.RecordBatch.from_arrays(
+                [batch.column(f.name).cast(f.type) for f in self.schema], schema=self.schema
+            )
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ConnectorError(
+                f"{self.what}: a batch does not fit the declared columns: {exc}"
+            ) from exc
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+class StoreTarget:
+    """A stream of this server as an exactly-once sink's target (see the module docstring).
+
+    Args:
+        store: the server's store.
+        stream: the stream name; created now with ``schema`` if missing.
+        schema: the sink's columns.
+
+    Raises:
+        ConnectorError: the stream exists with other columns, or cannot be created.
+    """
+
+    def __init__(self, store: StreamStore, stream: str, schema: pa.Schema) -> None:
+        self.store = store
+        self._name = stream
+        try:
+            store.create(stream, schema)
+        except FlightServeError as exc:
+            raise ConnectorError(f"stream {stream!r}: {exc}") from exc
+
+    @property
+    def name(self) -> str:
+        """The stream name."""
+        return self._name
+
+    def incarnation(self) -> str | None:
+        """The stream's incarnation now (``None`` if it was dropped)."""
+        return self.store.info(self._name).incarnation if self.store.exists(self._name) else None
+
+    def next_offset(self) -> int:
+        """The offset the next entry gets."""
+        return self.store.info(self._name).next_offset if self.store.exists(self._name) else 0
+
+    def entries(self, start: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """The stream's batches from ``start`` on."""
+        return self.store.read(self._name, start)
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Append ``batch`` (durable when this returns); return its offset."""
+        return self.store.append(self._name, batch)
