@@ -48,8 +48,11 @@ bench: $(VENV)/.stamp-bench
 ## make proto: regenerate the Python code for schemas/*.proto (a test checks it is current).
 proto: $(VENV)/.stamp-test
 	$(PY) -m grpc_tools.protoc -I schemas --python_out=server/flight_serve/_proto --pyi_out=server/flight_serve/_proto schemas/flight_serve/v1/*.proto
-	@# the output lands in _proto/flight_serve/v1/; make it an importable package
-	@for d in server/flight_serve/_proto/flight_serve server/flight_serve/_proto/flight_serve/v1; do \
+	$(PY) -m grpc_tools.protoc -I schemas --python_out=server/flight_serve/_proto --pyi_out=server/flight_serve/_proto schemas/arrow/flight/protocol/sql/*.proto
+	@# the output lands in _proto/flight_serve/v1/ and _proto/arrow/flight/protocol/sql/; make them importable packages
+	@for d in server/flight_serve/_proto/flight_serve server/flight_serve/_proto/flight_serve/v1 \
+	  server/flight_serve/_proto/arrow server/flight_serve/_proto/arrow/flight \
+	  server/flight_serve/_proto/arrow/flight/protocol server/flight_serve/_proto/arrow/flight/protocol/sql; do \
 	  test -f $$d/__init__.py || echo '"""Generated protobuf code (make proto); never edited by hand."""' > $$d/__init__.py; \
 	done
 
