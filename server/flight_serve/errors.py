@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-Domain = Literal["input", "not_found", "already_exists", "overload", "internal"]
+Domain = Literal["input", "not_found", "already_exists", "unsupported", "overload", "internal"]
 
 
 class FlightServeError(Exception):
@@ -104,6 +104,16 @@ class AlreadyExistsError(FlightServeError):
     """Creating something that already exists."""
 
     domain: ClassVar[Domain] = "already_exists"
+
+
+# --- unsupported (UNIMPLEMENTED) ----------------------------------------------------------------
+
+
+class UnsupportedError(FlightServeError):
+    """A well-formed request for something flight-serve does not implement (a Flight SQL
+    transaction, a Substrait plan); the message says what to do instead."""
+
+    domain: ClassVar[Domain] = "unsupported"
 
 
 # --- overload (UNAVAILABLE, retry later) ------------------------------------------------------

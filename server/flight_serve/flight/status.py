@@ -13,6 +13,8 @@ against pyarrow 26 (``tests/integration/test_flight_streams.py::test_status_code
 - ``NotFoundError`` (``not_found``): NOT_FOUND; ``pa.ArrowKeyError``.
 - ``AlreadyExistsError`` (``already_exists``): INVALID_ARGUMENT; ``pa.ArrowInvalid`` (pyarrow
   offers no way to send ALREADY_EXISTS from a Python handler).
+- ``UnsupportedError`` (``unsupported``): UNIMPLEMENTED; the client raises
+  ``pa.ArrowNotImplementedError``.
 - ``OverloadError`` (``overload``): UNAVAILABLE; ``flight.FlightUnavailableError``, with a retry
   hint in the message and ``extra_info`` JSON ``{"retryable": true}``.
 - ``StorageError`` and other ``internal`` errors: INTERNAL; ``flight.FlightInternalError``.
@@ -53,6 +55,7 @@ _LEVEL_BY_DOMAIN: Final = {
     "input": logging.INFO,
     "not_found": logging.INFO,
     "already_exists": logging.INFO,
+    "unsupported": logging.INFO,
     "overload": logging.WARNING,
     "internal": logging.ERROR,
 }
@@ -105,6 +108,8 @@ def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
             return pa.ArrowInvalid(message)
         if exc.domain == "not_found":
             return pa.ArrowKeyError(message)
+        if exc.domain == "unsupported":
+            return NotImplementedError(message)
         if exc.domain == "overload":
             return flight.FlightUnavailableError(
                 f"{message} (retryable: try again after a short delay)",
