@@ -1,0 +1,603 @@
+"""SQL statements for Flight SQL: queries with bound parameters, INSERT / CREATE TABLE / DROP TABLE
+against the stream store, and bulk ingest.
+
+Every stream is a table named after it (see :mod:`flight_serve.flight.query` for identifier
+rules). Statement kinds, by their first keyword:
+
+- a **query** (``SELECT``, ``WITH``, ``VALUES``, ``EXPLAIN``, ``SHOW``, ...): planned and run by
+  DataFusion, read-only, over the streams pinned at planning time (the snapshot rule of
+  :func:`flight_serve.flight.query.plan`).
+- ``INSERT INTO t [(cols)] VALUES ... | SELECT ...``: DataFusion plans the INSERT (column list,
+  defaults to NULL, casts to the table's types, NOT NULL checks) and runs its input; the rows
+  are appended to stream ``t`` in batches of at most 4 MiB. The count is the rows appended.
+- ``CREATE TABLE [IF NOT EXISTS] t (col type, ...)`` / ``CREATE [OR REPLACE] TABLE t AS
+  SELECT ...``: creates stream ``t`` (empty, or holding the query's rows). Count: rows written.
+- ``DROP TABLE [IF EXISTS] t [, ...]``: drops the streams. Count: 0.
+- anything else (``UPDATE``, ``DELETE``, ``ALTER``, ``COPY``, transactions, ``SET``): refused with
+  :class:`~flight_serve.errors.QueryError` -- streams are append-only and every statement commits
+  on its own.
+
+Parameters: ``?`` placeholders are rewritten to ``$1, $2, ...`` in order (outside string
+literals, quoted identifiers and comments); DataFusion's ``$n`` and ``$name`` work as they are.
+Bound parameters are an Arrow table: column *i* binds ``$i+1`` (and ``$<column name>``). A
+statement with several parameter rows runs once per row; query results are concatenated in row
+order, update counts are summed.
+
+Errors: a statement DataFusion cannot parse or plan is :class:`~flight_serve.errors.QueryError`
+(INVALID_ARGUMENT) with DataFusion's message; a table that does not exist is
+:class:`~flight_serve.errors.StreamNotFoundError` (NOT_FOUND); creating a table that exists is
+:class:`~flight_serve.errors.AlreadyExistsError`. A cancelled call stops between batches with
+``pyarrow.flight.FlightCancelledError`` (CANCELLED).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import datafusion
+import pyarrow as pa
+import pyarrow.flight as flight
+import sqlglot
+from sqlglot import exp
+
+from flight_serve.errors import (
+    AlreadyExistsError,
+    QueryError,
+    StreamNotFoundError,
+    TicketError,
+)
+from flight_serve.flight.query import (
+    MAX_RESULT_BATCH_BYTES,
+    plain_schema,
+    referenced_tables,
+    split_batch,
+    to_plain,
+)
+from flight_serve.flight.tickets import QueryTicket, StreamPin
+from flight_serve.store import StreamInfo, StreamStore, validate_stream_name
+
+__all__ = [
+    "UPDATE_COUNT_SCHEMA",
+    "IngestMode",
+    "PreparedInfo",
+    "SqlEngine",
+    "StatementKind",
+    "rewrite_placeholders",
+    "statement_kind",
+]
+
+#: The result of a data-changing statement sent as a query: one row, the affected row count.
+UPDATE_COUNT_SCHEMA: Final = pa.schema([pa.field("count", pa.int64(), nullable=False)])
+
+StatementKind = Literal["query", "insert", "create", "drop"]
+
+#: A function the engine polls between batches; true once the client cancelled the call.
+IsCancelled = Callable[[], bool]
+
+_QUERY_WORDS: Final = frozenset(
+    {"SELECT", "WITH", "VALUES", "EXPLAIN", "SHOW", "DESCRIBE", "DESC", "TABLE", "("}
+)
+_REFUSED: Final = {
+    "UPDATE": "UPDATE is not supported: streams are append-only",
+    "DELETE": "DELETE is not supported: streams are append-only",
+    "MERGE": "MERGE is not supported: streams are append-only",
+    "TRUNCATE": "TRUNCATE is not supported: drop and re-create the table",
+    "ALTER": "ALTER is not supported: a stream's schema is fixed when it is created",
+    "COPY": "COPY is not supported over Flight SQL; use bulk ingest or DoPut",
+    "BEGIN": "transactions are not supported: every statement commits on its own",
+    "START": "transactions are not supported: every statement commits on its own",
+    "COMMIT": "transactions are not supported: every statement commits on its own",
+    "ROLLBACK": "transactions are not supported: every statement commits on its own",
+    "SET": "SET is not supported",
+}
+
+_TOKEN = re.compile(
+    r"""
+      (?P<comment>--[^\n]*|/\*.*?\*/)
+    | (?P<string>'(?:[^']|'')*'|"(?:[^"]|"")*")
+    | (?P<placeholder>\?)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+_WORD = re.compile(r"\s*(?:(?:--[^\n]*\n?|/\*.*?\*/)\s*)*(\(|[A-Za-z]+)", re.DOTALL)
+_MISSING_TABLE = re.compile(r"table '(?:datafusion\.public\.)?(.+?)' not found")
+_PLACEHOLDER = re.compile(
+    r'Placeholder \{ id: "\$([^"]+)", field: (?:Some\(Field \{ name: "[^"]*", data_type: (\w+)|None)'
+)
+_DF_TYPES: Final[dict[str, pa.DataType]] = {
+    "Boolean": pa.bool_(),
+    "Int8": pa.int8(),
+    "Int16": pa.int16(),
+    "Int32": pa.int32(),
+    "Int64": pa.int64(),
+    "UInt8": pa.uint8(),
+    "UInt16": pa.uint16(),
+    "UInt32": pa.uint32(),
+    "UInt64": pa.uint64(),
+    "Float32": pa.float32(),
+    "Float64": pa.float64(),
+    "Utf8": pa.string(),
+    "LargeUtf8": pa.string(),
+    "Utf8View": pa.string(),
+    "Binary": pa.binary(),
+    "LargeBinary": pa.binary(),
+    "BinaryView": pa.binary(),
+    "Date32": pa.date32(),
+}
+
+
+def rewrite_placeholders(sql: str) -> str:
+    """Return ``sql`` with each ``?`` outside literals, quoted identifiers and comments replaced by
+    ``$1``, ``$2``, ... in order.
+
+    >>> rewrite_placeholders("SELECT '?', \\"a?\\" FROM t WHERE x = ? AND y > ? -- ?")
+    'SELECT \\'?\\', "a?" FROM t WHERE x = $1 AND y > $2 -- ?'
+    """
+    counter = 0
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal counter
+        if match.group("placeholder") is None:
+            return match.group(0)
+        counter += 1
+        return f"${counter}"
+
+    return _TOKEN.sub(replace, sql)
+
+
+def statement_kind(sql: str) -> StatementKind:
+    """Classify ``sql`` by its first keyword (comments skipped).
+
+    >>> statement_kind("/* hi */ insert into t values (1)")
+    'insert'
+
+    Raises:
+        QueryError: an empty statement, or one flight-serve refuses (``UPDATE``, ``DELETE``,
+            transactions, ...; the message says why).
+    """
+    match = _WORD.match(sql)
+    if match is None:
+        if not sql.strip():
+            raise QueryError("empty SQL statement")
+        return "query"  # let DataFusion report what it makes of it
+    word = match.group(1).upper()
+    if word == "INSERT":
+        return "insert"
+    if word == "CREATE":
+        return "create"
+    if word == "DROP":
+        return "drop"
+    if word in _REFUSED:
+        raise QueryError(_REFUSED[word])
+    return "query"
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc).strip() or type(exc).__name__
+
+
+def _translate(exc: BaseException) -> Exception:
+    """DataFusion's exception as a flight-serve error (a missing table is NOT_FOUND)."""
+    message = _message(exc)
+    missing = _MISSING_TABLE.search(message)
+    if missing is not None:
+        return StreamNotFoundError(f"table {missing.group(1)!r} does not exist ({message})")
+    return QueryError(message)
+
+
+def _options(*, dml: bool = False, ddl: bool = False) -> datafusion.SQLOptions:
+    return (
+        datafusion.SQLOptions().with_allow_ddl(ddl).with_allow_dml(dml).with_allow_statements(False)
+    )
+
+
+def _param_values(params: pa.Table, row: int) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for i, name in enumerate(params.column_names):
+        scalar = params.column(i)[row]
+        values[str(i + 1)] = scalar
+        if name and not name.isdigit():
+            values[name.lstrip("$")] = scalar
+    return values
+
+
+def _param_rows(params: pa.Table | None) -> list[dict[str, Any] | None]:
+    if params is None:
+        return [None]
+    return [_param_values(params, row) for row in range(params.num_rows)]
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` with ``schema``'s plain types, names and nullability flags."""
+    if batch.schema.equals(schema):
+        return batch
+    columns = [to_plain(c, f.type) for c, f in zip(batch.columns, schema, strict=True)]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _check(is_cancelled: IsCancelled | None) -> None:
+    if is_cancelled is not None and is_cancelled():
+        raise flight.FlightCancelledError("the call was cancelled; the statement stopped")
+
+
+def _name_of(table: exp.Table) -> str:
+    identifier = table.this
+    name: str = identifier.name
+    quoted = isinstance(identifier, exp.Identifier) and identifier.quoted
+    return name if quoted else name.lower()
+
+
+@dataclass(frozen=True)
+class PreparedInfo:
+    """What CreatePreparedStatement reports.
+
+    Attributes:
+        kind: the statement kind.
+        dataset_schema: the result schema of a query (``None`` for data-changing statements, and
+            for a query whose schema depends on untyped parameters).
+        parameter_schema: one field per placeholder (``$1``, ``$2``, ... or ``$name``) with the
+            type DataFusion infers, ``null`` where it infers none; ``None`` without placeholders.
+    """
+
+    kind: StatementKind
+    dataset_schema: pa.Schema | None
+    parameter_schema: pa.Schema | None
+
+
+IngestMode = tuple[Literal["create", "fail"], Literal["fail", "append", "replace"]]
+
+
+class SqlEngine:
+    """Runs Flight SQL statements over a :class:`~flight_serve.store.StreamStore`.
+
+    Args:
+        store: the streams (tables).
+        max_batch_bytes: largest result batch sent (``RecordBatch.nbytes``), 4 MiB by default.
+    """
+
+    def __init__(self, store: StreamStore, *, max_batch_bytes: int = MAX_RESULT_BATCH_BYTES):
+        self.store = store
+        self.max_batch_bytes = max_batch_bytes
+
+    # --- contexts ----------------------------------------------------------------------------
+
+    def _streams_for(self, sql: str) -> list[StreamInfo]:
+        wanted = referenced_tables(sql)
+        return [i for i in self.store.list_streams() if wanted is None or i.name in wanted]
+
+    @staticmethod
+    def _register(ctx: datafusion.SessionContext, info: StreamInfo, batches: list[Any]) -> None:
+        if not batches:
+            batches = [pa.RecordBatch.from_pylist([], schema=info.schema)]
+        ctx.register_record_batches(f'"{info.name}"', [batches])
+
+    def _schema_context(self, sql: str) -> tuple[datafusion.SessionContext, list[StreamInfo]]:
+        ctx = datafusion.SessionContext()
+        infos = self._streams_for(sql)
+        for info in infos:
+            self._register(ctx, info, [])
+        return ctx, infos
+
+    def _data_context(self, pins: Iterable[StreamPin]) -> datafusion.SessionContext:
+        ctx = datafusion.SessionContext()
+        for pin in pins:
+            try:
+                info = self.store.info(pin.stream)
+                if info.incarnation != pin.incarnation:
+                    raise StreamNotFoundError(pin.stream)
+                batches = self.store.batches(
+                    pin.stream, stop=pin.stop_offset, incarnation=pin.incarnation
+                )
+            except StreamNotFoundError:
+                raise TicketError(
+                    f"stale statement: table {pin.stream!r} was dropped or re-created since the "
+                    "statement was planned; run it again"
+                ) from None
+            self._register(ctx, info, batches)
+        return ctx
+
+    def _live_context(self, sql: str) -> tuple[datafusion.SessionContext, list[StreamPin]]:
+        infos = self._streams_for(sql)
+        pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in infos]
+        return self._data_context(pins), pins
+
+    @staticmethod
+    def _dataframe(
+        ctx: datafusion.SessionContext,
+        sql: str,
+        options: datafusion.SQLOptions,
+        values: dict[str, Any] | None = None,
+    ) -> Any:
+        try:
+            return ctx.sql(sql, options=options, param_values=values)
+        except Exception as exc:  # DataFusion raises bare Exception / ValueError
+            raise _translate(exc) from None
+
+    @staticmethod
+    def _schema(df: Any) -> pa.Schema:
+        try:
+            schema: pa.Schema = df.schema()
+        except Exception as exc:
+            raise _translate(exc) from None
+        return plain_schema(schema)
+
+    # --- prepare -----------------------------------------------------------------------------
+
+    def prepare(self, sql: str) -> PreparedInfo:
+        """Check ``sql`` and describe it (result schema, parameter schema) without running it.
+
+        Raises:
+            QueryError: DataFusion cannot parse or plan it, or it is a refused statement.
+            StreamNotFoundError: it reads or inserts into a table that does not exist.
+        """
+        sql = rewrite_placeholders(sql)
+        kind = statement_kind(sql)
+        if kind == "create" or kind == "drop":
+            self._parse_ddl(sql, kind)
+            return PreparedInfo(kind, None, None)
+        ctx, _ = self._schema_context(sql)
+        df = self._dataframe(ctx, sql, _options(dml=kind == "insert"))
+        parameters = self._parameter_schema(df)
+        dataset: pa.Schema | None = None
+        if kind == "query":
+            try:
+                dataset = self._schema(df)
+            except QueryError:
+                if parameters is None:
+                    raise
+        return PreparedInfo(kind, dataset, parameters)
+
+    @staticmethod
+    def _parameter_schema(df: Any) -> pa.Schema | None:
+        try:
+            plan = repr(df.logical_plan())
+        except Exception:
+            return None
+        types: dict[str, pa.DataType] = {}
+        for name, df_type in _PLACEHOLDER.findall(plan):
+            known = _DF_TYPES.get(df_type) if df_type else None
+            if name not in types or pa.types.is_null(types[name]):
+                types[name] = known if known is not None else pa.null()
+        if not types:
+            return None
+        order = sorted(types, key=lambda n: (0, int(n)) if n.isdigit() else (1, n))
+        return pa.schema([pa.field(f"${n}", types[n]) for n in order])
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def plan_query(self, sql: str, params: pa.Table | None) -> tuple[pa.Schema, QueryTicket]:
+        """Plan a query (placeholders rewritten) with the first parameter row bound; return the
+        result schema (plain types) and a ticket pinning the streams it reads."""
+        sql = rewrite_placeholders(sql)
+        ctx, infos = self._schema_context(sql)
+        rows = _param_rows(params)
+        df = self._dataframe(ctx, sql, _options(), rows[0] if rows else None)
+        schema = self._schema(df)
+        pins = tuple(StreamPin(i.name, i.incarnation, i.next_offset) for i in infos)
+        return schema, QueryTicket(sql, pins)
+
+    def open_query(
+        self,
+        ticket: QueryTicket,
+        params: pa.Table | None,
+        is_cancelled: IsCancelled | None = None,
+    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+        """Plan a ticket's query over its pinned streams; return the result schema (plain types)
+        and a lazy iterator of its batches (once per parameter row, concatenated) of at most
+        ``max_batch_bytes``, which checks ``is_cancelled`` between batches."""
+        ctx = self._data_context(ticket.pins)
+        rows = _param_rows(params)
+        first = self._dataframe(ctx, ticket.sql, _options(), rows[0] if rows else None)
+        schema = self._schema(first)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for i, values in enumerate(rows):
+                _check(is_cancelled)
+                df = first if i == 0 else self._dataframe(ctx, ticket.sql, _options(), values)
+                yield from self._stream(df, schema, is_cancelled)
+
+        return schema, batches()
+
+    def _stream(
+        self, df: Any, schema: pa.Schema, is_cancelled: IsCancelled | None
+    ) -> Iterator[pa.RecordBatch]:
+        try:
+            batches = iter(df.execute_stream())
+        except Exception as exc:
+            raise _translate(exc) from None
+        while True:
+            _check(is_cancelled)
+            try:
+                result = next(batches)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise _translate(exc) from None
+            batch: pa.RecordBatch = result.to_pyarrow()
+            if batch.num_rows == 0:
+                continue
+            if len(batch.schema) != len(schema) or batch.schema.names != schema.names:
+                raise QueryError(
+                    "the result schema changed with the bound parameters; "
+                    f"planned {schema}, got {batch.schema}"
+                )
+            for piece in split_batch(_conform(batch, schema), self.max_batch_bytes):
+                yield piece
+                _check(is_cancelled)
+
+    # --- updates -----------------------------------------------------------------------------
+
+    def update_schema(self, sql: str) -> pa.Schema:
+        """The schema a data-changing statement reports when sent as a query."""
+        return UPDATE_COUNT_SCHEMA
+
+    def execute_update(
+        self, sql: str, params: pa.Table | None = None, is_cancelled: IsCancelled | None = None
+    ) -> int:
+        """Run a data-changing statement (once per parameter row); return the rows it changed.
+
+        Raises:
+            QueryError: ``sql`` is a query (use a query command), or DataFusion rejects it.
+            StreamNotFoundError: the target table does not exist.
+            AlreadyExistsError: CREATE TABLE of an existing table without IF NOT EXISTS.
+        """
+        sql = rewrite_placeholders(sql)
+        kind = statement_kind(sql)
+        if kind == "query":
+            raise QueryError("not an update: the statement returns rows; send it as a query")
+        total = 0
+        for values in _param_rows(params):
+            _check(is_cancelled)
+            if kind == "insert":
+                total += self._insert(sql, values, is_cancelled)
+            elif kind == "create":
+                total += self._create(sql, values)
+            else:
+                self._drop(sql)
+        return total
+
+    def _insert(
+        self, sql: str, values: dict[str, Any] | None, is_cancelled: IsCancelled | None
+    ) -> int:
+        ctx, _ = self._live_context(sql)
+        df = self._dataframe(ctx, sql, _options(dml=True), values)
+        try:
+            plan = df.logical_plan()
+            dml = plan.to_variant()
+            target_ref = str(dml.table_name())
+            source = ctx.create_dataframe_from_logical_plan(plan.inputs()[0])
+        except Exception as exc:
+            raise _translate(exc) from None
+        target = self._resolve(target_ref)
+        schema = self.store.info(target).schema
+        rows = 0
+        for batch in self._stream(source, self._schema(source), is_cancelled):
+            conformed = self._to_stream_schema(batch, schema)
+            self.store.append(target, conformed)
+            rows += batch.num_rows
+        return rows
+
+    def _resolve(self, table_ref: str) -> str:
+        """The stream a DataFusion table reference (``t``, ``public.t``, ``datafusion.public.t``)
+        names."""
+        for prefix in ("datafusion.public.", "public."):
+            if table_ref.startswith(prefix) and not self.store.exists(table_ref):
+                table_ref = table_ref[len(prefix) :]
+        if not self.store.exists(table_ref):
+            raise StreamNotFoundError(f"table {table_ref!r} does not exist")
+        return table_ref
+
+    @staticmethod
+    def _to_stream_schema(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+        columns = [
+            to_plain(batch.column(i), field.type).cast(field.type) for i, field in enumerate(schema)
+        ]
+        return pa.RecordBatch.from_arrays(columns, names=schema.names)
+
+    @staticmethod
+    def _parse_ddl(sql: str, kind: StatementKind) -> exp.Expression:
+        try:
+            statements = [s for s in sqlglot.parse(sql) if s is not None]
+        except sqlglot.errors.SqlglotError as exc:
+            raise QueryError(f"cannot parse the statement: {exc}") from None
+        if len(statements) != 1:
+            raise QueryError("send one statement at a time")
+        statement = statements[0]
+        if kind == "create":
+            if not isinstance(statement, exp.Create) or str(statement.args.get("kind")) != "TABLE":
+                raise QueryError("only CREATE TABLE is supported")
+        elif not isinstance(statement, exp.Drop) or str(statement.args.get("kind")) != "TABLE":
+            raise QueryError("only DROP TABLE is supported")
+        return statement
+
+    def _create(self, sql: str, values: dict[str, Any] | None) -> int:
+        statement = self._parse_ddl(sql, "create")
+        target = statement.this
+        table = target.this if isinstance(target, exp.Schema) else target
+        if not isinstance(table, exp.Table):
+            raise QueryError("CREATE TABLE needs a table name")
+        name = validate_stream_name(_name_of(table))
+        replace = bool(statement.args.get("replace"))
+        exists = self.store.exists(name)
+        if exists and statement.args.get("exists"):
+            return 0  # IF NOT EXISTS
+        if exists and not replace:
+            raise AlreadyExistsError(f"table {name!r} already exists")
+        ctx, _ = self._live_context(sql)
+        self._dataframe(ctx, sql, _options(ddl=True), values)  # DDL runs as it is planned
+        try:
+            created = ctx.table(f'"{name}"')
+            schema = plain_schema(created.schema())
+            batches = [b for b in created.collect() if b.num_rows]
+        except Exception as exc:
+            raise _translate(exc) from None
+        if exists:
+            self.store.drop(name)
+        self.store.create(name, schema)
+        rows = 0
+        for batch in batches:
+            for piece in split_batch(_conform(batch, schema), self.max_batch_bytes):
+                self.store.append(name, piece)
+                rows += piece.num_rows
+        return rows
+
+    def _drop(self, sql: str) -> None:
+        statement = self._parse_ddl(sql, "drop")
+        tables = statement.args.get("tables") or [statement.this]
+        if_exists = bool(statement.args.get("exists"))
+        names = [_name_of(t) for t in tables if isinstance(t, exp.Table)]
+        for name in names:
+            if not self.store.exists(name):
+                if if_exists:
+                    continue
+                raise StreamNotFoundError(f"table {name!r} does not exist")
+        for name in names:
+            if self.store.exists(name):
+                self.store.drop(name)
+
+    # --- bulk ingest -------------------------------------------------------------------------
+
+    def ingest(
+        self,
+        table: str,
+        schema: pa.Schema,
+        batches: Iterable[pa.RecordBatch],
+        mode: IngestMode,
+        is_cancelled: IsCancelled | None = None,
+    ) -> int:
+        """Load ``batches`` (of ``schema``) into stream ``table``; return the rows loaded.
+
+        ``mode`` is (if the table does not exist: ``create`` | ``fail``, if it exists:
+        ``fail`` | ``append`` | ``replace``); ADBC's modes are create = (create, fail),
+        append = (fail, append), replace = (create, replace), create_append = (create, append).
+        Batches appended before a failure stay (there are no transactions).
+
+        Raises:
+            StreamNotFoundError: the table does not exist and ``mode[0]`` is ``fail``.
+            AlreadyExistsError: the table exists and ``mode[1]`` is ``fail``.
+            SchemaMismatchError: appending batches whose schema differs from the table's.
+        """
+        name = validate_stream_name(table)
+        if_not_exist, if_exists = mode
+        exists = self.store.exists(name)
+        if exists and if_exists == "fail":
+            raise AlreadyExistsError(f"table {name!r} already exists")
+        if not exists and if_not_exist == "fail":
+            raise StreamNotFoundError(f"table {name!r} does not exist")
+        if exists and if_exists == "replace":
+            self.store.drop(name)
+            exists = False
+        if not exists:
+            self.store.create(name, plain_schema(schema))
+        rows = 0
+        for batch in batches:
+            _check(is_cancelled)
+            if batch.num_rows == 0:
+                continue
+            for piece in split_batch(batch, self.max_batch_bytes):
+                self.store.append(name, piece)
+                rows += piece.num_rows
+        return rows
