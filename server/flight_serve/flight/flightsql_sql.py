@@ -230,6 +230,55 @@ def _name_of(table: exp.Table) -> str:
     return name if quoted else name.lower()
 
 
+_ROWS_TABLE: Final = "__flight_serve_parameter_rows"
+
+
+def _vectorized_insert(sql: str, params: pa.Table) -> tuple[str, pa.Table] | None:
+    """Rewrite ``INSERT INTO t [(cols)] VALUES (<one row of placeholders and expressions>)``
+    run once per parameter row into one ``INSERT INTO t [(cols)] SELECT <the row's expressions>
+    FROM <the parameter rows>`` (placeholders become columns of that table), so N rows cost one
+    statement and one group commit. ``None`` when ``sql`` has another shape or names a
+    placeholder the parameters do not bind.
+
+    >>> rows = pa.table({"0": [1, 2], "1": ["a", "b"]})
+    >>> _vectorized_insert("INSERT INTO t VALUES ($1, upper($2))", rows)[0]
+    'INSERT INTO t SELECT _1, UPPER(_2) FROM __flight_serve_parameter_rows'
+    """
+    try:
+        statements = sqlglot.parse(sql)
+    except sqlglot.errors.SqlglotError:
+        return None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Insert):
+        return None
+    insert = statements[0]
+    values = insert.expression
+    if not isinstance(values, exp.Values) or len(values.expressions) != 1:
+        return None
+    row = values.expressions[0]
+    if not isinstance(row, exp.Tuple) or any(True for _ in row.find_all(exp.Table, exp.Subquery)):
+        return None
+    names = params.column_names
+    by_name = {name.lstrip("$"): i for i, name in enumerate(names) if not name.isdigit()}
+
+    def column_of(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Column) or node.table or not node.name.startswith("$"):
+            return node
+        key = node.name[1:]
+        index = int(key) - 1 if key.isdigit() else by_name.get(key, -1)
+        if not 0 <= index < len(names):
+            raise LookupError(key)
+        return exp.column(f"_{index + 1}")
+
+    try:
+        expressions = [e.copy().transform(column_of) for e in row.expressions]
+    except LookupError:
+        return None
+    select = exp.select(*expressions).from_(_ROWS_TABLE)
+    rewritten = exp.Insert(this=insert.this.copy(), expression=select)
+    renamed = params.rename_columns([f"_{i + 1}" for i in range(len(names))])
+    return rewritten.sql(), renamed
+
+
 @dataclass(frozen=True)
 class PreparedInfo:
     """What CreatePreparedStatement reports.
@@ -281,8 +330,12 @@ class SqlEngine:
             self._register(ctx, info, [])
         return ctx, infos
 
-    def _data_context(self, pins: Iterable[StreamPin]) -> datafusion.SessionContext:
-        ctx = datafusion.SessionContext()
+    def _data_context(
+        self, pins: Iterable[StreamPin], *, ordered: bool = False
+    ) -> datafusion.SessionContext:
+        # ordered: one partition, so an INSERT appends rows in the order its source yields them
+        config = datafusion.SessionConfig().with_target_partitions(1) if ordered else None
+        ctx = datafusion.SessionContext(config)
         for pin in pins:
             try:
                 info = self.store.info(pin.stream)
@@ -299,10 +352,12 @@ class SqlEngine:
             self._register(ctx, info, batches)
         return ctx
 
-    def _live_context(self, sql: str) -> tuple[datafusion.SessionContext, list[StreamPin]]:
+    def _live_context(self, sql: str) -> datafusion.SessionContext:
+        """A context over the streams ``sql`` names as they are now (for data-changing
+        statements, which run at once), with one partition so rows keep their order."""
         infos = self._streams_for(sql)
         pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in infos]
-        return self._data_context(pins), pins
+        return self._data_context(pins, ordered=True)
 
     @staticmethod
     def _dataframe(
@@ -448,6 +503,10 @@ class SqlEngine:
         kind = statement_kind(sql)
         if kind == "query":
             raise QueryError("not an update: the statement returns rows; send it as a query")
+        if kind == "insert" and params is not None and params.num_rows > 1:
+            vectorized = _vectorized_insert(sql, params)
+            if vectorized is not None:
+                return self._insert(vectorized[0], None, is_cancelled, vectorized[1])
         total = 0
         for values in _param_rows(params):
             _check(is_cancelled)
@@ -460,9 +519,15 @@ class SqlEngine:
         return total
 
     def _insert(
-        self, sql: str, values: dict[str, Any] | None, is_cancelled: IsCancelled | None
+        self,
+        sql: str,
+        values: dict[str, Any] | None,
+        is_cancelled: IsCancelled | None,
+        rows_table: pa.Table | None = None,
     ) -> int:
-        ctx, _ = self._live_context(sql)
+        ctx = self._live_context(sql)
+        if rows_table is not None:
+            ctx.register_record_batches(_ROWS_TABLE, [rows_table.to_batches()])
         df = self._dataframe(ctx, sql, _options(dml=True), values)
         try:
             plan = df.logical_plan()
@@ -473,11 +538,30 @@ class SqlEngine:
             raise _translate(exc) from None
         target = self._resolve(target_ref)
         schema = self.store.info(target).schema
+        batches = self._stream(source, self._schema(source), is_cancelled)
+        return self._append_all(target, (self._to_stream_schema(b, schema) for b in batches))
+
+    def _append_all(
+        self,
+        name: str,
+        batches: Iterable[pa.RecordBatch],
+        is_cancelled: IsCancelled | None = None,
+    ) -> int:
+        """Append ``batches`` to stream ``name`` with one group commit at the end (the store
+        drains staged frames early when they grow large); return the rows appended. Batches
+        written before a failure are still committed (there are no transactions)."""
+        last = None
         rows = 0
-        for batch in self._stream(source, self._schema(source), is_cancelled):
-            conformed = self._to_stream_schema(batch, schema)
-            self.store.append(target, conformed)
-            rows += batch.num_rows
+        try:
+            for batch in batches:
+                _check(is_cancelled)
+                if batch.num_rows == 0:
+                    continue
+                last = self.store.write(name, batch)
+                rows += batch.num_rows
+        finally:
+            if last is not None:
+                self.store.commit(last)
         return rows
 
     def _resolve(self, table_ref: str) -> str:
@@ -526,7 +610,7 @@ class SqlEngine:
             return 0  # IF NOT EXISTS
         if exists and not replace:
             raise AlreadyExistsError(f"table {name!r} already exists")
-        ctx, _ = self._live_context(sql)
+        ctx = self._live_context(sql)
         self._dataframe(ctx, sql, _options(ddl=True), values)  # DDL runs as it is planned
         try:
             created = ctx.table(f'"{name}"')
@@ -537,12 +621,7 @@ class SqlEngine:
         if exists:
             self.store.drop(name)
         self.store.create(name, schema)
-        rows = 0
-        for batch in batches:
-            for piece in split_batch(_conform(batch, schema), self.max_batch_bytes):
-                self.store.append(name, piece)
-                rows += piece.num_rows
-        return rows
+        return self._append_all(name, (_conform(b, schema) for b in batches))
 
     def _drop(self, sql: str) -> None:
         statement = self._parse_ddl(sql, "drop")
@@ -592,12 +671,4 @@ class SqlEngine:
             exists = False
         if not exists:
             self.store.create(name, plain_schema(schema))
-        rows = 0
-        for batch in batches:
-            _check(is_cancelled)
-            if batch.num_rows == 0:
-                continue
-            for piece in split_batch(batch, self.max_batch_bytes):
-                self.store.append(name, piece)
-                rows += piece.num_rows
-        return rows
+        return self._append_all(name, batches, is_cancelled)
