@@ -1,0 +1,350 @@
+"""Crashes (issue 4): ``flight-serve serve`` killed with SIGKILL at seeded random moments while
+two clients ingest and two submitted pipelines run, then restarted; and a pipeline that keeps
+delivering its results, each once, across two server restarts after its client left.
+
+What must hold after every crash:
+
+* **ingest**: every acknowledged batch is in its stream exactly once (a client that lost its
+  connection asks the stream which of its batches are there and sends only the missing ones);
+* **pipelines**: each pipeline's committed output (its output streams) equals, row for row and
+  in order, the output of the same pipeline run straight through (in this process, no crash)
+  over the stream as it ends up: nothing missing, nothing twice.
+
+The input ends with a sentinel row far in the future, which moves the watermark past every
+window of the real rows (a server stream has no end of input yet), so every window closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.run_options import RunOptions
+from flight_serve.store import StreamStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CLI = Path(sys.executable).parent / "flight-serve"
+TRIALS = 20
+WAIT_S = 30.0
+SCHEMA = pa.schema(
+    [
+        ("w", pa.string()),
+        ("id", pa.int64()),
+        ("k", pa.string()),
+        ("t", pa.timestamp("ms")),
+        ("v", pa.int64()),
+    ]
+)
+SOURCE = """
+SET checkpoint_interval = '100ms';
+CREATE SOURCE events (w VARCHAR, id BIGINT, k VARCHAR, t TIMESTAMP(3), v BIGINT,
+                      WATERMARK FOR t AS t - INTERVAL '2' SECOND)
+WITH (connector = 'flight', stream = 'events');
+"""
+PIPELINES = {
+    # count(DISTINCT), min over strings and approx_distinct with windows open across checkpoints
+    "distinct": SOURCE
+    + """
+CREATE SINK p1 WITH (connector = 'flight', stream = 'p1');
+INSERT INTO p1
+SELECT k, window_start, window_end, count(*) AS n, count(DISTINCT v) AS d, min(w) AS lo,
+       approx_distinct(v) AS ad, sum(v) AS total
+FROM TUMBLE(events, t, INTERVAL '5' SECOND) GROUP BY k, window_start, window_end;
+""",
+    # a per-row view, a hopping window with allowed lateness, its late side output
+    "hop": SOURCE.replace(";", ";\nSET allowed_lateness = '1s';", 1)
+    + """
+CREATE VIEW kept AS SELECT k, t, v FROM events WHERE v % 3 <> 0;
+CREATE SINK p2 WITH (connector = 'flight', stream = 'p2');
+CREATE SINK p2late WITH (connector = 'flight', stream = 'p2late');
+INSERT INTO p2
+SELECT k, window_start, window_end, count(*) AS n, max(v) AS m
+FROM HOP(kept, t, INTERVAL '2' SECOND, INTERVAL '6' SECOND) GROUP BY k, window_start, window_end;
+INSERT INTO p2late SELECT * FROM LATE(kept);
+""",
+}
+OUTPUTS = {"distinct": ("p1",), "hop": ("p2", "p2late")}
+SENTINEL_T_MS = 10**12  # 2001-09-09: after every real row
+#: per trial and pipeline, the checkpoint each restart resumed from (from the pipeline's log)
+RESUMED: dict[int, list[int]] = {}
+
+
+class Server:
+    """``flight-serve serve`` on a free port over ``data``, as a real process."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.log = open(data.parent / f"{data.name}.log", "a")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [str(CLI), "serve", "--port", "0", "--data-dir", str(data)],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.location = self.proc.stdout.readline().strip()
+        if not self.location:
+            self.proc.wait(10)
+            raise AssertionError(f"the server did not start: see {self.log.name}")
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(20) == -signal.SIGKILL
+        self.close()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(60) == 0
+        self.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(20)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def act(location: str, action: str, body: dict[str, Any]) -> Any:
+    with flight.connect(location) as client:
+        results = list(
+            client.do_action(
+                flight.Action(action, json.dumps(body).encode()),
+                options=flight.FlightCallOptions(timeout=30),
+            )
+        )
+    return json.loads(results[0].body.to_pybytes())
+
+
+def read_stream(location: str, stream: str) -> list[pa.RecordBatch]:
+    with flight.connect(location) as client:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
+        return list(client.do_get(info.endpoints[0].ticket).read_all().to_batches())
+
+
+def rows(batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
+    return [row for b in batches for row in b.to_pylist()]
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Writer(threading.Thread):
+    """One ingesting client: batches with unique ids, one DoPut each, acknowledged one by one;
+    after a connection loss it waits for the server to come back, asks the stream which of its
+    ids are there, and sends only what is missing."""
+
+    def __init__(self, name: str, batches: list[pa.RecordBatch], location: Callable[[], str]):
+        super().__init__(name=f"writer-{name}", daemon=True)
+        self.batches = batches
+        self.location = location
+        self.acked: list[int] = []  # ids of acknowledged rows
+        self.error: BaseException | None = None
+
+    def put(self, batch: pa.RecordBatch) -> None:
+        with flight.connect(self.location()) as client:
+            writer, reader = client.do_put(
+                flight.FlightDescriptor.for_path("events"),
+                SCHEMA,
+                options=flight.FlightCallOptions(timeout=10),
+            )
+            writer.write_batch(batch)
+            reader.read()  # the PutResult: the batch is durable
+            writer.close()
+        self.acked.extend(batch.column("id").to_pylist())
+
+    def run(self) -> None:
+        try:
+            pending = list(self.batches)
+            while pending:
+                try:
+                    self.put(pending[0])
+                    pending.pop(0)
+                    time.sleep(0.02)
+                except (flight.FlightError, pa.ArrowException, OSError):
+                    time.sleep(0.05)  # the server is gone: wait for it, then look what landed
+                    try:
+                        stored = set(stored_ids(self.location()))
+                    except (flight.FlightError, pa.ArrowException, OSError):
+                        continue
+                    pending = [b for b in pending if b.column("id")[0].as_py() not in stored]
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def stored_ids(location: str) -> list[int]:
+    try:
+        return [row["id"] for row in rows(read_stream(location, "events"))]
+    except pa.ArrowKeyError:
+        return []  # no stream yet
+
+
+def make_batches(writer: str, rng: random.Random, start_id: int) -> list[pa.RecordBatch]:
+    batches = []
+    t_ms = 0
+    for b in range(12):
+        items = []
+        for i in range(20):
+            t_ms += rng.randint(0, 120)
+            jitter = rng.randint(-1500, 0)  # out of order, within the bound or late
+            items.append(
+                {
+                    "w": writer,
+                    "id": start_id + b * 20 + i,
+                    "k": rng.choice("abcd"),
+                    "t": max(t_ms + jitter, 0),
+                    "v": rng.randint(0, 30),
+                }
+            )
+        batches.append(pa.RecordBatch.from_pylist(items, schema=SCHEMA))
+    return batches
+
+
+def straight(
+    sql: str, entries: list[pa.RecordBatch], outputs: tuple[str, ...], tmp: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """The pipeline run straight through (no crash) over ``entries``, in this process."""
+    with StreamStore(tmp / "store", fsync="never") as store:
+        for entry in entries:
+            store.append("events", entry)
+        runtime = DurableRuntime(
+            parse_pipeline(sql),
+            name="straight",
+            options=RunOptions(checkpoint_interval=timedelta(hours=1)),
+            state_root=str(tmp / "state"),
+            output_dir=tmp,
+            store=store,
+        )
+        done: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                for _ in runtime.run():
+                    pass
+            except PipelineStopped:
+                pass
+            except BaseException as exc:
+                done.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        source = runtime.flight_sources["events"]
+        wait_until(lambda: source.position >= len(entries) or bool(done), "the straight run")  # type: ignore[attr-defined]
+        runtime.request_stop()
+        thread.join(WAIT_S)
+        assert not done, done
+        return {name: rows(list(b for _, b in store.read(name))) for name in outputs}
+
+
+def caught_up(location: str, pid: str, total_rows: int) -> bool:
+    """Whether a forced checkpoint of ``pid`` covered every row of the input."""
+    try:
+        forced = act(location, "pipeline.checkpoint", {"id": pid, "wait_s": 10})
+        status = act(location, "pipeline.status", {"id": pid})
+    except (flight.FlightError, pa.ArrowException):
+        return False
+    return (
+        bool(forced["completed"])
+        and status["rows_in"] == total_rows
+        and status["source_lag_entries"] == 0
+    )
+
+
+@contextmanager
+def server_at(data: Path) -> Iterator[list[Server]]:
+    """The current server (restarts replace it); stopped at the end."""
+    current = [Server(data)]
+    try:
+        yield current
+    finally:
+        current[0].close()
+
+
+@pytest.mark.parametrize("seed", range(TRIALS))
+def test_sigkill_while_ingesting_and_two_pipelines_run(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    data = tmp_path / "data"
+    with server_at(data) as current:
+        location = current[0].location
+        pids = {
+            name: act(location, "pipeline.submit", {"sql": sql, "name": name})["id"]
+            for name, sql in PIPELINES.items()
+        }
+        writers = [
+            Writer(name, make_batches(name, rng, 100_000 * (n + 1)), lambda: current[0].location)
+            for n, name in enumerate(("north", "south"))
+        ]
+        for writer in writers:
+            writer.start()
+        time.sleep(rng.uniform(0.05, 1.0))  # the crash: anywhere in the ingest, or after it
+        current[0].kill()
+        current[0] = Server(data)
+        if rng.random() < 0.3:  # sometimes a second crash while the pipelines catch up
+            time.sleep(rng.uniform(0.1, 0.6))
+            current[0].kill()
+            current[0] = Server(data)
+        for writer in writers:
+            writer.join(WAIT_S)
+            assert not writer.is_alive()
+            assert writer.error is None, writer.error
+        location = current[0].location
+        sentinel = pa.RecordBatch.from_pylist(
+            [{"w": "end", "id": 0, "k": "a", "t": SENTINEL_T_MS, "v": 0}], schema=SCHEMA
+        )
+        Writer("end", [sentinel], lambda: location).run()
+        stream = read_stream(location, "events")
+        ids = [row["id"] for row in rows(stream)]
+        assert len(ids) == len(set(ids)), "a batch was stored twice"
+        acked = [i for writer in writers for i in writer.acked]
+        assert set(acked) <= set(ids), "an acknowledged row is missing"
+        assert len(ids) == 2 * 12 * 20 + 1  # every batch was sent until it was in the stream
+        for pid in pids.values():
+            wait_until(lambda pid=pid: caught_up(location, pid, len(ids)), f"{pid} to catch up")
+        got = {
+            name: {out: rows(read_stream(location, out)) for out in OUTPUTS[name]}
+            for name in PIPELINES
+        }
+        for pid in pids.values():
+            status = act(location, "pipeline.status", {"id": pid})
+            assert status["state"] == "running", status
+            for line in act(location, "pipeline.logs", {"id": pid})["lines"]:
+                if line["message"].startswith("resumed from checkpoint "):
+                    RESUMED.setdefault(seed, []).append(int(line["message"].split()[-1]))
+        current[0].stop()
+    entries = stream  # the stream's batches in offset order
+    for name, sql in PIPELINES.items():
+        want = straight(sql, entries, OUTPUTS[name], tmp_path / f"straight-{name}")
+        for out in OUTPUTS[name]:
+            assert got[name][out] == want[out], f"seed {seed}: {name} -> {out}"
+        assert got[name][OUTPUTS[name][0]], "the pipeline produced nothing"
+
+
+def test_the_trials_resumed_from_checkpoints() -> None:
+    """Most crashes hit pipelines that had checkpoints to resume from (not only fresh starts)."""
+    if len(RESUMED) < TRIALS // 2:
+        pytest.skip("run with the trials above")
+    resumed = [epoch for epochs in RESUMED.values() for epoch in epochs]
+    assert sum(1 for epoch in resumed if epoch > 0) >= TRIALS
