@@ -348,3 +348,79 @@ def test_the_trials_resumed_from_checkpoints() -> None:
         pytest.skip("run with the trials above")
     resumed = [epoch for epochs in RESUMED.values() for epoch in epochs]
     assert sum(1 for epoch in resumed if epoch > 0) >= TRIALS
+
+
+def test_submit_walk_away_and_two_restarts_then_tail_every_result_once(tmp_path: Path) -> None:
+    """``flight-serve submit`` returns an id and exits (the client is gone); the server restarts
+    twice (SIGTERM, then SIGKILL) while input keeps coming; a new client tailing the output
+    stream from offset 0 sees every result once, equal to the straight run."""
+    job = tmp_path / "job.sql"
+    job.write_text(PIPELINES["distinct"])
+    batches = make_batches("solo", random.Random(7), 1)
+    sentinel = pa.RecordBatch.from_pylist(
+        [{"w": "end", "id": 0, "k": "a", "t": SENTINEL_T_MS, "v": 0}], schema=SCHEMA
+    )
+    data = tmp_path / "data"
+    with server_at(data) as current:
+        Writer("solo", batches[:4], lambda: current[0].location).run()
+        submitted = subprocess.run(
+            [str(CLI), "submit", str(job), "--server", current[0].location],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        pid = submitted.stdout.strip()
+        assert pid.startswith("job-")
+        assert "sink p1 -> stream p1" in submitted.stderr
+        Writer("solo", batches[4:8], lambda: current[0].location).run()
+        current[0].stop()  # restart 1: SIGTERM (the pipeline checkpoints and stops)
+        current[0] = Server(data)
+        Writer("solo", batches[8:10], lambda: current[0].location).run()
+        time.sleep(0.3)
+        current[0].kill()  # restart 2: SIGKILL
+        current[0] = Server(data)
+        location = current[0].location
+        Writer("solo", [*batches[10:], sentinel], lambda: location).run()
+        total = sum(batch.num_rows for batch in batches) + 1
+        wait_until(lambda: caught_up(location, pid, total), "the pipeline to catch up")
+        tailed: list[dict[str, Any]] = []
+
+        def tail() -> None:
+            with flight.connect(location) as client:
+                body = json.dumps({"stream": "p1", "offset": 0}).encode()
+                ticket = next(iter(client.do_action(flight.Action("stream.tail", body)))).body
+                reader = client.do_get(flight.Ticket(ticket.to_pybytes()))
+                try:
+                    for chunk in reader:
+                        tailed.extend(chunk.data.to_pylist())
+                except (flight.FlightError, pa.ArrowException):
+                    pass  # the server shut down: the tail ends
+
+        follower = threading.Thread(target=tail, daemon=True)
+        follower.start()
+        committed = rows(read_stream(location, "p1"))
+        wait_until(lambda: len(tailed) >= len(committed), "the tail to catch up")
+        time.sleep(0.5)  # nothing more comes: every result once
+        status = subprocess.run(
+            [str(CLI), "pipelines", "status", pid, "--server", location, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert json.loads(status.stdout)["state"] == "running"
+        logs = subprocess.run(
+            [str(CLI), "pipelines", "logs", pid, "--server", location],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert logs.count("server started: resuming") == 2
+        assert "stopped with the server; resumes on restart" in logs
+        entries = read_stream(location, "events")
+        current[0].stop()
+        follower.join(WAIT_S)
+    assert tailed == committed
+    want = straight(PIPELINES["distinct"], entries, ("p1",), tmp_path / "straight")
+    assert tailed == want["p1"]
+    assert len(tailed) >= 8  # windows of 5 s over ~15 s of rows, 4 keys
