@@ -57,7 +57,14 @@ from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import QueryTicket, decode_ticket, encode_ticket
 from flight_serve.store import StreamStore
 
-__all__ = ["FLIGHT_SQL_ACTIONS", "TYPE_URL_PREFIX", "FlightSqlHandler", "pack", "unpack_command"]
+__all__ = [
+    "FLIGHT_SQL_ACTIONS",
+    "TYPE_URL_PREFIX",
+    "FlightSqlHandler",
+    "flightsql_command",
+    "pack",
+    "unpack_command",
+]
 
 log = logging.getLogger("flight_serve.flight")
 
@@ -178,6 +185,14 @@ def unpack_command(data: bytes | None) -> Message | None:
     except DecodeError:
         raise InvalidInputError(f"malformed Flight SQL {name}") from None
     return message
+
+
+def flightsql_command(descriptor: flight.FlightDescriptor) -> Message | None:
+    """The Flight SQL message in a CMD descriptor, or ``None`` (a path descriptor, or plain SQL
+    text); see :func:`unpack_command` for the errors."""
+    if descriptor.descriptor_type != flight.DescriptorType.CMD:
+        return None
+    return unpack_command(descriptor.command)
 
 
 def _ipc_stream(table: pa.Table) -> bytes:
