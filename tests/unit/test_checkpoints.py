@@ -399,3 +399,38 @@ def test_run_resumes_by_default_and_takes_fresh_and_from_epoch(tmp_path: Path) -
     )
     assert no_interval.returncode == 1
     assert "checkpoints need an interval" in no_interval.stderr
+
+
+def test_a_crash_after_the_finished_checkpoint_is_completed_not_rerun(
+    tmp_path: Path, straight: dict[str, bytes]
+) -> None:
+    """Server pipelines (``restart_finished=False``): the process dies right after the finished
+    checkpoint's manifest, before the sinks commit and the files are written; the restart only
+    completes the commit and writes the files (a rerun would append stream results again)."""
+    inputs(tmp_path)
+    runtime = durable(tmp_path)
+    write = runtime.checkpoints.write
+
+    def dying(manifest: Manifest, files: dict[str, bytes]) -> int:
+        written = write(manifest, files)
+        if manifest.finished:
+            raise Crash
+        return written
+
+    runtime.checkpoints.write = dying  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        run_to_end(runtime)
+    assert not (tmp_path / "out" / "out.csv").exists()
+    resumed = DurableRuntime(
+        plan_of(tmp_path),
+        name="p",
+        options=RunOptions(checkpoint_every=1),
+        state_root=str(tmp_path / "state"),
+        output_dir=tmp_path / "out",
+        restart_finished=False,
+    )
+    assert resumed.manifest is not None
+    assert resumed.manifest.finished
+    run_to_end(resumed)
+    assert outputs(tmp_path / "out") == straight
+    assert resumed.epoch == resumed.manifest.epoch  # no new checkpoint: nothing ran again

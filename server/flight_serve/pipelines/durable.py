@@ -279,6 +279,9 @@ class DurableRuntime(PipelineRuntime):
             without a ``server`` option read and write (:mod:`.store_io`); ``None``: such
             connectors are refused.
         on_checkpoint: called after every completed checkpoint.
+        restart_finished: with ``resume="latest"``, start over when the newest checkpoint is a
+            finished run's (``flight-serve run``); ``False`` (server pipelines): resume it, which
+            only completes what a crash interrupted (the last commit, the file sinks' files).
 
     Raises:
         PipelineSQLError: a connector a checkpointed run cannot cover, with its position; or
@@ -298,8 +301,10 @@ class DurableRuntime(PipelineRuntime):
         resume: ResumeFrom = "latest",
         store: StreamStore | None = None,
         on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+        restart_finished: bool = True,
     ) -> None:
         self.options = options if options is not None else plan.run_options
+        self.restart_finished = restart_finished
         self.store = store
         self.name = name
         self._check_connectors(plan)
@@ -375,7 +380,7 @@ class DurableRuntime(PipelineRuntime):
             manifest = self.checkpoints.latest()
             if manifest is None:
                 return None
-            if manifest.finished:
+            if manifest.finished and self.restart_finished:
                 self.note(
                     f"the last run finished at epoch {manifest.epoch}; starting over "
                     f"(state root {self.checkpoints.uri})"

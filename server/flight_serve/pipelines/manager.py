@@ -236,6 +236,7 @@ class PipelineManager:
             resume="latest",
             store=self.store,
             on_checkpoint=lambda info: self._checkpointed(pid, info),
+            restart_finished=False,  # a finished pipeline never runs again: it only completes
         )
 
     def _checkpointed(self, pid: str, info: CheckpointInfo) -> None:
