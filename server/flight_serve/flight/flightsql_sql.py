@@ -32,7 +32,9 @@ Errors: a statement DataFusion cannot parse or plan is :class:`~flight_serve.err
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -231,6 +233,9 @@ def _name_of(table: exp.Table) -> str:
 
 
 _ROWS_TABLE: Final = "__flight_serve_parameter_rows"
+
+#: Batches a bulk load may read ahead of the thread that writes them to the store.
+_APPEND_QUEUE_BATCHES: Final = 4
 
 
 def _vectorized_insert(sql: str, params: pa.Table) -> tuple[str, pa.Table] | None:
@@ -549,19 +554,41 @@ class SqlEngine:
     ) -> int:
         """Append ``batches`` to stream ``name`` with one group commit at the end (the store
         drains staged frames early when they grow large); return the rows appended. Batches
-        written before a failure are still committed (there are no transactions)."""
-        last = None
+        written before a failure are still committed (there are no transactions).
+
+        A writing thread encodes and stages each batch (:meth:`StreamStore.write`) while this
+        thread reads the next one from ``batches`` (a DoPut upload, a DataFusion stream), at most
+        :data:`_APPEND_QUEUE_BATCHES` ahead.
+        """
+        pending: queue.Queue[pa.RecordBatch | None] = queue.Queue(_APPEND_QUEUE_BATCHES)
+        state: dict[str, Any] = {"last": None, "error": None}
+
+        def write() -> None:
+            while (batch := pending.get()) is not None:
+                if state["error"] is None:
+                    try:
+                        state["last"] = self.store.write(name, batch)
+                    except BaseException as exc:
+                        state["error"] = exc
+
+        writer = threading.Thread(target=write, name="flight-serve-sql-append")
+        writer.start()
         rows = 0
         try:
             for batch in batches:
                 _check(is_cancelled)
-                if batch.num_rows == 0:
-                    continue
-                last = self.store.write(name, batch)
-                rows += batch.num_rows
+                if state["error"] is not None:
+                    break
+                if batch.num_rows:
+                    pending.put(batch)
+                    rows += batch.num_rows
         finally:
-            if last is not None:
-                self.store.commit(last)
+            pending.put(None)
+            writer.join()
+            if state["last"] is not None:
+                self.store.commit(state["last"])
+        if state["error"] is not None:
+            raise state["error"]
         return rows
 
     def _resolve(self, table_ref: str) -> str:
