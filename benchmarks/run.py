@@ -2,8 +2,9 @@
 
 Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by default), ``hopping``,
 ``session``, ``bytewax`` (the tumbling job in Bytewax), ``coldstart`` (``flight-serve run``
-time to first row vs the bare imports); all run by default. ``--repeat N`` sets the runs per
-side (median reported); ``--json PATH`` also writes every measurement as JSON.
+time to first row vs the bare imports), ``checkpoints`` (a checkpoint every second vs none) and
+``restore`` (1 M open windows from a checkpoint); all run by default. ``--repeat N`` sets the
+runs per side (median reported); ``--json PATH`` also writes every measurement as JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import coldstart, flight_io, vs_bytewax, windows
+from benchmarks import checkpoints, coldstart, flight_io, vs_bytewax, windows
 from benchmarks._harness import Comparison, render, render_summary
 
 BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
@@ -30,6 +31,8 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "session": windows.session,
     "bytewax": vs_bytewax.bytewax,
     "coldstart": coldstart.coldstart,
+    "checkpoints": checkpoints.checkpoints,
+    "restore": checkpoints.restore,
 }
 
 
