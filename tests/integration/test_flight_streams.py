@@ -547,3 +547,52 @@ def test_a_put_result_is_sent_only_after_an_fdatasync_covered_its_batch(
     late = [(offset, size, ends[offset]) for offset, size in seen if size < ends[offset]]
     assert late == [], "PutResults arrived before an fdatasync covered their frame"
     assert len(durable) - 1 < len(batches)  # group commit: fewer syncs than batches
+
+
+@pytest.mark.parametrize("client_kind", ["flight_serve_client", "pyarrow, one batch at a time"])
+def test_a_storage_failure_mid_put_is_reported_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client_kind: str
+) -> None:
+    # The disk fills up at the third frame. The handler thread is then blocked reading the
+    # next batch while the client waits for PutResults: the client must learn of it anyway.
+    real_write = StreamStore._write_staged
+    frames = 0
+
+    def disk_full(self: StreamStore, stream: Any, frame: Any) -> None:
+        nonlocal frames
+        frames += 1
+        if frames == 3:
+            raise OSError(28, "No space left on device")
+        real_write(self, stream, frame)
+
+    monkeypatch.setattr(StreamStore, "_write_staged", disk_full)
+    batches = [pa.record_batch({"x": pa.array([i], pa.int64())}) for i in range(40)]
+    outcome: list[BaseException | list[dict[str, Any]]] = []
+    with start_server(tmp_path / "data") as server:
+
+        def run() -> None:
+            try:
+                if client_kind == "flight_serve_client":
+                    from flight_serve_client import FlightServeClient
+
+                    with FlightServeClient(server.location) as c:
+                        c.put("t", batches)
+                else:
+                    with flight.connect(server.location) as c:
+                        outcome.append(put(c, "t", *batches))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the put hung after a storage failure"
+        assert server.store.info("t").next_offset == 2  # the batches before it stay
+    (result,) = outcome
+    if client_kind == "flight_serve_client":
+        assert isinstance(result, flight.FlightInternalError)
+        assert "No space left on device" in str(result)
+    else:  # a client that reads each PutResult sees {"error"}, then the status on its next write
+        assert isinstance(result, flight.FlightInternalError) or result[2:3] == [
+            {"error": "cannot append to stream 't': [Errno 28] No space left on device"}
+        ]

@@ -289,6 +289,11 @@ class FlightServeClient:
                     f"{written} batches"
                 )
             message = decode_json(buffer, "PutResult")
+            if "error" in message:  # the server could not store a batch: get its status
+                with contextlib.suppress(pa.ArrowException):
+                    writer.done_writing()
+                writer.close()  # raises the server's status
+                raise ProtocolError(f"DoPut {stream!r} failed: {message['error']}")
             last_offset = decode_int(message, "offset", "PutResult")
             acked_rows += decode_int(message, "rows", "PutResult")
             acked += 1

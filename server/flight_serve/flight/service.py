@@ -21,6 +21,7 @@ Other layers add actions with :meth:`FlightServeService.register_action`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -111,7 +112,11 @@ class _PutPipeline:
     batch while a client may wait for PutResults before it writes more.
 
     After a failure no further batch is written; the batches written before it are still
-    committed and acknowledged, and :meth:`check` / :meth:`finish` raise the first error.
+    committed and acknowledged, and :meth:`check` / :meth:`finish` raise the first error. A
+    failure of the writing or acknowledging thread is also told to the client at once, by a
+    last PutResult ``{"error": <message>}``: the handler thread may be blocked reading the
+    next batch while the client waits for PutResults before it writes more, so the call can
+    only end (with the error's status) once the client writes again or finishes writing.
     """
 
     def __init__(self, store: StreamStore, name: str, writer: flight.FlightMetadataWriter) -> None:
@@ -153,6 +158,11 @@ class _PutPipeline:
         if self._error is None:
             self._error = exc
 
+    def _report(self, exc: BaseException) -> None:
+        """Send the PutResult ``{"error": <message>}`` (nothing if sending fails too)."""
+        with contextlib.suppress(Exception):
+            self._writer.write(pa.py_buffer(json.dumps({"error": str(exc)}).encode()))
+
     def _write(self) -> None:
         try:
             while (batch := self._batches.get()) is not None:
@@ -161,6 +171,7 @@ class _PutPipeline:
                         self._pending.put(self._store.write(self._name, batch))
                     except BaseException as exc:
                         self._fail(exc)
+                        self._pending.put(None)  # the acknowledging thread reports it now
         finally:
             self._pending.put(None)
 
@@ -176,6 +187,9 @@ class _PutPipeline:
             except BaseException as exc:
                 failed = True
                 self._fail(exc)
+                self._report(exc)
+        if not failed and self._error is not None:
+            self._report(self._error)  # the writing thread failed
 
 
 class FlightServeService(flight.FlightServerBase):
@@ -276,6 +290,7 @@ class FlightServeService(flight.FlightServerBase):
                         f"batch of {batch.nbytes} bytes exceeds the maximum batch size of "
                         f"{self.max_batch_bytes} bytes; split it into smaller batches"
                     )
+                self.store.validate(name, batch)  # a mismatch is answered at once
                 pipeline.put(batch)
             pipeline.finish()
         except Exception as exc:

@@ -146,11 +146,11 @@ _DIRECT_MIN_BYTES = 1 << 20
 _ALIGN = 4096
 _ZEROS = bytes(_ALIGN)
 _IPC_CONTINUATION = b"\xff\xff\xff\xff"
-#: A stream keeps its direct frames' staging buffers for reuse, up to this many bytes of them
-#: (fresh anonymous memory costs a page fault per 4 KiB on first touch: more than the copy).
+#: A store keeps its direct frames' staging buffers for reuse, up to this many bytes of them.
 _SPARE_BYTES = 64 << 20
-#: write() puts the staged frames in the file itself once they hold this many bytes.
-_MAX_STAGED_BYTES = 64 << 20
+#: write() puts the staged frames in the file itself once they hold this many bytes (so at most
+#: twice this is in flight: staged, and being written by a commit; the spare pool covers it).
+_MAX_STAGED_BYTES = 32 << 20
 _SEGMENT_SUFFIX = ".seg"
 _META_FILE = "stream.json"
 _SCHEMA_FILE = "schema.arrow"
@@ -413,6 +413,43 @@ class _Staged:
         return self.body.size if self.body is not None else 0
 
 
+class _BufferPool:
+    """Page-aligned buffers for direct frames, kept for reuse up to ``_SPARE_BYTES`` in all
+    (fresh anonymous memory costs a page fault per 4 KiB on first touch: more than the copy).
+    Shared by the streams of a store; thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spare: list[mmap.mmap] = []
+        self._bytes = 0
+
+    def take(self, size: int) -> mmap.mmap:
+        """Return a page-aligned buffer of at least ``size`` bytes."""
+        with self._lock:
+            for i, buffer in enumerate(self._spare):
+                if len(buffer) >= size:
+                    self._bytes -= len(buffer)
+                    return self._spare.pop(i)
+        return mmap.mmap(-1, -(-size // (1 << 20)) * (1 << 20))  # unmapped when unreferenced
+
+    def give_back(self, frames: list[_Staged]) -> None:
+        """Keep the buffers of written (or discarded) direct frames for reuse."""
+        with self._lock:
+            for frame in frames:
+                aligned = frame.aligned
+                if not frame.ready:
+                    continue  # still being filled (a discarded frame): not reusable yet
+                if aligned is not None and self._bytes + len(aligned) <= _SPARE_BYTES:
+                    self._spare.append(aligned)
+                    self._bytes += len(aligned)
+                frame.aligned = None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spare.clear()
+            self._bytes = 0
+
+
 class _Stream:
     """In-memory state of one open stream incarnation. Guarded by ``cond``'s lock.
 
@@ -442,9 +479,7 @@ class _Stream:
         self.written_bytes = 0
         self.staged: list[_Staged] = []  # in offset order; written to the file by _drain
         self.staged_bytes = 0
-        self.spare: list[mmap.mmap] = []  # page-aligned buffers for direct frames, for reuse
         self.schema_bytes = 0  # length of the IPC schema message of ``schema`` (0: not known)
-        self.spare_bytes = 0
         self.fd: int | None = None  # write handle of fd_segment
         self.direct_fd: int | None = None  # O_DIRECT handle of fd_segment
         self.fd_segment: _Segment | None = None  # the segment the drains write to
@@ -456,24 +491,6 @@ class _Stream:
         # next_offset at which epoch e ended (a PendingAppend of epoch e below it is durable).
         self.epoch = 0
         self.epoch_ends: list[int] = []
-
-    def aligned_buffer(self, size: int) -> mmap.mmap:
-        """Return a page-aligned buffer of at least ``size`` bytes (cond held)."""
-        for i, buffer in enumerate(self.spare):
-            if len(buffer) >= size:
-                self.spare_bytes -= len(buffer)
-                return self.spare.pop(i)
-        return mmap.mmap(-1, -(-size // (1 << 20)) * (1 << 20))  # unmapped when unreferenced
-
-    def release(self, staged: list[_Staged]) -> None:
-        """Keep the direct frames' buffers for reuse, up to _SPARE_BYTES (cond held)."""
-        for frame in staged:
-            aligned = frame.aligned
-            if not frame.ready:
-                continue  # still being filled (a discarded frame): not reusable yet
-            if aligned is not None and self.spare_bytes + len(aligned) <= _SPARE_BYTES:
-                self.spare.append(aligned)
-                self.spare_bytes += len(aligned)
 
     def publish(self, offset: int, rows: int, num_bytes: int) -> None:
         """Make the reserved batches below ``offset`` visible (cond held); wakes waiters."""
@@ -613,6 +630,7 @@ class StreamStore:
         self.fsync: FsyncMode = fsync
         self.segment_bytes = segment_bytes
         self.direct_io = direct_io
+        self._buffers = _BufferPool()
         self._root = self.data_dir / "streams"
         self._staging = self.data_dir / "streams-staging"
         self._trash = self.data_dir / "streams-trash"
@@ -652,6 +670,7 @@ class StreamStore:
             self._streams.clear()
         for stream in streams:
             self._retire(stream)  # wakes waiters: the store is gone for them
+        self._buffers.clear()
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)
 
@@ -763,7 +782,7 @@ class StreamStore:
                 head = position % _ALIGN  # where the frame starts inside its first page
                 prefix = -(-stream.schema_bytes // _ALIGN) * _ALIGN  # room for the schema message
                 end = head + frame_bytes + pad  # a multiple of _ALIGN
-                aligned = stream.aligned_buffer(prefix + end + 8)  # + the end-of-stream marker
+                aligned = self._buffers.take(prefix + end + 8)  # + the end-of-stream marker
                 frame = _Staged(
                     segment, position, aligned=aligned, prefix=prefix, head=head, size=end
                 )
@@ -866,6 +885,23 @@ class StreamStore:
         if stream.failed is not None:
             raise StorageError(stream.failed)
         return False
+
+    def validate(self, name: str, batch: pa.RecordBatch) -> None:
+        """Raise what :meth:`write` would for ``batch``'s schema, without writing anything.
+
+        Lets a caller that hands batches to another thread report a mismatch at once. Nothing
+        is checked if the stream does not exist (the first write creates it).
+
+        Raises:
+            StreamNameError: invalid name. SchemaMismatchError: as :meth:`append`.
+        """
+        validate_stream_name(name)
+        with self._lock:
+            stream = self._streams.get(name)
+        if stream is not None:
+            problem = _describe_mismatch(name, stream.schema, _plain_schema(batch.schema), batch)
+            if problem is not None:
+                raise SchemaMismatchError(problem)
 
     def info(self, name: str) -> StreamInfo:
         """Return what stream ``name`` holds now.
@@ -1087,7 +1123,7 @@ class StreamStore:
                     stream.failed = _sync_failure(stream.name, exc)
                 raise StorageError(stream.failed) from exc
         with stream.cond:
-            stream.release(frames)
+            self._buffers.give_back(frames)
             if publish:
                 stream.publish(*target)
 
@@ -1162,7 +1198,7 @@ class StreamStore:
         del segment.lengths[keep:]
         del segment.rows[keep:]
         segment.size = size
-        stream.release(frames + stream.staged)
+        self._buffers.give_back(frames + stream.staged)
         stream.staged, stream.staged_bytes = [], 0
         stream.written_offset = stream.next_offset
         stream.written_rows = stream.num_rows
@@ -1179,8 +1215,6 @@ class StreamStore:
             with stream.cond:
                 stream.dropped = True
                 self._close_fd(stream)
-                stream.spare.clear()
-                stream.spare_bytes = 0
                 stream.cond.notify_all()
 
     @staticmethod
