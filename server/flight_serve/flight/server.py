@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from flight_serve.errors import FlightServeError
+from flight_serve.flight.auth import load_users_file
 from flight_serve.flight.service import FlightServeService
 from flight_serve.store import FsyncMode, StreamStore
 
@@ -133,14 +134,32 @@ def start_server(
             store.close()
 
 
-def serve_forever(host: str, port: int, data_dir: Path, fsync: FsyncMode) -> int:
+def serve_forever(
+    host: str, port: int, data_dir: Path, fsync: FsyncMode, users_file: Path | None = None
+) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
     Logs JSON lines to stderr (a ``listening`` line with the ``location``) and prints the
     location on stdout. Returns 0 after a clean shutdown, 1 if the server could not start (the
-    data dir is unusable or owned by another server, or the port is taken).
+    data dir is unusable or owned by another server, the port is taken, or ``users_file`` cannot
+    be read). With ``users_file`` (``user:password`` lines, see
+    :func:`flight_serve.flight.auth.load_users_file`) every call needs those credentials;
+    without it the server is open, and a warning is logged when it listens beyond loopback.
     """
     configure_json_logging()
+    users = None
+    if users_file is not None:
+        try:
+            users = load_users_file(users_file)
+        except FlightServeError as exc:
+            log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
+            return 1
+    elif host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "open server: no --users-file, so anyone who can reach %s may read and write",
+            host,
+            extra={"host": host},
+        )
     stop = threading.Event()
     received: list[str] = []
 
@@ -153,7 +172,9 @@ def serve_forever(host: str, port: int, data_dir: Path, fsync: FsyncMode) -> int
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     try:
-        with start_server(Path(data_dir), host=host, port=port, fsync=fsync) as service:
+        with start_server(
+            Path(data_dir), host=host, port=port, fsync=fsync, users=users
+        ) as service:
             log.info(
                 "listening",
                 extra={"location": service.location, "data_dir": str(data_dir), "fsync": fsync},

@@ -9,6 +9,9 @@ Descriptors:
 
 - ``path = [stream]``: one stream (DoPut, GetFlightInfo, GetSchema).
 - ``cmd = <SQL text, UTF-8>``: a DataFusion query over the streams (GetFlightInfo, GetSchema).
+- ``cmd = <google.protobuf.Any of an arrow.flight.protocol.sql message>``: Flight SQL, handed to
+  :class:`~flight_serve.flight.flightsql.FlightSqlHandler` (GetFlightInfo, GetSchema, DoPut; its
+  tickets come back to DoGet and its actions are registered here).
 
 Actions (body and result are UTF-8 JSON unless noted; unknown body keys are ignored):
 
@@ -26,7 +29,7 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -42,6 +45,8 @@ from flight_serve.errors import (
     StreamNotFoundError,
     TicketError,
 )
+from flight_serve.flight.auth import auth_server_options
+from flight_serve.flight.flightsql import FlightSqlHandler, flightsql_command, unpack_command
 from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
 from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import (
@@ -203,6 +208,8 @@ class FlightServeService(flight.FlightServerBase):
         store: the streams to serve; the caller owns it and closes it after shutdown.
         max_batch_bytes: largest DoPut batch accepted (``RecordBatch.nbytes``), 64 MiB by default.
         tail_poll_s: how often (seconds) a waiting tail checks for cancellation and shutdown.
+        users: user name -> password; every call then needs them (Basic handshake, then the
+            bearer token it returns; :mod:`flight_serve.flight.auth`). ``None``: open.
         **kwargs: passed to :class:`pyarrow.flight.FlightServerBase` (auth, TLS, middleware).
 
     Attributes:
@@ -217,6 +224,7 @@ class FlightServeService(flight.FlightServerBase):
         store: StreamStore,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         tail_poll_s: float = 0.1,
+        users: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         # Set before super().__init__: pyarrow starts serving inside it.
@@ -236,6 +244,9 @@ class FlightServeService(flight.FlightServerBase):
             "Result: the ticket bytes, for DoGet.",
             self._action_stream_tail,
         )
+        self.flightsql = FlightSqlHandler(store)
+        self.flightsql.register_actions(self.register_action)
+        kwargs = auth_server_options(users, kwargs)
         super().__init__(location, **kwargs)
         parts = urlsplit(location)
         host = parts.hostname or "127.0.0.1"
@@ -276,6 +287,12 @@ class FlightServeService(flight.FlightServerBase):
         Errors: INVALID_ARGUMENT for a non-path descriptor, an invalid stream name, a schema
         mismatch (naming the fields) or a batch above ``max_batch_bytes`` (naming the limit).
         """
+        try:
+            if (command := flightsql_command(descriptor)) is not None:
+                self.flightsql.do_put(context, command, reader, writer)
+                return
+        except Exception as exc:
+            _fail(exc, "DoPut")
         pipeline: _PutPipeline | None = None
         try:
             name = self._stream_of(descriptor)
@@ -315,6 +332,8 @@ class FlightServeService(flight.FlightServerBase):
         NOT_FOUND for an unknown stream.
         """
         try:
+            if (command := flightsql_command(descriptor)) is not None:
+                return self.flightsql.get_flight_info(context, descriptor, command)
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
                 return self._stream_flight_info(self.store.info(self._stream_of(descriptor)))
             schema, ticket = plan(self._sql_of(descriptor), self.store)
@@ -328,6 +347,8 @@ class FlightServeService(flight.FlightServerBase):
     ) -> flight.SchemaResult:
         """Return the schema of a stream (``path``) or of a SQL query's result (``cmd``)."""
         try:
+            if (command := flightsql_command(descriptor)) is not None:
+                return flight.SchemaResult(self.flightsql.get_schema(context, command))
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
                 schema = self.store.info(self._stream_of(descriptor)).schema
             else:
@@ -380,6 +401,8 @@ class FlightServeService(flight.FlightServerBase):
         query DataFusion rejects (also mid-stream).
         """
         try:
+            if (command := unpack_command(ticket.ticket)) is not None:
+                return self.flightsql.do_get(context, command)
             decoded = decode_ticket(ticket.ticket)
             if isinstance(decoded, QueryTicket):
                 schema, batches = execute(decoded, self.store)

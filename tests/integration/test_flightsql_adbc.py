@@ -1,0 +1,342 @@
+"""Flight SQL through the real ADBC driver (``adbc-driver-flightsql``, a Go driver nobody on this
+team wrote), against an in-process flight-serve server (one per test, STYLE habit 6).
+
+Everything goes through ``adbc_driver_flightsql.dbapi``, the way a pandas / polars user connects.
+flight-serve reports transactions as unsupported, so connections use ``autocommit=True`` (without
+it the DB-API layer warns that it cannot turn autocommit off).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import adbc_driver_flightsql.dbapi as flightsql
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from adbc_driver_manager import AdbcStatusCode, ProgrammingError
+from flight_serve.connectors.nycflights13 import load_flights
+from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
+
+pytestmark = pytest.mark.integration
+
+T_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string())])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[FlightServeService]:
+    with start_server(tmp_path, fsync="never") as service:
+        service.store.create("t", T_SCHEMA)
+        service.store.append("t", pa.record_batch({"a": [1, 2, 3], "b": ["x", "y", "z"]}))
+        yield service
+
+
+@pytest.fixture(scope="module")
+def flights() -> pa.Table:
+    return load_flights()
+
+
+def connect(service: FlightServeService, **db_kwargs: str) -> Any:
+    return flightsql.connect(service.location, db_kwargs=db_kwargs or None, autocommit=True)
+
+
+def plain_flight_query(service: FlightServeService, sql: str) -> pa.Table:
+    with flight.connect(service.location) as client:
+        info = client.get_flight_info(flight.FlightDescriptor.for_command(sql))
+        return pa.concat_tables(
+            [client.do_get(e.ticket).read_all() for e in info.endpoints], promote_options="none"
+        )
+
+
+def fetch(service: FlightServeService, sql: str, parameters: Any = None) -> pa.Table:
+    with connect(service) as conn, conn.cursor() as cur:
+        cur.execute(sql, parameters)
+        table: pa.Table = cur.fetch_arrow_table()
+        return table
+
+
+def run_select_1(service: FlightServeService, credentials: dict[str, str]) -> None:
+    with connect(service, **credentials) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1")
+
+
+def read_to_the_end(reader: Any) -> None:
+    while True:
+        reader.read_next_batch()
+
+
+# --- connecting ---------------------------------------------------------------------------------
+
+
+def test_connect_without_credentials_to_an_open_server(server: FlightServeService) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1 AS one")
+        assert cur.fetchall() == [(1,)]
+        assert conn.adbc_get_info()["vendor_name"] == "flight-serve"
+
+
+def test_an_open_server_accepts_any_user_and_password(server: FlightServeService) -> None:
+    with connect(server, username="anyone", password="anything") as conn, conn.cursor() as cur:
+        cur.execute("SELECT count(*) AS n FROM t")
+        assert cur.fetchall() == [(3,)]
+
+
+def test_connect_with_user_and_password(tmp_path: Path) -> None:
+    with start_server(tmp_path, fsync="never", users={"alice": "s3cret:x"}) as service:
+        with connect(service, username="alice", password="s3cret:x") as conn, conn.cursor() as cur:
+            cur.execute("SELECT 41 + 1 AS answer")
+            assert cur.fetchall() == [(42,)]
+        for credentials in (
+            {},
+            {"username": "alice", "password": "wrong"},
+            {"username": "bob", "password": "s3cret:x"},
+        ):
+            with pytest.raises(ProgrammingError) as caught:
+                run_select_1(service, credentials)
+            assert caught.value.status_code == AdbcStatusCode.UNAUTHENTICATED
+
+
+def test_a_bearer_token_from_the_basic_handshake_works_on_later_calls(tmp_path: Path) -> None:
+    with (
+        start_server(tmp_path, fsync="never", users={"alice": "pw"}) as service,
+        flight.connect(service.location) as client,
+    ):
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.list_flights())
+        header = client.authenticate_basic_token(b"alice", b"pw")
+        assert header[0] == b"authorization"
+        assert header[1].startswith(b"Bearer ")
+        options = flight.FlightCallOptions(headers=[header])
+        assert list(client.list_flights(options=options)) == []
+        bad = flight.FlightCallOptions(headers=[(b"authorization", b"Bearer nope")])
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(client.list_flights(options=bad))
+
+
+# --- queries --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM t ORDER BY a",
+        "SELECT b, a * 10 AS a10 FROM t WHERE a >= 2 ORDER BY b DESC",
+        "SELECT count(*) AS n, sum(a) AS total FROM t",
+        "SELECT arrow_cast(b, 'Utf8View') AS v FROM t ORDER BY v",
+    ],
+)
+def test_execute_and_fetch_arrow_table_equal_plain_flight(
+    server: FlightServeService, sql: str
+) -> None:
+    assert fetch(server, sql).equals(plain_flight_query(server, sql), check_metadata=True)
+
+
+def test_a_false_filter_returns_no_rows_and_keeps_the_schema(server: FlightServeService) -> None:
+    table = fetch(server, "SELECT a, b FROM t WHERE false")
+    assert table.num_rows == 0
+    assert table.schema == T_SCHEMA
+
+
+def test_execute_with_parameters(server: FlightServeService) -> None:
+    table = fetch(server, "SELECT a, b FROM t WHERE a > ? AND b <> ? ORDER BY a", (1, "z"))
+    assert table.to_pylist() == [{"a": 2, "b": "y"}]
+    table = fetch(server, "SELECT a FROM t WHERE b = $1", ["x"])
+    assert table.to_pylist() == [{"a": 1}]
+
+
+def test_executemany_inserts_every_parameter_row_in_order(server: FlightServeService) -> None:
+    rows = [(1000 - i, f"r{i}") for i in range(2500)]
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.executemany("INSERT INTO t VALUES (?, ?)", rows)
+        assert cur.rowcount == len(rows)
+        cur.executemany("INSERT INTO t (b, a) VALUES (upper(?), ? * 2)", [("x", 1), ("y", 2)])
+        assert cur.rowcount == 2
+    stored = pa.Table.from_batches(server.store.batches("t")).to_pylist()
+    assert [(r["a"], r["b"]) for r in stored[3:-2]] == rows
+    assert stored[-2:] == [{"a": 2, "b": "X"}, {"a": 4, "b": "Y"}]
+
+
+def test_insert_create_and_drop_through_execute(server: FlightServeService) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO t (b, a) VALUES ('w', 4), ('v', 5)")
+        assert cur.fetchall() == [(2,)]
+        cur.execute("SELECT count(*) FROM t")
+        assert cur.fetchall() == [(5,)]
+        cur.execute("CREATE TABLE events (id BIGINT NOT NULL, label VARCHAR)")
+        cur.execute("INSERT INTO events SELECT a, b FROM t WHERE a > 3")
+        assert cur.fetchall() == [(2,)]
+        cur.execute("SELECT id, label FROM events ORDER BY id")
+        assert cur.fetch_arrow_table().to_pylist() == [
+            {"id": 4, "label": "w"},
+            {"id": 5, "label": "v"},
+        ]
+        assert server.store.info("events").schema == pa.schema(
+            [pa.field("id", pa.int64(), nullable=False), ("label", pa.string())]
+        )
+        cur.execute("DROP TABLE events")
+        assert not server.store.exists("events")
+
+
+def test_a_statement_update_reports_the_rows_it_changed(server: FlightServeService) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.adbc_statement.set_sql_query("INSERT INTO t VALUES (7, 'q'), (8, 'r'), (9, 's')")
+        assert cur.adbc_statement.execute_update() == 3
+        cur.adbc_statement.set_sql_query("CREATE TABLE copy AS SELECT * FROM t WHERE a > 7")
+        assert cur.adbc_statement.execute_update() == 2
+    assert server.store.info("copy").num_rows == 2
+
+
+def test_a_result_of_64_mib_reads_with_default_driver_options(
+    server: FlightServeService, flights: pa.Table
+) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("flights", flights, mode="create")
+    sql = "SELECT * FROM flights UNION ALL SELECT * FROM flights"
+    table = fetch(server, sql)
+    assert table.num_rows == 2 * flights.num_rows
+    assert table.nbytes >= 60 * 1024 * 1024  # about 64 MiB (62 MiB)
+    assert table.schema == flights.schema
+    assert table.slice(0, 0).schema == plain_flight_query(server, sql).schema
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def test_a_syntax_error_is_a_programming_error_with_the_parsers_message(
+    server: FlightServeService,
+) -> None:
+    with pytest.raises(ProgrammingError) as caught:
+        fetch(server, "SELEC a FROM t")
+    assert caught.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+    assert "Expected: an SQL statement, found: SELEC" in str(caught.value)
+
+
+def test_a_missing_table_is_a_programming_error_not_found(server: FlightServeService) -> None:
+    for sql in ("SELECT * FROM nope", "INSERT INTO nope VALUES (1)"):
+        with pytest.raises(ProgrammingError) as caught:
+            fetch(server, sql)
+        assert caught.value.status_code == AdbcStatusCode.NOT_FOUND
+        assert "table 'nope' does not exist" in str(caught.value)
+
+
+def test_append_only_statements_are_refused_as_invalid_arguments(
+    server: FlightServeService,
+) -> None:
+    for sql in ("UPDATE t SET a = 0", "DELETE FROM t", "BEGIN"):
+        with pytest.raises(ProgrammingError) as caught:
+            fetch(server, sql)
+        assert caught.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+
+
+# --- metadata -----------------------------------------------------------------------------------
+
+
+def test_get_objects_lists_streams_as_tables_with_their_columns(
+    server: FlightServeService,
+) -> None:
+    with connect(server) as conn:
+        objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
+        assert [c["catalog_name"] for c in objects] == ["datafusion"]
+        schemas = objects[0]["catalog_db_schemas"]
+        assert [s["db_schema_name"] for s in schemas] == ["public"]
+        tables = schemas[0]["db_schema_tables"]
+        assert [(x["table_name"], x["table_type"]) for x in tables] == [("t", "TABLE")]
+        columns = tables[0]["table_columns"]
+        assert [
+            (c["column_name"], c["ordinal_position"], c["xdbc_type_name"]) for c in columns
+        ] == [
+            ("a", 1, "BIGINT"),
+            ("b", 2, "VARCHAR"),
+        ]
+        filtered = conn.adbc_get_objects(depth="tables", table_name_filter="n%").read_all()
+        assert filtered.to_pylist()[0]["catalog_db_schemas"][0]["db_schema_tables"] == []
+
+
+def test_get_table_schema_and_table_types(server: FlightServeService) -> None:
+    with connect(server) as conn:
+        schema = conn.adbc_get_table_schema("t")
+        assert schema.remove_metadata() == T_SCHEMA
+        assert [f.metadata[b"ARROW:FLIGHT:SQL:TYPE_NAME"] for f in schema] == [
+            b"BIGINT",
+            b"VARCHAR",
+        ]
+        assert conn.adbc_get_table_types() == ["TABLE"]
+        with pytest.raises(ProgrammingError):
+            conn.adbc_get_table_schema("nope")
+
+
+# --- bulk ingest --------------------------------------------------------------------------------
+
+
+def test_ingest_flights_in_each_mode(server: FlightServeService, flights: pa.Table) -> None:
+    n = flights.num_rows
+
+    def count(table: str) -> int:
+        return int(fetch(server, f"SELECT count(*) AS n FROM {table}").column("n")[0].as_py())
+
+    with connect(server) as conn, conn.cursor() as cur:
+        assert cur.adbc_ingest("flights", flights, mode="create") == n
+        assert count("flights") == n
+        assert cur.adbc_ingest("flights", flights, mode="append") == n
+        assert count("flights") == 2 * n
+        assert cur.adbc_ingest("flights", flights, mode="replace") == n
+        assert count("flights") == n
+        assert cur.adbc_ingest("flights", flights, mode="create_append") == n
+        assert count("flights") == 2 * n
+        assert cur.adbc_ingest("fresh", flights.slice(0, 1000), mode="create_append") == 1000
+        assert count("fresh") == 1000
+        assert cur.adbc_ingest("replaced", flights.slice(0, 10), mode="replace") == 10
+        assert count("replaced") == 10
+
+        with pytest.raises(ProgrammingError) as exists:
+            cur.adbc_ingest("flights", flights, mode="create")
+        # pyarrow cannot send ALREADY_EXISTS from a Python handler; INVALID_ARGUMENT it is.
+        assert exists.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+        assert "table 'flights' already exists" in str(exists.value)
+        with pytest.raises(ProgrammingError) as missing:
+            cur.adbc_ingest("absent", flights, mode="append")
+        assert missing.value.status_code == AdbcStatusCode.NOT_FOUND
+        with pytest.raises(ProgrammingError) as mismatch:
+            cur.adbc_ingest("flights", flights.select(["year", "month"]), mode="append")
+        assert mismatch.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+    assert count("flights") == 2 * n
+    assert fetch(server, "SELECT * FROM fresh ORDER BY sched_dep, flight, carrier").num_rows == 1000
+
+
+# --- cancellation -------------------------------------------------------------------------------
+
+
+def test_adbc_cancel_stops_a_long_query_on_the_server(server: FlightServeService) -> None:
+    handler = server.flightsql
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.execute("SELECT value, value * 2 AS twice FROM generate_series(1, 100000000000)")
+        reader = cur.fetch_record_batch()
+        for _ in range(3):
+            assert reader.read_next_batch().num_rows > 0
+        assert handler.active_streams == 1
+        cur.adbc_cancel()
+        with pytest.raises(Exception, match=r"(?i)cancel"):
+            read_to_the_end(reader)
+        deadline = time.monotonic() + 10
+        while handler.active_streams and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert handler.active_streams == 0
+
+
+def test_cancel_from_another_thread_while_fetching(server: FlightServeService) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.execute("SELECT value FROM generate_series(1, 100000000000)")
+        reader = cur.fetch_record_batch()
+        reader.read_next_batch()
+        timer = threading.Timer(0.3, cur.adbc_cancel)
+        timer.start()
+        try:
+            with pytest.raises(Exception, match=r"(?i)cancel"):
+                read_to_the_end(reader)
+        finally:
+            timer.join()
