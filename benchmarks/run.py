@@ -3,7 +3,8 @@
 Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by default), ``hopping``,
 ``session``, ``bytewax`` (the tumbling job in Bytewax), ``coldstart`` (``flight-serve run``
 time to first row vs the bare imports), ``checkpoints`` (a checkpoint every second vs none) and
-``restore`` (1 M open windows from a checkpoint); all run by default. ``--repeat N`` sets the
+``restore`` (1 M open windows from a checkpoint), ``flightsql_fetch`` / ``flightsql_ingest``
+(the ADBC Flight SQL driver vs plain Flight); all run by default. ``--repeat N`` sets the
 runs per side (median reported); ``--json PATH`` also writes every measurement as JSON.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import checkpoints, coldstart, flight_io, vs_bytewax, windows
+from benchmarks import checkpoints, coldstart, flight_io, flightsql, vs_bytewax, windows
 from benchmarks._harness import Comparison, render, render_summary
 
 BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
@@ -33,6 +34,8 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "coldstart": coldstart.coldstart,
     "checkpoints": checkpoints.checkpoints,
     "restore": checkpoints.restore,
+    "flightsql_fetch": flightsql.fetch,
+    "flightsql_ingest": flightsql.ingest,
 }
 
 
