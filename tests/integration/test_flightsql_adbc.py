@@ -8,6 +8,9 @@ it the DB-API layer warns that it cannot turn autocommit off).
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -62,6 +65,11 @@ def fetch(service: FlightServeService, sql: str, parameters: Any = None) -> pa.T
 
 def run_select_1(service: FlightServeService, credentials: dict[str, str]) -> None:
     with connect(service, **credentials) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1")
+
+
+def run_select_1_at(location: str) -> None:
+    with flightsql.connect(location, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("SELECT 1")
 
 
@@ -340,3 +348,50 @@ def test_cancel_from_another_thread_while_fetching(server: FlightServeService) -
                 read_to_the_end(reader)
         finally:
             timer.join()
+
+
+# --- the daemon -----------------------------------------------------------------------------------
+
+
+def test_flight_serve_serve_with_a_users_file(tmp_path: Path, flights: pa.Table) -> None:
+    users = tmp_path / "users.txt"
+    users.write_text("# who may connect\nalice:wonder land\n")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flight_serve.cli",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--fsync",
+            "never",
+            "--users-file",
+            str(users),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        location = process.stdout.readline().strip()
+        assert location.startswith("grpc://127.0.0.1:")
+        credentials = {"username": "alice", "password": "wonder land"}
+        with (
+            flightsql.connect(location, db_kwargs=credentials, autocommit=True) as conn,
+            conn.cursor() as cur,
+        ):
+            assert cur.adbc_ingest("flights", flights, mode="create") == flights.num_rows
+            cur.execute("SELECT origin, count(*) AS n FROM flights GROUP BY origin ORDER BY origin")
+            assert cur.fetchall() == [("EWR", 120835), ("JFK", 111279), ("LGA", 104662)]
+        with pytest.raises(ProgrammingError) as caught:
+            run_select_1_at(location)
+        assert caught.value.status_code == AdbcStatusCode.UNAUTHENTICATED
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        if process.stdout is not None:
+            process.stdout.close()
