@@ -179,18 +179,20 @@ class Writer(threading.Thread):
     def run(self) -> None:
         try:
             pending = list(self.batches)
+            lost = False  # a put failed: its batch may have landed without its PutResult
             while pending:
                 try:
+                    if lost:  # look what landed before sending anything again
+                        stored = set(stored_ids(self.location()))
+                        pending = [b for b in pending if b.column("id")[0].as_py() not in stored]
+                        lost = False
+                        continue
                     self.put(pending[0])
                     pending.pop(0)
                     time.sleep(0.02)
                 except (flight.FlightError, pa.ArrowException, OSError):
-                    time.sleep(0.05)  # the server is gone: wait for it, then look what landed
-                    try:
-                        stored = set(stored_ids(self.location()))
-                    except (flight.FlightError, pa.ArrowException, OSError):
-                        continue
-                    pending = [b for b in pending if b.column("id")[0].as_py() not in stored]
+                    lost = True
+                    time.sleep(0.05)  # the server is gone: wait for it to come back
         except BaseException as exc:  # reported by the test
             self.error = exc
 
