@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 _DEFAULT_SERVER = "grpc://127.0.0.1:8815"
+_USER_HELP = (
+    "authenticate as USER (a server with --users-file); the password comes from "
+    "$FLIGHT_SERVE_PASSWORD, else it is asked for"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     submit.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     submit.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
+    submit.add_argument("--user", default=None, help=_USER_HELP)
     submit.add_argument("--name", default=None, help="a name (default: the file's stem)")
     submit.add_argument(
         "--output-dir",
@@ -84,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     manage.add_argument("what", choices=["list", "status", "cancel", "logs", "checkpoint"])
     manage.add_argument("id", nargs="?", default=None, help="the pipeline id (all but list)")
     manage.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
+    manage.add_argument("--user", default=None, help=_USER_HELP)
     manage.add_argument("--json", action="store_true", help="print the raw JSON result")
 
     data = sub.add_parser("data", help="write a bundled data set to a file for pipelines to read")
@@ -249,9 +255,11 @@ def _run_pipeline(
     return 0
 
 
-def _action(server: str, action: str, body: dict[str, Any]) -> Any:
-    """Run a JSON action on ``server``; return its decoded result (``RuntimeError`` on failure)."""
+def _action(server: str, action: str, body: dict[str, Any], user: str | None = None) -> Any:
+    """Run a JSON action on ``server`` (as ``user``, after a Basic handshake, when given);
+    return its decoded result (``RuntimeError`` on failure)."""
     import json
+    import os
 
     import pyarrow as pa
     import pyarrow.flight as flight
@@ -259,10 +267,18 @@ def _action(server: str, action: str, body: dict[str, Any]) -> Any:
     location = server if "://" in server else f"grpc://{server}"
     try:
         with flight.FlightClient(location) as client:
+            headers = []
+            if user is not None:
+                password = os.environ.get("FLIGHT_SERVE_PASSWORD")
+                if password is None:
+                    import getpass
+
+                    password = getpass.getpass(f"password of {user} on {location}: ")
+                headers.append(client.authenticate_basic_token(user, password))
             results = list(
                 client.do_action(
                     flight.Action(action, json.dumps(body).encode()),
-                    options=flight.FlightCallOptions(timeout=60),
+                    options=flight.FlightCallOptions(timeout=60, headers=headers),
                 )
             )
     except flight.FlightUnavailableError:
@@ -288,7 +304,7 @@ def _submit(args: argparse.Namespace) -> int:
         "output_dir": str(output_dir.absolute()),
     }
     try:
-        result = _action(args.server, "pipeline.submit", body)
+        result = _action(args.server, "pipeline.submit", body, args.user)
     except RuntimeError as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
@@ -306,7 +322,7 @@ def _pipelines(args: argparse.Namespace) -> int:
         return 2
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
     try:
-        result = _action(args.server, f"pipeline.{args.what}", body)
+        result = _action(args.server, f"pipeline.{args.what}", body, args.user)
     except RuntimeError as exc:
         print(f"flight-serve: {exc}", file=sys.stderr)
         return 1
