@@ -11,8 +11,8 @@ either side fails.
 from __future__ import annotations
 
 import subprocess
-import time
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
