@@ -252,3 +252,12 @@ def test_a_file_pipeline_finishes_and_its_results_survive_restarts(tmp_path: Pat
     with start_server(data) as service, flight.connect(service.location) as client:
         assert rows_of(client, "hops") == got
         assert {p["state"] for p in act(client, "pipeline.list", {})["pipelines"]} == {"finished"}
+
+
+def test_status_before_any_row(client: flight.FlightClient) -> None:
+    pid = act(client, "pipeline.submit", {"sql": COUNTS})["id"]  # no stream 'events' yet
+    assert act(client, "pipeline.status", {"id": pid})["last_checkpoint"] is None
+    assert act(client, "pipeline.checkpoint", {"id": pid})["completed"] is True
+    status = act(client, "pipeline.status", {"id": pid})
+    assert (status["watermark"], status["watermark_lag_s"], status["rows_in"]) == (None, None, 0)
+    assert status["last_checkpoint"]["epoch"] >= 1

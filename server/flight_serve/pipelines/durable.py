@@ -548,7 +548,7 @@ class DurableRuntime(PipelineRuntime):
         sink): take a checkpoint if one is due; stop if asked to."""
         _crash_point("event", self._events)
         pending = self._events > self._events_at_checkpoint or any(
-            isinstance(t, EpochStreamSink) and t.has_pending for t in self._txn.values()
+            t.has_pending for t in self._txn.values()
         )
         every = self.options.checkpoint_every
         due = self._force.is_set() or self._stop.is_set()

@@ -147,6 +147,11 @@ class EpochFileSink:
                 entry.rename(self._part(part_epoch, pending=False))
         _fsync_dir(self.parts)
 
+    @property
+    def has_pending(self) -> bool:
+        """Whether rows wait for the next checkpoint."""
+        return self._epoch_rows > 0
+
     def write(self, batch: pa.RecordBatch) -> None:
         """Append ``batch`` to the current epoch's pending part."""
         if not batch.num_rows:

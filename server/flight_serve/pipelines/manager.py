@@ -41,7 +41,7 @@ from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry
 from flight_serve.pipelines.store_io import StoreSource
 from flight_serve.store import StreamStore
-from flight_serve.types import MAX_WATERMARK_NS
+from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
 __all__ = ["DEFAULT_CHECKPOINT_INTERVAL", "PipelineManager"]
 
@@ -60,11 +60,16 @@ def _slug(name: str) -> str:
 
 
 def _iso_ns(ns: int | None) -> str | None:
-    if ns is None:
+    """An instant in ns as ISO 8601 UTC; ``None`` before any row (or out of range), ``+inf``
+    after the end of input."""
+    if ns is None or ns <= MIN_WATERMARK_NS:
         return None
     if ns >= MAX_WATERMARK_NS:
         return "+inf"
-    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat()
+    try:
+        return datetime.fromtimestamp(ns / 1e9, UTC).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 class _Run:
@@ -332,7 +337,7 @@ class PipelineManager:
         marks = [int(v) for v in metrics.get("watermark_ns", {}).values()]
         watermark = min(marks) if marks else None
         lag = None
-        if watermark is not None and watermark < MAX_WATERMARK_NS and watermark > 0:
+        if watermark is not None and MIN_WATERMARK_NS < watermark < MAX_WATERMARK_NS:
             lag = round(datetime.now(UTC).timestamp() - watermark / 1e9, 3)
         return {
             "id": record.id,
