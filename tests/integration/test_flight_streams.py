@@ -134,6 +134,13 @@ def test_path_flight_info_schema_and_list_flights(client: flight.FlightClient) -
     meta = json.loads(info.app_metadata)
     assert (meta["first_offset"], meta["next_offset"]) == (0, 2)
     assert len(meta["incarnation"]) == 36
+    (writer,) = meta["writers"]  # one DoPut, one writer; it has not ended
+    assert meta["writers"][writer] == {
+        "first_offset": 0,
+        "last_offset": 1,
+        "watermark_ns": None,
+        "ended_at": None,
+    }
     assert client.do_get(info.endpoints[0].ticket).read_all().to_pydict() == {"k": ["a", "b", "c"]}
 
     assert client.get_schema(flight.FlightDescriptor.for_path("a")).schema == pa.schema(
@@ -298,10 +305,15 @@ def test_a_tail_numbers_the_pieces_of_a_batch_above_4_mib(client: flight.FlightC
     *pieces, (last, last_meta) = chunks
     n = len(pieces)
     assert n >= 3
-    assert [m for _, m in pieces] == [{"offset": 0, "piece": i, "pieces": n} for i in range(n)]
+    assert [m for _, m in pieces] == [
+        {"offset": 0, "writer": "", "next_offset": 2, "piece": i, "pieces": n} for i in range(n)
+    ]
     assert all(b.nbytes <= FOUR_MIB for b, _ in pieces)
     assert pa.Table.from_batches([b for b, _ in pieces]).column("s").to_pylist() == text.to_pylist()
-    assert (last.to_pydict(), last_meta) == ({"s": ["small"]}, {"offset": 1})  # sent whole
+    assert (last.to_pydict(), last_meta) == (
+        {"s": ["small"]},
+        {"offset": 1, "writer": "", "next_offset": 2},  # sent whole
+    )
 
 
 def test_view_types_are_sent_as_plain_types(client: flight.FlightClient) -> None:
@@ -329,14 +341,16 @@ def test_a_tail_sees_batches_appended_after_it_started(
         c = reader.read_chunk()
         assert c.app_metadata is not None
         assert c.data is not None
-        return c.data.column(0).to_pylist(), json.loads(c.app_metadata.to_pybytes())
+        meta = json.loads(c.app_metadata.to_pybytes())
+        assert meta.pop("writer") == ""  # unnamed DoPuts: the stream's unnamed writer
+        return c.data.column(0).to_pylist(), meta
 
-    assert chunk() == ([0], {"offset": 0})
+    assert chunk() == ([0], {"offset": 0, "next_offset": 1})
     with flight.connect(server.location) as writer_client:
         put(writer_client, "live", pa.record_batch({"x": [1, 2]}))
-        assert chunk() == ([1, 2], {"offset": 1})
+        assert chunk() == ([1, 2], {"offset": 1, "next_offset": 2})
         put(writer_client, "live", pa.record_batch({"x": [3]}))
-        assert chunk() == ([3], {"offset": 2})
+        assert chunk() == ([3], {"offset": 2, "next_offset": 3})
         list(writer_client.do_action(flight.Action("stream.drop", b'{"stream": "live"}')))
     with pytest.raises(StopIteration):  # a dropped stream ends the tail
         reader.read_chunk()
@@ -506,7 +520,7 @@ def _frame_ends(segment: Path) -> list[int]:
     raw = segment.read_bytes()
     ends, position = [], 0
     while position < len(raw):
-        position += 24 + int.from_bytes(raw[position + 4 : position + 12], "little")
+        position += 32 + int.from_bytes(raw[position + 4 : position + 12], "little")
         ends.append(position)
     return ends
 

@@ -17,12 +17,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from flight_serve.errors import (
+    InvalidInputError,
     SchemaMismatchError,
     StorageError,
     StreamNameError,
     StreamNotFoundError,
 )
 from flight_serve.store import StreamStore, streams
+from flight_serve.store.streams import WriterInfo
 
 
 def _batch(xs: list[int], names: list[str] | None = None) -> pa.RecordBatch:
@@ -114,7 +116,12 @@ def test_streams_survive_a_reopen(tmp_path: Path) -> None:
     "tail",
     [
         pytest.param(b"FSF1" + struct.pack("<QQI", 4096, 1, 0) + b"\x00" * 100, id="half-a-frame"),
+        pytest.param(
+            b"FSF2" + struct.pack("<QQIIB3x", 4096, 1, 0, 0, 0) + b"\x00" * 100,
+            id="half-a-frame-v2",
+        ),
         pytest.param(b"FSF1\x00\x00", id="half-a-header"),
+        pytest.param(b"FSF2" + b"\x00" * 24, id="half-a-header-v2"),
         pytest.param(b"garbage that is no frame at all....", id="garbage"),
     ],
 )
@@ -151,7 +158,7 @@ def test_a_last_frame_with_a_bad_checksum_is_dropped(tmp_path: Path) -> None:
 
 
 def test_segments_roll_and_read_across_them(tmp_path: Path) -> None:
-    frame = 24 + _batch([0]).serialize().size
+    frame = 32 + _batch([0]).serialize().size
     with StreamStore(tmp_path, segment_bytes=frame * 2) as store:
         for i in range(5):
             assert store.append("t", _batch([i])) == i
@@ -167,12 +174,12 @@ def test_segments_roll_and_read_across_them(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_segment_in_the_middle_ends_the_log_there(tmp_path: Path) -> None:
-    frame = 24 + _batch([0]).serialize().size
+    frame = 32 + _batch([0]).serialize().size
     with StreamStore(tmp_path, segment_bytes=frame * 2) as store:
         for i in range(5):
             store.append("t", _batch([i]))
     middle = _segments(tmp_path, "t")[1]
-    middle.write_bytes(middle.read_bytes()[: frame + 24 + 10])  # offset 3 torn inside its body
+    middle.write_bytes(middle.read_bytes()[: frame + 32 + 10])  # offset 3 torn inside its body
     with StreamStore(tmp_path, segment_bytes=frame * 2) as store:
         assert store.info("t").next_offset == 3
         assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [1], [2]]
@@ -311,7 +318,7 @@ def test_frames_are_what_the_module_docstring_says(store: StreamStore, tmp_path:
     store.append("t", batch)
     raw = _segments(tmp_path, "t")[0].read_bytes()
     body = batch.serialize().to_pybytes()
-    assert raw == b"FSF1" + struct.pack("<QQI", len(body), 2, zlib.crc32(body)) + body
+    assert raw == b"FSF2" + struct.pack("<QQIIB3x", len(body), 2, zlib.crc32(body), 0, 0) + body
 
 
 # --- group commit, O_DIRECT frames, write and sync failures -----------------------------------
@@ -376,10 +383,10 @@ def test_large_frames_are_page_aligned_and_survive_a_reopen(tmp_path: Path) -> N
     position, ends = 0, []
     while position < len(raw):  # walk the frames as recovery does
         magic, body_len, _, crc = struct.unpack_from("<4sQQI", raw, position)
-        assert magic == b"FSF1"
-        body = raw[position + 24 : position + 24 + body_len]
+        assert magic == b"FSF2"
+        body = raw[position + 32 : position + 32 + body_len]
         assert zlib.crc32(body) == crc  # the CRC covers the zero padding too
-        position += 24 + body_len
+        position += 32 + body_len
         ends.append(position)
     # A large frame ends on a 4 KiB boundary (its body is the IPC message plus zero padding).
     assert [end % 4096 == 0 for end in ends] == [False, True, True, False, True]
@@ -495,3 +502,66 @@ def test_segments_roll_with_staged_frames_across_the_boundary(tmp_path: Path) ->
         assert all(b.equals(_big_batch(i * 10)) for i, b in enumerate(store.batches("t")))
     with StreamStore(tmp_path, segment_bytes=3_000_000) as store:
         assert store.info("t").next_offset == 5
+
+
+def test_writers_and_markers_are_entries(tmp_path: Path) -> None:
+    """Every entry has its writer; markers have offsets but no rows; all of it survives a
+    re-open (writers.jsonl and the frames)."""
+    with StreamStore(tmp_path) as store:
+        assert store.append("t", _batch([1]), writer="a") == 0
+        assert store.append("t", _batch([2])) == 1
+        assert store.append_marker("t", "a", watermark_ns=-5) == 2
+        assert store.append("t", _batch([3, 4]), writer="b") == 3
+        assert store.append_marker("t", "a", end_of_input=True) == 4
+        with pytest.raises(InvalidInputError, match="exactly one"):
+            store.write_marker("t", "a")
+        with pytest.raises(InvalidInputError, match="invalid writer name"):
+            store.append("t", _batch([5]), writer="no spaces")
+        with pytest.raises(StreamNotFoundError):
+            store.append_marker("missing", "a", end_of_input=True)
+    with StreamStore(tmp_path) as store:
+        info = store.info("t")
+        assert (info.next_offset, info.num_rows) == (5, 4)
+        assert [(o, b.to_pydict()["x"]) for o, b in store.read("t")] == [
+            (0, [1]),
+            (1, [2]),
+            (3, [3, 4]),
+        ]
+        entries = [
+            (
+                e.offset,
+                e.writer,
+                None if e.batch is None else e.batch.num_rows,
+                e.watermark_ns,
+                e.end_of_input,
+            )
+            for e in store.entries("t", 1)
+        ]
+        assert entries == [
+            (1, "", 1, None, False),
+            (2, "a", None, -5, False),
+            (3, "b", 2, None, False),
+            (4, "a", None, None, True),
+        ]
+        assert store.writers("t") == {
+            "a": WriterInfo("a", 0, 4, -5, 4),
+            "": WriterInfo("", 1, 1, None, None),
+            "b": WriterInfo("b", 3, 3, None, None),
+        }
+        assert store.append("t", _batch([6]), writer="b") == 5
+        assert store.writers("t")["b"].last_offset == 5
+
+
+def test_format_1_frames_are_read_as_batches_of_writer_nobody(tmp_path: Path) -> None:
+    with StreamStore(tmp_path) as store:
+        store.append("t", _batch([0]))
+    (segment,) = _segments(tmp_path, "t")
+    body = _batch([1]).serialize().to_pybytes()
+    old = b"FSF1" + struct.pack("<QQI", len(body), 1, zlib.crc32(body)) + body
+    segment.write_bytes(old + old)
+    with StreamStore(tmp_path) as store:
+        assert [(e.offset, e.writer) for e in store.entries("t")] == [(0, ""), (1, "")]
+        assert store.append("t", _batch([2]), writer="w") == 2
+    with StreamStore(tmp_path) as store:
+        assert [b.to_pydict()["x"] for b in store.batches("t")] == [[1], [1], [2]]
+        assert [e.writer for e in store.entries("t")] == ["", "", "w"]

@@ -187,8 +187,8 @@ class FlightServeClient:
             on_progress: called after each PutResult with the rows acknowledged (durable) so far.
             writer: this producer's name: the stream's watermark partition it writes to
                 (``[A-Za-z0-9_.:@-]``, 1 to 200 characters). A producer that reconnects under
-                the same name stays the same partition; without one, the server names the call
-                (one new partition per call, which stays open until it ends or goes idle).
+                the same name stays the same partition; without one, the call writes as the
+                stream's unnamed writer (one partition that every unnamed call shares).
             end_input: after the batches, end the writer's partition for good (an
                 ``{"end_of_input": true}`` marker; see :meth:`end_input`).
 

@@ -8,6 +8,7 @@ and nowhere else.
 Descriptors:
 
 - ``path = [stream]``: one stream (DoPut, GetFlightInfo, GetSchema).
+- ``path = [stream, writer]``: DoPut as a named writer (one watermark partition of the stream).
 - ``cmd = <SQL text, UTF-8>``: a DataFusion query over the streams (GetFlightInfo, GetSchema).
 - ``cmd = <google.protobuf.Any of an arrow.flight.protocol.sql message>``: Flight SQL, handed to
   :class:`~flight_serve.flight.flightsql.FlightSqlHandler` (GetFlightInfo, GetSchema, DoPut; its
@@ -28,6 +29,7 @@ import contextlib
 import json
 import logging
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -47,6 +49,7 @@ from flight_serve.errors import (
 )
 from flight_serve.flight.auth import auth_server_options
 from flight_serve.flight.flightsql import FlightSqlHandler, flightsql_command, unpack_command
+from flight_serve.flight.markers import Marker, parse_marker
 from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
 from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import (
@@ -101,6 +104,17 @@ def _body_stream(body: dict[str, Any], action: str) -> str:
     return validate_stream_name(name)
 
 
+#: Writer names a client may give (``path = [stream, writer]``); ``path = [stream]`` writes as
+#: the stream's unnamed writer ``""``.
+WRITER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:@\-]{1,200}")
+
+
+def _marker_ack(offset: int, marker: Marker) -> dict[str, Any]:
+    if marker.end_of_input:
+        return {"offset": offset, "rows": 0, "end_of_input": True}
+    return {"offset": offset, "rows": 0, "watermark_ns": marker.watermark_ns}
+
+
 #: Batches DoPut's reading thread may queue ahead of the one writing them to the store.
 _PUT_QUEUE_BATCHES = 4
 
@@ -124,12 +138,21 @@ class _PutPipeline:
     only end (with the error's status) once the client writes again or finishes writing.
     """
 
-    def __init__(self, store: StreamStore, name: str, writer: flight.FlightMetadataWriter) -> None:
+    def __init__(
+        self,
+        store: StreamStore,
+        name: str,
+        writer: flight.FlightMetadataWriter,
+        writer_name: str = "",
+    ) -> None:
         self._store = store
         self._name = name
         self._writer = writer
-        self._batches: queue.Queue[pa.RecordBatch | None] = queue.Queue(_PUT_QUEUE_BATCHES)
-        self._pending: queue.SimpleQueue[PendingAppend | None] = queue.SimpleQueue()
+        self._writer_name = writer_name
+        self._batches: queue.Queue[pa.RecordBatch | Marker | None] = queue.Queue(_PUT_QUEUE_BATCHES)
+        self._pending: queue.SimpleQueue[tuple[PendingAppend, Marker | None] | None] = (
+            queue.SimpleQueue()
+        )
         self._error: BaseException | None = None
         self._threads = [
             threading.Thread(target=self._write, name="flight-serve-doput-write"),
@@ -139,8 +162,9 @@ class _PutPipeline:
             thread.start()
         self._finished = False
 
-    def put(self, batch: pa.RecordBatch) -> None:
-        """Queue ``batch`` for writing (blocks while the writing thread is behind)."""
+    def put(self, batch: pa.RecordBatch | Marker) -> None:
+        """Queue ``batch`` (or a marker) for writing (blocks while the writing thread is
+        behind)."""
         self.check()
         self._batches.put(batch)
 
@@ -173,7 +197,17 @@ class _PutPipeline:
             while (batch := self._batches.get()) is not None:
                 if self._error is None:  # after a failure, only drain the queue
                     try:
-                        self._pending.put(self._store.write(self._name, batch))
+                        if isinstance(batch, Marker):
+                            marker = self._store.write_marker(
+                                self._name,
+                                self._writer_name,
+                                watermark_ns=batch.watermark_ns,
+                                end_of_input=batch.end_of_input,
+                            )
+                            self._pending.put((marker, batch))
+                        else:
+                            written = self._store.write(self._name, batch, writer=self._writer_name)
+                            self._pending.put((written, None))
                     except BaseException as exc:
                         self._fail(exc)
                         self._pending.put(None)  # the acknowledging thread reports it now
@@ -182,12 +216,18 @@ class _PutPipeline:
 
     def _acknowledge(self) -> None:
         failed = False
-        while (pending := self._pending.get()) is not None:
+        while (item := self._pending.get()) is not None:
             if failed:
                 continue  # no PutResult after a failed commit or send
+            pending, marker = item
             try:
                 offset = self._store.commit(pending)
-                ack = json.dumps({"offset": offset, "rows": pending.rows}).encode()
+                result = (
+                    {"offset": offset, "rows": pending.rows}
+                    if marker is None
+                    else _marker_ack(offset, marker)
+                )
+                ack = json.dumps(result).encode()
                 self._writer.write(pa.py_buffer(ack))
             except BaseException as exc:
                 failed = True
@@ -280,6 +320,12 @@ class FlightServeService(flight.FlightServerBase):
         Each batch is acknowledged by a PutResult after it is durable; its app_metadata is JSON
         ``{"offset": <int>, "rows": <int>}``. Batches appended before a failure stay.
 
+        The call writes as one writer of the stream (a watermark partition): ``path[1]``, else
+        the stream's unnamed writer ``""`` (shared by every unnamed call). A metadata-only message is a marker
+        (:mod:`flight_serve.flight.markers`): a watermark or the writer's end of input, stored
+        as an entry without rows and acknowledged like a batch. Ending the call without
+        ``{"end_of_input": true}`` does not end the writer.
+
         Pipelined with group commit (see :class:`_PutPipeline`): reading, encoding and the
         disk overlap, one fdatasync covers every batch written so far, and each PutResult is
         sent only after the fdatasync that covers its batch.
@@ -295,12 +341,14 @@ class FlightServeService(flight.FlightServerBase):
             _fail(exc, "DoPut")
         pipeline: _PutPipeline | None = None
         try:
-            name = self._stream_of(descriptor)
+            name, writer_name = self._put_target(descriptor)
             self.store.create(name, reader.schema)
-            pipeline = _PutPipeline(self.store, name, writer)
+            pipeline = _PutPipeline(self.store, name, writer, writer_name)
             for chunk in reader:
                 batch = chunk.data
-                if batch is None:  # metadata-only message
+                if batch is None:  # metadata-only message: a marker
+                    if chunk.app_metadata is not None:
+                        pipeline.put(parse_marker(chunk.app_metadata.to_pybytes()))
                     continue
                 if batch.nbytes > self.max_batch_bytes:
                     raise BatchTooLargeError(
@@ -369,10 +417,23 @@ class FlightServeService(flight.FlightServerBase):
 
     def _stream_flight_info(self, info: StreamInfo) -> flight.FlightInfo:
         ticket = StreamRangeTicket(info.name, info.incarnation, info.first_offset, info.next_offset)
+        try:
+            writers = self.store.writers(info.name)
+        except StreamNotFoundError:
+            writers = {}
         metadata = {
             "first_offset": info.first_offset,
             "next_offset": info.next_offset,
             "incarnation": info.incarnation,
+            "writers": {
+                w.name: {
+                    "first_offset": w.first_offset,
+                    "last_offset": w.last_offset,
+                    "watermark_ns": w.watermark_ns,
+                    "ended_at": w.ended_at,
+                }
+                for w in writers.values()
+            },
         }
         return flight.FlightInfo(
             info.schema,
@@ -438,17 +499,33 @@ class FlightServeService(flight.FlightServerBase):
         self, context: flight.ServerCallContext, ticket: TailTicket
     ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer]]:
         offset = ticket.start_offset
+        empty: pa.RecordBatch | None = None  # a marker travels as a message without rows
         while not self._closing.is_set() and not context.is_cancelled():
             try:
-                items = self.store.read(ticket.stream, offset, incarnation=ticket.incarnation)
-                for batch_offset, batch in items:
-                    pieces = list(split_batch(batch, MAX_RESULT_BATCH_BYTES))
+                entries = self.store.entries(ticket.stream, offset, incarnation=ticket.incarnation)
+                end = self.store.info(ticket.stream).next_offset  # >= the end of this read
+                for entry in entries:
+                    message: dict[str, Any] = {
+                        "offset": entry.offset,
+                        "writer": entry.writer,
+                        "next_offset": end,
+                    }
+                    offset = entry.offset + 1
+                    if entry.batch is None:
+                        if empty is None:
+                            schema = self.store.info(ticket.stream).schema
+                            empty = pa.RecordBatch.from_pylist([], schema=schema)
+                        if entry.end_of_input:
+                            message["end_of_input"] = True
+                        else:
+                            message["watermark_ns"] = entry.watermark_ns
+                        yield empty, pa.py_buffer(json.dumps(message).encode())
+                        continue
+                    pieces = list(split_batch(entry.batch, MAX_RESULT_BATCH_BYTES))
                     for i, piece in enumerate(pieces):
-                        message: dict[str, int] = {"offset": batch_offset}
                         if len(pieces) > 1:
                             message.update(piece=i, pieces=len(pieces))
                         yield piece, pa.py_buffer(json.dumps(message).encode())
-                    offset = batch_offset + 1
                 self.store.wait_for(ticket.stream, offset, timeout_s=self.tail_poll_s)
             except StreamNotFoundError:
                 return  # dropped or re-created: the tail ends
@@ -533,6 +610,26 @@ class FlightServeService(flight.FlightServerBase):
         except UnicodeDecodeError:
             raise InvalidInputError("the stream name is not UTF-8") from None
         return validate_stream_name(name)
+
+    def _put_target(self, descriptor: flight.FlightDescriptor) -> tuple[str, str]:
+        """``(stream, writer)`` of a DoPut: ``path = [stream]`` (the unnamed writer ``""``) or
+        ``[stream, writer]``."""
+        path = []
+        if descriptor.descriptor_type == flight.DescriptorType.PATH:
+            path = list(descriptor.path or [])
+        if len(path) != 2:
+            return self._stream_of(descriptor), ""
+        stream = self._stream_of(flight.FlightDescriptor.for_path(path[0]))
+        raw = path[1]
+        try:
+            writer = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError:
+            raise InvalidInputError("the writer name is not UTF-8") from None
+        if WRITER_NAME_PATTERN.fullmatch(writer) is None:
+            raise InvalidInputError(
+                f"invalid writer name {writer!r}: use 1 to 200 characters out of [A-Za-z0-9_.:@-]"
+            )
+        return stream, writer
 
     @staticmethod
     def _sql_of(descriptor: flight.FlightDescriptor) -> str:

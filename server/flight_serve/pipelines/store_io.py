@@ -7,9 +7,12 @@ name a stream of *this* server, and go straight to its
 
 :class:`StoreSource`
     Reads the stream from an offset, entry by entry, as the runtime polls it; its **offset** (the
-    next entry to read) is what a checkpoint records. The stream is one watermark partition
-    (named ``""``: the store does not record DoPut writers yet, so every writer's rows share it);
-    it has no end (a server stream is live), so windows over it fire as its watermark advances.
+    next entry to read) is what a checkpoint records. Each DoPut writer of the stream is one
+    watermark partition, as with the ``flight`` connector: the writers the stream's history knows
+    (less those that ended before the offset) are partitions from the start, a new writer becomes
+    one when its first entry is read, and its watermark and end-of-input markers advance and end
+    its partition. The stream has no end (a server stream is live: a writer may always come
+    back), so windows over it fire as its watermark advances.
     On restore, an offset that retention removed (``offset < first_offset``), or a stream that was
     dropped and re-created since the checkpoint, is a :class:`~flight_serve.errors.CheckpointError`,
     unless ``offset_reset = 'earliest'``: then the read resumes at the oldest entry there is and
@@ -39,7 +42,7 @@ from flight_serve.store import StreamStore
 
 __all__ = ["PARTITION", "StoreSource", "StoreTarget"]
 
-#: The watermark partition of a stream read from the store (see the module docstring).
+#: The watermark partition of entries written without a writer name (see the module docstring).
 PARTITION = ""
 _WAIT_FOR_STREAM_S = 0.05
 
@@ -96,7 +99,7 @@ class StoreSource:
                     f"{self.what}: the stream has no column {', '.join(map(repr, missing))}; its "
                     f"columns: {', '.join(info.schema.names)}"
                 )
-        self.partitions: tuple[str, ...] = (PARTITION,)
+        self.partitions: tuple[str, ...] = ()
         self.initial_watermarks: dict[str, int] = {}
         self.rows = rows
         self.gap_entries = 0
@@ -132,6 +135,19 @@ class StoreSource:
             if on_gap is not None:
                 on_gap(f"{message}; resuming at {start_offset} (offset_reset = 'earliest')")
         self.start_offset = start_offset
+        if info is not None:
+            writers = store.writers(stream)
+            self.partitions = tuple(
+                w.name for w in writers.values() if w.ended_at is None or w.ended_at >= start_offset
+            )
+            self.initial_watermarks = {
+                w.name: w.watermark_ns
+                for w in writers.values()
+                if w.name in self.partitions
+                and w.watermark_ns is not None
+                and w.last_offset < start_offset
+            }
+        self._known: set[str] = set(self.partitions)
         self.position = start_offset  # the next entry to read
         self.end_offset = info.next_offset if info is not None else 0
         self._backlog = self.end_offset > start_offset
@@ -180,17 +196,30 @@ class StoreSource:
             self.incarnation = self.store.info(self.stream).incarnation
         events: list[SourceEvent] = []
         try:
-            entries = self.store.read(
+            entries = self.store.entries(
                 self.stream,
                 self.position,
                 self.position + max_entries,
                 incarnation=self.incarnation,
             )
-            for offset, batch in entries:
-                events.append(SourceEvent("batch", PARTITION, self._conform(batch), offset=offset))
+            for entry in entries:
+                offset, writer, batch = entry.offset, entry.writer, entry.batch
                 self.position = offset + 1
-                self.rows += batch.num_rows
-                self.counted(batch)
+                if writer not in self._known:
+                    self._known.add(writer)
+                    events.append(SourceEvent("partition", writer))
+                if batch is not None:
+                    events.append(SourceEvent("batch", writer, self._conform(batch), offset=offset))
+                    self.rows += batch.num_rows
+                    self.counted(batch)
+                elif entry.end_of_input:
+                    events.append(SourceEvent("end", writer, offset=offset))
+                else:
+                    events.append(
+                        SourceEvent(
+                            "watermark", writer, watermark_ns=entry.watermark_ns, offset=offset
+                        )
+                    )
             if not events and timeout_s > 0:
                 self.store.wait_for(self.stream, self.position, timeout_s)
             next_offset = self.store.info(self.stream).next_offset

@@ -9,14 +9,25 @@ On-disk layout (``data_dir/streams/<name>/``)::
 
     stream.json                  {"format": 1, "name", "incarnation", "created_at"}
     schema.arrow                 the stream schema, ``pa.Schema.serialize()`` bytes, written once
+    writers.jsonl                {"id": <int>, "writer": "<name>"} per writer, appended (and
+                                 synced) before the writer's first frame is staged
     00000000000000000000.seg     segment: frames for offsets 0, 1, ...
     00000000000000012345.seg     the next segment starts at offset 12345 (its file name)
 
-A segment is a sequence of frames; a frame is a 24-byte header and a body: one encapsulated
-Arrow IPC record-batch message (the bytes of ``pa.RecordBatch.serialize()``), possibly followed
-by zero padding (fewer than 4096 bytes) that the length and CRC include and readers ignore::
+A segment is a sequence of frames; a frame is a 32-byte header and a body::
 
-    magic b"FSF1" | body_len u64 LE | num_rows u64 LE | crc32(body) u32 LE | body (body_len bytes)
+    magic b"FSF2" | body_len u64 | num_rows u64 | crc32(body) u32 | writer id u32 | kind u8 |
+    3 zero bytes | body (body_len bytes)                                (integers little-endian)
+
+Every frame is one **entry** of the log with its own offset, written by one **writer** (a DoPut
+writer: a watermark partition of the pipelines reading the stream; ``""`` is the unnamed
+writer). ``kind`` 0 is a batch: the body is one encapsulated Arrow IPC record-batch message (the
+bytes of ``pa.RecordBatch.serialize()``), possibly followed by zero padding (fewer than 4096
+bytes) that the length and CRC include and readers ignore. ``kind`` 1 is a watermark marker (the
+body is the watermark, i64 ns since the epoch), 2 an end-of-input marker (empty body). Markers
+have no rows: :meth:`StreamStore.read` skips them, :meth:`StreamStore.entries` yields them.
+Frames of format 1 (magic ``b"FSF1"``, a 24-byte header without writer id and kind) are still
+read, as batches of the unnamed writer.
 
 A segment is rolled (a new file started) once it would grow past ``segment_bytes`` (64 MiB by
 default). A stream directory is staged in ``data_dir/streams-staging/`` and renamed into place,
@@ -120,8 +131,10 @@ __all__ = [
     "STREAM_NAME_PATTERN",
     "FsyncMode",
     "PendingAppend",
+    "StreamEntry",
     "StreamInfo",
     "StreamStore",
+    "WriterInfo",
     "plain_type",
     "rewrite_type",
     "validate_stream_name",
@@ -138,8 +151,17 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 STREAM_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
 
 _FORMAT = 1
-_FRAME_MAGIC = b"FSF1"
-_HEADER = struct.Struct("<4sQQI")  # magic, body_len, num_rows, crc32(body)
+_FRAME_MAGIC = b"FSF2"
+_HEADER = struct.Struct("<4sQQIIB3x")  # magic, body_len, num_rows, crc32(body), writer, kind
+_FRAME_MAGIC_V1 = b"FSF1"
+_HEADER_V1 = struct.Struct("<4sQQI")  # magic, body_len, num_rows, crc32(body)
+#: Frame kinds: a batch, a watermark marker, an end-of-input marker.
+_BATCH, _WATERMARK, _END = 0, 1, 2
+_VALUE = struct.Struct("<q")
+_WRITERS_FILE = "writers.jsonl"
+#: Writer names in the store: up to 200 characters out of ``[A-Za-z0-9_.:@-]`` (``""`` is the
+#: unnamed writer: entries appended without a name).
+WRITER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:@\-]{0,200}")
 #: Frames with an IPC message at least this large are written with O_DIRECT (when available).
 _DIRECT_MIN_BYTES = 1 << 20
 #: O_DIRECT alignment of file offsets, lengths and memory (covers 512 and 4096 byte sectors).
@@ -327,6 +349,56 @@ class StreamInfo:
     created_at: datetime
 
 
+@dataclass(frozen=True)
+class StreamEntry:
+    """One entry of a stream's log (:meth:`StreamStore.entries`).
+
+    Attributes:
+        offset: its offset.
+        writer: the writer that wrote it (``""`` for entries appended without one).
+        batch: the rows; ``None`` for a marker.
+        watermark_ns: a watermark marker's watermark (ns since the epoch).
+        end_of_input: an end-of-input marker.
+    """
+
+    offset: int
+    writer: str
+    batch: pa.RecordBatch | None = None
+    watermark_ns: int | None = None
+    end_of_input: bool = False
+
+
+@dataclass(frozen=True)
+class WriterInfo:
+    """What a stream's visible log holds of one writer (:meth:`StreamStore.writers`).
+
+    Attributes:
+        name: the writer.
+        first_offset, last_offset: its first and last entry.
+        watermark_ns: its highest watermark marker, or ``None``.
+        ended_at: the offset of its first end-of-input marker, or ``None``.
+    """
+
+    name: str
+    first_offset: int
+    last_offset: int
+    watermark_ns: int | None
+    ended_at: int | None
+
+
+def validate_writer_name(name: str) -> str:
+    """Return ``name`` if it is a valid writer name for the store (see WRITER_NAME_PATTERN).
+
+    Raises:
+        InvalidInputError: it is not.
+    """
+    if not isinstance(name, str) or WRITER_NAME_PATTERN.fullmatch(name) is None:
+        raise InvalidInputError(
+            f"invalid writer name {name!r}: use up to 200 characters out of [A-Za-z0-9_.:@-]"
+        )
+    return name
+
+
 class _Segment:
     """One segment file: frame positions plus a lazily (re)mapped read buffer."""
 
@@ -336,6 +408,9 @@ class _Segment:
         self.positions: array[int] = array("Q")  # byte position of each frame body
         self.lengths: array[int] = array("Q")  # body length of each frame
         self.rows: array[int] = array("Q")
+        self.writers: array[int] = array("I")  # writer id of each frame
+        self.kinds: array[int] = array("B")  # _BATCH, _WATERMARK or _END
+        self.values: array[int] = array("q")  # a watermark marker's watermark, else 0
         self.size = 0  # bytes of valid (and reserved) frames
         self.created = created  # False until the first drain into it creates the file
         self._mapped: pa.Buffer | None = None
@@ -491,10 +566,43 @@ class _Stream:
         # next_offset at which epoch e ended (a PendingAppend of epoch e below it is durable).
         self.epoch = 0
         self.epoch_ends: list[int] = []
+        # Writers: id -> name (id 0 is ""), name -> id, and what the visible log holds of each
+        # ([first_offset, last_offset, watermark_ns, ended_at]); writers_lock guards new ids.
+        self.writer_names: list[str] = [""]
+        self.writer_ids: dict[str, int] = {"": 0}
+        self.writers_lock = threading.Lock()
+        self.writer_state: dict[str, list[int | None]] = {}
+
+    def writer_name(self, writer_id: int) -> str:
+        names = self.writer_names
+        return names[writer_id] if writer_id < len(names) else f"#{writer_id}"
+
+    def note(self, start: int, stop: int) -> None:
+        """Fold the entries ``[start, stop)`` into ``writer_state`` (cond held)."""
+        offset = start
+        while offset < stop:
+            segment, index = self.locate(offset)
+            last = min(segment.count, index + (stop - offset))
+            for i in range(index, last):
+                at = segment.first_offset + i
+                name = self.writer_name(segment.writers[i])
+                state = self.writer_state.get(name)
+                if state is None:
+                    state = self.writer_state[name] = [at, at, None, None]
+                state[1] = at
+                kind = segment.kinds[i]
+                if kind == _WATERMARK:
+                    value = segment.values[i]
+                    previous = state[2]
+                    state[2] = value if previous is None else max(previous, value)
+                elif kind == _END and state[3] is None:
+                    state[3] = at
+            offset = segment.first_offset + last
 
     def publish(self, offset: int, rows: int, num_bytes: int) -> None:
         """Make the reserved batches below ``offset`` visible (cond held); wakes waiters."""
         if offset > self.next_offset:
+            self.note(self.next_offset, offset)
             self.next_offset = offset
             self.num_rows = rows
             self.num_bytes = num_bytes
@@ -548,6 +656,28 @@ def _schema_message_bytes(schema: pa.Schema) -> int:
     sink = pa.BufferOutputStream()
     pa.ipc.new_stream(sink, schema).close()
     return int(sink.getvalue().size) - 8  # less the end-of-stream marker
+
+
+def _read_writers(path: Path) -> tuple[list[str], dict[str, int]]:
+    """The writer names of ``writers.jsonl`` by id (id 0 is ``""``); a torn line is skipped
+    (no durable frame can name it: a writer's line is synced before its first frame)."""
+    names = [""]
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        lines = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+            writer_id, name = int(item["id"]), str(item["writer"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if writer_id < 1:
+            continue
+        while len(names) <= writer_id:
+            names.append(f"#{len(names)}")
+        names[writer_id] = name
+    return names, {name: i for i, name in enumerate(names)}
 
 
 def _segment_name(first_offset: int) -> str:
@@ -706,7 +836,7 @@ class StreamStore:
         with stream.cond:
             return stream.info()
 
-    def append(self, name: str, batch: pa.RecordBatch) -> int:
+    def append(self, name: str, batch: pa.RecordBatch, *, writer: str = "") -> int:
         """Append ``batch`` to stream ``name`` and return its offset.
 
         The stream is created with the batch's schema on the first append. Empty batches are
@@ -719,31 +849,38 @@ class StreamStore:
                 each missing, unexpected and retyped field. Nothing is written.
             StorageError: the write or the sync failed (a partial frame is cut off again).
         """
-        return self.commit(self.write(name, batch))
+        return self.commit(self.write(name, batch, writer=writer))
 
-    def write(self, name: str, batch: pa.RecordBatch) -> PendingAppend:
+    def write(self, name: str, batch: pa.RecordBatch, *, writer: str = "") -> PendingAppend:
         """Reserve the next offset of stream ``name`` for ``batch`` without waiting for the disk.
 
         Like :meth:`append` (same stream creation, schema rule and errors), but with
         ``fsync="batch"`` the frame is only staged: the next :meth:`commit` of the stream puts
         it in the file and syncs it, and only then is the batch visible to readers. With
         ``fsync="never"`` the frame is in the file and visible when this returns. Offsets are
-        assigned in call order.
+        assigned in call order. ``writer`` is recorded with the batch (see the module docstring).
+
+        Raises:
+            InvalidInputError: an invalid writer name (and what :meth:`append` raises).
         """
         validate_stream_name(name)
+        validate_writer_name(writer)
         batch = _decode_dictionaries(batch)
         while True:
             stream = self._get_or_create(name, batch.schema)
             conformed = _conform(name, stream.schema, batch)
+            writer_id = self._writer_id(stream, writer)
             if self.direct_io and self.fsync == "batch" and conformed.nbytes >= _DIRECT_MIN_BYTES:
                 size = pa.ipc.get_record_batch_size(conformed)
-                reserved = self._reserve(stream, size, conformed.num_rows, None, 0)
+                reserved = self._reserve(stream, size, conformed.num_rows, None, 0, writer_id)
                 if reserved is not None:
-                    self._fill(stream, reserved[1], conformed, size)
+                    self._fill(stream, reserved[1], conformed, size, writer_id)
             else:
                 body = conformed.serialize()
                 crc = zlib.crc32(memoryview(body))  # outside the lock (releases the GIL)
-                reserved = self._reserve(stream, body.size, conformed.num_rows, body, crc)
+                reserved = self._reserve(
+                    stream, body.size, conformed.num_rows, body, crc, writer_id
+                )
             if reserved is None:
                 self._check_open()  # dropped between lookup and write: a new incarnation
                 continue
@@ -753,8 +890,99 @@ class StreamStore:
                     self._drain(stream, publish=self.fsync != "batch")
             return pending
 
+    def write_marker(
+        self,
+        name: str,
+        writer: str,
+        *,
+        watermark_ns: int | None = None,
+        end_of_input: bool = False,
+    ) -> PendingAppend:
+        """Reserve the next offset of stream ``name`` for a marker of ``writer`` (an entry with
+        no rows): a watermark (``watermark_ns``) or the writer's end of input; durable and
+        visible once :meth:`commit` returns for it (see :meth:`write`).
+
+        Raises:
+            StreamNotFoundError: the stream does not exist.
+            InvalidInputError: an invalid writer name, or not exactly one kind of marker.
+            StorageError: as :meth:`append`.
+        """
+        validate_writer_name(writer)
+        if (watermark_ns is None) == (not end_of_input):
+            raise InvalidInputError("a marker is a watermark or an end of input, exactly one")
+        if end_of_input:
+            kind, value, body = _END, 0, pa.py_buffer(b"")
+        else:
+            assert watermark_ns is not None
+            kind, value = _WATERMARK, watermark_ns
+            body = pa.py_buffer(_VALUE.pack(watermark_ns))
+        crc = zlib.crc32(memoryview(body))
+        while True:
+            stream = self._get(name)
+            writer_id = self._writer_id(stream, writer)
+            reserved = self._reserve(stream, body.size, 0, body, crc, writer_id, kind, value)
+            if reserved is None:
+                self._check_open()
+                continue
+            pending, _, drain = reserved
+            if drain:
+                with stream.sync_lock:
+                    self._drain(stream, publish=self.fsync != "batch")
+            return pending
+
+    def append_marker(
+        self,
+        name: str,
+        writer: str,
+        *,
+        watermark_ns: int | None = None,
+        end_of_input: bool = False,
+    ) -> int:
+        """:meth:`write_marker` and :meth:`commit`: the marker's offset, once it is durable."""
+        return self.commit(
+            self.write_marker(name, writer, watermark_ns=watermark_ns, end_of_input=end_of_input)
+        )
+
+    def _writer_id(self, stream: _Stream, writer: str) -> int:
+        """The id of ``writer`` in ``stream``; a new writer is appended to ``writers.jsonl``
+        (and synced) first, so no durable frame names an unknown id."""
+        writer_id = stream.writer_ids.get(writer)
+        if writer_id is not None:
+            return writer_id
+        with stream.writers_lock:
+            writer_id = stream.writer_ids.get(writer)
+            if writer_id is not None:
+                return writer_id
+            writer_id = len(stream.writer_names)
+            path = stream.directory / _WRITERS_FILE
+            line = json.dumps({"id": writer_id, "writer": writer}) + "\n"
+            try:
+                created = not path.exists()
+                with open(path, "ab") as f:
+                    f.write(line.encode())
+                    f.flush()
+                    if self.fsync == "batch":
+                        os.fsync(f.fileno())
+                if created and self.fsync == "batch":
+                    _fsync_dir(stream.directory)
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot record writer {writer!r} of stream {stream.name!r}: {exc}"
+                ) from exc
+            stream.writer_names.append(writer)
+            stream.writer_ids[writer] = writer_id
+            return writer_id
+
     def _reserve(
-        self, stream: _Stream, size: int, num_rows: int, body: pa.Buffer | None, crc: int
+        self,
+        stream: _Stream,
+        size: int,
+        num_rows: int,
+        body: pa.Buffer | None,
+        crc: int,
+        writer_id: int = 0,
+        kind: int = _BATCH,
+        value: int = 0,
     ) -> tuple[PendingAppend, _Staged, bool] | None:
         """Reserve an offset and a file position in ``stream`` for an IPC message of ``size``
         bytes, rolling the segment if needed, and stage the frame: ``body`` with its ``crc``,
@@ -788,13 +1016,16 @@ class StreamStore:
                 )
             else:
                 pad = 0
-                header = _HEADER.pack(_FRAME_MAGIC, size, num_rows, crc)
+                header = _HEADER.pack(_FRAME_MAGIC, size, num_rows, crc, writer_id, kind)
                 frame = _Staged(segment, position, header, body)
             stream.staged.append(frame)
             stream.staged_bytes += frame.nbytes
             segment.positions.append(position + _HEADER.size)
             segment.lengths.append(size + pad)
             segment.rows.append(num_rows)
+            segment.writers.append(writer_id)
+            segment.kinds.append(kind)
+            segment.values.append(value)
             segment.size = position + frame_bytes + pad
             offset = stream.written_offset
             stream.written_offset += 1
@@ -804,7 +1035,9 @@ class StreamStore:
             drain = self.fsync != "batch" or stream.staged_bytes > _MAX_STAGED_BYTES
             return pending, frame, drain
 
-    def _fill(self, stream: _Stream, frame: _Staged, batch: pa.RecordBatch, size: int) -> None:
+    def _fill(
+        self, stream: _Stream, frame: _Staged, batch: pa.RecordBatch, size: int, writer_id: int
+    ) -> None:
         """Encode ``batch`` (an IPC message of ``size`` bytes) straight into a direct frame's
         aligned buffer, then checksum it, outside the stream lock; mark the frame ready."""
         try:
@@ -830,7 +1063,7 @@ class StreamStore:
             view[start + size : end] = _ZEROS[: end - start - size]
             crc = zlib.crc32(view[start:end])
             view[start - _HEADER.size : start] = _HEADER.pack(
-                _FRAME_MAGIC, end - start, batch.num_rows, crc
+                _FRAME_MAGIC, end - start, batch.num_rows, crc, writer_id, _BATCH
             )
             del view
         except BaseException as exc:
@@ -997,6 +1230,50 @@ class StreamStore:
                 offset += last - index
         return self._iterate(stream.schema, plan)
 
+    def entries(
+        self,
+        name: str,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        incarnation: str | None = None,
+    ) -> Iterator[StreamEntry]:
+        """Like :meth:`read`, but every entry, markers included, with its writer."""
+        if start < 0 or (stop is not None and stop < 0):
+            raise InvalidInputError(f"offsets must be >= 0, got start={start}, stop={stop}")
+        stream = self._get(name)
+        with stream.cond:
+            if incarnation is not None and stream.incarnation != incarnation:
+                raise StreamNotFoundError(
+                    f"stream {name!r} incarnation {incarnation} no longer exists"
+                )
+            first = stream.segments[0].first_offset if stream.segments else 0
+            offset = max(start, first)
+            end = stream.next_offset if stop is None else min(stop, stream.next_offset)
+            plan: list[tuple[_Segment, int, int, pa.Buffer]] = []
+            while offset < end:
+                segment, index = stream.locate(offset)
+                last = min(segment.count, index + (end - offset))
+                buffer = segment.buffer_covering(
+                    segment.positions[last - 1] + segment.lengths[last - 1]
+                )
+                plan.append((segment, index, last, buffer))
+                offset += last - index
+        return self._iterate_entries(stream, plan)
+
+    def writers(self, name: str) -> dict[str, WriterInfo]:
+        """What the visible log of stream ``name`` holds of each writer, by name.
+
+        Raises:
+            StreamNameError: invalid name. StreamNotFoundError: no such stream.
+        """
+        stream = self._get(name)
+        with stream.cond:
+            state = {k: list(v) for k, v in stream.writer_state.items()}
+        return {
+            k: WriterInfo(k, cast(int, v[0]), cast(int, v[1]), v[2], v[3]) for k, v in state.items()
+        }
+
     def batches(
         self, name: str, stop: int | None = None, *, incarnation: str | None = None
     ) -> list[pa.RecordBatch]:
@@ -1028,9 +1305,30 @@ class StreamStore:
         schema: pa.Schema, plan: list[tuple[_Segment, int, int, pa.Buffer]]
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
         for segment, index, last, buffer in plan:
+            kinds = segment.kinds
             for i in range(index, last):
+                if kinds[i] != _BATCH:
+                    continue  # a marker: no rows
                 message = buffer.slice(segment.positions[i], segment.lengths[i])
                 yield segment.first_offset + i, pa.ipc.read_record_batch(message, schema)
+
+    @staticmethod
+    def _iterate_entries(
+        stream: _Stream, plan: list[tuple[_Segment, int, int, pa.Buffer]]
+    ) -> Iterator[StreamEntry]:
+        schema = stream.schema
+        for segment, index, last, buffer in plan:
+            for i in range(index, last):
+                offset = segment.first_offset + i
+                writer = stream.writer_name(segment.writers[i])
+                kind = segment.kinds[i]
+                if kind == _WATERMARK:
+                    yield StreamEntry(offset, writer, watermark_ns=segment.values[i])
+                elif kind == _END:
+                    yield StreamEntry(offset, writer, end_of_input=True)
+                else:
+                    message = buffer.slice(segment.positions[i], segment.lengths[i])
+                    yield StreamEntry(offset, writer, pa.ipc.read_record_batch(message, schema))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1197,6 +1495,9 @@ class StreamStore:
         del segment.positions[keep:]
         del segment.lengths[keep:]
         del segment.rows[keep:]
+        del segment.writers[keep:]
+        del segment.kinds[keep:]
+        del segment.values[keep:]
         segment.size = size
         self._buffers.give_back(frames + stream.staged)
         stream.staged, stream.staged_bytes = [], 0
@@ -1248,6 +1549,7 @@ class StreamStore:
                 extra={"path": str(directory), "error": str(exc)},
             )
             return None
+        stream.writer_names, stream.writer_ids = _read_writers(directory / _WRITERS_FILE)
         segment_paths = sorted(directory.glob("*" + _SEGMENT_SUFFIX))
         for i, path in enumerate(segment_paths):
             try:
@@ -1268,6 +1570,8 @@ class StreamStore:
             if not intact:
                 self._truncate_tail(stream, segment, segment_paths[i + 1 :])
                 break
+        if stream.segments:
+            stream.note(stream.segments[0].first_offset, stream.next_offset)
         stream.written_offset = stream.next_offset
         stream.written_rows = stream.num_rows
         stream.written_bytes = stream.num_bytes
@@ -1287,17 +1591,30 @@ class StreamStore:
         view = memoryview(data)
         position = 0
         while position < size:
-            if size - position < _HEADER.size:
+            magic = bytes(view[position : position + 4])
+            if magic == _FRAME_MAGIC and size - position >= _HEADER.size:
+                _, body_len, num_rows, crc, writer_id, kind = _HEADER.unpack_from(view, position)
+                body_start = position + _HEADER.size
+            elif magic == _FRAME_MAGIC_V1 and size - position >= _HEADER_V1.size:
+                _, body_len, num_rows, crc = _HEADER_V1.unpack_from(view, position)
+                writer_id, kind = 0, _BATCH
+                body_start = position + _HEADER_V1.size
+            else:
                 return False
-            magic, body_len, num_rows, crc = _HEADER.unpack_from(view, position)
-            body_start = position + _HEADER.size
-            if magic != _FRAME_MAGIC or body_start + body_len > size:
+            if body_start + body_len > size or kind not in (_BATCH, _WATERMARK, _END):
                 return False
             if verify_crc and zlib.crc32(view[body_start : body_start + body_len]) != crc:
                 return False
             segment.positions.append(body_start)
             segment.lengths.append(body_len)
             segment.rows.append(num_rows)
+            segment.writers.append(writer_id)
+            segment.kinds.append(kind)
+            segment.values.append(
+                _VALUE.unpack_from(view, body_start)[0]
+                if kind == _WATERMARK and body_len >= _VALUE.size
+                else 0
+            )
             position = body_start + body_len
             segment.size = position
         return True
