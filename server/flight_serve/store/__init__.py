@@ -4,20 +4,26 @@ from flight_serve.store.streams import (
     DEFAULT_SEGMENT_BYTES,
     FsyncMode,
     PendingAppend,
+    StreamEntry,
     StreamInfo,
     StreamStore,
+    WriterInfo,
     plain_type,
     rewrite_type,
     validate_stream_name,
+    validate_writer_name,
 )
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "FsyncMode",
     "PendingAppend",
+    "StreamEntry",
     "StreamInfo",
     "StreamStore",
+    "WriterInfo",
     "plain_type",
     "rewrite_type",
     "validate_stream_name",
+    "validate_writer_name",
 ]

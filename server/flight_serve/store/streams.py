@@ -1,9 +1,9 @@
 """Durable, append-only, offset-addressed streams of Arrow record batches (DESIGN §3).
 
-A **stream** is a named log of record batches that share one schema. Offsets are batch sequence
-numbers: the first batch ever appended has offset 0, the next 1, and so on; an offset is never
-reused within one *incarnation* of a stream (a dropped and re-created stream is a new
-incarnation, with a new UUID).
+A **stream** is a named log of record batches that share one schema. Offsets are sequence
+numbers of its entries (batches, and the markers of its writers, below): the first entry ever
+appended has offset 0, the next 1, and so on; an offset is never reused within one *incarnation*
+of a stream (a dropped and re-created stream is a new incarnation, with a new UUID).
 
 On-disk layout (``data_dir/streams/<name>/``)::
 
@@ -138,6 +138,7 @@ __all__ = [
     "plain_type",
     "rewrite_type",
     "validate_stream_name",
+    "validate_writer_name",
 ]
 
 log = logging.getLogger(__name__)
