@@ -9,6 +9,7 @@ the pipeline's watermark; every ``put`` is one batch, so it is one stream entry.
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 import sys
 import tempfile
@@ -384,3 +385,52 @@ def test_golden_pipeline_through_flight_serve_run(server: tuple[str, FlightServe
     assert _csv(results) == (CASE / "expected" / "results.csv").read_text()
     late = _stream_table(client, "late", "late-of-events")
     assert _csv(late) == (CASE / "expected" / "late.csv").read_text()
+
+
+def test_bad_writer_names_and_marker_messages_are_invalid_argument(
+    server: tuple[str, FlightServeClient],
+) -> None:
+    location, client = server
+    client.put("events", _rows((1, 1)), writer="a")
+    with pytest.raises(pa.ArrowInvalid, match="invalid writer name"):
+        client.put("events", _rows((2, 2)), writer="no spaces")
+
+    def both_kinds_in_one_message() -> None:
+        with flight.connect(location) as raw:
+            writer, reader = raw.do_put(flight.FlightDescriptor.for_path("events", "a"), SCHEMA)
+            writer.write_metadata(pa.py_buffer(b'{"watermark_ns": 1, "end_of_input": true}'))
+            writer.done_writing()
+            reader.read()
+            writer.close()
+
+    with pytest.raises(pa.ArrowInvalid, match=r"metadata-only DoPut message must be JSON"):
+        both_kinds_in_one_message()
+    assert client.stream_info("events")["next_offset"] == 1  # nothing was stored
+
+
+def test_ctrl_c_stops_a_run_whose_writers_never_end(server: tuple[str, FlightServeClient]) -> None:
+    """``flight-serve run`` with a writer that never ends runs until SIGINT: exit 130, open
+    windows not flushed (their input did not end)."""
+    location, client = server
+    client.put("events", _rows((1, 1)), writer="forever")
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = Path(tmp) / "pipeline.sql"
+        pipeline.write_text(_pipeline(location))
+        proc = subprocess.Popen(
+            [str(CLI), "run", str(pipeline)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _wait(lambda: "results" in client.list_streams(), "the run to open its sink", 60)
+            time.sleep(0.3)
+            assert proc.poll() is None  # still running: "forever" has not ended
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=WAIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert _windows(client) == []  # [0,10) never closed
