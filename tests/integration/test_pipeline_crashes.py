@@ -10,8 +10,9 @@ What must hold after every crash:
   in order, the output of the same pipeline run straight through (in this process, no crash)
   over the stream as it ends up: nothing missing, nothing twice.
 
-The input ends with a sentinel row far in the future, which moves the watermark past every
-window of the real rows (a server stream has no end of input yet), so every window closes.
+Each client is a named DoPut writer (``path = [stream, writer]``), so each is one watermark
+partition of the pipelines; a client that reconnects under its name is the same partition. When
+its batches are all in, it sends its end of input (a marker): then every window closes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,7 +83,7 @@ INSERT INTO p2late SELECT * FROM LATE(kept);
 """,
 }
 OUTPUTS = {"distinct": ("p1",), "hop": ("p2", "p2late")}
-SENTINEL_T_MS = 10**12  # 2001-09-09: after every real row
+END_OF_INPUT = b'{"end_of_input": true}'
 #: per trial and pipeline, the checkpoint each restart resumed from (from the pipeline's log)
 RESUMED: dict[int, list[int]] = {}
 
@@ -153,43 +155,52 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT
 
 
 class Writer(threading.Thread):
-    """One ingesting client: batches with unique ids, one DoPut each, acknowledged one by one;
-    after a connection loss it waits for the server to come back, asks the stream which of its
-    ids are there, and sends only what is missing."""
+    """One ingesting client, DoPut writer ``name``: batches with unique ids, one DoPut each,
+    acknowledged one by one, then its end of input. After a connection loss it waits for the
+    server to come back, asks the stream which of its ids are there, and sends only what is
+    missing (an end-of-input marker sent twice is harmless: the first one ends the partition)."""
 
     def __init__(self, name: str, batches: list[pa.RecordBatch], location: Callable[[], str]):
         super().__init__(name=f"writer-{name}", daemon=True)
+        self.writer = name
         self.batches = batches
         self.location = location
         self.acked: list[int] = []  # ids of acknowledged rows
         self.error: BaseException | None = None
 
-    def put(self, batch: pa.RecordBatch) -> None:
+    def _call(self, batch: pa.RecordBatch | None) -> None:
         with flight.connect(self.location()) as client:
             writer, reader = client.do_put(
-                flight.FlightDescriptor.for_path("events"),
+                flight.FlightDescriptor.for_path("events", self.writer),
                 SCHEMA,
                 options=flight.FlightCallOptions(timeout=10),
             )
-            writer.write_batch(batch)
-            reader.read()  # the PutResult: the batch is durable
+            if batch is None:
+                writer.write_metadata(pa.py_buffer(END_OF_INPUT))
+            else:
+                writer.write_batch(batch)
+            reader.read()  # the PutResult: durable
             writer.close()
-        self.acked.extend(batch.column("id").to_pylist())
 
     def run(self) -> None:
         try:
             pending = list(self.batches)
+            ended = False
             lost = False  # a put failed: its batch may have landed without its PutResult
-            while pending:
+            while not ended:
                 try:
                     if lost:  # look what landed before sending anything again
                         stored = set(stored_ids(self.location()))
                         pending = [b for b in pending if b.column("id")[0].as_py() not in stored]
                         lost = False
                         continue
-                    self.put(pending[0])
-                    pending.pop(0)
-                    time.sleep(0.02)
+                    if pending:
+                        self._call(pending[0])
+                        self.acked.extend(pending.pop(0).column("id").to_pylist())
+                        time.sleep(0.02)
+                    else:
+                        self._call(None)
+                        ended = True
                 except (flight.FlightError, pa.ArrowException, OSError):
                     lost = True
                     time.sleep(0.05)  # the server is gone: wait for it to come back
@@ -226,12 +237,14 @@ def make_batches(writer: str, rng: random.Random, start_id: int) -> list[pa.Reco
 
 
 def straight(
-    sql: str, entries: list[pa.RecordBatch], outputs: tuple[str, ...], tmp: Path
+    sql: str, data: Path, outputs: tuple[str, ...], tmp: Path
 ) -> dict[str, list[dict[str, Any]]]:
-    """The pipeline run straight through (no crash) over ``entries``, in this process."""
+    """The pipeline run straight through (no crash), in this process, over a copy of stream
+    ``events`` of the (stopped) server's data dir ``data``: the same entries, writers and markers.
+    """
+    shutil.copytree(data / "streams" / "events", tmp / "store" / "streams" / "events")
     with StreamStore(tmp / "store", fsync="never") as store:
-        for entry in entries:
-            store.append("events", entry)
+        entries = store.info("events").next_offset
         runtime = DurableRuntime(
             parse_pipeline(sql),
             name="straight",
@@ -254,7 +267,7 @@ def straight(
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         source = runtime.flight_sources["events"]
-        wait_until(lambda: source.position >= len(entries) or bool(done), "the straight run")  # type: ignore[attr-defined]
+        wait_until(lambda: source.position >= entries or bool(done), "the straight run")  # type: ignore[attr-defined]
         runtime.request_stop()
         thread.join(WAIT_S)
         assert not done, done
@@ -313,16 +326,13 @@ def test_sigkill_while_ingesting_and_two_pipelines_run(tmp_path: Path, seed: int
             assert not writer.is_alive()
             assert writer.error is None, writer.error
         location = current[0].location
-        sentinel = pa.RecordBatch.from_pylist(
-            [{"w": "end", "id": 0, "k": "a", "t": SENTINEL_T_MS, "v": 0}], schema=SCHEMA
-        )
-        Writer("end", [sentinel], lambda: location).run()
         stream = read_stream(location, "events")
         ids = [row["id"] for row in rows(stream)]
         assert len(ids) == len(set(ids)), "a batch was stored twice"
         acked = [i for writer in writers for i in writer.acked]
         assert set(acked) <= set(ids), "an acknowledged row is missing"
-        assert len(ids) == 2 * 12 * 20 + 1  # every batch was sent until it was in the stream
+        assert len(ids) == 2 * 12 * 20  # every batch was sent until it was in the stream
+        entries = sum(1 for _ in stream) + 2  # the batches and the two end-of-input markers
         for pid in pids.values():
             wait_until(lambda pid=pid: caught_up(location, pid, len(ids)), f"{pid} to catch up")
         got = {
@@ -336,9 +346,9 @@ def test_sigkill_while_ingesting_and_two_pipelines_run(tmp_path: Path, seed: int
                 if line["message"].startswith("resumed from checkpoint "):
                     RESUMED.setdefault(seed, []).append(int(line["message"].split()[-1]))
         current[0].stop()
-    entries = stream  # the stream's batches in offset order
+    assert entries >= 2 * 12 + 2
     for name, sql in PIPELINES.items():
-        want = straight(sql, entries, OUTPUTS[name], tmp_path / f"straight-{name}")
+        want = straight(sql, data, OUTPUTS[name], tmp_path / f"straight-{name}")
         for out in OUTPUTS[name]:
             assert got[name][out] == want[out], f"seed {seed}: {name} -> {out}"
         assert got[name][OUTPUTS[name][0]], "the pipeline produced nothing"
@@ -359,12 +369,10 @@ def test_submit_walk_away_and_two_restarts_then_tail_every_result_once(tmp_path:
     job = tmp_path / "job.sql"
     job.write_text(PIPELINES["distinct"])
     batches = make_batches("solo", random.Random(7), 1)
-    sentinel = pa.RecordBatch.from_pylist(
-        [{"w": "end", "id": 0, "k": "a", "t": SENTINEL_T_MS, "v": 0}], schema=SCHEMA
-    )
     data = tmp_path / "data"
     with server_at(data) as current:
-        Writer("solo", batches[:4], lambda: current[0].location).run()
+        Writer("solo", [], lambda: current[0].location)._call(batches[0])
+        Writer("solo", [], lambda: current[0].location)._call(batches[1])
         submitted = subprocess.run(
             [str(CLI), "submit", str(job), "--server", current[0].location],
             capture_output=True,
@@ -375,16 +383,18 @@ def test_submit_walk_away_and_two_restarts_then_tail_every_result_once(tmp_path:
         pid = submitted.stdout.strip()
         assert pid.startswith("job-")
         assert "sink p1 -> stream p1" in submitted.stderr
-        Writer("solo", batches[4:8], lambda: current[0].location).run()
+        for batch in batches[2:8]:
+            Writer("solo", [], lambda: current[0].location)._call(batch)
         current[0].stop()  # restart 1: SIGTERM (the pipeline checkpoints and stops)
         current[0] = Server(data)
-        Writer("solo", batches[8:10], lambda: current[0].location).run()
+        for batch in batches[8:10]:
+            Writer("solo", [], lambda: current[0].location)._call(batch)
         time.sleep(0.3)
         current[0].kill()  # restart 2: SIGKILL
         current[0] = Server(data)
         location = current[0].location
-        Writer("solo", [*batches[10:], sentinel], lambda: location).run()
-        total = sum(batch.num_rows for batch in batches) + 1
+        Writer("solo", batches[10:], lambda: location).run()  # and the end of input
+        total = sum(batch.num_rows for batch in batches)
         wait_until(lambda: caught_up(location, pid, total), "the pipeline to catch up")
         tailed: list[dict[str, Any]] = []
 
@@ -419,10 +429,9 @@ def test_submit_walk_away_and_two_restarts_then_tail_every_result_once(tmp_path:
         ).stdout
         assert logs.count("server started: resuming") == 2
         assert "stopped with the server; resumes on restart" in logs
-        entries = read_stream(location, "events")
         current[0].stop()
         follower.join(WAIT_S)
     assert tailed == committed
-    want = straight(PIPELINES["distinct"], entries, ("p1",), tmp_path / "straight")
+    want = straight(PIPELINES["distinct"], data, ("p1",), tmp_path / "straight")
     assert tailed == want["p1"]
     assert len(tailed) >= 8  # windows of 5 s over ~15 s of rows, 4 keys

@@ -53,7 +53,7 @@ def resume(store: StreamStore, entry: dict[str, object]) -> EpochStreamSink:
 
     sink = EpochStreamSink(
         "out",
-        StoreTarget(store, "out", SCHEMA),
+        StoreTarget(store, "out", SCHEMA, "p"),
         SCHEMA,
         mark=int(entry["mark"]),  # type: ignore[call-overload]
         incarnation=entry["incarnation"],  # type: ignore[arg-type]
@@ -68,13 +68,13 @@ def resume(store: StreamStore, entry: dict[str, object]) -> EpochStreamSink:
 def test_a_commit_cut_short_at_any_batch_is_finished_once(tmp_path: Path) -> None:
     for done in range(4):  # the crash came after `done` of epoch 2's 3 batches were appended
         with StreamStore(tmp_path / f"data{done}", fsync="never") as store:
-            sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA), SCHEMA)
+            sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA, "p"), SCHEMA)
             assert epoch(sink, 1, b(1), b(2))["mark"] == 0
             sink.commit(1)
             second = epoch(sink, 2, b(3), b(4, 5), b(6))
             assert second["mark"] == 2  # the stream offset after epoch 1's batches
             for staged in sink._staged[:done]:
-                store.append("out", staged)  # the commit, cut short by the crash
+                store.append("out", staged, writer="p")  # the commit, cut short by the crash
             resumed = resume(store, second)
             assert resumed.skipped == done
             assert stored(store) == [1, 2, 3, 4, 5, 6], f"cut after {done}"
@@ -84,7 +84,7 @@ def test_a_commit_cut_short_at_any_batch_is_finished_once(tmp_path: Path) -> Non
 
 
 def test_a_replay_from_an_older_checkpoint_skips_what_is_there(store: StreamStore) -> None:
-    sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA), SCHEMA)
+    sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA, "p"), SCHEMA)
     checkpoints = []
     for number, values in enumerate(([1, 2], [3], [4, 5]), start=1):
         checkpoints.append(epoch(sink, number, *(b(v) for v in values)))
@@ -103,16 +103,31 @@ def test_a_replay_from_an_older_checkpoint_skips_what_is_there(store: StreamStor
 
 
 def test_another_writers_batches_are_passed_over(store: StreamStore) -> None:
-    sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA), SCHEMA)
+    """The sink appends as its own writer; the replay matching looks at that writer only, so
+    another writer's batch is never taken for ours, even an identical one."""
+    sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA, "p"), SCHEMA)
     entry = epoch(sink, 1, b(1), b(2))
-    store.append("out", b(1))  # ours (the commit was cut after it)
-    store.append("out", b(99))  # someone else's
+    store.append("out", b(1), writer="p")  # ours (the commit was cut after it)
+    store.append("out", b(2), writer="someone")  # identical to our next one, not ours
+    store.append("out", b(99))  # an unnamed writer's
     resume(store, entry)
-    assert stored(store) == [1, 99, 2]
+    assert stored(store) == [1, 2, 99, 2]
+    assert [e.writer for e in store.entries("out")] == ["p", "someone", "", "p"]
+
+
+def test_the_end_of_input_is_marked_once(store: StreamStore) -> None:
+    target = StoreTarget(store, "out", SCHEMA, "p")
+    target.append(b(1))
+    target.end_input()
+    target.end_input()  # a restart that completes a finished run marks nothing twice
+    assert [(e.writer, e.end_of_input) for e in store.entries("out")] == [
+        ("p", False),
+        ("p", True),
+    ]
 
 
 def test_a_dropped_output_stream_is_a_checkpoint_error(store: StreamStore) -> None:
-    sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA), SCHEMA)
+    sink = EpochStreamSink("out", StoreTarget(store, "out", SCHEMA, "p"), SCHEMA)
     entry = epoch(sink, 1, b(1))
     sink.commit(1)
     store.drop("out")

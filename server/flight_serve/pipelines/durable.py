@@ -488,10 +488,10 @@ class DurableRuntime(PipelineRuntime):
                 else:
                     assert self.store is not None
                     assert slot.flight is not None
-                    _, stream, _ = slot.flight
+                    _, stream, writer = slot.flight
                     sink = EpochStreamSink(
                         name,
-                        StoreTarget(self.store, stream, slot.schema),
+                        StoreTarget(self.store, stream, slot.schema, writer),
                         slot.schema,
                         mark=entry.get("mark"),
                         incarnation=entry.get("incarnation"),
@@ -671,17 +671,16 @@ class DurableRuntime(PipelineRuntime):
         if not write or collect:
             raise ValueError("a durable run writes its sinks; collect with PipelineRuntime")
         try:
-            if self.manifest is not None and self.manifest.finished:
+            if self.manifest is None or not self.manifest.finished:
+                yield from super().run(write=True)
+                self.checkpoint(finished=True)
+            else:  # a crash after the finished checkpoint: only complete what it interrupted
                 self._open_writers()
-                for txn in self._txn.values():
-                    if isinstance(txn, EpochFileSink):
-                        txn.finalize()
-                return
-            yield from super().run(write=True)
-            self.checkpoint(finished=True)
             for txn in self._txn.values():
                 if isinstance(txn, EpochFileSink):
                     txn.finalize()
+                else:
+                    txn.end_input()
         except FlightServeError:
             raise
         finally:

@@ -251,6 +251,9 @@ class StreamTarget(Protocol):
     def append(self, batch: pa.RecordBatch) -> int:
         """Append ``batch`` durably; return its offset."""
 
+    def end_input(self) -> None:
+        """Mark the end of this sink's input in the stream (idempotent)."""
+
 
 def _same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
     if a.num_rows != b.num_rows or a.schema.names != b.schema.names:
@@ -359,6 +362,11 @@ class EpochStreamSink:
             if self.incarnation is None:
                 self.incarnation = self.target.incarnation()
         self._staged = []
+
+    def end_input(self) -> None:
+        """The pipeline's input ended and its last epoch is committed: end the sink's writer
+        in the stream (readers' windows over it close). Idempotent."""
+        self.target.end_input()
 
     def close(self) -> None:
         """Drop what was not committed (it is replayed from the last checkpoint)."""

@@ -39,6 +39,7 @@ from flight_serve.errors import (
     StreamNotFoundError,
 )
 from flight_serve.store import StreamStore
+from flight_serve.store.streams import validate_writer_name
 
 __all__ = ["PARTITION", "StoreSource", "StoreTarget"]
 
@@ -250,19 +251,28 @@ class StoreSource:
 class StoreTarget:
     """A stream of this server as an exactly-once sink's target (see the module docstring).
 
+    The sink appends as DoPut writer ``writer`` (the sink's ``writer`` option, default its
+    name), so a pipeline reading the stream sees it as one watermark partition, and the replay
+    matching of :class:`~flight_serve.pipelines.epoch_sinks.EpochStreamSink` looks at that
+    writer's batches only.
+
     Args:
         store: the server's store.
         stream: the stream name; created now with ``schema`` if missing.
         schema: the sink's columns.
+        writer: the writer name of every entry the sink appends.
 
     Raises:
-        ConnectorError: the stream exists with other columns, or cannot be created.
+        ConnectorError: the stream exists with other columns, cannot be created, or ``writer``
+            is not a valid writer name.
     """
 
-    def __init__(self, store: StreamStore, stream: str, schema: pa.Schema) -> None:
+    def __init__(self, store: StreamStore, stream: str, schema: pa.Schema, writer: str) -> None:
         self.store = store
         self._name = stream
+        self.writer = writer
         try:
+            validate_writer_name(writer)
             store.create(stream, schema)
         except FlightServeError as exc:
             raise ConnectorError(f"stream {stream!r}: {exc}") from exc
@@ -281,9 +291,17 @@ class StoreTarget:
         return self.store.info(self._name).next_offset if self.store.exists(self._name) else 0
 
     def entries(self, start: int) -> Iterator[tuple[int, pa.RecordBatch]]:
-        """The stream's batches from ``start`` on."""
-        return self.store.read(self._name, start)
+        """This sink's writer's batches from offset ``start`` on."""
+        for entry in self.store.entries(self._name, start):
+            if entry.writer == self.writer and entry.batch is not None:
+                yield entry.offset, entry.batch
 
     def append(self, batch: pa.RecordBatch) -> int:
         """Append ``batch`` (durable when this returns); return its offset."""
-        return self.store.append(self._name, batch)
+        return self.store.append(self._name, batch, writer=self.writer)
+
+    def end_input(self) -> None:
+        """Mark the writer's end of input (once: nothing if the stream already holds it)."""
+        info = self.store.writers(self._name).get(self.writer)
+        if info is None or info.ended_at is None:
+            self.store.append_marker(self._name, self.writer, end_of_input=True)
