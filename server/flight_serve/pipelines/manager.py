@@ -229,7 +229,7 @@ class PipelineManager:
         """The runtime of ``record``'s pipeline, resumed from its newest checkpoint."""
         plan = parse_pipeline(record.sql, base_dir=Path(record.base_dir))
         options = plan.run_options
-        if not options.checkpoints:
+        if options.checkpoint_interval is None:  # a live pipeline must commit on time too
             options = replace(options, checkpoint_interval=self.checkpoint_interval)
         pid = record.id
         return DurableRuntime(
