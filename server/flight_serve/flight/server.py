@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,21 @@ import pyarrow as pa
 
 from flight_serve.errors import FlightServeError
 from flight_serve.flight.auth import load_users_file
+from flight_serve.flight.health import HealthServer
+from flight_serve.flight.limits import DEFAULT_MAX_STREAMS, StreamLimit
+from flight_serve.flight.limits import MIDDLEWARE_KEY as STREAM_LIMIT_KEY
+from flight_serve.flight.metrics import MeteredStreamStore, Metrics, MetricsMiddlewareFactory
+from flight_serve.flight.requestlog import MIDDLEWARE_KEY as REQUEST_LOG_KEY
+from flight_serve.flight.requestlog import RequestLogMiddlewareFactory
+from flight_serve.flight.roles import MIDDLEWARE_KEY as ROLES_KEY
+from flight_serve.flight.roles import (
+    RoleAuth,
+    TlsFiles,
+    TokenGrant,
+    UsersAndTokensAuth,
+    guard_actions,
+    load_tokens_file,
+)
 from flight_serve.flight.service import FlightServeService
 from flight_serve.store import FsyncMode, StreamStore
 
@@ -91,6 +107,10 @@ def start_server(
     port: int = 0,
     fsync: FsyncMode = "batch",
     pipelines: bool = True,
+    metrics: Metrics | None = None,
+    tokens: Mapping[str, TokenGrant] | None = None,
+    tls: TlsFiles | None = None,
+    max_streams: int = DEFAULT_MAX_STREAMS,
     **service_options: Any,
 ) -> Iterator[FlightServeService]:
     """Open the store in ``data_dir``, serve it on ``host:port`` and yield the running service.
@@ -104,13 +124,50 @@ def start_server(
     (:class:`~flight_serve.pipelines.manager.PipelineManager`, the ``pipeline.*`` actions): it
     resumes every ``running`` one at start, and on exit asks each to checkpoint and stop first.
 
+    Every call gets a request id and one JSON log line when it ends
+    (:mod:`flight_serve.flight.requestlog`). With ``metrics`` the server counts rows and bytes per stream, times every call and reports
+    its pipelines there (:mod:`flight_serve.flight.metrics`).
+
+    With ``tokens`` (:func:`~flight_serve.flight.roles.load_tokens_file`) every call needs a
+    bearer token with the role its method and action need (:mod:`flight_serve.flight.roles`).
+    With ``tls`` the server speaks TLS (mutual TLS with ``tls.client_ca``) and its location is
+    ``grpc+tls://``. At most ``max_streams`` DoGet/DoPut/DoExchange calls run at once; more are
+    refused UNAVAILABLE with a retry hint (:mod:`flight_serve.flight.limits`).
+
     Raises:
         StorageError: the data directory cannot be opened or another store owns it.
     """
-    store = StreamStore(Path(data_dir), fsync=fsync)
+    store = (
+        StreamStore(Path(data_dir), fsync=fsync)
+        if metrics is None
+        else MeteredStreamStore(Path(data_dir), fsync=fsync, metrics=metrics)
+    )
+    middleware = dict(service_options.pop("middleware", None) or {})
+    middleware[REQUEST_LOG_KEY] = RequestLogMiddlewareFactory()
+    middleware[STREAM_LIMIT_KEY] = StreamLimit(max_streams)
+    if tokens is not None:
+        users = service_options.get("users")
+        users_auth = None
+        if users is not None:  # both files: handshake tokens have every role
+            users_auth = UsersAndTokensAuth(users, tokens)
+            middleware["flight_serve_auth"] = users_auth  # instead of the users-only check
+        middleware[ROLES_KEY] = RoleAuth(tokens, users_auth)
+    scheme = "grpc"
+    if tls is not None:
+        scheme = "grpc+tls"
+        try:
+            service_options.update(tls.server_options())
+        except BaseException:
+            store.close()
+            raise
+    if metrics is not None:
+        middleware["flight_serve_metrics"] = MetricsMiddlewareFactory(metrics)
+    service_options["middleware"] = middleware
     try:
         uri_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        service = FlightServeService(f"grpc://{uri_host}:{port}", store=store, **service_options)
+        service = FlightServeService(
+            f"{scheme}://{uri_host}:{port}", store=store, **service_options
+        )
     except BaseException:
         store.close()
         raise
@@ -122,7 +179,11 @@ def start_server(
 
             manager = PipelineManager(store, Path(data_dir))
             register_pipeline_actions(service, manager)
+            if metrics is not None:
+                metrics.watch_pipelines(manager)
             manager.start()
+        if tokens is not None:
+            guard_actions(service)
         yield service
     finally:
         try:
@@ -134,8 +195,33 @@ def start_server(
             store.close()
 
 
+#: How long ``flight-serve serve`` waits for calls in flight after SIGTERM (seconds).
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+def _drain_deadline(timeout_s: float) -> None:
+    """Called when the drain after SIGTERM took longer than ``timeout_s``: exit now."""
+    log.warning(
+        "drain deadline passed: exiting with calls still in flight",
+        extra={"drain_timeout_s": timeout_s},
+    )
+    logging.shutdown()
+    os._exit(0)
+
+
 def serve_forever(
-    host: str, port: int, data_dir: Path, fsync: FsyncMode, users_file: Path | None = None
+    host: str,
+    port: int,
+    data_dir: Path,
+    fsync: FsyncMode,
+    users_file: Path | None = None,
+    health_port: int | None = None,
+    metrics_port: int | None = None,
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    tokens_file: Path | None = None,
+    tls: TlsFiles | None = None,
+    insecure_allow_remote: bool = False,
+    max_streams: int = DEFAULT_MAX_STREAMS,
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
@@ -145,8 +231,31 @@ def serve_forever(
     be read). With ``users_file`` (``user:password`` lines, see
     :func:`flight_serve.flight.auth.load_users_file`) every call needs those credentials;
     without it the server is open, and a warning is logged when it listens beyond loopback.
+
+    The gRPC health service (:class:`~flight_serve.flight.health.HealthServer`) listens on
+    ``health_port`` (``None``: the Flight port + 1, or a free port when ``port`` is 0); it answers
+    NOT_SERVING from the signal on, while the server drains. Prometheus metrics are served at
+    ``/metrics`` on ``metrics_port`` (``None``: the Flight port + 2, or a free port when ``port``
+    is 0).
+
+    On SIGTERM / SIGINT: health turns NOT_SERVING, running pipelines checkpoint and stop, the
+    server stops accepting calls and waits for the calls in flight. If they have not ended
+    after ``drain_timeout_s`` seconds the process logs the fact and exits 0 anyway (every
+    acknowledged batch is already durable).
+
+    ``tokens_file`` (:func:`~flight_serve.flight.roles.load_tokens_file`) turns on bearer
+    tokens with roles, ``tls`` TLS or mutual TLS. On an address other than loopback the server
+    refuses to start (exit 1) without TLS and credentials (tokens or users), unless
+    ``insecure_allow_remote``.
     """
     configure_json_logging()
+    tokens = None
+    if tokens_file is not None:
+        try:
+            tokens = load_tokens_file(tokens_file)
+        except FlightServeError as exc:
+            log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
+            return 1
     users = None
     if users_file is not None:
         try:
@@ -160,6 +269,16 @@ def serve_forever(
             host,
             extra={"host": host},
         )
+    loopback = host in ("localhost", "::1", "[::1]") or host.startswith("127.")
+    unprotected = tls is None or (tokens is None and users is None)
+    if not loopback and unprotected and not insecure_allow_remote:
+        log.error(
+            "refusing to listen on %s without TLS and credentials (--tls-cert/--tls-key, and "
+            "--tokens-file or --users-file); pass --insecure-allow-remote to do it anyway",
+            host,
+            extra={"host": host},
+        )
+        return 1
     stop = threading.Event()
     received: list[str] = []
 
@@ -168,26 +287,64 @@ def serve_forever(
         stop.set()
 
     previous: dict[signal.Signals, Any] = {}
+    health: HealthServer | None = None
+    watchdog: threading.Timer | None = None
+    metrics = Metrics()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     try:
         with start_server(
-            Path(data_dir), host=host, port=port, fsync=fsync, users=users
+            Path(data_dir),
+            host=host,
+            port=port,
+            fsync=fsync,
+            metrics=metrics,
+            users=users,
+            tokens=tokens,
+            tls=tls,
+            max_streams=max_streams,
         ) as service:
+            if health_port is None:
+                health_port = service.port + 1 if port else 0
+            health = HealthServer(host, health_port, Path(data_dir))
+            if metrics_port is None:
+                metrics_port = service.port + 2 if port else 0
+            metrics.serve_http(host, metrics_port)
             log.info(
                 "listening",
-                extra={"location": service.location, "data_dir": str(data_dir), "fsync": fsync},
+                extra={
+                    "location": service.location,
+                    "health_port": health.port,
+                    "metrics_port": metrics.http_port,
+                    "data_dir": str(data_dir),
+                    "fsync": fsync,
+                },
             )
             print(service.location, flush=True)
             while not stop.wait(0.5):
                 pass
-            log.info("shutting down", extra={"signal": received[0] if received else None})
+            health.set_draining()  # NOT_SERVING while pipelines checkpoint and calls drain
+            log.info(
+                "shutting down",
+                extra={
+                    "signal": received[0] if received else None,
+                    "drain_timeout_s": drain_timeout_s,
+                },
+            )
+            watchdog = threading.Timer(drain_timeout_s, _drain_deadline, (drain_timeout_s,))
+            watchdog.daemon = True
+            watchdog.start()
     except (FlightServeError, pa.ArrowException, OSError) as exc:
         # The store could not open the data dir, or gRPC could not bind (port in use).
         log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
         return 1
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        if health is not None:
+            health.stop()
+        metrics.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     log.info("stopped")
