@@ -16,8 +16,10 @@ from typing import Any
 _DEFAULT_SERVER = "grpc://127.0.0.1:8815"
 _USER_HELP = (
     "authenticate as USER (a server with --users-file); the password comes from "
-    "$FLIGHT_SERVE_PASSWORD, else it is asked for"
+    "$FLIGHT_SERVE_PASSWORD, else it is asked for. Without --user, a bearer token in "
+    "$FLIGHT_SERVE_TOKEN (a server with --tokens-file) is sent if set"
 )
+_TLS_CA_HELP = "PEM file of the CA that signed a grpc+tls:// server's certificate"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     submit.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
     submit.add_argument("--user", default=None, help=_USER_HELP)
+    submit.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
     submit.add_argument("--name", default=None, help="a name (default: the file's stem)")
     submit.add_argument(
         "--output-dir",
@@ -135,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     manage.add_argument("id", nargs="?", default=None, help="the pipeline id (all but list)")
     manage.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
     manage.add_argument("--user", default=None, help=_USER_HELP)
+    manage.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
     manage.add_argument("--json", action="store_true", help="print the raw JSON result")
 
     data = sub.add_parser("data", help="write a bundled data set to a file for pipelines to read")
@@ -300,9 +304,16 @@ def _run_pipeline(
     return 0
 
 
-def _action(server: str, action: str, body: dict[str, Any], user: str | None = None) -> Any:
-    """Run a JSON action on ``server`` (as ``user``, after a Basic handshake, when given);
-    return its decoded result (``RuntimeError`` on failure)."""
+def _action(
+    server: str,
+    action: str,
+    body: dict[str, Any],
+    user: str | None = None,
+    tls_ca: Path | None = None,
+) -> Any:
+    """Run a JSON action on ``server`` (as ``user``, after a Basic handshake, when given; else
+    with the bearer token in ``$FLIGHT_SERVE_TOKEN`` when set); return its decoded result
+    (``RuntimeError`` on failure)."""
     import json
     import os
 
@@ -311,8 +322,15 @@ def _action(server: str, action: str, body: dict[str, Any], user: str | None = N
 
     location = server if "://" in server else f"grpc://{server}"
     try:
-        with flight.FlightClient(location) as client:
-            headers = []
+        root_certs = tls_ca.read_text() if tls_ca is not None else None
+    except OSError as exc:
+        raise RuntimeError(f"cannot read --tls-ca: {exc}") from None
+    try:
+        with flight.FlightClient(location, tls_root_certs=root_certs) as client:
+            headers: list[Any] = []
+            token = os.environ.get("FLIGHT_SERVE_TOKEN")
+            if user is None and token:
+                headers.append((b"authorization", f"Bearer {token}".encode()))
             if user is not None:
                 password = os.environ.get("FLIGHT_SERVE_PASSWORD")
                 if password is None:
@@ -349,7 +367,7 @@ def _submit(args: argparse.Namespace) -> int:
         "output_dir": str(output_dir.absolute()),
     }
     try:
-        result = _action(args.server, "pipeline.submit", body, args.user)
+        result = _action(args.server, "pipeline.submit", body, args.user, args.tls_ca)
     except RuntimeError as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
@@ -367,7 +385,7 @@ def _pipelines(args: argparse.Namespace) -> int:
         return 2
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
     try:
-        result = _action(args.server, f"pipeline.{args.what}", body, args.user)
+        result = _action(args.server, f"pipeline.{args.what}", body, args.user, args.tls_ca)
     except RuntimeError as exc:
         print(f"flight-serve: {exc}", file=sys.stderr)
         return 1

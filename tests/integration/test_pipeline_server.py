@@ -261,3 +261,63 @@ def test_status_before_any_row(client: flight.FlightClient) -> None:
     status = act(client, "pipeline.status", {"id": pid})
     assert (status["watermark"], status["watermark_lag_s"], status["rows_in"]) == (None, None, 0)
     assert status["last_checkpoint"]["epoch"] >= 1
+
+
+def test_the_command_line_authenticates_with_a_token_or_a_user(tmp_path: Path) -> None:
+    """``flight-serve submit`` / ``pipelines`` against a server with tokens and users: a bearer
+    token from ``$FLIGHT_SERVE_TOKEN`` (submit needs the admin role), or ``--user`` with the
+    password from ``$FLIGHT_SERVE_PASSWORD``."""
+    import os
+    import subprocess
+    import sys
+
+    from flight_serve.flight.roles import load_tokens_file
+
+    cli = Path(sys.executable).parent / "flight-serve"
+    tokens_file = tmp_path / "tokens.txt"
+    tokens_file.write_text("tok-read read dashboards\ntok-admin admin ops\n")
+    job = tmp_path / "job.sql"
+    job.write_text(COUNTS)
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHT_SERVE_")}
+        return subprocess.run(
+            [str(cli), *args], capture_output=True, text=True, timeout=60, env={**clean, **env}
+        )
+
+    with start_server(
+        tmp_path / "data", tokens=load_tokens_file(tokens_file), users={"alice": "s3cret"}
+    ) as service:
+        where = ("--server", service.location)
+        refused = run("submit", str(job), *where)
+        assert refused.returncode == 1
+        assert (
+            "authentication required" in refused.stderr.lower()
+            or "unauth" in refused.stderr.lower()
+        )
+        reader = run("submit", str(job), *where, FLIGHT_SERVE_TOKEN="tok-read")
+        assert reader.returncode == 1
+        assert "admin" in reader.stderr, reader.stderr
+        submitted = run("submit", str(job), *where, FLIGHT_SERVE_TOKEN="tok-admin")
+        assert submitted.returncode == 0, submitted.stderr
+        pid = submitted.stdout.strip()
+        listed = run("pipelines", "list", *where, FLIGHT_SERVE_TOKEN="tok-read")
+        assert listed.returncode == 0, listed.stderr
+        assert pid in listed.stdout
+        wrong = run(
+            "pipelines", "status", pid, *where, "--user", "alice", FLIGHT_SERVE_PASSWORD="x"
+        )
+        assert wrong.returncode == 1
+        assert "wrong user name or password" in wrong.stderr
+        status = run(
+            "pipelines",
+            "status",
+            pid,
+            *where,
+            "--user",
+            "alice",
+            "--json",
+            FLIGHT_SERVE_PASSWORD="s3cret",
+        )
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["state"] == "running"
