@@ -118,3 +118,25 @@ def test_restore_keeps_watermark_and_partitions() -> None:
     assert emission.watermark_ns == 9 * 10**9
     assert resumed.metrics.rows_in == 2
     _ = timedelta  # durations in this file are SQL intervals
+
+
+def test_string_view_input_is_aggregated_as_plain_strings() -> None:
+    # a view column (as DataFusion's concat() or a Parquet reader may produce) through min/first
+    schema = pa.schema([("k", pa.string_view()), ("t", pa.timestamp("s")), ("v", pa.string_view())])
+    sql = (
+        "SELECT k, window_start, window_end, min(v) AS lo, count(DISTINCT v) AS d "
+        "FROM TUMBLE(s, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end"
+    )
+    op = parse_window_query(sql).build(schema)
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(["a", "a", "b"], pa.string_view()),
+            pa.array([1, 2, 12], pa.timestamp("s")),
+            pa.array(["y", "x", "z"], pa.string_view()),
+        ],
+        schema=schema,
+    )
+    first = op.process(batch)  # W = 12: [0,10) fires
+    assert [(r["k"], r["lo"], r["d"]) for r in first.output.to_pylist()] == [("a", "x", 2)]
+    assert op.output_schema.field("k").type == pa.string()
+    assert [(r["k"], r["lo"]) for r in op.finish().output.to_pylist()] == [("b", "z")]

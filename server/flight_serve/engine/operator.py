@@ -211,6 +211,18 @@ class OperatorSnapshot:
         return cls(meta=meta, **tables)
 
 
+def _plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with top-level ``string_view`` / ``binary_view`` fields as ``string`` / ``binary``."""
+    fields = []
+    for f in schema:
+        if f.type == pa.string_view():
+            f = f.with_type(pa.string())
+        elif f.type == pa.binary_view():
+            f = f.with_type(pa.binary())
+        fields.append(f)
+    return pa.schema(fields)
+
+
 def _ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -294,6 +306,9 @@ class WindowOperator:
         wall_clock_ns: Callable[[], int] | None = None,
     ) -> None:
         self.config = config
+        # view types (string_view, binary_view) become plain ones: pyarrow's take/filter kernels
+        # used on pane state do not handle them, and Flight clients expect plain types anyway
+        input_schema = _plain_schema(input_schema)
         self.input_schema = input_schema
         self.metrics = OperatorMetrics()
         self._ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
