@@ -26,6 +26,7 @@ entry per (row, window) pair, the latest window of a row first.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
@@ -48,8 +49,26 @@ def _positive_ns(name: str, value: timedelta) -> int:
     return ns
 
 
+class _AssignedByStart(ABC):
+    """Windows whose end follows from their start: ``assign_bounds_ns`` from ``assign_ns`` and
+    ``end_ns``."""
+
+    @abstractmethod
+    def assign_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array]:
+        """``(row_index, window_start_ns)`` per (row, window) pair."""
+
+    @abstractmethod
+    def end_ns(self, start_ns: Int64Array) -> Int64Array:
+        """``window_end`` for each ``window_start`` (ns)."""
+
+    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
+        """``(row_index, window_start_ns, window_end_ns)`` per (row, window) pair."""
+        rows, starts = self.assign_ns(ts_ns)
+        return rows, starts, self.end_ns(starts)
+
+
 @dataclass(frozen=True)
-class TumblingWindow:
+class TumblingWindow(_AssignedByStart):
     """Fixed-size, non-overlapping windows ``[offset + k·size, offset + (k+1)·size)``.
 
     Args:
@@ -88,14 +107,9 @@ class TumblingWindow:
         """``window_end`` for each ``window_start`` (ns)."""
         return start_ns + self.size_ns
 
-    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
-        """``(row_index, window_start_ns, window_end_ns)`` per (row, window) pair."""
-        rows, starts = self.assign_ns(ts_ns)
-        return rows, starts, self.end_ns(starts)
-
 
 @dataclass(frozen=True)
-class HoppingWindow:
+class HoppingWindow(_AssignedByStart):
     """Overlapping windows of ``size`` that start every ``slide`` (Flink's sliding window).
 
     Args:
@@ -156,14 +170,9 @@ class HoppingWindow:
         """``window_end`` for each ``window_start`` (ns)."""
         return start_ns + self.size_ns
 
-    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
-        """``(row_index, window_start_ns, window_end_ns)`` per (row, window) pair."""
-        rows, starts = self.assign_ns(ts_ns)
-        return rows, starts, self.end_ns(starts)
-
 
 @dataclass(frozen=True)
-class SessionWindow:
+class SessionWindow(_AssignedByStart):
     """Per-key activity sessions separated by at least ``gap`` of event time with no rows.
 
     Args:
@@ -192,11 +201,6 @@ class SessionWindow:
     def end_ns(self, start_ns: Int64Array) -> Int64Array:
         """``window_end`` of a one-row proto-session: ``start + gap`` (ns)."""
         return start_ns + self.gap_ns
-
-    def assign_bounds_ns(self, ts_ns: Int64Array) -> tuple[Int64Array, Int64Array, Int64Array]:
-        """``(row_index, window_start_ns, window_end_ns)``: one proto-session per row."""
-        rows, starts = self.assign_ns(ts_ns)
-        return rows, starts, self.end_ns(starts)
 
 
 @dataclass(frozen=True)
