@@ -28,6 +28,7 @@ read) or :class:`~flight_serve.errors.QueryError` (DataFusion fails on a batch).
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -248,7 +249,7 @@ class _Sink:
         return str(self.path) if self.path is not None else "stdout"
 
 
-class _Node:
+class _Node(ABC):
     """One query of the run; subclasses say what it does with a batch."""
 
     def __init__(
@@ -264,11 +265,13 @@ class _Node:
     def start(self) -> None:
         """Called once before the first source batch."""
 
+    @abstractmethod
     def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
-        raise NotImplementedError
+        """One input batch of ``partition``."""
 
+    @abstractmethod
     def on_end(self, partition: str) -> None:
-        raise NotImplementedError
+        """End of input of ``partition``."""
 
     def on_partition(self, partition: str) -> None:
         """A partition that appeared after the start (a new writer of a live source)."""
