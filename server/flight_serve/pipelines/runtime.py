@@ -262,7 +262,7 @@ class _Node(ABC):
         self.output: _Stream | None = None
         input.consumers.append(self)
 
-    def start(self) -> None:
+    def start(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Called once before the first source batch."""
 
     @abstractmethod
@@ -273,13 +273,13 @@ class _Node(ABC):
     def on_end(self, partition: str) -> None:
         """End of input of ``partition``."""
 
-    def on_partition(self, partition: str) -> None:
+    def on_partition(self, partition: str) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """A partition that appeared after the start (a new writer of a live source)."""
 
-    def on_watermark(self, partition: str, watermark_ns: int) -> None:
+    def on_watermark(self, partition: str, watermark_ns: int) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """An explicit watermark of ``partition`` (a writer's watermark marker)."""
 
-    def on_backlog(self, partition: str, backlog: bool) -> None:
+    def on_backlog(self, partition: str, backlog: bool) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Whether ``partition`` has unread input (then it is never idle)."""
 
     def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
