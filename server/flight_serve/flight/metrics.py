@@ -278,8 +278,10 @@ class MeteredStreamStore(StreamStore):
     """A :class:`~flight_serve.store.StreamStore` that counts the rows and bytes written into
     and read out of each stream in ``metrics``."""
 
-    def __init__(self, root: Path, fsync: FsyncMode = "batch", *, metrics: Metrics) -> None:
-        super().__init__(root, fsync=fsync)
+    def __init__(
+        self, root: Path, fsync: FsyncMode = "batch", *, metrics: Metrics, **options: Any
+    ) -> None:
+        super().__init__(root, fsync=fsync, **options)
         self.metrics = metrics
 
     def write(self, name: str, batch: pa.RecordBatch, **kwargs: Any) -> PendingAppend:

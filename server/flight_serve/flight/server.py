@@ -16,9 +16,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -111,6 +112,8 @@ def start_server(
     tokens: Mapping[str, TokenGrant] | None = None,
     tls: TlsFiles | None = None,
     max_streams: int = DEFAULT_MAX_STREAMS,
+    retention_bytes: int | None = None,
+    retention_age: timedelta | None = None,
     **service_options: Any,
 ) -> Iterator[FlightServeService]:
     """Open the store in ``data_dir``, serve it on ``host:port`` and yield the running service.
@@ -133,14 +136,27 @@ def start_server(
     With ``tls`` the server speaks TLS (mutual TLS with ``tls.client_ca``) and its location is
     ``grpc+tls://``. At most ``max_streams`` DoGet/DoPut/DoExchange calls run at once; more are
     refused UNAVAILABLE with a retry hint (:mod:`flight_serve.flight.limits`).
+    ``retention_bytes`` / ``retention_age`` are the store's per-stream retention limits
+    (:class:`~flight_serve.store.streams.StreamStore`).
 
     Raises:
         StorageError: the data directory cannot be opened or another store owns it.
     """
     store = (
-        StreamStore(Path(data_dir), fsync=fsync)
+        StreamStore(
+            Path(data_dir),
+            fsync=fsync,
+            retention_bytes=retention_bytes,
+            retention_age=retention_age,
+        )
         if metrics is None
-        else MeteredStreamStore(Path(data_dir), fsync=fsync, metrics=metrics)
+        else MeteredStreamStore(
+            Path(data_dir),
+            fsync=fsync,
+            metrics=metrics,
+            retention_bytes=retention_bytes,
+            retention_age=retention_age,
+        )
     )
     middleware = dict(service_options.pop("middleware", None) or {})
     middleware[REQUEST_LOG_KEY] = RequestLogMiddlewareFactory()
@@ -222,6 +238,8 @@ def serve_forever(
     tls: TlsFiles | None = None,
     insecure_allow_remote: bool = False,
     max_streams: int = DEFAULT_MAX_STREAMS,
+    retention_bytes: int | None = None,
+    retention_age: timedelta | None = None,
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
@@ -304,6 +322,8 @@ def serve_forever(
             tokens=tokens,
             tls=tls,
             max_streams=max_streams,
+            retention_bytes=retention_bytes,
+            retention_age=retention_age,
         ) as service:
             if health_port is None:
                 health_port = service.port + 1 if port else 0
@@ -322,8 +342,14 @@ def serve_forever(
                 },
             )
             print(service.location, flush=True)
+            next_retention = time.monotonic() + 60.0
             while not stop.wait(0.5):
-                pass
+                if retention_age is not None and time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + 60.0
+                    try:
+                        service.store.enforce_retention()
+                    except FlightServeError:
+                        log.exception("retention failed")
             health.set_draining()  # NOT_SERVING while pipelines checkpoint and calls drain
             log.info(
                 "shutting down",

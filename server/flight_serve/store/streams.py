@@ -73,6 +73,12 @@ first bad frame: the segment is truncated there and any later segment is deleted
 warning with the number of bytes dropped). A torn tail is never served and never makes the
 stream unreadable.
 
+Retention (``retention_bytes``, ``retention_age``; :meth:`StreamStore.enforce_retention`)
+removes whole, closed segments of a stream, oldest first, while its segment files exceed the
+byte limit or while the oldest one's newest entry (the file's mtime) is older than the age; the
+segment being written is never removed. ``first_offset`` moves up to the first retained entry
+(recovery starts a stream at its first segment file's name), and reads clamp to it.
+
 Reads memory-map segment files and decode batches with ``pa.ipc.read_record_batch`` without
 copying: a returned batch's buffers point into the mapping (which stays valid, even after a
 drop, for as long as the batch is referenced).
@@ -111,7 +117,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, cast
@@ -331,7 +337,7 @@ class StreamInfo:
         schema: the Arrow schema of every batch (dictionary types already decoded).
         incarnation: UUID (canonical text) made when the stream was created; a dropped and
             re-created stream gets a new one, so a ticket can tell the two apart.
-        first_offset: offset of the oldest retained batch (0 until retention exists).
+        first_offset: offset of the oldest retained entry (retention moves it up).
         next_offset: offset the next appended batch gets; batches ``[first_offset, next_offset)``
             are readable.
         num_rows: rows in the retained batches.
@@ -733,6 +739,10 @@ class StreamStore:
         direct_io: with ``fsync="batch"``, write frames of 1 MiB and more with ``O_DIRECT``
             (no copy into the page cache; see the module docstring). Turned off by itself where
             the file system refuses it.
+        retention_bytes: keep each stream's segment files (frame headers included) at most
+            this many bytes in all, by removing its oldest closed segments (``None``: no limit).
+        retention_age: remove a closed segment once its newest entry was written longer ago
+            than this (``None``: no limit). See :meth:`enforce_retention`.
 
     Raises:
         StorageError: the directory cannot be created or is already owned by another store.
@@ -754,9 +764,17 @@ class StreamStore:
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         direct_io: bool = True,
+        retention_bytes: int | None = None,
+        retention_age: timedelta | None = None,
     ) -> None:
         if fsync not in ("batch", "never"):
             raise ValueError(f"fsync must be 'batch' or 'never', not {fsync!r}")
+        if retention_bytes is not None and retention_bytes < 0:
+            raise ValueError(f"retention_bytes must be >= 0, not {retention_bytes}")
+        if retention_age is not None and retention_age < timedelta(0):
+            raise ValueError(f"retention_age must be >= 0, not {retention_age}")
+        self.retention_bytes = retention_bytes
+        self.retention_age = retention_age
         self.data_dir = Path(data_dir)
         self.fsync: FsyncMode = fsync
         self.segment_bytes = segment_bytes
@@ -788,6 +806,8 @@ class StreamStore:
                 stream = self._load(directory)
                 if stream is not None:
                     self._streams[stream.name] = stream
+        if retention_bytes is not None or retention_age is not None:
+            self.enforce_retention()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -1095,12 +1115,96 @@ class StreamStore:
         while True:
             with stream.cond:
                 if self._committed(stream, pending):
-                    return pending.offset
+                    break
             with stream.sync_lock:
                 with stream.cond:
                     if self._committed(stream, pending):
-                        return pending.offset
+                        break
                 self._drain(stream, publish=True)
+        if (self.retention_bytes is not None or self.retention_age is not None) and len(
+            stream.segments
+        ) > 1:
+            self._retain(stream, datetime.now(UTC))
+        return pending.offset
+
+    def enforce_retention(self, now: datetime | None = None) -> dict[str, int]:
+        """Apply the store's retention limits to every stream; return the number of segments
+        removed per stream (streams that lost none are left out).
+
+        Only whole, closed segments (never the one being written) are removed, oldest first,
+        while the stream's segment files hold more than ``retention_bytes`` or while the
+        oldest segment's newest entry (its file's modification time, which survives a
+        restart) is older than ``now - retention_age``. The stream's ``first_offset`` moves up
+        to the first retained segment; reads clamp their start to it. Commits enforce the
+        limits by themselves; call this (``now``: an aware instant, default the current time)
+        to apply the age limit to a stream nobody writes to.
+        """
+        if now is None:
+            now = datetime.now(UTC)
+        with self._lock:
+            self._check_open()
+            streams = list(self._streams.values())
+        removed: dict[str, int] = {}
+        for stream in streams:
+            count = self._retain(stream, now)
+            if count:
+                removed[stream.name] = count
+        return removed
+
+    def _retain(self, stream: _Stream, now: datetime) -> int:
+        """Remove the segments of ``stream`` that retention lets go; return how many."""
+        limit_bytes, limit_age = self.retention_bytes, self.retention_age
+        if limit_bytes is None and limit_age is None:
+            return 0
+        cutoff_ns = (
+            None if limit_age is None else int((now - limit_age).timestamp() * 1_000_000_000)
+        )
+        gone: list[_Segment] = []
+        with stream.sync_lock, stream.cond:
+            if stream.dropped:
+                return 0
+            total = sum(segment.size for segment in stream.segments)
+            while len(stream.segments) > 1:
+                segment, following = stream.segments[0], stream.segments[1]
+                closed = (
+                    segment is not stream.fd_segment
+                    and following.created
+                    and following.first_offset <= stream.next_offset
+                )
+                if not closed:
+                    break
+                over = limit_bytes is not None and total > limit_bytes
+                if not over and cutoff_ns is not None:
+                    try:  # a closed segment's mtime is when its newest entry was written
+                        written_ns = segment.path.stat().st_mtime_ns
+                    except OSError:
+                        written_ns = 0
+                    over = written_ns < cutoff_ns
+                if not over:
+                    break
+                stream.segments.pop(0)
+                total -= segment.size
+                stream.num_rows -= sum(segment.rows)
+                stream.num_bytes -= sum(segment.lengths)
+                stream.written_rows -= sum(segment.rows)
+                stream.written_bytes -= sum(segment.lengths)
+                gone.append(segment)
+            if not gone:
+                return 0
+            stream.writer_state = {}
+            stream.note(stream.segments[0].first_offset, stream.next_offset)
+            for segment in gone:
+                with contextlib.suppress(FileNotFoundError):
+                    segment.path.unlink()
+            if self.fsync == "batch":
+                with contextlib.suppress(OSError):
+                    _fsync_dir(stream.directory)
+            first = stream.segments[0].first_offset
+        log.info(
+            "retention removed segments",
+            extra={"stream": stream.name, "segments": len(gone), "first_offset": first},
+        )
+        return len(gone)
 
     @staticmethod
     def _committed(stream: _Stream, pending: PendingAppend) -> bool:
