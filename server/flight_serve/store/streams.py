@@ -902,14 +902,9 @@ class StreamStore:
                 reserved = self._reserve(
                     stream, body.size, conformed.num_rows, body, crc, writer_id
                 )
-            if reserved is None:
-                self._check_open()  # dropped between lookup and write: a new incarnation
-                continue
-            pending, _, drain = reserved
-            if drain:  # fsync="never", or too much staged: put it in the file now
-                with stream.sync_lock:
-                    self._drain(stream, publish=self.fsync != "batch")
-            return pending
+            pending = self._staged(stream, reserved)
+            if pending is not None:
+                return pending
 
     def write_marker(
         self,
@@ -942,14 +937,9 @@ class StreamStore:
             stream = self._get(name)
             writer_id = self._writer_id(stream, writer)
             reserved = self._reserve(stream, body.size, 0, body, crc, writer_id, kind, value)
-            if reserved is None:
-                self._check_open()
-                continue
-            pending, _, drain = reserved
-            if drain:
-                with stream.sync_lock:
-                    self._drain(stream, publish=self.fsync != "batch")
-            return pending
+            pending = self._staged(stream, reserved)
+            if pending is not None:
+                return pending
 
     def append_marker(
         self,
@@ -993,6 +983,21 @@ class StreamStore:
             stream.writer_names.append(writer)
             stream.writer_ids[writer] = writer_id
             return writer_id
+
+    def _staged(
+        self, stream: _Stream, reserved: tuple[PendingAppend, _Staged, bool] | None
+    ) -> PendingAppend | None:
+        """The pending append of a :meth:`_reserve` result, putting the staged frames in the file
+        when it asks for that (``fsync="never"``, or too much staged); ``None`` when the stream
+        was dropped between lookup and write (a new incarnation: the caller retries)."""
+        if reserved is None:
+            self._check_open()
+            return None
+        pending, _, drain = reserved
+        if drain:
+            with stream.sync_lock:
+                self._drain(stream, publish=self.fsync != "batch")
+        return pending
 
     def _reserve(
         self,
