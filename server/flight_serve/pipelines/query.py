@@ -23,6 +23,7 @@ planner's entry).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Literal
@@ -508,9 +509,10 @@ def window_query_from_select(
     return WindowQuery(source=source, aggregation=aggregation)
 
 
-def _projection_sql(select: exp.Select, register: object) -> str:
+def _projection_sql(
+    select: exp.Select, register: Callable[[exp.Expression, str | None], str]
+) -> str:
     """Rewrite the SELECT list and HAVING over the fired rows: aggregates become ``__a<i>``."""
-    assert callable(register)
     items = []
     for item in select.expressions:
         copy = item.copy()
