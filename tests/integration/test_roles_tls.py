@@ -233,3 +233,97 @@ def test_users_and_tokens_together(tmp_path: Path) -> None:
             client.authenticate_basic_token("alice", "wrong")
         with pytest.raises(flight.FlightUnauthenticatedError):
             get(client, None)
+
+
+def _sql_put(client: flight.FlightClient, token: str, command: bytes) -> int:
+    """DoPut of a Flight SQL update command; the PutResult's DoPutUpdateResult count."""
+    from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+
+    writer, reader = client.do_put(
+        flight.FlightDescriptor.for_command(command), pa.schema([]), options=options(token)
+    )
+    writer.done_writing()
+    result = reader.read()
+    writer.close()
+    assert result is not None
+    return int(sql_pb2.DoPutUpdateResult.FromString(result.to_pybytes()).record_count)
+
+
+def _sql_query(client: flight.FlightClient, token: str, sql: str) -> pa.Table:
+    from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+    from flight_serve.flight.flightsql import pack
+
+    descriptor = flight.FlightDescriptor.for_command(
+        pack(sql_pb2.CommandStatementQuery(query=sql))
+    )
+    info = client.get_flight_info(descriptor, options=options(token))
+    return client.do_get(info.endpoints[0].ticket, options=options(token)).read_all()
+
+
+def test_flightsql_statements_need_the_role_of_what_they_do(client: flight.FlightClient) -> None:
+    from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+    from flight_serve.flight.flightsql import pack
+
+    def update(sql: str) -> bytes:
+        return pack(sql_pb2.CommandStatementUpdate(query=sql))
+
+    read, write, admin = TOKENS["read"], TOKENS["write"], TOKENS["admin"]
+    # write: CREATE TABLE and INSERT, over DoPut and sent as a query (run in GetFlightInfo)
+    assert _sql_put(client, write, update("CREATE TABLE sqlt (x BIGINT)")) == 0
+    assert _sql_put(client, write, update("INSERT INTO sqlt VALUES (1), (2), (3)")) == 3
+    with pytest.raises(flight.FlightUnauthorizedError, match="'read' role"):
+        _sql_query(client, write, "SELECT x FROM sqlt")  # INSERT-only token cannot read
+    # read: queries only
+    assert _sql_query(client, read, "SELECT x FROM sqlt ORDER BY x").column("x").to_pylist() == [
+        1,
+        2,
+        3,
+    ]
+    for sql in ("INSERT INTO sqlt VALUES (4)", "CREATE TABLE other (y BIGINT)"):
+        with pytest.raises(flight.FlightUnauthorizedError, match="'write' role"):
+            _sql_put(client, read, update(sql))
+        with pytest.raises(flight.FlightUnauthorizedError, match="'write' role"):
+            client.get_flight_info(
+                flight.FlightDescriptor.for_command(
+                    pack(sql_pb2.CommandStatementQuery(query=sql))
+                ),
+                options=options(read),
+            )
+    # bulk ingest: write; in replace mode over an existing table (a drop): admin
+    ingest = sql_pb2.CommandStatementIngest(table="sqlt")
+    opts = sql_pb2.CommandStatementIngest.TableDefinitionOptions
+    ingest.table_definition_options.if_not_exist = opts.TABLE_NOT_EXIST_OPTION_FAIL
+    ingest.table_definition_options.if_exists = opts.TABLE_EXISTS_OPTION_APPEND
+    rows = pa.record_batch([pa.array([10, 11], pa.int64())], names=["x"])
+
+    def bulk(token: str, command: bytes) -> None:
+        writer, reader = client.do_put(
+            flight.FlightDescriptor.for_command(command), rows.schema, options=options(token)
+        )
+        writer.write_batch(rows)
+        writer.done_writing()
+        reader.read()
+        writer.close()
+
+    with pytest.raises(flight.FlightUnauthorizedError, match="'write' role"):
+        bulk(read, pack(ingest))
+    bulk(write, pack(ingest))
+    ingest.table_definition_options.if_exists = opts.TABLE_EXISTS_OPTION_REPLACE
+    with pytest.raises(flight.FlightUnauthorizedError, match="'admin' role"):
+        bulk(write, pack(ingest))
+    # admin: DROP TABLE (and nothing else of the above)
+    with pytest.raises(flight.FlightUnauthorizedError, match="'admin' role"):
+        _sql_put(client, write, update("DROP TABLE sqlt"))
+    with pytest.raises(flight.FlightUnauthorizedError, match="'write' role"):
+        _sql_put(client, admin, update("INSERT INTO sqlt VALUES (5)"))
+    # nothing refused above ran: 1, 2, 3 and the one ingest of 10, 11
+    assert _sql_query(client, read, "SELECT x FROM sqlt ORDER BY x").column("x").to_pylist() == [
+        1,
+        2,
+        3,
+        10,
+        11,
+    ]
+    assert _sql_put(client, admin, update("DROP TABLE sqlt")) == 0
+    with pytest.raises(pa.ArrowKeyError):
+        _sql_query(client, read, "SELECT x FROM sqlt")

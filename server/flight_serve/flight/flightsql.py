@@ -53,6 +53,7 @@ from flight_serve._proto.flight_serve.v1 import flightsql_pb2
 from flight_serve.errors import InvalidInputError, TicketError, UnsupportedError
 from flight_serve.flight import flightsql_metadata as md
 from flight_serve.flight.flightsql_sql import UPDATE_COUNT_SCHEMA, IngestMode, SqlEngine
+from flight_serve.flight.roles import require_role
 from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import QueryTicket, decode_ticket, encode_ticket
 from flight_serve.store import StreamStore
@@ -281,7 +282,7 @@ class FlightSqlHandler:
         if isinstance(
             command, sql_pb2.CommandStatementQuery | sql_pb2.CommandPreparedStatementQuery
         ):
-            schema, handle, records = self._plan_statement(command)
+            schema, handle, records = self._plan_statement(context, command)
             ticket = pack(sql_pb2.TicketStatementQuery(statement_handle=handle))
             endpoint = flight.FlightEndpoint(ticket, [])
             return flight.FlightInfo(schema, descriptor, [endpoint], records, -1)
@@ -306,7 +307,9 @@ class FlightSqlHandler:
         schema, _ = self.engine.plan_query(sql, params)
         return schema
 
-    def _plan_statement(self, command: Message) -> tuple[pa.Schema, bytes, int]:
+    def _plan_statement(
+        self, context: flight.ServerCallContext, command: Message
+    ) -> tuple[pa.Schema, bytes, int]:
         if isinstance(command, sql_pb2.CommandStatementQuery):
             _no_transaction(command)
             sql, params_bytes = command.query, b""
@@ -317,6 +320,8 @@ class FlightSqlHandler:
         info = self.engine.prepare(sql)
         handle = flightsql_pb2.SqlStatementHandle(version=HANDLE_VERSION)
         if info.kind != "query":
+            role = self.engine.required_role(sql)
+            require_role(context, role, f"Flight SQL {info.kind.upper()} (sent as a query)")
             count = self.engine.execute_update(sql, params)
             handle.update_count.record_count = count
             return UPDATE_COUNT_SCHEMA, handle.SerializeToString(), 1
@@ -447,16 +452,19 @@ class FlightSqlHandler:
         """Run an update, bind parameters, or bulk-ingest; write one PutResult."""
         if isinstance(command, sql_pb2.CommandStatementUpdate):
             _no_transaction(command)
+            self._require_update_role(context, command.query)
             count = self.engine.execute_update(command.query, None, context.is_cancelled)
             self._write_count(writer, count)
         elif isinstance(command, sql_pb2.CommandPreparedStatementUpdate):
             prepared = self._decode_prepared(command.prepared_statement_handle)
+            self._require_update_role(context, prepared.sql)
             params = _read_parameters(reader)
             if params is None:
                 params = _read_ipc_stream(prepared.parameters)
             count = self.engine.execute_update(prepared.sql, params, context.is_cancelled)
             self._write_count(writer, count)
         elif isinstance(command, sql_pb2.CommandPreparedStatementQuery):
+            require_role(context, "read", "Flight SQL binding a prepared query's parameters")
             prepared = self._decode_prepared(command.prepared_statement_handle)
             params = _read_parameters(reader)
             prepared.parameters = _ipc_stream(params) if params is not None else b""
@@ -469,6 +477,10 @@ class FlightSqlHandler:
             self._write_count(writer, count)
         else:
             raise self._unsupported(command, "DoPut")
+
+    def _require_update_role(self, context: flight.ServerCallContext, sql: str) -> None:
+        role = self.engine.required_role(sql)
+        require_role(context, role, "a Flight SQL query" if role == "read" else "this statement")
 
     @staticmethod
     def _write_count(writer: flight.FlightMetadataWriter, count: int) -> None:
@@ -497,6 +509,12 @@ class FlightSqlHandler:
                 ".if_exists (UNSPECIFIED is not allowed)"
             )
         mode: IngestMode = (if_not_exist, if_exists)  # type: ignore[assignment]
+        replaces = if_exists == "replace" and self.store.exists(command.table)
+        require_role(
+            context,
+            "admin" if replaces else "write",
+            "bulk ingest replacing an existing table" if replaces else "bulk ingest",
+        )
         batches = (chunk.data for chunk in reader if chunk.data is not None)
         return self.engine.ingest(command.table, reader.schema, batches, mode, context.is_cancelled)
 

@@ -426,6 +426,31 @@ class SqlEngine:
         order = sorted(types, key=lambda n: (0, int(n)) if n.isdigit() else (1, n))
         return pa.schema([pa.field(f"${n}", types[n]) for n in order])
 
+    def required_role(self, sql: str) -> Literal["read", "write", "admin"]:
+        """The role (:mod:`flight_serve.flight.roles`) running ``sql`` needs: ``read`` for a
+        query, ``write`` for ``INSERT`` and ``CREATE TABLE``, ``admin`` for ``DROP TABLE`` and for
+        ``CREATE OR REPLACE TABLE`` of a table that exists (both drop a stream).
+
+        Raises:
+            QueryError: a refused statement, or DDL that does not parse.
+        """
+        kind = statement_kind(rewrite_placeholders(sql))
+        if kind == "query":
+            return "read"
+        if kind == "drop":
+            return "admin"
+        if kind == "create":
+            statement = self._parse_ddl(rewrite_placeholders(sql), "create")
+            target = statement.this
+            table = target.this if isinstance(target, exp.Schema) else target
+            if (
+                statement.args.get("replace")
+                and isinstance(table, exp.Table)
+                and self.store.exists(_name_of(table))
+            ):
+                return "admin"
+        return "write"
+
     # --- queries -----------------------------------------------------------------------------
 
     def plan_query(self, sql: str, params: pa.Table | None) -> tuple[pa.Schema, QueryTicket]:

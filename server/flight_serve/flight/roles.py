@@ -14,9 +14,16 @@ What each role allows (roles do not imply one another; give a token every role i
 - ``read``: queries and tails: ListFlights, GetFlightInfo, GetSchema, DoGet, DoExchange, and the
   actions ``stream.tail``, ``pipeline.list`` / ``status`` / ``logs`` and every other action
   registered with :meth:`~flight_serve.flight.service.FlightServeService.register_action`
-  (actions dispatched otherwise, such as Flight SQL's, need only a known token).
-- ``write``: DoPut (stream uploads, Flight SQL updates and bulk ingest).
-- ``admin``: ``stream.drop`` and ``pipeline.submit`` / ``cancel`` / ``checkpoint``.
+  (the Flight SQL actions included: preparing a statement runs nothing). Flight SQL queries
+  (``CommandStatementQuery``, binding a prepared query's parameters over DoPut) need ``read``.
+- ``write``: DoPut of stream batches; Flight SQL ``INSERT`` and ``CREATE TABLE`` (sent as an
+  update, or as a query, which runs it in GetFlightInfo) and bulk ingest.
+- ``admin``: ``stream.drop`` and ``pipeline.submit`` / ``cancel`` / ``checkpoint``; Flight SQL
+  ``DROP TABLE``, ``CREATE OR REPLACE TABLE`` of a table, and bulk ingest in ``replace`` mode
+  into an existing table (each drops a stream).
+
+DoPut itself needs only a known token at the door: the service checks the role of what the
+upload does (:func:`require_role`).
 
 A call without credentials, or with a token that is not in the file, fails UNAUTHENTICATED; a
 known token without the role the call needs fails UNAUTHORIZED (gRPC PERMISSION_DENIED), naming
@@ -50,6 +57,7 @@ __all__ = [
     "UsersAndTokensAuth",
     "guard_actions",
     "load_tokens_file",
+    "require_role",
 ]
 
 Role = Literal["read", "write", "admin"]
@@ -69,7 +77,7 @@ METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "GetSchema": "read",
     "DoGet": "read",
     "DoExchange": "read",
-    "DoPut": "write",
+    "DoPut": None,  # checked per descriptor / Flight SQL command by require_role
 }
 
 #: Roles the actions need; an action not listed needs ``read``.
@@ -263,3 +271,18 @@ def guard_actions(service: Any) -> None:
             return _handler(context, body)
 
         service.register_action(action_type, action.description, guarded)
+
+
+def require_role(context: flight.ServerCallContext, need: str, what: str) -> None:
+    """Check that the caller's token has role ``need`` (``read``, ``write`` or ``admin``) for
+    ``what`` (named in the error, e.g. ``"DoPut to a stream"``). Passes when the server has no
+    :class:`RoleAuth` (no tokens file) and for Basic-handshake users (every role).
+
+    Raises:
+        pyarrow.flight.FlightUnauthorizedError: the token lacks the role (PERMISSION_DENIED).
+    """
+    caller = _caller_of(context)
+    if caller is not None and need not in caller.roles:
+        raise flight.FlightUnauthorizedError(
+            f"{what} needs the {need!r} role; this token has {', '.join(sorted(caller.roles))}"
+        )

@@ -51,6 +51,7 @@ from flight_serve.flight.auth import auth_server_options
 from flight_serve.flight.flightsql import FlightSqlHandler, flightsql_command, unpack_command
 from flight_serve.flight.markers import Marker, parse_marker
 from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
+from flight_serve.flight.roles import require_role
 from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import (
     QueryTicket,
@@ -341,6 +342,7 @@ class FlightServeService(flight.FlightServerBase):
             _fail(exc, "DoPut")
         pipeline: _PutPipeline | None = None
         try:
+            require_role(context, "write", "DoPut")
             name, writer_name = self._put_target(descriptor)
             self.store.create(name, reader.schema)
             pipeline = _PutPipeline(self.store, name, writer, writer_name)
