@@ -15,11 +15,20 @@ Example (against a running server)::
         client.query("SELECT count(*) FROM flights")     # -> pyarrow.Table
         for offset, batch in client.tail("flights", offset=0):
             ...
+        client.attach_plugin("enrich", fn, input_schema, output_schema)  # serve a plugin
 """
 
 from __future__ import annotations
 
 from flight_serve_client._protocol import ProtocolError
 from flight_serve_client.client import ExchangeEvent, ExchangeKind, FlightServeClient, TailEntry
+from flight_serve_client.plugin import PluginStats
 
-__all__ = ["ExchangeEvent", "ExchangeKind", "FlightServeClient", "ProtocolError", "TailEntry"]
+__all__ = [
+    "ExchangeEvent",
+    "ExchangeKind",
+    "FlightServeClient",
+    "PluginStats",
+    "ProtocolError",
+    "TailEntry",
+]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from flight_serve_client._protocol import (
     decode_late_rows,
     is_late_rows,
 )
+from flight_serve_client.plugin import PluginStats, serve_plugin
 
 __all__ = ["ExchangeEvent", "ExchangeKind", "FlightServeClient", "TailEntry"]
 
@@ -158,6 +160,31 @@ class FlightServeClient:
 
     def __repr__(self) -> str:
         return f"FlightServeClient({self.location!r})"
+
+    # -- plugins -----------------------------------------------------------------------------
+
+    def attach_plugin(
+        self,
+        name: str,
+        fn: Callable[[pa.RecordBatch], pa.RecordBatch],
+        input_schema: pa.Schema,
+        output_schema: pa.Schema,
+        *,
+        max_in_flight: int = 4,
+        stop: threading.Event | None = None,
+    ) -> PluginStats:
+        """Attach as plugin ``name`` and answer every batch with ``fn(batch)`` until the server
+        ends the exchange or ``stop`` is set; blocks. See :func:`flight_serve_client.plugin.serve_plugin`
+        (schemas/README.md, "Plugin protocol")."""
+        return serve_plugin(
+            self._client,
+            name,
+            fn,
+            input_schema,
+            output_schema,
+            max_in_flight=max_in_flight,
+            stop=stop,
+        )
 
     # -- DoPut -------------------------------------------------------------------------------
 

@@ -193,7 +193,7 @@ def start_server(
             from flight_serve.flight.pipeline_actions import register_pipeline_actions
             from flight_serve.pipelines.manager import PipelineManager
 
-            manager = PipelineManager(store, Path(data_dir))
+            manager = PipelineManager(store, Path(data_dir), plugins=service.plugins)
             register_pipeline_actions(service, manager)
             if metrics is not None:
                 metrics.watch_pipelines(manager)

@@ -62,6 +62,7 @@ from flight_serve.flight.tickets import (
 )
 from flight_serve.store import PendingAppend, StreamInfo, StreamStore, validate_stream_name
 
+from flight_serve.pipelines.plugins import PluginHub
 __all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService"]
 
 log = logging.getLogger("flight_serve.flight")
@@ -317,6 +318,8 @@ class FlightServeService(flight.FlightServerBase):
         writer: flight.FlightMetadataWriter,
     ) -> None:
         """Append every batch of the upload to stream ``path[0]`` (created on first put).
+        self.flightsql.engine.limits = self.query_limits
+        self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
 
         Each batch is acknowledged by a PutResult after it is durable; its app_metadata is JSON
         ``{"offset": <int>, "rows": <int>}``. Batches appended before a failure stay.
@@ -329,6 +332,7 @@ class FlightServeService(flight.FlightServerBase):
 
         Pipelined with group commit (see :class:`_PutPipeline`): reading, encoding and the
         disk overlap, one fdatasync covers every batch written so far, and each PutResult is
+        self.plugins.close()
         sent only after the fdatasync that covers its batch.
 
         Errors: INVALID_ARGUMENT for a non-path descriptor, an invalid stream name, a schema
@@ -549,7 +553,8 @@ class FlightServeService(flight.FlightServerBase):
         reader: flight.MetadataRecordBatchReader,
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
-        """Run an inline streaming transform; see :mod:`flight_serve.flight.exchange`."""
+        """Run an inline streaming transform (:mod:`flight_serve.flight.exchange`), or serve an
+        attached plugin for ``path = ["plugins", name]`` (:mod:`flight_serve.flight.plugins`)."""
         from flight_serve.flight.exchange import handle_exchange
 
         try:
@@ -584,8 +589,14 @@ class FlightServeService(flight.FlightServerBase):
     def _action_stream_drop(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
         name = _body_stream(_json_body(body, "stream.drop"), "stream.drop")
         self.store.drop(name)
+        from flight_serve.flight.plugins import handle_plugin_exchange
         return [json.dumps({"dropped": name}).encode()]
 
+            if descriptor.descriptor_type == flight.DescriptorType.PATH:
+                handle_plugin_exchange(
+                    self.plugins, context, descriptor, reader, writer, self._closing
+                )
+                return
     def _action_stream_tail(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
         parsed = _json_body(body, "stream.tail")
         name = _body_stream(parsed, "stream.tail")

@@ -62,6 +62,7 @@ from flight_serve.pipelines.runtime import LiveSource, PipelineRuntime, RunSumma
 from flight_serve.pipelines.store_io import StoreSource, StoreTarget
 from flight_serve.store import StreamStore
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
+from flight_serve.pipelines.plugins import PluginHub
 
 __all__ = [
     "CRASH_ENV",
@@ -287,6 +288,8 @@ class DurableRuntime(PipelineRuntime):
         PipelineSQLError: a connector a checkpointed run cannot cover, with its position; or
             whatever building the pipeline raises.
         CheckpointError: the checkpoint to resume cannot be restored (the message says why and
+        plugins: the server's plugin hub (plugin functions; a checkpoint first waits for every
+            batch sent to a plugin and emits its result, so no batch is in flight at a barrier).
             what to do).
     """
 
@@ -307,6 +310,7 @@ class DurableRuntime(PipelineRuntime):
         self.restart_finished = restart_finished
         self.store = store
         self.name = name
+        plugins: PluginHub | None = None,
         self._check_connectors(plan)
         root = state_root or self.options.state_root
         if root is None:
@@ -329,7 +333,13 @@ class DurableRuntime(PipelineRuntime):
         self._next_due = time.monotonic() + (self._interval_s or 0.0)
         self.manifest = self._pick(resume)
         self.epoch = self.manifest.epoch if self.manifest is not None else 0
-        super().__init__(plan, output_dir=output_dir)  # opens the sources (from their offsets)
+        # opens the sources (from their offsets)
+        super().__init__(
+            plan,
+            output_dir=output_dir,
+            plugins=plugins,
+            data_dir=store.data_dir if store is not None else None,
+        )
         self._restore_operators()
         for name_, source in list(self.sources.items()):
             state = self.manifest.sources.get(name_) if self.manifest is not None else None
@@ -640,6 +650,13 @@ class DurableRuntime(PipelineRuntime):
             sinks=sinks,
             metrics=self.metrics(),
         )
+    def plugin_wait(self, node: Any, waiting: str | None) -> None:
+        """A plugin stage waits (see the base class); stop here when asked to: the run resumes
+        from its last checkpoint and sends the batches after it again."""
+        super().plugin_wait(node, waiting)
+        if self._stop.is_set():
+            raise PipelineStopped(f"pipeline {self.name} stopped while {waiting or 'waiting'}")
+
         written = self.checkpoints.write(manifest, files)
         _crash_point("checkpoint", epoch)
         for txn in self._txn.values():
@@ -679,6 +696,7 @@ class DurableRuntime(PipelineRuntime):
             for txn in self._txn.values():
                 if isinstance(txn, EpochFileSink):
                     txn.finalize()
+        self._drain_plugins()  # no batch stays in flight across a barrier
                 else:
                     txn.end_input()
         except FlightServeError:

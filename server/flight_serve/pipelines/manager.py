@@ -38,6 +38,7 @@ from typing import Any
 from flight_serve.errors import FlightServeError, InvalidInputError
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry
 from flight_serve.pipelines.store_io import StoreSource
 from flight_serve.store import StreamStore
@@ -166,6 +167,7 @@ class PipelineManager:
         store: the server's stream store.
         data_dir: the server's data directory (registry, checkpoints, default outputs).
         checkpoint_interval: for pipelines that do not SET one.
+        plugins: the server's plugin hub (pipelines' plugin functions call its instances).
 
     Raises:
         StorageError: the registry cannot be opened.
@@ -177,8 +179,10 @@ class PipelineManager:
         data_dir: Path,
         *,
         checkpoint_interval: timedelta = DEFAULT_CHECKPOINT_INTERVAL,
+        plugins: PluginHub | None = None,
     ) -> None:
         self.store = store
+        self.plugins = plugins
         self.data_dir = Path(data_dir)
         self.checkpoint_interval = checkpoint_interval
         self.registry = Registry(self.data_dir / "pipelines.sqlite")
@@ -242,6 +246,7 @@ class PipelineManager:
             store=self.store,
             on_checkpoint=lambda info: self._checkpointed(pid, info),
             restart_finished=False,  # a finished pipeline never runs again: it only completes
+            plugins=self.plugins,
         )
 
     def _checkpointed(self, pid: str, info: CheckpointInfo) -> None:
@@ -334,6 +339,8 @@ class PipelineManager:
         """
         record = self.registry.get(pid)
         metrics = record.metrics
+        run = self._runs.get(pid)
+        live = run.runtime if run is not None and run.thread.is_alive() else None
         marks = [int(v) for v in metrics.get("watermark_ns", {}).values()]
         watermark = min(marks) if marks else None
         lag = None
@@ -358,6 +365,9 @@ class PipelineManager:
             "last_checkpoint": record.last_checkpoint,
             "last_error": record.last_error,
             "attempts": record.attempts,
+            # live, not from the last checkpoint: a plugin stage may block checkpoints
+            "waiting": live.plugin_waiting() if live is not None else None,
+            "plugin_errors": live.plugin_errors() if live is not None else {},
         }
 
     def cancel(self, pid: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ expressions)::
     CREATE TABLE <name> [(<column> <type>, …)] WITH (connector = 'file', …);  -- static, read once
     CREATE SINK <name> [AS SELECT … | FROM <view>] WITH (connector = 'stdout' | 'file', …);
     CREATE VIEW <name> AS SELECT …;                           -- an intermediate stage
+    CREATE FUNCTION <f>() RETURNS TABLE (<column> <type>, …)
+        WITH (connector = 'plugin', …);                       -- an attached plugin (server only)
     INSERT INTO <sink> SELECT …;
 
 Queries are windowed (``FROM TUMBLE/HOP/SESSION/CUMULATE(<input>, …)``, see
@@ -26,7 +28,9 @@ Planning opens no file: connector options are kept as written and checked when t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -51,6 +55,7 @@ from flight_serve.pipelines.run_options import RUN_OPTION_NAMES, RunOptions, app
 
 __all__ = [
     "SETTING_NAMES",
+    "FunctionDef",
     "Option",
     "PipelinePlan",
     "QueryDef",
@@ -128,6 +133,29 @@ class SinkDef:
 
 
 @dataclass(frozen=True)
+class FunctionDef:
+    """A ``CREATE FUNCTION <f>() RETURNS TABLE (…) WITH (connector = 'plugin', …)``: an
+    out-of-process plugin as a table function; ``SELECT … FROM <f>(<stream>)`` sends every batch
+    of the stream through it (docs/pipelines.md, "Plugins").
+
+    Attributes:
+        name: the function name (as written).
+        node: the statement.
+        returns: the columns of its results (every result batch must have exactly these).
+        plugin: the plugin name instances attach under (default: the function name).
+        timeout: per-batch timeout (a batch unanswered this long is sent again).
+        max_in_flight: batches of one query sent and not yet emitted before the query waits.
+    """
+
+    name: str
+    node: exp.Create
+    returns: pa.Schema
+    plugin: str
+    timeout: timedelta
+    max_in_flight: int
+
+
+@dataclass(frozen=True)
 class QueryDef:
     """One continuous query: a ``CREATE VIEW`` or an ``INSERT INTO`` a sink.
 
@@ -142,6 +170,7 @@ class QueryDef:
         window: the windowed aggregation, or ``None`` for a per-row query.
         late_of: for an ``input`` of the form ``LATE(x)``: the index of the windowed query whose
             late side output it reads.
+        function: for ``FROM <f>(<stream>)``: the plugin function the stream goes through first.
     """
 
     index: int
@@ -153,6 +182,7 @@ class QueryDef:
     tables: tuple[str, ...] = ()
     window: WindowQuery | None = None
     late_of: int | None = None
+    function: str | None = None
 
     @property
     def label(self) -> str:
@@ -191,6 +221,7 @@ class PipelinePlan:
     queries: tuple[QueryDef, ...]
     views: dict[str, int] = field(default_factory=dict)
     run_options: RunOptions = field(default_factory=RunOptions)
+    functions: dict[str, FunctionDef] = field(default_factory=dict)
 
 
 # --- types ------------------------------------------------------------------------------------
@@ -393,9 +424,17 @@ class _Planner:
         # per stream name: (options, watermark column, output of an update-mode query)
         self.streams: dict[str, tuple[QueryOptions, str | None, bool]] = {}
         self.late_refs: list[tuple[int, str, exp.Expression]] = []
+        self.functions: dict[str, FunctionDef] = {}
+        self.function_ref: str | None = None
 
     def declare(self, name: str, node: exp.Expression) -> None:
-        if name in self.sources or name in self.tables or name in self.sinks or name in self.views:
+        if (
+            name in self.sources
+            or name in self.tables
+            or name in self.sinks
+            or name in self.views
+            or name in self.functions
+        ):
             raise sql_error(f"{name} is already declared", node)
 
     def plan(self) -> PipelinePlan:
@@ -451,12 +490,16 @@ class _Planner:
             queries=tuple(queries),
             views=dict(self.views),
             run_options=self.run_options,
+            functions=dict(self.functions),
         )
 
     # --- CREATE -----------------------------------------------------------------------------
 
     def create(self, create: exp.Create) -> None:
         kind = str(create.args.get("kind") or "").upper()
+        if kind == "FUNCTION":
+            self.functions[_function_name(create)] = _function(create, self)
+            return
         name = _name(create.this)
         self.declare(name, create.this)
         if kind in ("SOURCE", "TABLE"):
@@ -496,7 +539,8 @@ class _Planner:
             self.query(create, query, view=name, sink=None)
         else:
             raise sql_error(
-                f"unsupported CREATE {kind or create.sql()[:20]}: use SOURCE, TABLE, SINK or VIEW",
+                f"unsupported CREATE {kind or create.sql()[:20]}: use SOURCE, TABLE, SINK, VIEW "
+                "or FUNCTION",
                 create,
             )
 
@@ -572,6 +616,9 @@ class _Planner:
         if isinstance(node.this, exp.Anonymous):
             if node.this.name.upper() == "LATE":
                 return "late", _late_target(node.this)
+            if node.this.name in self.functions:
+                self.function_ref = node.this.name
+                return "stream", _plugin_input(node.this, self.streams)
             raise sql_error(
                 f"{node.this.name}(…) here: window functions must be the only FROM item of a "
                 "windowed query",
@@ -599,13 +646,14 @@ class _Planner:
             raise sql_error("expected a SELECT (UNION and VALUES are not supported)", query)
         index = len(self.queries)
         func = window_table_function(query)
-        if func is not None and func.name.upper() != "LATE":
+        if func is not None and func.name.upper() != "LATE" and func.name not in self.functions:
             self.windowed(index, statement, query, func, view, sink)
             return
         with_ = query.args.get("with_") or query.args.get("with")
         ctes = {c.alias_or_name for c in with_.expressions} if with_ is not None else set()
         streams: list[tuple[str, str, exp.Table]] = []
         tables: list[str] = []
+        self.function_ref = None
         for node in query.find_all(exp.Table):
             ref = self.stream_ref(node, ctes)
             if ref is None:
@@ -635,11 +683,25 @@ class _Planner:
             input_name = f"LATE({name})"
         else:
             input_name = name
+        function = self.function_ref
         self.queries.append(
-            QueryDef(index, statement, query, view, sink, input_name, tuple(tables))
+            QueryDef(
+                index, statement, query, view, sink, input_name, tuple(tables), function=function
+            )
         )
         if view is not None:
-            if kind == "late":
+            if function is not None:
+                options, time_column, update = self.streams[name]
+                returns = self.functions[function].returns
+                kept = (
+                    time_column
+                    if time_column
+                    and returns.get_field_index(time_column) >= 0
+                    and _keeps_column(query, time_column)
+                    else None
+                )
+                self.streams[view] = (options if kept else self.settings, kept, update)
+            elif kind == "late":
                 self.streams[view] = (self.settings, None, False)
             else:
                 options, time_column, update = self.streams[name]
@@ -703,6 +765,89 @@ class _Planner:
             # depends on it, even when the producer comes later in the file
             queries[index] = replace(queries[index], late_of=producer)
         return queries
+
+
+def _function_name(create: exp.Create) -> str:
+    target = create.this
+    if isinstance(target, exp.UserDefinedFunction):
+        target = target.this
+    return _name(target)
+
+
+def _function(create: exp.Create, planner: _Planner) -> FunctionDef:
+    """``CREATE FUNCTION <f>() RETURNS TABLE (…) WITH (connector = 'plugin', …)``."""
+    name = _function_name(create)
+    planner.declare(name, create.this)
+    udf = create.this
+    if isinstance(udf, exp.UserDefinedFunction) and udf.expressions:
+        raise sql_error(
+            f"FUNCTION {name}: a plugin function takes no declared arguments; call it as "
+            f"{name}(<source or view>) and declare the columns it reads in the plugin",
+            udf.expressions[0],
+        )
+    props = create.args.get("properties")
+    returns: pa.Schema | None = None
+    options: dict[str, Option] = {}
+    for prop in props.expressions if props is not None else []:
+        if isinstance(prop, exp.ReturnsProperty) and isinstance(prop.this, exp.Schema):
+            fields = []
+            for column in prop.this.expressions:
+                if not isinstance(column, exp.ColumnDef) or column.args.get("kind") is None:
+                    raise sql_error(f"FUNCTION {name}: RETURNS TABLE (<column> <type>, …)", column)
+                fields.append(pa.field(column.name, arrow_type(column.args["kind"], column)))
+            returns = pa.schema(fields)
+        elif isinstance(prop, exp.Property):
+            key = prop.name.lower()
+            options[key] = Option(key, prop.args["value"], prop)
+        else:
+            raise sql_error(
+                f"FUNCTION {name}: unsupported clause {prop.sql()[:40]!r}; write "
+                f"CREATE FUNCTION {name}() RETURNS TABLE (…) WITH (connector = 'plugin', …)",
+                prop,
+            )
+    if returns is None or not len(returns):
+        raise sql_error(
+            f"FUNCTION {name} needs RETURNS TABLE (<column> <type>, …): the plugin's output columns",
+            create.this,
+        )
+    if create.args.get("expression") is not None:
+        raise sql_error(
+            f"FUNCTION {name}: a plugin function has no body; name the plugin with "
+            "WITH (plugin = '<name>')",
+            create.args["expression"],
+        )
+    known = ("connector", "plugin", "timeout", "max_in_flight")
+    for key, option in options.items():
+        if key not in known:
+            raise option.error(f"unknown option of a plugin function; its options: {', '.join(known)}")
+    connector = options.get("connector")
+    if connector is None or connector.text.lower() != "plugin":
+        raise sql_error(
+            f"FUNCTION {name} needs WITH (connector = 'plugin'): functions are out-of-process "
+            "plugins attached to the server",
+            connector.value if connector is not None else create.this,
+        )
+    plugin = options["plugin"].text if "plugin" in options else name
+    timeout = timedelta(seconds=30)
+    if "timeout" in options:
+        timeout = option_duration(options["timeout"].value)
+        if timeout <= timedelta(0):
+            raise options["timeout"].error("must be positive")
+    max_in_flight = 16
+    if "max_in_flight" in options:
+        max_in_flight = _positive_int(options["max_in_flight"])
+    return FunctionDef(name, create, returns, plugin, timeout, max_in_flight)
+
+
+def _plugin_input(call: exp.Anonymous, streams: Collection[str]) -> str:
+    """The stream a ``<f>(<stream>)`` call reads."""
+    args = call.expressions
+    if len(args) != 1 or not isinstance(args[0], exp.Column):
+        raise sql_error(f"{call.name}(<source or view>): one stream name as its argument", call)
+    name = str(args[0].name)
+    if name not in streams:
+        raise sql_error(f"{call.name}({name}): no source or view {name} declared above", args[0])
+    return name
 
 
 def parse_pipeline(

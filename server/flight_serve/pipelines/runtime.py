@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -55,7 +55,24 @@ from flight_serve.engine.windows import (
 )
 from flight_serve.errors import ConnectorError, FlightServeError, PipelineSQLError, QueryError
 from flight_serve.pipelines.dialect import position, sql_error
-from flight_serve.pipelines.pipeline import Option, PipelinePlan, QueryDef, RelationDef, SinkDef
+from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
+from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
+from flight_serve.pipelines.iceberg_io import (
+    IcebergRunSink,
+    IcebergSinkSpec,
+    iceberg_sink_spec,
+    iceberg_source,
+    is_catalog_option,
+)
+from flight_serve.pipelines.pipeline import (
+    FunctionDef,
+    Option,
+    PipelinePlan,
+    QueryDef,
+    RelationDef,
+    SinkDef,
+)
+from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.query import QueryOptions
 from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
 
@@ -75,7 +92,7 @@ CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 #: Connectors of DESIGN §5 that only the server will run.
-_SERVER_CONNECTORS = ("iceberg", "falkordb", "plugin")
+_SERVER_CONNECTORS = ("falkordb", "plugin")
 #: How often (seconds) windowed queries re-check idle partitions while a live source is quiet:
 #: a quarter of the smallest ``idle_timeout``, within these bounds.
 _TICK_BOUNDS_S = (0.01, 0.5)
@@ -414,13 +431,109 @@ def _row_sql(query: QueryDef, input_name: str) -> str:
         if not isinstance(node, exp.Table):
             return node
         alias = node.args.get("alias")
-        if isinstance(node.this, exp.Anonymous):  # LATE(x): the only stream of this query
+        if isinstance(node.this, exp.Anonymous):  # LATE(x) or f(x): the only stream of the query
             internal = _INPUT
         else:
             name = str(node.this.name)
             if name in ctes:
                 return node
             if name == input_name:
+class _PluginNode(_Node):
+    """``<f>(<stream>)``: every batch goes through an attached plugin (a
+    :class:`~flight_serve.pipelines.plugins.PluginStage`); its results go on, in the order the
+    batches came, to the query's hidden stream ``<f>(<stream>)``, which the per-row query reads.
+    Partition events (end, watermark, new partition, backlog) wait behind the batches sent
+    before them, so downstream operators see the same sequence as without the plugin.
+    """
+
+    def __init__(
+        self,
+        runtime: PipelineRuntime,
+        query: QueryDef,
+        input: _Stream,
+        function: FunctionDef,
+        hub: PluginHub,
+    ) -> None:
+        super().__init__(runtime, query, input, _nullable(function.returns))
+        self.function = function
+        self.stage = hub.stage(
+            function.plugin,
+            input.schema,
+            function.returns,
+            timeout=function.timeout,
+            max_in_flight=function.max_in_flight,
+            label=f"FUNCTION {function.name}",
+        )
+        # per event in arrival order: a submitted batch's seq, or a deferred partition event
+        self.events: deque[int | Callable[[], None]] = deque()
+        self.hidden = _Stream(f"{function.name}({input.name})", self.schema, input.partitions)
+        self.output = self.hidden
+
+    def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
+        if batch is not None and batch.num_rows:
+            self.runtime.push(self.hidden, partition, batch)
+
+    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+        if not batch.num_rows:
+            return
+        while self.stage.outstanding >= self.function.max_in_flight:  # backpressure
+            self.pump(block=True)
+        self.events.append(self.stage.submit(batch, partition))
+        self.pump(block=False)
+
+    def later(self, event: Callable[[], None]) -> None:
+        if self.events:
+            self.events.append(event)
+        else:
+            event()
+
+    def on_end(self, partition: str) -> None:
+        self.later(lambda: self.runtime.end(self.hidden, partition))
+
+    def on_partition(self, partition: str) -> None:
+        self.later(lambda: self.runtime.add_partition(self.hidden, partition))
+
+    def on_watermark(self, partition: str, watermark_ns: int) -> None:
+        self.later(lambda: self.runtime.advance(self.hidden, partition, watermark_ns))
+
+    def on_backlog(self, partition: str, backlog: bool) -> None:
+        self.later(lambda: self.runtime.set_backlog(self.hidden, partition, backlog))
+
+    def pump(self, *, block: bool) -> None:
+        """Emit what is ready at the head; with ``block``, wait until at least the head batch's
+        result is in (retrying meanwhile; :meth:`PipelineRuntime.plugin_wait` sees the wait)."""
+        if block and self.events and isinstance(self.events[0], int):
+            while not self.stage.wait(0.2):
+                self.runtime.plugin_wait(self, self.stage.waiting_for())
+            self.runtime.plugin_wait(self, None)
+        results = {seq: (partition, batch) for seq, partition, batch in self.stage.ready()}
+        pending = dict(results)
+        while self.events:
+            head = self.events[0]
+            if isinstance(head, int):
+                if head not in pending:
+                    break
+                partition, batch = pending.pop(head)
+                self.events.popleft()
+                try:
+                    out = batch.cast(self.schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+                    raise QueryError(f"{self.stage.label}: a result cannot be read: {exc}") from exc
+                self.emit(partition, out)
+            else:
+                self.events.popleft()
+                head()
+        assert not pending, "results arrive in order"
+
+    def drain(self) -> None:
+        """Wait for every batch sent so far and emit the results (a barrier, the end of input)."""
+        while self.events:
+            self.pump(block=True)
+
+    def close(self) -> None:
+        self.stage.close()
+
+
                 internal = _INPUT
             elif name in query.tables:
                 internal = _table_name(name)
@@ -453,7 +566,13 @@ class PipelineRuntime:
     """
 
     def __init__(
-        self, plan: PipelinePlan, *, output_dir: Path | None = None, load_tables: bool = True
+        self,
+        plan: PipelinePlan,
+        *,
+        output_dir: Path | None = None,
+        load_tables: bool = True,
+        plugins: PluginHub | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.plan = plan
         self.output_dir = output_dir if output_dir is not None else Path.cwd()
@@ -467,6 +586,8 @@ class PipelineRuntime:
         self.sinks: dict[str, _Sink] = {}
         self._pending: deque[tuple[str, pa.RecordBatch]] = deque()
         self._collect = False
+        plugins: the server's plugin hub, for ``CREATE FUNCTION … (connector = 'plugin')``
+            (``None``: such functions are refused, as in embedded runs).
         self._ran = False
         for relation in plan.tables.values():
             source = self._file_source(relation, "table")
@@ -479,6 +600,13 @@ class PipelineRuntime:
                 raise sql_error(f"CREATE TABLE {relation.name}: {exc}", relation.node.this) from exc
         for relation in plan.sources.values():
             if self._connector(relation.connector, "source", f"SOURCE {relation.name}") == "flight":
+        #: where the embedded Iceberg catalog lives (``<output_dir>/flight-data`` by default)
+        self.data_dir = (
+            data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
+        )
+        self.plugins = plugins
+        #: "waiting for plugin <name>" while a plugin stage waits for an instance, else None
+        self.waiting: str | None = None
                 live = self._flight_source(relation)
                 self.flight_sources[relation.name] = live
                 self.streams[relation.name] = _Stream(relation.name, live.schema, live.partitions)
@@ -746,6 +874,8 @@ class PipelineRuntime:
             slot.writer.write(batch)
         if self._collect:
             self._pending.append((sink, batch))
+            if query.function is not None:
+                input = self._plugin_stage(query, input)
 
     def _open_writers(self) -> None:
         for slot in self.sinks.values():
@@ -763,6 +893,51 @@ class PipelineRuntime:
                 raise sql_error(
                     f"SINK {slot.definition.name}: {exc}", slot.definition.node
                 ) from exc
+
+    def _plugin_stage(self, query: QueryDef, input: _Stream) -> _Stream:
+        """The plugin node in front of ``query`` (``FROM <f>(<input>)``); its hidden stream."""
+        assert query.function is not None
+        function = self.plan.functions[query.function]
+        if self.plugins is None:
+            raise sql_error(
+                f"FUNCTION {function.name}: plugins are attached to a server; submit the "
+                "pipeline (flight-serve submit) instead of running it embedded",
+                function.node.this,
+            )
+        node = _PluginNode(self, query, input, function, self.plugins)
+        self.nodes.append(node)
+        return node.hidden
+
+    def plugin_wait(self, node: _PluginNode, waiting: str | None) -> None:
+        """A plugin stage waits for a result (``waiting``: why, or ``None`` when it is over).
+        Durable runs also stop here when asked to."""
+        self.waiting = waiting
+
+    def plugin_waiting(self) -> str | None:
+        """``waiting for plugin <name>`` while a plugin stage has batches and no instance that
+        can take them (live; a stage blocked in a barrier included), else ``None``."""
+        for node in self.nodes:
+            if isinstance(node, _PluginNode):
+                waiting = node.stage.waiting_for()
+                if waiting is not None:
+                    return waiting
+        return None
+
+    def plugin_errors(self) -> dict[str, str]:
+        """The last error of each plugin function's instances (a refused declaration, a wrong
+        result schema, garbage, a timeout), by function name."""
+        errors: dict[str, str] = {}
+        for node in self.nodes:
+            if isinstance(node, _PluginNode):
+                error = node.stage.error or node.stage.hub.last_error(node.function.plugin)
+                if error is not None:
+                    errors[node.function.name] = error
+        return errors
+
+    def _drain_plugins(self) -> None:
+        for node in self.nodes:
+            if isinstance(node, _PluginNode):
+                node.drain()
 
     def run(
         self, *, write: bool = True, collect: bool = False
@@ -818,6 +993,8 @@ class PipelineRuntime:
                         yield self._pending.popleft()
                     still.append((stream, reader))
                 readers = still
+        if any(isinstance(n, _PluginNode) for n in self.nodes):
+            return low  # plugin results are emitted at ticks while the sources are quiet
                 for stream, source in live:
                     # a live source waits for its next entries only when no file is left to read
                     wait = 0.0 if readers else max(next_tick - time.monotonic(), 0.0) / len(live)
@@ -916,9 +1093,12 @@ class PipelineRuntime:
             out.append(f"  columns: {_columns_text(stream.schema)}")
             if relation.time_column is not None:
                 bound = _duration(relation.options.max_out_of_orderness)
+                        elif isinstance(node, _PluginNode):
+                            node.pump(block=False)
                 out.append(
                     f"  watermark: W_p = max(max({relation.time_column}) - {bound}, the writer's "
                     "watermark markers) per writer; W = min over writers neither ended nor idle, "
+            self._drain_plugins()
                     "never decreasing; end_of_input sets W_p = +inf"
                 )
             out.append(f"  options: {_options_text(relation.options)}")
@@ -928,6 +1108,9 @@ class PipelineRuntime:
         for name, table_source in self.table_sources.items():
             relation = plan.tables[name]
             out += ["", f"TABLE {name}{_at(relation.node)}"]
+            for node in self.nodes:
+                if isinstance(node, _PluginNode):
+                    node.close()
             out.append(
                 f"  connector file, format {table_source.format}; static: read once, in full, "
                 f"before the first source batch ({len(table_source.paths)} file(s))"
@@ -1032,3 +1215,10 @@ def _options_text(options: QueryOptions) -> str:
         f"{_duration(options.max_future_skew)}, time_zone {options.time_zone or 'UTC'}, "
         f"max_out_of_orderness {_duration(options.max_out_of_orderness)}"
     )
+        elif isinstance(node, _PluginNode):
+            fn = node.function
+            out.append(
+                f"  plugin {fn.plugin} (FUNCTION {fn.name}): every batch sent to an attached "
+                f"instance, results in order; timeout {_duration(fn.timeout)}, max_in_flight "
+                f"{fn.max_in_flight}"
+            )
