@@ -129,6 +129,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="DoGet/DoPut/DoExchange calls served at once; more get UNAVAILABLE (default 64)",
     )
     serve.add_argument(
+        "--memory-budget",
+        type=_byte_size,
+        default=2 * 1024**3,
+        help="bytes held at once for query inputs, DoPut batches in flight and pipelines' window "
+        "state (e.g. 2GiB, the default); a full budget makes requests wait, then UNAVAILABLE",
+    )
+    serve.add_argument(
+        "--memory-wait",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long a request waits for room in a full memory budget (default 5)",
+    )
+    serve.add_argument(
+        "--statement-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a SQL query or Flight SQL statement running longer fails DEADLINE_EXCEEDED and its "
+        "DataFusion stream is dropped (default: no limit)",
+    )
+    serve.add_argument(
         "--retention-bytes",
         type=_byte_size,
         default=None,
@@ -524,6 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_streams=args.max_streams,
             retention_bytes=args.retention_bytes,
             retention_age=args.retention_age,
+            memory_budget_bytes=args.memory_budget,
+            memory_wait_s=args.memory_wait,
+            statement_timeout_s=args.statement_timeout,
         )
     if args.command == "demo":
         from flight_serve.demo import run_demo

@@ -35,6 +35,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -51,10 +52,14 @@ from flight_serve.errors import (
     StreamNotFoundError,
     TicketError,
 )
+from flight_serve.flight.limits import QueryLimits
 from flight_serve.flight.query import (
     MAX_RESULT_BATCH_BYTES,
+    interruptible_batches,
+    new_context,
     plain_schema,
     referenced_tables,
+    reserve_input,
     split_batch,
     to_plain,
 )
@@ -310,11 +315,20 @@ class SqlEngine:
     Args:
         store: the streams (tables).
         max_batch_bytes: largest result batch sent (``RecordBatch.nbytes``), 4 MiB by default.
+        limits: memory budget, statement timeout and DataFusion working memory for queries and
+            updates (:mod:`flight_serve.flight.query`, "Limits"); the service sets it.
     """
 
-    def __init__(self, store: StreamStore, *, max_batch_bytes: int = MAX_RESULT_BATCH_BYTES):
+    def __init__(
+        self,
+        store: StreamStore,
+        *,
+        max_batch_bytes: int = MAX_RESULT_BATCH_BYTES,
+        limits: QueryLimits | None = None,
+    ):
         self.store = store
         self.max_batch_bytes = max_batch_bytes
+        self.limits = limits or QueryLimits()
 
     # --- contexts ----------------------------------------------------------------------------
 
@@ -340,7 +354,7 @@ class SqlEngine:
     ) -> datafusion.SessionContext:
         # ordered: one partition, so an INSERT appends rows in the order its source yields them
         config = datafusion.SessionConfig().with_target_partitions(1) if ordered else None
-        ctx = datafusion.SessionContext(config)
+        ctx = new_context(self.limits, config)
         for pin in pins:
             try:
                 info = self.store.info(pin.stream)
@@ -472,36 +486,51 @@ class SqlEngine:
     ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         """Plan a ticket's query over its pinned streams; return the result schema (plain types)
         and a lazy iterator of its batches (once per parameter row, concatenated) of at most
-        ``max_batch_bytes``, which checks ``is_cancelled`` between batches."""
-        ctx = self._data_context(ticket.pins)
-        rows = _param_rows(params)
-        first = self._dataframe(ctx, ticket.sql, _options(), rows[0] if rows else None)
-        schema = self._schema(first)
+        ``max_batch_bytes``, which checks ``is_cancelled`` (and the statement timeout) while it
+        waits for DataFusion. Under a memory budget the query reserves its input first.
+
+        Raises:
+            OverloadError: the memory budget has no room (UNAVAILABLE, retryable).
+        """
+        started = time.monotonic()
+        reservation = reserve_input(self.limits, self.store, ticket.pins, "this query")
+        try:
+            ctx = self._data_context(ticket.pins)
+            rows = _param_rows(params)
+            first = self._dataframe(ctx, ticket.sql, _options(), rows[0] if rows else None)
+            schema = self._schema(first)
+        except BaseException:
+            if reservation is not None:
+                reservation.release()
+            raise
 
         def batches() -> Iterator[pa.RecordBatch]:
-            for i, values in enumerate(rows):
-                _check(is_cancelled)
-                df = first if i == 0 else self._dataframe(ctx, ticket.sql, _options(), values)
-                yield from self._stream(df, schema, is_cancelled)
+            try:
+                for i, values in enumerate(rows):
+                    _check(is_cancelled)
+                    df = first if i == 0 else self._dataframe(ctx, ticket.sql, _options(), values)
+                    yield from self._stream(df, schema, is_cancelled, started)
+            finally:
+                if reservation is not None:
+                    reservation.release()
 
         return schema, batches()
 
     def _stream(
-        self, df: Any, schema: pa.Schema, is_cancelled: IsCancelled | None
+        self,
+        df: Any,
+        schema: pa.Schema,
+        is_cancelled: IsCancelled | None,
+        started: float | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        try:
-            batches = iter(df.execute_stream())
-        except Exception as exc:
-            raise _translate(exc) from None
-        while True:
-            _check(is_cancelled)
-            try:
-                result = next(batches)
-            except StopIteration:
-                return
-            except Exception as exc:
-                raise _translate(exc) from None
-            batch: pa.RecordBatch = result.to_pyarrow()
+        pulled = interruptible_batches(
+            df,
+            limits=self.limits,
+            is_cancelled=is_cancelled,
+            started=started,
+            translate=lambda message: _translate(Exception(message)),
+        )
+        for batch in pulled:
             if batch.num_rows == 0:
                 continue
             if len(batch.schema) != len(schema) or batch.schema.names != schema.names:
@@ -555,6 +584,23 @@ class SqlEngine:
         is_cancelled: IsCancelled | None,
         rows_table: pa.Table | None = None,
     ) -> int:
+        started = time.monotonic()
+        pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in self._streams_for(sql)]
+        reservation = reserve_input(self.limits, self.store, pins, "this INSERT")
+        try:
+            return self._insert_reserved(sql, values, is_cancelled, rows_table, started)
+        finally:
+            if reservation is not None:
+                reservation.release()
+
+    def _insert_reserved(
+        self,
+        sql: str,
+        values: dict[str, Any] | None,
+        is_cancelled: IsCancelled | None,
+        rows_table: pa.Table | None,
+        started: float,
+    ) -> int:
         ctx = self._live_context(sql)
         if rows_table is not None:
             ctx.register_record_batches(_ROWS_TABLE, [rows_table.to_batches()])
@@ -568,7 +614,7 @@ class SqlEngine:
             raise _translate(exc) from None
         target = self._resolve(target_ref)
         schema = self.store.info(target).schema
-        batches = self._stream(source, self._schema(source), is_cancelled)
+        batches = self._stream(source, self._schema(source), is_cancelled, started)
         return self._append_all(target, (self._to_stream_schema(b, schema) for b in batches))
 
     def _append_all(

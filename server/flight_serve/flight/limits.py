@@ -7,20 +7,51 @@ after a short delay instead of queueing behind the others. Unary calls (GetFligh
 ...) are not counted: they are short.
 
 ``flight-serve serve --max-streams N`` (default :data:`DEFAULT_MAX_STREAMS`).
+
+:class:`MemoryBudget` bounds the memory the server holds for query inputs and results, DoPut
+batches not yet written, and pipelines' window state (``--memory-budget``, bytes). A request
+that needs memory reserves it first. When the budget is full the request *waits* for room
+(backpressure: a DoPut stops reading, so gRPC flow control stalls the client; a query does not
+start) for up to ``wait_s`` seconds, then fails UNAVAILABLE with a retry hint
+(:class:`~flight_serve.errors.OverloadError`). A request larger than the whole budget fails at
+once with INVALID_ARGUMENT naming the budget (waiting would not help).
+
+:class:`QueryLimits` carries the budget, the statement timeout and the working memory DataFusion
+may use per query, to :mod:`flight_serve.flight.query` and :mod:`flight_serve.flight.flightsql_sql`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
 from typing import Final
 
 import pyarrow.flight as flight
 
-from flight_serve.errors import OverloadError
+from flight_serve.errors import InvalidInputError, OverloadError
 from flight_serve.flight.metrics import method_name
 from flight_serve.flight.status import to_flight_error
 
-__all__ = ["DEFAULT_MAX_STREAMS", "MIDDLEWARE_KEY", "StreamLimit"]
+__all__ = [
+    "DEFAULT_MAX_STREAMS",
+    "DEFAULT_MEMORY_WAIT_S",
+    "DEFAULT_QUERY_WORK_BYTES",
+    "MIDDLEWARE_KEY",
+    "MemoryBudget",
+    "QueryLimits",
+    "Reservation",
+    "StreamLimit",
+]
+
+#: How long a request waits for room in a full memory budget before UNAVAILABLE (seconds).
+DEFAULT_MEMORY_WAIT_S: Final = 5.0
+
+#: Working memory DataFusion may use per query (sorts, aggregates, joins) under a budget, bytes.
+DEFAULT_QUERY_WORK_BYTES: Final = 64 * 1024 * 1024
 
 #: Streaming calls served at once by default.
 DEFAULT_MAX_STREAMS: Final = 64
@@ -91,3 +122,147 @@ class StreamLimit(flight.ServerMiddlewareFactory):
                 rpc=method,
             )
         return _Slot(self)
+
+
+class Reservation:
+    """Bytes held in a :class:`MemoryBudget` until :meth:`release` (idempotent) or the end of a
+    ``with`` block."""
+
+    def __init__(self, budget: MemoryBudget | None, nbytes: int, kind: str) -> None:
+        self.nbytes = nbytes
+        self.kind = kind
+        self._budget = budget
+
+    def release(self) -> None:
+        """Give the bytes back (wakes requests waiting for room)."""
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget._release(self.nbytes, self.kind)
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __del__(self) -> None:  # a lazily run request dropped before it started
+        self.release()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class MemoryBudget:
+    """A byte budget shared by query inputs and results, DoPut batches in flight and pipelines'
+    window state (see the module docstring).
+
+    Args:
+        limit_bytes: the budget, bytes (at least 1).
+        wait_s: how long :meth:`reserve` waits for room before UNAVAILABLE, seconds.
+        state_bytes: returns the bytes pipelines' window state holds now (the server passes the
+            size of each running pipeline's last checkpoint); counted against the budget,
+            re-read at most once a second. ``None``: no window state.
+
+    Raises:
+        ValueError: ``limit_bytes`` < 1 or ``wait_s`` < 0.
+    """
+
+    def __init__(
+        self,
+        limit_bytes: int,
+        *,
+        wait_s: float = DEFAULT_MEMORY_WAIT_S,
+        state_bytes: Callable[[], int] | None = None,
+    ) -> None:
+        if limit_bytes < 1:
+            raise ValueError(f"the memory budget must be at least 1 byte, got {limit_bytes}")
+        if wait_s < 0:
+            raise ValueError(f"the memory wait must be >= 0 seconds, got {wait_s}")
+        self.limit_bytes = limit_bytes
+        self.wait_s = wait_s
+        self.state_bytes = state_bytes
+        self._cond = threading.Condition()
+        self._reserved: dict[str, int] = {}
+        self._state = 0
+        self._state_read = -1e18
+        self.peak_bytes = 0
+        self.refused = 0
+
+    def _window_state(self) -> int:
+        now = time.monotonic()
+        if self.state_bytes is not None and now - self._state_read >= 1.0:
+            self._state_read = now
+            with contextlib.suppress(Exception):  # unreadable: counts as before
+                self._state = max(0, int(self.state_bytes()))
+        return self._state
+
+    def in_use(self) -> dict[str, int]:
+        """Bytes held now by kind (``query``, ``doput``, ``window_state``, ...)."""
+        with self._cond:
+            held = {k: v for k, v in self._reserved.items() if v}
+            state = self._window_state()
+        if state:
+            held["window_state"] = state
+        return held
+
+    def reserve(self, nbytes: int, kind: str, what: str) -> Reservation:
+        """Hold ``nbytes`` for a request of ``kind`` (``query``, ``doput``); ``what`` names it
+        in errors. Waits up to ``wait_s`` seconds for room.
+
+        Raises:
+            InvalidInputError: ``nbytes`` exceeds the whole budget.
+            OverloadError: no room after ``wait_s`` seconds (UNAVAILABLE, retryable).
+        """
+        nbytes = max(0, int(nbytes))
+        if nbytes > self.limit_bytes:
+            raise InvalidInputError(
+                f"{what} needs {nbytes} bytes of memory, more than the server's whole memory "
+                f"budget of {self.limit_bytes} bytes (--memory-budget)"
+            )
+        deadline = time.monotonic() + self.wait_s
+        with self._cond:
+            while True:
+                used = sum(self._reserved.values()) + self._window_state()
+                if used + nbytes <= self.limit_bytes:
+                    self._reserved[kind] = self._reserved.get(kind, 0) + nbytes
+                    self.peak_bytes = max(self.peak_bytes, used + nbytes)
+                    return Reservation(self, nbytes, kind)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.refused += 1
+                    held = ", ".join(f"{k} {v}" for k, v in sorted(self._reserved.items()) if v)
+                    raise OverloadError(
+                        f"memory budget full: {what} needs {nbytes} bytes, {used} of "
+                        f"{self.limit_bytes} bytes are held ({held or 'none by requests'}, "
+                        f"window state {self._state}) and none came free within "
+                        f"{self.wait_s:g} s"
+                    )
+                self._cond.wait(min(left, 0.25))  # re-read the window state now and then
+
+    def _release(self, nbytes: int, kind: str) -> None:
+        with self._cond:
+            self._reserved[kind] = self._reserved.get(kind, 0) - nbytes
+            self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """What bounds one query's run.
+
+    Attributes:
+        budget: the server's memory budget; a query reserves its pinned input bytes plus
+            ``work_bytes`` before it runs (``None``: no budget).
+        work_bytes: DataFusion's memory pool per query under a budget (a fair spill pool: sorts
+            and aggregates spill or fail with DataFusion's "Resources exhausted" beyond it).
+        statement_timeout_s: wall-clock seconds from the start of a query's DoGet (or an
+            update's run) to its last batch; past it the call fails DEADLINE_EXCEEDED and the
+            DataFusion stream is dropped. ``None``: no timeout.
+        poll_s: how often a waiting call checks for cancellation and the timeout, seconds.
+    """
+
+    budget: MemoryBudget | None = None
+    work_bytes: int = DEFAULT_QUERY_WORK_BYTES
+    statement_timeout_s: float | None = None
+    poll_s: float = 0.05

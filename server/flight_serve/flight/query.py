@@ -15,6 +15,17 @@ Queries are read-only: DDL (``CREATE ...``), DML (``INSERT``, ``COPY ... TO``) a
 cannot parse, plan or run; the message is DataFusion's own. Row order is defined only by
 ``ORDER BY``.
 
+Limits (:class:`~flight_serve.flight.limits.QueryLimits`): under a memory budget a query
+reserves the bytes of the streams it reads plus DataFusion's working memory before it loads
+them (waiting, then UNAVAILABLE), and DataFusion runs with a fair spill pool of that working
+size. DataFusion's stream is pulled on a worker thread (:func:`interruptible_batches`) while the
+call's thread waits, checking every ``poll_s`` for the client's cancellation and the statement
+timeout: the call ends at once (CANCELLED / DEADLINE_EXCEEDED) and the worker drops DataFusion's
+stream as soon as the batch being computed returns, which stops every other partition's work.
+The one poll in progress cannot be interrupted (datafusion 55's Python API has no cancel; it
+checks for signals only on the main thread): a blocking operator (sort, aggregate, join build)
+finishes its input first. Its memory reservation is held until the worker really ends.
+
 Results are sent as record batches of at most :data:`MAX_RESULT_BATCH_BYTES` (4 MiB,
 ``RecordBatch.nbytes``; a single row larger than that is sent alone), with view types
 (``string_view``, ``binary_view``, ``list_view``, ``large_list_view``) converted to their plain
@@ -23,26 +34,36 @@ counterparts in both the announced schema and the batches, so every Flight clien
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any, cast
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final, cast
 
 import datafusion
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
 
 from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
+from flight_serve.flight.limits import QueryLimits, Reservation
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore, rewrite_type
 
 __all__ = [
     "MAX_RESULT_BATCH_BYTES",
     "execute",
+    "interruptible_batches",
+    "new_context",
     "plain_schema",
     "plan",
     "referenced_tables",
+    "reserve_input",
     "split_batch",
     "to_plain",
 ]
@@ -201,8 +222,130 @@ def _datafusion_message(exc: BaseException) -> str:
     return str(exc).strip() or type(exc).__name__
 
 
-def _new_context() -> datafusion.SessionContext:
-    return datafusion.SessionContext()
+def new_context(
+    limits: QueryLimits | None = None, config: datafusion.SessionConfig | None = None
+) -> datafusion.SessionContext:
+    """A DataFusion context; under a memory budget with a fair spill pool of
+    ``limits.work_bytes``."""
+    if limits is None or limits.budget is None:
+        return datafusion.SessionContext(config)
+    runtime = datafusion.RuntimeEnvBuilder().with_fair_spill_pool(limits.work_bytes)
+    return datafusion.SessionContext(config, runtime)
+
+
+_new_context = new_context
+
+
+def reserve_input(
+    limits: QueryLimits | None, store: StreamStore, pins: Iterable[StreamPin], what: str
+) -> Reservation | None:
+    """Reserve, in ``limits.budget``, the on-disk bytes of the streams ``pins`` name (what
+    loading them takes, about) plus ``limits.work_bytes``; ``None`` without a budget.
+
+    Raises:
+        OverloadError: no room within the budget's wait (UNAVAILABLE, retryable).
+        InvalidInputError: the query needs more than the whole budget.
+    """
+    if limits is None or limits.budget is None:
+        return None
+    nbytes = limits.work_bytes
+    for pin in pins:
+        with contextlib.suppress(StreamNotFoundError):  # a stale ticket, reported later
+            nbytes += store.info(pin.stream).num_bytes
+    return limits.budget.reserve(nbytes, "query", what)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    message: str
+
+
+_END: Final = object()
+
+
+def interruptible_batches(
+    df: Any,
+    *,
+    limits: QueryLimits | None = None,
+    is_cancelled: Callable[[], bool] | None = None,
+    started: float | None = None,
+    translate: Callable[[str], Exception] = QueryError,
+    reservation: Reservation | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Yield the batches of ``df.execute_stream()`` (pyarrow, as DataFusion makes them), pulled
+    on a worker thread at most two batches ahead, while this thread waits checking every
+    ``limits.poll_s`` seconds for ``is_cancelled()`` and the statement timeout (counted from
+    ``started``, a :func:`time.monotonic` value; default now). ``reservation`` is released when
+    the worker ends.
+
+    Raises:
+        pyarrow.flight.FlightCancelledError: the client cancelled the call (CANCELLED).
+        pyarrow.flight.FlightTimedOutError: the statement timeout passed (DEADLINE_EXCEEDED).
+        Exception: ``translate(DataFusion's message)`` when DataFusion fails.
+    """
+    limits = limits or QueryLimits()
+    begin = time.monotonic() if started is None else started
+    timeout = limits.statement_timeout_s
+    deadline = None if timeout is None else begin + timeout
+    out: queue.Queue[Any] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def offer(item: Any) -> None:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def work() -> None:
+        try:
+            try:
+                batches = iter(df.execute_stream())
+                while not stop.is_set():
+                    try:
+                        result = next(batches)
+                    except StopIteration:
+                        break
+                    offer(result.to_pyarrow())
+                # Dropping the stream here (not later, with the thread's frame) aborts
+                # DataFusion's remaining tasks.
+                del batches
+            except Exception as exc:  # DataFusion raises bare Exception / ValueError
+                offer(_Failure(_datafusion_message(exc)))
+                return
+            offer(_END)
+        finally:
+            if reservation is not None:
+                reservation.release()
+
+    worker: threading.Thread | None = None
+    try:
+        worker = threading.Thread(target=work, name="flight-serve-query", daemon=True)
+        worker.start()
+        while True:
+            if is_cancelled is not None and is_cancelled():
+                raise flight.FlightCancelledError(
+                    "the call was cancelled; the query stopped (DataFusion's stream dropped)"
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                raise flight.FlightTimedOutError(
+                    f"statement timeout: the query ran longer than {timeout:g} s "
+                    "(--statement-timeout); it was stopped"
+                )
+            try:
+                item = out.get(timeout=limits.poll_s)
+            except queue.Empty:
+                continue
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise translate(item.message)
+            yield item
+    finally:
+        stop.set()
+        if worker is None and reservation is not None:
+            reservation.release()
 
 
 def _register(
@@ -252,50 +395,61 @@ def plan(sql: str, store: StreamStore) -> tuple[pa.Schema, QueryTicket]:
 
 
 def execute(
-    ticket: QueryTicket, store: StreamStore, *, max_batch_bytes: int = MAX_RESULT_BATCH_BYTES
+    ticket: QueryTicket,
+    store: StreamStore,
+    *,
+    max_batch_bytes: int = MAX_RESULT_BATCH_BYTES,
+    limits: QueryLimits | None = None,
+    is_cancelled: Callable[[], bool] | None = None,
 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """Run a planned query over the pinned stream snapshots.
 
     Returns the result schema (no view types) and a lazy iterator of batches of at most
     ``max_batch_bytes`` each. Planning errors raise here; errors while running raise from the
-    iterator.
+    iterator. With ``limits`` the query reserves memory first and runs interruptibly (module
+    docstring); ``is_cancelled`` is polled while it runs.
 
     Raises:
         TicketError: a pinned stream was dropped or re-created since planning ("stale").
         QueryError: DataFusion rejects the query or fails while running it.
+        OverloadError: the memory budget has no room (UNAVAILABLE, retryable).
+        pyarrow.flight.FlightCancelledError / FlightTimedOutError: from the iterator, when the
+            client cancels / the statement timeout passes.
     """
-    ctx = _new_context()
-    for pin in ticket.pins:
-        try:
-            info = store.info(pin.stream)
-            if info.incarnation != pin.incarnation:
-                raise StreamNotFoundError(f"stream {pin.stream!r} was re-created")
-            batches = store.batches(pin.stream, stop=pin.stop_offset, incarnation=pin.incarnation)
-        except StreamNotFoundError:
-            raise TicketError(
-                f"stale ticket: stream {pin.stream!r} incarnation {pin.incarnation} no longer "
-                "exists (dropped or re-created); plan the query again"
-            ) from None
-        _register(ctx, pin.stream, info.schema, batches)
-    df = _dataframe(ctx, ticket.sql)
-    schema = plain_schema(_schema_of(df))
-    return schema, _run(df, schema, max_batch_bytes)
-
-
-def _run(df: Any, schema: pa.Schema, max_batch_bytes: int) -> Iterator[pa.RecordBatch]:
+    started = time.monotonic()
+    reservation = reserve_input(limits, store, ticket.pins, "this query")
     try:
-        stream: Iterable[Any] = df.execute_stream()
-        batches = iter(stream)
-    except Exception as exc:
-        raise QueryError(_datafusion_message(exc)) from None
-    while True:
-        try:
-            result = next(batches)
-        except StopIteration:
-            return
-        except Exception as exc:
-            raise QueryError(_datafusion_message(exc)) from None
-        batch: pa.RecordBatch = result.to_pyarrow()
+        ctx = new_context(limits)
+        for pin in ticket.pins:
+            try:
+                info = store.info(pin.stream)
+                if info.incarnation != pin.incarnation:
+                    raise StreamNotFoundError(f"stream {pin.stream!r} was re-created")
+                batches = store.batches(
+                    pin.stream, stop=pin.stop_offset, incarnation=pin.incarnation
+                )
+            except StreamNotFoundError:
+                raise TicketError(
+                    f"stale ticket: stream {pin.stream!r} incarnation {pin.incarnation} no "
+                    "longer exists (dropped or re-created); plan the query again"
+                ) from None
+            _register(ctx, pin.stream, info.schema, batches)
+        df = _dataframe(ctx, ticket.sql)
+        schema = plain_schema(_schema_of(df))
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
+    pulled = interruptible_batches(
+        df, limits=limits, is_cancelled=is_cancelled, started=started, reservation=reservation
+    )
+    return schema, _run(pulled, schema, max_batch_bytes)
+
+
+def _run(
+    pulled: Iterator[pa.RecordBatch], schema: pa.Schema, max_batch_bytes: int
+) -> Iterator[pa.RecordBatch]:
+    for batch in pulled:
         if batch.num_rows == 0:
             continue
         yield from split_batch(_conform_batch(batch, schema), max_batch_bytes)

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,7 +29,12 @@ import pyarrow as pa
 from flight_serve.errors import FlightServeError
 from flight_serve.flight.auth import load_users_file
 from flight_serve.flight.health import HealthServer
-from flight_serve.flight.limits import DEFAULT_MAX_STREAMS, StreamLimit
+from flight_serve.flight.limits import (
+    DEFAULT_MAX_STREAMS,
+    DEFAULT_MEMORY_WAIT_S,
+    MemoryBudget,
+    StreamLimit,
+)
 from flight_serve.flight.limits import MIDDLEWARE_KEY as STREAM_LIMIT_KEY
 from flight_serve.flight.metrics import MeteredStreamStore, Metrics, MetricsMiddlewareFactory
 from flight_serve.flight.requestlog import MIDDLEWARE_KEY as REQUEST_LOG_KEY
@@ -137,7 +142,9 @@ def start_server(
     ``grpc+tls://``. At most ``max_streams`` DoGet/DoPut/DoExchange calls run at once; more are
     refused UNAVAILABLE with a retry hint (:mod:`flight_serve.flight.limits`).
     ``retention_bytes`` / ``retention_age`` are the store's per-stream retention limits
-    (:class:`~flight_serve.store.streams.StreamStore`).
+    (:class:`~flight_serve.store.streams.StreamStore`). With ``memory_budget=``
+    (:class:`~flight_serve.flight.limits.MemoryBudget`, a service option) the running
+    pipelines' window state (the size of each one's last checkpoint) counts against it.
 
     Raises:
         StorageError: the data directory cannot be opened or another store owns it.
@@ -195,6 +202,8 @@ def start_server(
 
             manager = PipelineManager(store, Path(data_dir), plugins=service.plugins)
             register_pipeline_actions(service, manager)
+            if service.memory_budget is not None:
+                service.memory_budget.state_bytes = _window_state_bytes(manager)
             if metrics is not None:
                 metrics.watch_pipelines(manager)
             manager.start()
@@ -209,6 +218,21 @@ def start_server(
             service.wait()
         finally:
             store.close()
+
+
+def _window_state_bytes(manager: Any) -> Callable[[], int]:
+    """Bytes of window state the running pipelines of ``manager`` hold: the size of each one's
+    last checkpoint (at most one checkpoint interval old)."""
+
+    def state_bytes() -> int:
+        total = 0
+        for entry in manager.pipelines():
+            if entry.get("state") == "running":
+                checkpoint = manager.status(str(entry["id"])).get("last_checkpoint") or {}
+                total += int(checkpoint.get("bytes") or 0)
+        return total
+
+    return state_bytes
 
 
 #: How long ``flight-serve serve`` waits for calls in flight after SIGTERM (seconds).
@@ -240,6 +264,9 @@ def serve_forever(
     max_streams: int = DEFAULT_MAX_STREAMS,
     retention_bytes: int | None = None,
     retention_age: timedelta | None = None,
+    memory_budget_bytes: int | None = None,
+    memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
+    statement_timeout_s: float | None = None,
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
@@ -265,6 +292,10 @@ def serve_forever(
     tokens with roles, ``tls`` TLS or mutual TLS. On an address other than loopback the server
     refuses to start (exit 1) without TLS and credentials (tokens or users), unless
     ``insecure_allow_remote``.
+
+    ``memory_budget_bytes`` (waiting up to ``memory_wait_s`` seconds for room) and
+    ``statement_timeout_s`` are :mod:`flight_serve.flight.limits`' and
+    :mod:`flight_serve.flight.query`'s limits (``None``: none).
     """
     configure_json_logging()
     tokens = None
@@ -324,6 +355,10 @@ def serve_forever(
             max_streams=max_streams,
             retention_bytes=retention_bytes,
             retention_age=retention_age,
+            memory_budget=None
+            if memory_budget_bytes is None
+            else MemoryBudget(memory_budget_bytes, wait_s=memory_wait_s),
+            statement_timeout_s=statement_timeout_s,
         ) as service:
             if health_port is None:
                 health_port = service.port + 1 if port else 0

@@ -49,6 +49,8 @@ from flight_serve.errors import (
 )
 from flight_serve.flight.auth import auth_server_options
 from flight_serve.flight.flightsql import FlightSqlHandler, flightsql_command, unpack_command
+from flight_serve.flight.limits import DEFAULT_QUERY_WORK_BYTES, MemoryBudget, QueryLimits
+from flight_serve.flight.limits import Reservation as _Reservation
 from flight_serve.flight.markers import Marker, parse_marker
 from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
 from flight_serve.flight.roles import require_role
@@ -60,9 +62,9 @@ from flight_serve.flight.tickets import (
     decode_ticket,
     encode_ticket,
 )
+from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.store import PendingAppend, StreamInfo, StreamStore, validate_stream_name
 
-from flight_serve.pipelines.plugins import PluginHub
 __all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService"]
 
 log = logging.getLogger("flight_serve.flight")
@@ -146,15 +148,19 @@ class _PutPipeline:
         name: str,
         writer: flight.FlightMetadataWriter,
         writer_name: str = "",
+        budget: MemoryBudget | None = None,
     ) -> None:
+        self._budget = budget  # each queued batch holds its nbytes until committed
         self._store = store
         self._name = name
         self._writer = writer
         self._writer_name = writer_name
-        self._batches: queue.Queue[pa.RecordBatch | Marker | None] = queue.Queue(_PUT_QUEUE_BATCHES)
-        self._pending: queue.SimpleQueue[tuple[PendingAppend, Marker | None] | None] = (
-            queue.SimpleQueue()
-        )
+        self._batches: queue.Queue[
+            tuple[pa.RecordBatch | Marker, _Reservation | None] | None
+        ] = queue.Queue(_PUT_QUEUE_BATCHES)
+        self._pending: queue.SimpleQueue[
+            tuple[PendingAppend, Marker | None, _Reservation | None] | None
+        ] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._threads = [
             threading.Thread(target=self._write, name="flight-serve-doput-write"),
@@ -166,9 +172,13 @@ class _PutPipeline:
 
     def put(self, batch: pa.RecordBatch | Marker) -> None:
         """Queue ``batch`` (or a marker) for writing (blocks while the writing thread is
-        behind)."""
+        behind, and under a memory budget while it has no room: OverloadError after its
+        wait)."""
         self.check()
-        self._batches.put(batch)
+        held = None
+        if self._budget is not None and isinstance(batch, pa.RecordBatch):
+            held = self._budget.reserve(batch.nbytes, "doput", "this DoPut batch")
+        self._batches.put((batch, held))
 
     def check(self) -> None:
         """Raise the first error of the pipeline's threads, if any."""
@@ -196,7 +206,10 @@ class _PutPipeline:
 
     def _write(self) -> None:
         try:
-            while (batch := self._batches.get()) is not None:
+            while (item := self._batches.get()) is not None:
+                batch, held = item
+                if self._error is not None and held is not None:
+                    held.release()
                 if self._error is None:  # after a failure, only drain the queue
                     try:
                         if isinstance(batch, Marker):
@@ -206,11 +219,13 @@ class _PutPipeline:
                                 watermark_ns=batch.watermark_ns,
                                 end_of_input=batch.end_of_input,
                             )
-                            self._pending.put((marker, batch))
+                            self._pending.put((marker, batch, held))
                         else:
                             written = self._store.write(self._name, batch, writer=self._writer_name)
-                            self._pending.put((written, None))
+                            self._pending.put((written, None, held))
                     except BaseException as exc:
+                        if held is not None:
+                            held.release()
                         self._fail(exc)
                         self._pending.put(None)  # the acknowledging thread reports it now
         finally:
@@ -219,9 +234,11 @@ class _PutPipeline:
     def _acknowledge(self) -> None:
         failed = False
         while (item := self._pending.get()) is not None:
+            pending, marker, held = item
             if failed:
+                if held is not None:
+                    held.release()
                 continue  # no PutResult after a failed commit or send
-            pending, marker = item
             try:
                 offset = self._store.commit(pending)
                 result = (
@@ -230,8 +247,12 @@ class _PutPipeline:
                     else _marker_ack(offset, marker)
                 )
                 ack = json.dumps(result).encode()
+                if held is not None:
+                    held.release()  # durable on disk: no longer held in memory
                 self._writer.write(pa.py_buffer(ack))
             except BaseException as exc:
+                if held is not None:
+                    held.release()
                 failed = True
                 self._fail(exc)
                 self._report(exc)
@@ -252,6 +273,11 @@ class FlightServeService(flight.FlightServerBase):
         tail_poll_s: how often (seconds) a waiting tail checks for cancellation and shutdown.
         users: user name -> password; every call then needs them (Basic handshake, then the
             bearer token it returns; :mod:`flight_serve.flight.auth`). ``None``: open.
+        memory_budget: bounds query inputs, DoPut batches in flight and window state
+            (:class:`~flight_serve.flight.limits.MemoryBudget`); ``None``: no budget.
+        statement_timeout_s: seconds a SQL query (DoGet) or Flight SQL statement may run
+            before DEADLINE_EXCEEDED (:mod:`flight_serve.flight.query`); ``None``: no limit.
+        query_work_bytes: DataFusion's memory pool per query under a budget, bytes.
         **kwargs: passed to :class:`pyarrow.flight.FlightServerBase` (auth, TLS, middleware).
 
     Attributes:
@@ -267,10 +293,15 @@ class FlightServeService(flight.FlightServerBase):
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         tail_poll_s: float = 0.1,
         users: Mapping[str, str] | None = None,
+        memory_budget: MemoryBudget | None = None,
+        statement_timeout_s: float | None = None,
+        query_work_bytes: int = DEFAULT_QUERY_WORK_BYTES,
         **kwargs: Any,
     ) -> None:
         # Set before super().__init__: pyarrow starts serving inside it.
         self.store = store
+        self.memory_budget = memory_budget
+        self.query_limits = QueryLimits(memory_budget, query_work_bytes, statement_timeout_s)
         self.max_batch_bytes = max_batch_bytes
         self.tail_poll_s = tail_poll_s
         self._closing = threading.Event()
@@ -287,6 +318,9 @@ class FlightServeService(flight.FlightServerBase):
             self._action_stream_tail,
         )
         self.flightsql = FlightSqlHandler(store)
+        self.flightsql.engine.limits = self.query_limits
+        self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
+        self.flightsql.engine.limits = self.query_limits
         self.flightsql.register_actions(self.register_action)
         kwargs = auth_server_options(users, kwargs)
         super().__init__(location, **kwargs)
@@ -298,6 +332,7 @@ class FlightServeService(flight.FlightServerBase):
 
     def shutdown(self) -> None:
         """Stop serving: end running tails, then wait for in-flight calls to finish."""
+        self.plugins.close()
         self._closing.set()
         super().shutdown()
 
@@ -318,8 +353,6 @@ class FlightServeService(flight.FlightServerBase):
         writer: flight.FlightMetadataWriter,
     ) -> None:
         """Append every batch of the upload to stream ``path[0]`` (created on first put).
-        self.flightsql.engine.limits = self.query_limits
-        self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
 
         Each batch is acknowledged by a PutResult after it is durable; its app_metadata is JSON
         ``{"offset": <int>, "rows": <int>}``. Batches appended before a failure stay.
@@ -332,7 +365,6 @@ class FlightServeService(flight.FlightServerBase):
 
         Pipelined with group commit (see :class:`_PutPipeline`): reading, encoding and the
         disk overlap, one fdatasync covers every batch written so far, and each PutResult is
-        self.plugins.close()
         sent only after the fdatasync that covers its batch.
 
         Errors: INVALID_ARGUMENT for a non-path descriptor, an invalid stream name, a schema
@@ -349,7 +381,7 @@ class FlightServeService(flight.FlightServerBase):
             require_role(context, "write", "DoPut")
             name, writer_name = self._put_target(descriptor)
             self.store.create(name, reader.schema)
-            pipeline = _PutPipeline(self.store, name, writer, writer_name)
+            pipeline = _PutPipeline(self.store, name, writer, writer_name, self.memory_budget)
             for chunk in reader:
                 batch = chunk.data
                 if batch is None:  # metadata-only message: a marker
@@ -472,7 +504,9 @@ class FlightServeService(flight.FlightServerBase):
                 return self.flightsql.do_get(context, command)
             decoded = decode_ticket(ticket.ticket)
             if isinstance(decoded, QueryTicket):
-                schema, batches = execute(decoded, self.store)
+                schema, batches = execute(
+                    decoded, self.store, limits=self.query_limits, is_cancelled=context.is_cancelled
+                )
                 return flight.GeneratorStream(schema, self._guarded(batches))
             schema = self._pinned_schema(decoded.stream, decoded.incarnation)
             if isinstance(decoded, StreamRangeTicket):
@@ -555,8 +589,14 @@ class FlightServeService(flight.FlightServerBase):
     ) -> None:
         """Run an inline streaming transform (:mod:`flight_serve.flight.exchange`), or serve an
         attached plugin for ``path = ["plugins", name]`` (:mod:`flight_serve.flight.plugins`)."""
+        from flight_serve.flight.plugins import handle_plugin_exchange
         from flight_serve.flight.exchange import handle_exchange
 
+            if descriptor.descriptor_type == flight.DescriptorType.PATH:
+                handle_plugin_exchange(
+                    self.plugins, context, descriptor, reader, writer, self._closing
+                )
+                return
         try:
             handle_exchange(self, context, descriptor, reader, writer)
         except Exception as exc:
@@ -589,14 +629,8 @@ class FlightServeService(flight.FlightServerBase):
     def _action_stream_drop(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
         name = _body_stream(_json_body(body, "stream.drop"), "stream.drop")
         self.store.drop(name)
-        from flight_serve.flight.plugins import handle_plugin_exchange
         return [json.dumps({"dropped": name}).encode()]
 
-            if descriptor.descriptor_type == flight.DescriptorType.PATH:
-                handle_plugin_exchange(
-                    self.plugins, context, descriptor, reader, writer, self._closing
-                )
-                return
     def _action_stream_tail(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
         parsed = _json_body(body, "stream.tail")
         name = _body_stream(parsed, "stream.tail")

@@ -1,0 +1,182 @@
+"""The memory budget (backpressure, then UNAVAILABLE with a retry hint), the statement timeout,
+and cancellation reaching DataFusion: a timed-out or cancelled query's DataFusion stream is
+dropped (its worker thread ends) while the call ends at once."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+from flight_serve.errors import InvalidInputError, OverloadError
+from flight_serve.flight.flightsql import pack
+from flight_serve.flight.limits import MemoryBudget
+from flight_serve.flight.server import start_server
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = pa.schema([("x", pa.int64())])
+ROWS = 8000
+#: 64 M result rows, made by DataFusion in 8,192-row batches quickly; a client that stops
+#: reading holds the query (gRPC flow control, then the worker's queue) without using the CPU.
+CROSS_JOIN = "SELECT a.x AS ax, b.x AS bx FROM t a, t b"
+#: 64 M pairs through md5, 1 in 256 kept: ~0.3 s of DataFusion work per 8,192-row output
+#: batch, ~10 s in all on this machine (so dropping the stream early saves seconds of work).
+SLOW = (
+    "SELECT a.x AS ax, b.x AS bx FROM t a, t b "
+    "WHERE starts_with(md5(CAST(a.x * 8001 + b.x AS VARCHAR)), 'ab')"
+)
+
+
+def put_rows(client: flight.FlightClient, stream: str, n: int) -> None:
+    writer, reader = client.do_put(flight.FlightDescriptor.for_path(stream), SCHEMA)
+    writer.write_batch(pa.record_batch([pa.array(range(n), pa.int64())], schema=SCHEMA))
+    writer.done_writing()
+    reader.read()
+    writer.close()
+
+
+def query_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "flight-serve-query"]
+
+
+def wait_no_query_threads(limit_s: float = 3.0) -> float:
+    """Seconds until no DataFusion worker thread is left (fails after ``limit_s``)."""
+    started = time.monotonic()
+    while query_threads():
+        assert time.monotonic() - started < limit_s, "the DataFusion stream was not dropped"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def sql_ticket(client: flight.FlightClient, sql: str, flightsql: bool) -> flight.Ticket:
+    command = pack(sql_pb2.CommandStatementQuery(query=sql)) if flightsql else sql.encode()
+    info = client.get_flight_info(flight.FlightDescriptor.for_command(command))
+    return info.endpoints[0].ticket
+
+
+@pytest.fixture
+def timed(tmp_path: Path) -> Iterator[flight.FlightClient]:
+    with (
+        start_server(tmp_path / "data", pipelines=False, statement_timeout_s=0.5) as service,
+        flight.FlightClient(service.location) as client,
+    ):
+        put_rows(client, "t", ROWS)
+        yield client
+
+
+@pytest.mark.parametrize("flightsql", [False, True], ids=["sql", "flightsql"])
+def test_statement_timeout_ends_the_call_and_drops_the_datafusion_stream(
+    timed: flight.FlightClient, flightsql: bool
+) -> None:
+    # A small query finishes well inside the timeout.
+    small = timed.do_get(sql_ticket(timed, "SELECT count(*) AS n FROM t", flightsql)).read_all()
+    assert small.column("n").to_pylist() == [ROWS]
+    # t=0 DoGet starts | t=0.5 s statement timeout: DEADLINE_EXCEEDED | the worker drops the
+    # stream after the batch it is computing (<= ~0.3 s), not after the ~10 s of the query
+    started = time.monotonic()
+    reader = timed.do_get(sql_ticket(timed, SLOW, flightsql))
+    rows = [0]
+
+    def read_all() -> None:
+        for chunk in reader:
+            rows[0] += chunk.data.num_rows
+
+    with pytest.raises(flight.FlightTimedOutError, match=r"statement timeout.*0\.5 s"):
+        read_all()
+    assert 0.5 <= time.monotonic() - started < 3.0
+    assert rows[0] < 64_000_000 // 256  # it did not finish
+    wait_no_query_threads()
+
+
+@pytest.mark.parametrize("flightsql", [False, True], ids=["sql", "flightsql"])
+def test_a_cancelled_doget_drops_the_datafusion_stream(tmp_path: Path, flightsql: bool) -> None:
+    with (
+        start_server(tmp_path / "data", pipelines=False) as service,
+        flight.FlightClient(service.location) as client,
+    ):
+        put_rows(client, "t", ROWS)
+        reader = client.do_get(sql_ticket(client, SLOW, flightsql))
+        first = reader.read_chunk()
+        assert first.data.num_rows > 0
+        assert query_threads()  # DataFusion is producing the rest (~10 s of it)
+        reader.cancel()
+        wait_no_query_threads()  # dropped after the batch in progress
+        # the server still answers
+        again = client.do_get(sql_ticket(client, "SELECT max(x) AS m FROM t", flightsql))
+        assert again.read_all().column("m").to_pylist() == [ROWS - 1]
+
+
+def test_memory_budget_backpressure_then_unavailable_then_room(tmp_path: Path) -> None:
+    work = 1 << 20
+    with start_server(tmp_path / "data", pipelines=False) as probe:
+        with flight.FlightClient(probe.location) as client:
+            put_rows(client, "t", ROWS)
+        input_bytes = probe.store.info("t").num_bytes
+    one_query = input_bytes + work
+    # Room for one query over t (plus a DoPut batch of 8 KiB or so), not two.
+    budget = MemoryBudget(one_query + 40_000, wait_s=1.0)
+    with (
+        start_server(
+            tmp_path / "data", pipelines=False, memory_budget=budget, query_work_bytes=work
+        ) as service,
+        flight.FlightClient(service.location) as client,
+    ):
+        # A query that holds its reservation: its reader takes one batch, then stops reading.
+        holder = client.do_get(sql_ticket(client, CROSS_JOIN, False))
+        assert holder.read_chunk().data.num_rows > 0
+        assert budget.in_use() == {"query": one_query}
+        # t=0 second query asks | waits (backpressure) | t=1 s UNAVAILABLE, retryable
+        started = time.monotonic()
+        with pytest.raises(flight.FlightUnavailableError, match="memory budget full") as caught:
+            client.do_get(sql_ticket(client, "SELECT count(*) AS n FROM t", False)).read_all()
+        assert time.monotonic() - started >= 1.0
+        assert "retryable" in str(caught.value)
+        assert json.loads(caught.value.extra_info) == {"retryable": True}
+        # A DoPut batch that fits is written; one that does not fit waits, then UNAVAILABLE,
+        # and the first stays acknowledged.
+        writer, reader = client.do_put(flight.FlightDescriptor.for_path("u"), SCHEMA)
+        writer.write_batch(pa.record_batch([pa.array(range(1000), pa.int64())], schema=SCHEMA))
+        assert json.loads(reader.read().to_pybytes()) == {"offset": 0, "rows": 1000}
+        def too_much() -> None:
+            writer.write_batch(
+                pa.record_batch([pa.array(range(10_000), pa.int64())], schema=SCHEMA)
+            )
+            writer.done_writing()
+            reader.read()
+            writer.close()
+
+        with pytest.raises(flight.FlightUnavailableError, match="memory budget full"):
+            too_much()
+        assert service.store.info("u").num_rows == 1000
+        assert budget.refused == 2
+        # The holder lets go (cancel): its worker ends, its bytes come back, queries run again.
+        holder.cancel()
+        wait_no_query_threads()
+        assert budget.in_use() == {}
+        table = client.do_get(sql_ticket(client, "SELECT count(*) AS n FROM t", False)).read_all()
+        assert table.column("n").to_pylist() == [ROWS]
+        assert budget.peak_bytes <= budget.limit_bytes
+        # A query needing more than the whole budget fails at once, naming it.
+        small = MemoryBudget(1000)
+        with pytest.raises(InvalidInputError, match="whole memory budget of 1000 bytes"):
+            small.reserve(1001, "query", "this query")
+
+
+def test_window_state_counts_against_the_budget() -> None:
+    state = [0]
+    budget = MemoryBudget(1000, wait_s=0.2, state_bytes=lambda: state[0])
+    with budget.reserve(600, "query", "q1"):
+        assert budget.in_use() == {"query": 600}
+    state[0] = 700  # re-read at most once a second
+    time.sleep(1.05)
+    assert budget.in_use() == {"window_state": 700}
+    with pytest.raises(OverloadError, match="window state 700"):
+        budget.reserve(400, "query", "q2")
+    assert budget.reserve(300, "doput", "a batch").nbytes == 300
