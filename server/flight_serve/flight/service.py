@@ -320,7 +320,6 @@ class FlightServeService(flight.FlightServerBase):
         self.flightsql = FlightSqlHandler(store)
         self.flightsql.engine.limits = self.query_limits
         self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
-        self.flightsql.engine.limits = self.query_limits
         self.flightsql.register_actions(self.register_action)
         kwargs = auth_server_options(users, kwargs)
         super().__init__(location, **kwargs)
@@ -332,8 +331,8 @@ class FlightServeService(flight.FlightServerBase):
 
     def shutdown(self) -> None:
         """Stop serving: end running tails, then wait for in-flight calls to finish."""
-        self.plugins.close()
         self._closing.set()
+        self.plugins.close()
         super().shutdown()
 
     def register_action(self, action_type: str, description: str, handler: ActionHandler) -> None:
@@ -589,15 +588,15 @@ class FlightServeService(flight.FlightServerBase):
     ) -> None:
         """Run an inline streaming transform (:mod:`flight_serve.flight.exchange`), or serve an
         attached plugin for ``path = ["plugins", name]`` (:mod:`flight_serve.flight.plugins`)."""
-        from flight_serve.flight.plugins import handle_plugin_exchange
         from flight_serve.flight.exchange import handle_exchange
+        from flight_serve.flight.plugins import handle_plugin_exchange
 
+        try:
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
                 handle_plugin_exchange(
                     self.plugins, context, descriptor, reader, writer, self._closing
                 )
                 return
-        try:
             handle_exchange(self, context, descriptor, reader, writer)
         except Exception as exc:
             _fail(exc, "DoExchange")
