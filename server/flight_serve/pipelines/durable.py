@@ -57,12 +57,12 @@ from flight_serve.pipelines.checkpoint import CheckpointStore, Manifest, fingerp
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink, read_ipc
 from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
+from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import LiveSource, PipelineRuntime, RunSummary, _WindowNode
 from flight_serve.pipelines.store_io import StoreSource, StoreTarget
 from flight_serve.store import StreamStore
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
-from flight_serve.pipelines.plugins import PluginHub
 
 __all__ = [
     "CRASH_ENV",
@@ -283,13 +283,13 @@ class DurableRuntime(PipelineRuntime):
         restart_finished: with ``resume="latest"``, start over when the newest checkpoint is a
             finished run's (``flight-serve run``); ``False`` (server pipelines): resume it, which
             only completes what a crash interrupted (the last commit, the file sinks' files).
+        plugins: the server's plugin hub (plugin functions; a checkpoint first waits for every
+            batch sent to a plugin and emits its result, so no batch is in flight at a barrier).
 
     Raises:
         PipelineSQLError: a connector a checkpointed run cannot cover, with its position; or
             whatever building the pipeline raises.
         CheckpointError: the checkpoint to resume cannot be restored (the message says why and
-        plugins: the server's plugin hub (plugin functions; a checkpoint first waits for every
-            batch sent to a plugin and emits its result, so no batch is in flight at a barrier).
             what to do).
     """
 
@@ -305,12 +305,12 @@ class DurableRuntime(PipelineRuntime):
         store: StreamStore | None = None,
         on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
         restart_finished: bool = True,
+        plugins: PluginHub | None = None,
     ) -> None:
         self.options = options if options is not None else plan.run_options
         self.restart_finished = restart_finished
         self.store = store
         self.name = name
-        plugins: PluginHub | None = None,
         self._check_connectors(plan)
         root = state_root or self.options.state_root
         if root is None:
@@ -334,12 +334,7 @@ class DurableRuntime(PipelineRuntime):
         self.manifest = self._pick(resume)
         self.epoch = self.manifest.epoch if self.manifest is not None else 0
         # opens the sources (from their offsets)
-        super().__init__(
-            plan,
-            output_dir=output_dir,
-            plugins=plugins,
-            data_dir=store.data_dir if store is not None else None,
-        )
+        super().__init__(plan, output_dir=output_dir, plugins=plugins)
         self._restore_operators()
         for name_, source in list(self.sources.items()):
             state = self.manifest.sources.get(name_) if self.manifest is not None else None
@@ -572,6 +567,13 @@ class DurableRuntime(PipelineRuntime):
         if self._stop.is_set():
             raise PipelineStopped(f"pipeline {self.name} stopped after epoch {self.epoch}")
 
+    def plugin_wait(self, node: Any, waiting: str | None) -> None:
+        """A plugin stage waits (see the base class); stop here when asked to: the run resumes
+        from its last checkpoint and sends the batches after it again."""
+        super().plugin_wait(node, waiting)
+        if self._stop.is_set():
+            raise PipelineStopped(f"pipeline {self.name} stopped while {waiting or 'waiting'}")
+
     def metrics(self) -> dict[str, Any]:
         """Counters now: rows read from sources, rows written per sink, late rows per windowed
         query, watermark per windowed query, open panes, gaps reported."""
@@ -609,6 +611,7 @@ class DurableRuntime(PipelineRuntime):
         Raises:
             CheckpointError: the state root cannot be written (nothing is committed then).
         """
+        self._drain_plugins()  # no batch stays in flight across a barrier
         started = time.perf_counter()
         epoch = self.epoch + 1
         files: dict[str, bytes] = {}
@@ -650,13 +653,6 @@ class DurableRuntime(PipelineRuntime):
             sinks=sinks,
             metrics=self.metrics(),
         )
-    def plugin_wait(self, node: Any, waiting: str | None) -> None:
-        """A plugin stage waits (see the base class); stop here when asked to: the run resumes
-        from its last checkpoint and sends the batches after it again."""
-        super().plugin_wait(node, waiting)
-        if self._stop.is_set():
-            raise PipelineStopped(f"pipeline {self.name} stopped while {waiting or 'waiting'}")
-
         written = self.checkpoints.write(manifest, files)
         _crash_point("checkpoint", epoch)
         for txn in self._txn.values():
@@ -696,7 +692,6 @@ class DurableRuntime(PipelineRuntime):
             for txn in self._txn.values():
                 if isinstance(txn, EpochFileSink):
                     txn.finalize()
-        self._drain_plugins()  # no batch stays in flight across a barrier
                 else:
                     txn.end_input()
         except FlightServeError:

@@ -55,15 +55,6 @@ from flight_serve.engine.windows import (
 )
 from flight_serve.errors import ConnectorError, FlightServeError, PipelineSQLError, QueryError
 from flight_serve.pipelines.dialect import position, sql_error
-from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
-from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
-from flight_serve.pipelines.iceberg_io import (
-    IcebergRunSink,
-    IcebergSinkSpec,
-    iceberg_sink_spec,
-    iceberg_source,
-    is_catalog_option,
-)
 from flight_serve.pipelines.pipeline import (
     FunctionDef,
     Option,
@@ -92,7 +83,7 @@ CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 #: Connectors of DESIGN §5 that only the server will run.
-_SERVER_CONNECTORS = ("falkordb", "plugin")
+_SERVER_CONNECTORS = ("iceberg", "falkordb", "plugin")
 #: How often (seconds) windowed queries re-check idle partitions while a live source is quiet:
 #: a quarter of the smallest ``idle_timeout``, within these bounds.
 _TICK_BOUNDS_S = (0.01, 0.5)
@@ -415,29 +406,6 @@ class _RowNode(_Node):
             self.runtime.set_backlog(self.output, partition, backlog)
 
 
-def _table_name(name: str) -> str:
-    return f"__table_{name}"
-
-
-def _row_sql(query: QueryDef, input_name: str) -> str:
-    """The per-row query as DataFusion SQL: the stream reads ``__input``, each static table
-    ``__table_<name>`` (aliased back to the name written); identifiers are quoted, so names are
-    case-sensitive as written."""
-    select = query.select.copy()
-    with_ = select.args.get("with_") or select.args.get("with")
-    ctes = {c.alias_or_name for c in with_.expressions} if with_ is not None else set()
-
-    def fix(node: exp.Expr) -> exp.Expr:
-        if not isinstance(node, exp.Table):
-            return node
-        alias = node.args.get("alias")
-        if isinstance(node.this, exp.Anonymous):  # LATE(x) or f(x): the only stream of the query
-            internal = _INPUT
-        else:
-            name = str(node.this.name)
-            if name in ctes:
-                return node
-            if name == input_name:
 class _PluginNode(_Node):
     """``<f>(<stream>)``: every batch goes through an attached plugin (a
     :class:`~flight_serve.pipelines.plugins.PluginStage`); its results go on, in the order the
@@ -534,6 +502,29 @@ class _PluginNode(_Node):
         self.stage.close()
 
 
+def _table_name(name: str) -> str:
+    return f"__table_{name}"
+
+
+def _row_sql(query: QueryDef, input_name: str) -> str:
+    """The per-row query as DataFusion SQL: the stream reads ``__input``, each static table
+    ``__table_<name>`` (aliased back to the name written); identifiers are quoted, so names are
+    case-sensitive as written."""
+    select = query.select.copy()
+    with_ = select.args.get("with_") or select.args.get("with")
+    ctes = {c.alias_or_name for c in with_.expressions} if with_ is not None else set()
+
+    def fix(node: exp.Expr) -> exp.Expr:
+        if not isinstance(node, exp.Table):
+            return node
+        alias = node.args.get("alias")
+        if isinstance(node.this, exp.Anonymous):  # LATE(x) or f(x): the only stream of the query
+            internal = _INPUT
+        else:
+            name = str(node.this.name)
+            if name in ctes:
+                return node
+            if name == input_name:
                 internal = _INPUT
             elif name in query.tables:
                 internal = _table_name(name)
@@ -557,6 +548,8 @@ class PipelineRuntime:
         output_dir: where relative sink paths start (default: the working directory).
         load_tables: read static tables now (``False`` for :meth:`explain`, which only needs
             their schemas).
+        plugins: the server's plugin hub, for ``CREATE FUNCTION … (connector = 'plugin')``
+            (``None``: such functions are refused, as in embedded runs).
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -572,9 +565,11 @@ class PipelineRuntime:
         output_dir: Path | None = None,
         load_tables: bool = True,
         plugins: PluginHub | None = None,
-        data_dir: Path | None = None,
     ) -> None:
         self.plan = plan
+        self.plugins = plugins
+        #: "waiting for plugin <name>" while a plugin stage waits for an instance, else None
+        self.waiting: str | None = None
         self.output_dir = output_dir if output_dir is not None else Path.cwd()
         self.streams: dict[str, _Stream] = {}
         self.sources: dict[str, FileSource] = {}
@@ -586,8 +581,6 @@ class PipelineRuntime:
         self.sinks: dict[str, _Sink] = {}
         self._pending: deque[tuple[str, pa.RecordBatch]] = deque()
         self._collect = False
-        plugins: the server's plugin hub, for ``CREATE FUNCTION … (connector = 'plugin')``
-            (``None``: such functions are refused, as in embedded runs).
         self._ran = False
         for relation in plan.tables.values():
             source = self._file_source(relation, "table")
@@ -600,13 +593,6 @@ class PipelineRuntime:
                 raise sql_error(f"CREATE TABLE {relation.name}: {exc}", relation.node.this) from exc
         for relation in plan.sources.values():
             if self._connector(relation.connector, "source", f"SOURCE {relation.name}") == "flight":
-        #: where the embedded Iceberg catalog lives (``<output_dir>/flight-data`` by default)
-        self.data_dir = (
-            data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
-        )
-        self.plugins = plugins
-        #: "waiting for plugin <name>" while a plugin stage waits for an instance, else None
-        self.waiting: str | None = None
                 live = self._flight_source(relation)
                 self.flight_sources[relation.name] = live
                 self.streams[relation.name] = _Stream(relation.name, live.schema, live.partitions)
@@ -792,6 +778,8 @@ class PipelineRuntime:
                 node.late = self.late_streams[query.index] = _Stream(name, op.late_schema, (name,))
             partitions: tuple[str, ...] = (node.partition,)
         else:
+            if query.function is not None:
+                input = self._plugin_stage(query, input)
             node = _RowNode(self, query, input, self.tables)
             partitions = input.partitions
         if query.view is not None:
@@ -809,6 +797,51 @@ class PipelineRuntime:
                 )
             sink.fed_by.append(query.label)
         self.nodes.append(node)
+
+    def _plugin_stage(self, query: QueryDef, input: _Stream) -> _Stream:
+        """The plugin node in front of ``query`` (``FROM <f>(<input>)``); its hidden stream."""
+        assert query.function is not None
+        function = self.plan.functions[query.function]
+        if self.plugins is None:
+            raise sql_error(
+                f"FUNCTION {function.name}: plugins are attached to a server; submit the "
+                "pipeline (flight-serve submit) instead of running it embedded",
+                function.node.this,
+            )
+        node = _PluginNode(self, query, input, function, self.plugins)
+        self.nodes.append(node)
+        return node.hidden
+
+    def plugin_wait(self, node: _PluginNode, waiting: str | None) -> None:
+        """A plugin stage waits for a result (``waiting``: why, or ``None`` when it is over).
+        Durable runs also stop here when asked to."""
+        self.waiting = waiting
+
+    def plugin_waiting(self) -> str | None:
+        """``waiting for plugin <name>`` while a plugin stage has batches and no instance that
+        can take them (live; a stage blocked in a barrier included), else ``None``."""
+        for node in self.nodes:
+            if isinstance(node, _PluginNode):
+                waiting = node.stage.waiting_for()
+                if waiting is not None:
+                    return waiting
+        return None
+
+    def plugin_errors(self) -> dict[str, str]:
+        """The last error of each plugin function's instances (a refused declaration, a wrong
+        result schema, garbage, a timeout), by function name."""
+        errors: dict[str, str] = {}
+        for node in self.nodes:
+            if isinstance(node, _PluginNode):
+                error = node.stage.error or node.stage.hub.last_error(node.function.plugin)
+                if error is not None:
+                    errors[node.function.name] = error
+        return errors
+
+    def _drain_plugins(self) -> None:
+        for node in self.nodes:
+            if isinstance(node, _PluginNode):
+                node.drain()
 
     # --- running ------------------------------------------------------------------------------
 
@@ -864,6 +897,8 @@ class PipelineRuntime:
             if isinstance(n, _WindowNode) and n.op.config.idle_timeout is not None
         ]
         low, high = _TICK_BOUNDS_S
+        if any(isinstance(n, _PluginNode) for n in self.nodes):
+            return low  # plugin results are emitted at ticks while the sources are quiet
         return min(max(min(timeouts) / 4, low), high) if timeouts else high
 
     def deliver(self, sink: str, batch: pa.RecordBatch) -> None:
@@ -874,8 +909,6 @@ class PipelineRuntime:
             slot.writer.write(batch)
         if self._collect:
             self._pending.append((sink, batch))
-            if query.function is not None:
-                input = self._plugin_stage(query, input)
 
     def _open_writers(self) -> None:
         for slot in self.sinks.values():
@@ -893,51 +926,6 @@ class PipelineRuntime:
                 raise sql_error(
                     f"SINK {slot.definition.name}: {exc}", slot.definition.node
                 ) from exc
-
-    def _plugin_stage(self, query: QueryDef, input: _Stream) -> _Stream:
-        """The plugin node in front of ``query`` (``FROM <f>(<input>)``); its hidden stream."""
-        assert query.function is not None
-        function = self.plan.functions[query.function]
-        if self.plugins is None:
-            raise sql_error(
-                f"FUNCTION {function.name}: plugins are attached to a server; submit the "
-                "pipeline (flight-serve submit) instead of running it embedded",
-                function.node.this,
-            )
-        node = _PluginNode(self, query, input, function, self.plugins)
-        self.nodes.append(node)
-        return node.hidden
-
-    def plugin_wait(self, node: _PluginNode, waiting: str | None) -> None:
-        """A plugin stage waits for a result (``waiting``: why, or ``None`` when it is over).
-        Durable runs also stop here when asked to."""
-        self.waiting = waiting
-
-    def plugin_waiting(self) -> str | None:
-        """``waiting for plugin <name>`` while a plugin stage has batches and no instance that
-        can take them (live; a stage blocked in a barrier included), else ``None``."""
-        for node in self.nodes:
-            if isinstance(node, _PluginNode):
-                waiting = node.stage.waiting_for()
-                if waiting is not None:
-                    return waiting
-        return None
-
-    def plugin_errors(self) -> dict[str, str]:
-        """The last error of each plugin function's instances (a refused declaration, a wrong
-        result schema, garbage, a timeout), by function name."""
-        errors: dict[str, str] = {}
-        for node in self.nodes:
-            if isinstance(node, _PluginNode):
-                error = node.stage.error or node.stage.hub.last_error(node.function.plugin)
-                if error is not None:
-                    errors[node.function.name] = error
-        return errors
-
-    def _drain_plugins(self) -> None:
-        for node in self.nodes:
-            if isinstance(node, _PluginNode):
-                node.drain()
 
     def run(
         self, *, write: bool = True, collect: bool = False
@@ -993,8 +981,6 @@ class PipelineRuntime:
                         yield self._pending.popleft()
                     still.append((stream, reader))
                 readers = still
-        if any(isinstance(n, _PluginNode) for n in self.nodes):
-            return low  # plugin results are emitted at ticks while the sources are quiet
                 for stream, source in live:
                     # a live source waits for its next entries only when no file is left to read
                     wait = 0.0 if readers else max(next_tick - time.monotonic(), 0.0) / len(live)
@@ -1007,9 +993,12 @@ class PipelineRuntime:
                     for node in self.nodes:
                         if isinstance(node, _WindowNode):
                             node.tick()
+                        elif isinstance(node, _PluginNode):
+                            node.pump(block=False)
                     while self._pending:
                         yield self._pending.popleft()
                     next_tick = time.monotonic() + tick_s
+            self._drain_plugins()
             for node in self.nodes:
                 if isinstance(node, _WindowNode):
                     node.finish_all()
@@ -1019,6 +1008,9 @@ class PipelineRuntime:
                 if isinstance(slot.writer, FlightSink):
                     slot.writer.end_input()
         finally:
+            for node in self.nodes:
+                if isinstance(node, _PluginNode):
+                    node.close()
             for source in self.flight_sources.values():
                 source.close()
             for slot in self.sinks.values():
@@ -1093,12 +1085,9 @@ class PipelineRuntime:
             out.append(f"  columns: {_columns_text(stream.schema)}")
             if relation.time_column is not None:
                 bound = _duration(relation.options.max_out_of_orderness)
-                        elif isinstance(node, _PluginNode):
-                            node.pump(block=False)
                 out.append(
                     f"  watermark: W_p = max(max({relation.time_column}) - {bound}, the writer's "
                     "watermark markers) per writer; W = min over writers neither ended nor idle, "
-            self._drain_plugins()
                     "never decreasing; end_of_input sets W_p = +inf"
                 )
             out.append(f"  options: {_options_text(relation.options)}")
@@ -1108,9 +1097,6 @@ class PipelineRuntime:
         for name, table_source in self.table_sources.items():
             relation = plan.tables[name]
             out += ["", f"TABLE {name}{_at(relation.node)}"]
-            for node in self.nodes:
-                if isinstance(node, _PluginNode):
-                    node.close()
             out.append(
                 f"  connector file, format {table_source.format}; static: read once, in full, "
                 f"before the first source batch ({len(table_source.paths)} file(s))"
@@ -1192,6 +1178,13 @@ class PipelineRuntime:
                 out.append(f"  late side output: {node.late.name}, read by {'; '.join(readers)}")
             else:
                 out.append("  late side output: not read (late rows are counted)")
+        elif isinstance(node, _PluginNode):
+            fn = node.function
+            out.append(
+                f"  plugin {fn.plugin} (FUNCTION {fn.name}): every batch sent to an attached "
+                f"instance, results in order; timeout {_duration(fn.timeout)}, max_in_flight "
+                f"{fn.max_in_flight}"
+            )
         else:
             assert isinstance(node, _RowNode)
             tables = f", joined with {', '.join(query.tables)}" if query.tables else ""
@@ -1215,10 +1208,3 @@ def _options_text(options: QueryOptions) -> str:
         f"{_duration(options.max_future_skew)}, time_zone {options.time_zone or 'UTC'}, "
         f"max_out_of_orderness {_duration(options.max_out_of_orderness)}"
     )
-        elif isinstance(node, _PluginNode):
-            fn = node.function
-            out.append(
-                f"  plugin {fn.plugin} (FUNCTION {fn.name}): every batch sent to an attached "
-                f"instance, results in order; timeout {_duration(fn.timeout)}, max_in_flight "
-                f"{fn.max_in_flight}"
-            )
