@@ -50,12 +50,14 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from flight_serve.connectors.file import FileSource
+from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import OperatorSnapshot
 from flight_serve.errors import CheckpointError, ConnectorError, FlightServeError
 from flight_serve.pipelines.checkpoint import CheckpointStore, Manifest, fingerprint, now_utc
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink, read_ipc
+from flight_serve.pipelines.iceberg_io import EpochIcebergSink, iceberg_source
 from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.run_options import RunOptions
@@ -322,7 +324,7 @@ class DurableRuntime(PipelineRuntime):
         self.gaps: list[str] = []
         self.last_checkpoint: CheckpointInfo | None = None
         self.resumed_from: int | None = None
-        self._txn: dict[str, EpochFileSink | EpochStreamSink] = {}
+        self._txn: dict[str, EpochFileSink | EpochStreamSink | EpochIcebergSink] = {}
         self._events = 0
         self._events_at_checkpoint = 0
         self._force = threading.Event()
@@ -334,7 +336,12 @@ class DurableRuntime(PipelineRuntime):
         self.manifest = self._pick(resume)
         self.epoch = self.manifest.epoch if self.manifest is not None else 0
         # opens the sources (from their offsets)
-        super().__init__(plan, output_dir=output_dir, plugins=plugins)
+        super().__init__(
+            plan,
+            output_dir=output_dir,
+            plugins=plugins,
+            data_dir=store.data_dir if store is not None else None,
+        )
         self._restore_operators()
         for name_, source in list(self.sources.items()):
             state = self.manifest.sources.get(name_) if self.manifest is not None else None
@@ -348,7 +355,7 @@ class DurableRuntime(PipelineRuntime):
         for relation in plan.sources.values():
             option = relation.connector["connector"]
             connector = option.text.lower()
-            if connector == "file" or (
+            if connector in ("file", "iceberg") or (
                 server and connector == "flight" and "server" not in relation.connector
             ):
                 continue
@@ -356,7 +363,7 @@ class DurableRuntime(PipelineRuntime):
         for sink in plan.sinks.values():
             option = sink.connector["connector"]
             connector = option.text.lower()
-            if connector in ("file", "stdout") or (
+            if connector in ("file", "stdout", "iceberg") or (
                 server and connector == "flight" and "server" not in sink.connector
             ):
                 continue
@@ -439,6 +446,23 @@ class DurableRuntime(PipelineRuntime):
         source.counted = self.count_event
         return source
 
+    def _iceberg_source(self, relation: RelationDef) -> LiveSource:
+        """The Iceberg source, from the checkpoint's offset (its last consumed snapshot)."""
+        state = self.manifest.sources.get(relation.name) if self.manifest is not None else None
+        source = iceberg_source(
+            relation,
+            self.data_dir,
+            batch_rows=self.plan.batch_rows or 65_536,
+            offset=state,
+            on_gap=self.report_gap,
+        )
+        source.barrier = self.barrier
+        source.counted = self.count_event
+        return source
+
+    def _iceberg_sources(self) -> dict[str, IcebergSource]:
+        return {n: s for n, s in self.flight_sources.items() if isinstance(s, IcebergSource)}
+
     def _store_sources(self) -> dict[str, StoreSource]:
         return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}
 
@@ -479,6 +503,23 @@ class DurableRuntime(PipelineRuntime):
             try:
                 if slot.connector == "stdout":
                     slot.writer = StdoutSink(name, slot.schema, slot.format)
+                elif slot.iceberg is not None:
+                    txn = EpochIcebergSink(
+                        name,
+                        slot.iceberg,
+                        f"{self.name}/{name}",
+                        slot.schema,
+                        mark=entry or None,
+                    )
+                    if manifest is not None:
+                        staged = entry.get("staged")
+                        txn.recover(
+                            manifest.epoch,
+                            read_ipc(self.checkpoints.read(manifest.epoch, staged))
+                            if staged
+                            else [],
+                        )
+                    self._txn[name] = txn
                 elif slot.connector == "file":
                     assert slot.path is not None
                     self._txn[name] = EpochFileSink(
@@ -595,7 +636,8 @@ class DurableRuntime(PipelineRuntime):
 
     def _source_rows(self) -> int:
         files = sum(s.rows for s in self.sources.values() if isinstance(s, _FileCursor))
-        return files + sum(s.rows for s in self._store_sources().values())
+        iceberg = sum(s.rows for s in self._iceberg_sources().values())
+        return files + iceberg + sum(s.rows for s in self._store_sources().values())
 
     def watermark_ns(self) -> int | None:
         """The lowest watermark of the windowed queries (``None`` without one, or before any)."""
@@ -632,12 +674,14 @@ class DurableRuntime(PipelineRuntime):
         }
         for name, live in self._store_sources().items():
             sources[name] = live.position_state()
+        for name, table in self._iceberg_sources().items():
+            sources[name] = table.position_state()
         sinks: dict[str, dict[str, Any]] = {}
         for name, slot in self.sinks.items():
             txn = self._txn.get(name)
             if isinstance(txn, EpochFileSink):
                 sinks[name] = txn.prepare(epoch)
-            elif isinstance(txn, EpochStreamSink):
+            elif isinstance(txn, EpochStreamSink | EpochIcebergSink):
                 sinks[name] = txn.prepare(epoch, files)
             else:
                 sinks[name] = {"kind": slot.connector, "rows": slot.rows}

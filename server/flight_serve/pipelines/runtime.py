@@ -43,6 +43,7 @@ from sqlglot import exp
 
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
 from flight_serve.connectors.flight import DEFAULT_SERVER, FlightSink, FlightSource, SourceEvent
+from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import Emission, WindowOperator
 from flight_serve.engine.windows import (
@@ -55,6 +56,15 @@ from flight_serve.engine.windows import (
 )
 from flight_serve.errors import ConnectorError, FlightServeError, PipelineSQLError, QueryError
 from flight_serve.pipelines.dialect import position, sql_error
+from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
+from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
+from flight_serve.pipelines.iceberg_io import (
+    IcebergRunSink,
+    IcebergSinkSpec,
+    iceberg_sink_spec,
+    iceberg_source,
+    is_catalog_option,
+)
 from flight_serve.pipelines.pipeline import (
     FunctionDef,
     Option,
@@ -74,16 +84,18 @@ CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "source": {
         "file": ("connector", "path", "format", "batch_rows", "delimiter"),
         "flight": ("connector", "server", "stream", "start_offset", "stop_at_end"),
+        "iceberg": ICEBERG_SOURCE_OPTIONS,
     },
     "table": {"file": ("connector", "path", "format", "delimiter")},
     "sink": {
         "file": ("connector", "path", "format"),
         "stdout": ("connector", "format"),
         "flight": ("connector", "server", "stream", "writer"),
+        "iceberg": ICEBERG_SINK_OPTIONS,
     },
 }
 #: Connectors of DESIGN §5 that only the server will run.
-_SERVER_CONNECTORS = ("iceberg", "falkordb", "plugin")
+_SERVER_CONNECTORS = ("falkordb", "plugin")
 #: How often (seconds) windowed queries re-check idle partitions while a live source is quiet:
 #: a quarter of the smallest ``idle_timeout``, within these bounds.
 _TICK_BOUNDS_S = (0.01, 0.5)
@@ -244,13 +256,17 @@ class _Sink:
     path: Path | None
     schema: pa.Schema | None = None
     fed_by: list[str] = field(default_factory=list)
-    writer: FileSink | StdoutSink | FlightSink | None = None
+    writer: FileSink | StdoutSink | FlightSink | IcebergRunSink | None = None
     rows: int = 0
     #: flight sinks: (server, stream, writer)
     flight: tuple[str, str, str] | None = None
+    #: iceberg sinks: the checked options
+    iceberg: IcebergSinkSpec | None = None
 
     @property
     def target(self) -> str:
+        if self.iceberg is not None:
+            return f"iceberg table {self.iceberg.table}"
         if self.flight is not None:
             server, stream, writer = self.flight
             return f"{server} stream {stream} (writer {writer})"
@@ -565,8 +581,13 @@ class PipelineRuntime:
         output_dir: Path | None = None,
         load_tables: bool = True,
         plugins: PluginHub | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.plan = plan
+        #: where the embedded Iceberg catalog lives (``<output_dir>/flight-data`` by default)
+        self.data_dir = (
+            data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
+        )
         self.plugins = plugins
         #: "waiting for plugin <name>" while a plugin stage waits for an instance, else None
         self.waiting: str | None = None
@@ -592,8 +613,13 @@ class PipelineRuntime:
             except ConnectorError as exc:
                 raise sql_error(f"CREATE TABLE {relation.name}: {exc}", relation.node.this) from exc
         for relation in plan.sources.values():
-            if self._connector(relation.connector, "source", f"SOURCE {relation.name}") == "flight":
-                live = self._flight_source(relation)
+            kind = self._connector(relation.connector, "source", f"SOURCE {relation.name}")
+            if kind in ("flight", "iceberg"):
+                live = (
+                    self._flight_source(relation)
+                    if kind == "flight"
+                    else self._iceberg_source(relation)
+                )
                 self.flight_sources[relation.name] = live
                 self.streams[relation.name] = _Stream(relation.name, live.schema, live.partitions)
                 continue
@@ -636,7 +662,7 @@ class PipelineRuntime:
                 f"{' or '.join(repr(c) for c in available)}"
             )
         for key, extra in options.items():
-            if key not in available[name]:
+            if key not in available[name] and not (name == "iceberg" and is_catalog_option(key)):
                 raise extra.error(
                     f"unknown option of the {name} connector of {what}; its options: "
                     f"{', '.join(available[name])}"
@@ -715,11 +741,20 @@ class PipelineRuntime:
             )
         return source
 
+    def _iceberg_source(self, relation: RelationDef) -> LiveSource:
+        """An Iceberg table as a live source (:mod:`~flight_serve.pipelines.iceberg_io`)."""
+        return iceberg_source(
+            relation, self.data_dir, batch_rows=self.plan.batch_rows or DEFAULT_BATCH_ROWS
+        )
+
     def _sink(self, sink: SinkDef) -> _Sink:
         what = f"SINK {sink.name}"
         connector = self._connector(sink.connector, "sink", what)
         options = sink.connector
         fmt = options["format"].text.lower() if "format" in options else None
+        if connector == "iceberg":
+            spec = iceberg_sink_spec(sink, self.data_dir)
+            return _Sink(sink, connector, "iceberg", None, iceberg=spec)
         if connector == "stdout":
             return _Sink(sink, connector, fmt or "table", None)
         if connector == "flight":
@@ -919,6 +954,10 @@ class PipelineRuntime:
                     slot.writer = StdoutSink(slot.definition.name, slot.schema, slot.format)
                 elif slot.flight is not None:
                     slot.writer = FlightSink(*slot.flight[:2], slot.schema, slot.flight[2])
+                elif slot.iceberg is not None:
+                    stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
+                    writer = f"{stem}/{slot.definition.name}"
+                    slot.writer = IcebergRunSink(slot.iceberg, writer, slot.schema)
                 else:
                     assert slot.path is not None
                     slot.writer = FileSink(slot.path, slot.format, slot.schema)
@@ -1068,6 +1107,9 @@ class PipelineRuntime:
             relation = plan.sources[name]
             stream = self.streams[name]
             out += ["", f"SOURCE {name}{_at(relation.node)}"]
+            if isinstance(live, IcebergSource):
+                out += [*live.describe(), f"  columns: {_columns_text(stream.schema)}"]
+                continue
             out.append(
                 f"  connector flight, server {live.server}, stream {live.stream}, from offset "
                 f"{live.start_offset}; "
@@ -1108,6 +1150,12 @@ class PipelineRuntime:
             out += ["", f"SINK {name}{_at(slot.definition.node)}"]
             if slot.connector == "stdout":
                 out.append(f"  connector stdout, format {slot.format}: rows printed as they arrive")
+            elif slot.iceberg is not None:
+                out.append(
+                    f"  connector iceberg -> {slot.target}: one Iceberg commit per checkpoint "
+                    "epoch, with exactly-once markers (without checkpoints: every "
+                    "100,000 rows and at the end)"
+                )
             elif slot.flight is not None:
                 out.append(
                     f"  connector flight -> {slot.target}: one DoPut for the run, each batch "

@@ -1,0 +1,927 @@
+"""Apache Iceberg tables as pipeline sources and sinks, and as SQL tables (pyiceberg).
+
+**Catalog.** Any pyiceberg catalog (:func:`load_iceberg_catalog`). The embedded default, when no
+catalog option is given, is a ``SqlCatalog`` on SQLite at ``<data dir>/iceberg/catalog.db`` with the
+warehouse ``file://<data dir>/iceberg/warehouse`` (no server). Table names are
+``<namespace>.<table>`` (a dotted namespace is allowed: ``a.b.table``).
+
+**Source** (:class:`IcebergSource`). Every ``monitor_interval`` (seconds) it reloads the table and
+walks the current snapshot's ancestry back to the last consumed snapshot; the snapshots in between
+are read oldest first, one at a time, each as the rows *its* commit appended (pyiceberg's
+``incremental_append_scan`` from that snapshot inclusive to itself inclusive). The **offset** is the
+id of the last snapshot consumed: a checkpoint records it, and a resumed source goes on with that
+snapshot's child. Snapshot order is commit order, so the source is **one watermark partition**
+(named ``iceberg <table>``); a table does not reorder its own history. Snapshots of other
+operations:
+
+* ``replace`` (compaction: same rows, new files): skipped, logged at INFO;
+* ``overwrite`` and ``delete``: :class:`NonAppendSnapshotError` naming the snapshot id and the
+  operation, unless ``skip_overwrite_snapshots`` / ``skip_delete_snapshots`` are set: then the
+  snapshot is skipped and a WARNING names it (its appended rows, if any, are not delivered: they
+  replace rows the source already delivered, and a stream cannot take rows back).
+
+Start strategies (``starting_strategy``, as Flink's Iceberg source names them): ``earliest`` (the
+default: every row the table's history appended, oldest snapshot first; if the oldest surviving
+ancestor has an expired parent, that snapshot is read in full, which is the table's content then),
+``latest`` (only rows committed after the source starts), ``snapshot_id`` (from
+``start_snapshot_id``, inclusive) and ``timestamp`` (from the first snapshot committed at or after
+``start_snapshot_timestamp``, inclusive). Rate limits per poll: ``max_snapshots_per_poll`` and
+``max_rows_per_poll`` (by the snapshots' ``added-records``; a snapshot is never split, so one
+snapshot is always read even if larger). ``stop_at = 'latest'`` bounds the source to the snapshot
+current when it starts (then its partition ends).
+
+An **expired** offset (the last consumed snapshot is gone from the metadata): if a surviving
+snapshot names it as parent, the source resumes there (nothing is lost: expiry removes metadata, not
+the child's appended files); otherwise :class:`SnapshotExpiredError` says what to do, or, with
+``expired_snapshot = 'reset'``, the source resumes with the oldest surviving ancestor of the
+current snapshot and reports the gap (``on_gap``).
+
+**Sink** (:class:`IcebergSink`). :meth:`IcebergSink.commit` appends one epoch's rows in one
+Iceberg transaction that also writes the **commit markers**: snapshot summary properties
+``flight-serve.writer`` / ``flight-serve.run`` / ``flight-serve.epoch`` and the table property
+``flight-serve.epoch.<writer>`` = ``<run>:<epoch>`` (a table property survives snapshot expiry,
+which removes summaries). Before every attempt the table is reloaded and the markers checked: an
+epoch already there is not written again. A commit conflict (``CommitFailedException``: another
+writer committed first) is retried after a backoff (``backoff_s`` doubling, with jitter, up to
+``max_retries``); an unknown outcome (any other error out of the commit call, e.g. the commit landed
+and the connection dropped) is never re-appended blindly: the table is reloaded and the markers
+decide. Rows are conformed before the write: timestamps to microseconds (Iceberg's unit;
+sub-microsecond digits are truncated), unsigned integers to signed ones wide enough (``uint64``
+above the ``int64`` range is an error naming the column), view types to plain ones. A column the
+table lacks is added (schema evolution by name) only with ``allow_schema_evolution``; otherwise the
+commit fails naming it. With ``upsert_keys`` the epoch is written with pyiceberg's ``upsert`` (rows
+matching on the keys are replaced, the rest inserted; the last row per key in an epoch wins), in the
+same transaction as the markers. A missing table is created from the first epoch's columns, with an
+optional partition spec (``partition_by``: ``day(ts)``, ``hour(ts)``, ``month(ts)``, ``year(ts)``,
+``bucket(16, k)``, ``truncate(4, s)``, ``identity(k)`` or a bare column; several separated by
+commas).
+
+Errors: :class:`~flight_serve.errors.ConnectorError` (and its subclasses below) for a bad option, a
+missing table or namespace, a column that does not fit, or a commit that fails after the retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flight_serve.connectors.flight import SourceEvent
+from flight_serve.errors import CheckpointError, ConnectorError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
+
+__all__ = [
+    "MARKER_EPOCH",
+    "MARKER_RUN",
+    "MARKER_WRITER",
+    "CommitResult",
+    "IcebergSink",
+    "IcebergSource",
+    "NonAppendSnapshotError",
+    "SnapshotExpiredError",
+    "StartingStrategy",
+    "conform_for_iceberg",
+    "default_catalog_properties",
+    "load_iceberg_catalog",
+    "parse_identifier",
+    "parse_partition_spec",
+]
+
+log = logging.getLogger("flight_serve.connectors.iceberg")
+
+#: Snapshot summary keys of the sink's commit markers.
+MARKER_WRITER = "flight-serve.writer"
+MARKER_RUN = "flight-serve.run"
+MARKER_EPOCH = "flight-serve.epoch"
+#: Table property prefix of the sink's commit marker (``<prefix><writer>`` = ``<run>:<epoch>``).
+MARKER_PROPERTY_PREFIX = "flight-serve.epoch."
+
+StartingStrategy = Literal["earliest", "latest", "snapshot_id", "timestamp"]
+
+_catalogs: dict[tuple[str, tuple[tuple[str, str], ...]], Catalog] = {}
+_catalogs_lock = threading.Lock()
+
+
+class NonAppendSnapshotError(ConnectorError):
+    """An Iceberg source met an ``overwrite`` or ``delete`` snapshot it is not told to skip."""
+
+
+class SnapshotExpiredError(CheckpointError):
+    """An Iceberg source's checkpointed snapshot expired and no surviving snapshot follows it."""
+
+
+def default_catalog_properties(data_dir: Path) -> dict[str, str]:
+    """The embedded catalog of ``data_dir``: a pyiceberg ``SqlCatalog`` on SQLite at
+    ``<data_dir>/iceberg/catalog.db``, warehouse ``file://<data_dir>/iceberg/warehouse``."""
+    root = Path(data_dir).absolute() / "iceberg"
+    return {
+        "type": "sql",
+        "uri": f"sqlite:///{root / 'catalog.db'}",
+        "warehouse": f"file://{root / 'warehouse'}",
+    }
+
+
+def load_iceberg_catalog(name: str, properties: dict[str, str]) -> Catalog:
+    """A pyiceberg catalog (``pyiceberg.catalog.load_catalog(name, **properties)``), cached per
+    name and properties. For a ``sql`` catalog on a ``sqlite:///`` file the file's directory and
+    the ``file://`` warehouse directory are created first.
+
+    Raises:
+        ConnectorError: pyiceberg cannot load the catalog (its message is included).
+    """
+    key = (name, tuple(sorted(properties.items())))
+    with _catalogs_lock:
+        found = _catalogs.get(key)
+        if found is not None:
+            return found
+        uri = properties.get("uri", "")
+        if properties.get("type") == "sql" and uri.startswith("sqlite:///"):
+            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        warehouse = properties.get("warehouse", "")
+        if warehouse.startswith("file://"):
+            Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        from pyiceberg.catalog import load_catalog
+
+        try:
+            catalog = load_catalog(name, **properties)
+        except Exception as exc:  # pyiceberg raises many kinds: report them as one
+            raise ConnectorError(f"iceberg catalog {name!r}: cannot load it: {exc}") from exc
+        _catalogs[key] = catalog
+        return catalog
+
+
+def parse_identifier(text: str) -> tuple[str, ...]:
+    """``"ns.table"`` → ``("ns", "table")`` (a dotted namespace is kept whole: ``a.b.t``).
+
+    Raises:
+        ConnectorError: no namespace, or an empty part.
+    """
+    parts = tuple(text.strip().split("."))
+    if len(parts) < 2 or any(not p for p in parts):
+        raise ConnectorError(
+            f"iceberg table {text!r}: expected <namespace>.<table> (e.g. 'ops.hourly_delays')"
+        )
+    return parts
+
+
+def _load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError) as exc:
+        raise ConnectorError(f"iceberg table {'.'.join(identifier)} does not exist") from exc
+
+
+# --- conforming rows ---------------------------------------------------------------------------
+
+
+def _iceberg_type(name: str, t: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz=t.tz)
+    if pa.types.is_uint8(t) or pa.types.is_uint16(t):
+        return pa.int32()
+    if pa.types.is_uint32(t) or pa.types.is_uint64(t):
+        return pa.int64()
+    if pa.types.is_int8(t) or pa.types.is_int16(t):
+        return pa.int32()
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_time64(t) and t.unit == "ns":
+        return pa.time64("us")
+    return t
+
+
+def conform_for_iceberg(table: pa.Table) -> pa.Table:
+    """``table`` with the types Iceberg stores: timestamps (any unit, tz kept) to microseconds
+    (sub-microsecond digits truncated), ``int8``/``int16``/``uint8``/``uint16`` to ``int32``,
+    ``uint32``/``uint64`` to ``int64``, ``string_view``/``binary_view`` to plain types,
+    ``time64[ns]`` to ``time64[us]``; other columns unchanged.
+
+    Raises:
+        ConnectorError: a ``uint64`` value above the ``int64`` range (the column is named).
+    """
+    columns = []
+    fields = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        target = _iceberg_type(field.name, field.type)
+        if target != field.type:
+            safe = not (pa.types.is_timestamp(field.type) or pa.types.is_time64(field.type))
+            try:
+                column = pc.cast(column, target, safe=safe)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ConnectorError(
+                    f"column {field.name!r} ({field.type}) does not fit Iceberg's {target}: {exc}"
+                ) from exc
+        columns.append(column)
+        fields.append(pa.field(field.name, target, field.nullable, field.metadata))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """Source batches use ``string``/``binary`` (pyiceberg reads ``large_string``)."""
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    return t
+
+
+# --- partition specs ----------------------------------------------------------------------------
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+            continue
+        depth += (char == "(") - (char == ")")
+        current += char
+    if current.strip():
+        parts.append(current.strip())
+    return parts
+
+
+def parse_partition_spec(text: str) -> list[tuple[str, str, int | None]]:
+    """``partition_by`` text → ``[(transform, column, width or None)]``.
+
+    ``'day(window_start), bucket(16, origin), carrier'`` →
+    ``[('day', 'window_start', None), ('bucket', 'origin', 16), ('identity', 'carrier', None)]``.
+
+    Raises:
+        ConnectorError: an unknown transform or a malformed term (named).
+    """
+    out: list[tuple[str, str, int | None]] = []
+    for term in _split_top(text):
+        if "(" not in term:
+            out.append(("identity", term, None))
+            continue
+        name, _, rest = term.partition("(")
+        name = name.strip().lower()
+        if not rest.endswith(")"):
+            raise ConnectorError(f"partition_by term {term!r}: expected transform(column)")
+        args = [a.strip() for a in rest[:-1].split(",")]
+        if name in ("year", "month", "day", "hour", "identity") and len(args) == 1 and args[0]:
+            out.append((name, args[0], None))
+        elif name in ("bucket", "truncate") and len(args) == 2 and args[0].isdigit():
+            out.append((name, args[1], int(args[0])))
+        else:
+            raise ConnectorError(
+                f"partition_by term {term!r}: use year/month/day/hour/identity(column), "
+                "bucket(n, column) or truncate(width, column)"
+            )
+    return out
+
+
+def _transform(name: str, width: int | None) -> Any:
+    from pyiceberg import transforms
+
+    if name == "bucket":
+        return transforms.BucketTransform(width or 1)
+    if name == "truncate":
+        return transforms.TruncateTransform(width or 1)
+    return {
+        "year": transforms.YearTransform(),
+        "month": transforms.MonthTransform(),
+        "day": transforms.DayTransform(),
+        "hour": transforms.HourTransform(),
+        "identity": transforms.IdentityTransform(),
+    }[name]
+
+
+# --- the sink ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What :meth:`IcebergSink.commit` did.
+
+    Attributes:
+        committed: ``True``: this call wrote the epoch; ``False``: its markers were there already.
+        snapshot_id: the table's current snapshot after the call (``None``: no rows, nothing).
+        attempts: commit attempts made (1 without conflicts).
+        conflicts: attempts lost to another writer's commit (``CommitFailedException``).
+        unknown: attempts whose outcome was unknown (re-checked through the markers).
+    """
+
+    committed: bool
+    snapshot_id: int | None
+    attempts: int
+    conflicts: int
+    unknown: int
+
+
+class IcebergSink:
+    """Writes epochs into an Iceberg table exactly once (see the module docstring).
+
+    Args:
+        catalog: the pyiceberg catalog.
+        table: ``<namespace>.<table>``.
+        writer: this sink's name in the markers (``<pipeline>/<sink>``): one writer commits one
+            epoch once.
+        run: the run the epochs belong to (a fresh run starts its epochs over; a resumed run
+            keeps its run id, from the checkpoint).
+        partition_by: the partition spec of a table created here (see :func:`parse_partition_spec`).
+        allow_schema_evolution: add columns the table lacks (by name) instead of failing.
+        upsert_keys: write with pyiceberg ``upsert`` on these columns (``emit = 'update'``).
+        max_retries: commit attempts after the first, on conflicts and unknown outcomes.
+        backoff_s: the first retry's delay in seconds (doubled each retry, up to 2 s, with
+            ±50 % jitter).
+
+    Raises:
+        ConnectorError: a malformed table name or ``partition_by``.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        table: str,
+        *,
+        writer: str,
+        run: str,
+        partition_by: str | None = None,
+        allow_schema_evolution: bool = False,
+        upsert_keys: tuple[str, ...] | None = None,
+        max_retries: int = 10,
+        backoff_s: float = 0.05,
+    ) -> None:
+        self.catalog = catalog
+        self.identifier = parse_identifier(table)
+        self.name = ".".join(self.identifier)
+        self.writer = writer
+        self.run = run
+        self.partition_spec = parse_partition_spec(partition_by) if partition_by else []
+        self.allow_schema_evolution = allow_schema_evolution
+        self.upsert_keys = upsert_keys
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.property_key = MARKER_PROPERTY_PREFIX + writer
+        self.conflicts = 0  # over the sink's life
+        self.unknown = 0
+
+    # --- markers ----------------------------------------------------------------------------
+
+    def committed_epoch(self, table: Table) -> int | None:
+        """The highest epoch of this writer's run the table's markers show (``None``: none)."""
+        best: int | None = None
+        value = table.properties.get(self.property_key)
+        if value is not None:
+            run, _, epoch = value.rpartition(":")
+            if run == self.run and epoch.isdigit():
+                best = int(epoch)
+        for snapshot in table.metadata.snapshots:
+            summary = snapshot.summary
+            if summary is None:
+                continue
+            props = summary.additional_properties
+            if props.get(MARKER_WRITER) == self.writer and props.get(MARKER_RUN) == self.run:
+                epoch_text = props.get(MARKER_EPOCH, "")
+                if epoch_text.isdigit() and (best is None or int(epoch_text) > best):
+                    best = int(epoch_text)
+        return best
+
+    def is_committed(self, table: Table, epoch: int) -> bool:
+        """Whether the table's markers show ``epoch`` (or a later one) of this writer's run.
+        Epochs of a run commit in order, so a later one implies this one."""
+        done = self.committed_epoch(table)
+        return done is not None and done >= epoch
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def load_or_create(self, schema: pa.Schema | None) -> Table:
+        """The table, created (with its namespace and partition spec) from ``schema`` if missing
+        and ``schema`` is given.
+
+        Raises:
+            ConnectorError: it is missing and ``schema`` is ``None``, or it cannot be created.
+        """
+        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+
+        try:
+            return self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            if schema is None:
+                raise ConnectorError(f"iceberg table {self.name} does not exist") from None
+        try:
+            self.catalog.create_namespace_if_not_exists(self.identifier[:-1])
+            table = self.catalog.create_table(self.identifier, schema=schema)
+        except TableAlreadyExistsError:  # another writer created it first
+            return self.catalog.load_table(self.identifier)
+        except Exception as exc:
+            raise ConnectorError(f"iceberg table {self.name}: cannot create it: {exc}") from exc
+        if self.partition_spec:
+            missing = [c for _, c, _ in self.partition_spec if schema.get_field_index(c) < 0]
+            if missing:
+                raise ConnectorError(
+                    f"iceberg table {self.name}: partition_by names {', '.join(missing)}, which "
+                    f"the rows lack (columns: {', '.join(schema.names)})"
+                )
+            with table.update_spec() as spec:
+                for transform, column, width in self.partition_spec:
+                    suffix = "" if transform == "identity" else f"_{transform}"
+                    spec.add_field(column, _transform(transform, width), f"{column}{suffix}")
+            table = self.catalog.load_table(self.identifier)
+        return table
+
+    def _check_columns(self, table: Table, data: pa.Table) -> bool:
+        """Whether the data has columns the table lacks and they may be added."""
+        have = {f.name for f in table.schema().fields}
+        new = [n for n in data.schema.names if n not in have]
+        if new and not self.allow_schema_evolution:
+            raise ConnectorError(
+                f"iceberg table {self.name} has no column {', '.join(map(repr, new))}; set "
+                "allow_schema_evolution = true to add them by name, or change the query"
+            )
+        return bool(new)
+
+    def _dedupe(self, data: pa.Table) -> pa.Table:
+        assert self.upsert_keys is not None
+        missing = [k for k in self.upsert_keys if data.schema.get_field_index(k) < 0]
+        if missing:
+            raise ConnectorError(
+                f"iceberg sink {self.name}: upsert_keys {', '.join(missing)} are not columns of "
+                f"the rows ({', '.join(data.schema.names)})"
+            )
+        indexed = data.append_column("__row", pa.array(range(data.num_rows), pa.int64()))
+        last = indexed.group_by(list(self.upsert_keys), use_threads=False).aggregate(
+            [("__row", "max")]
+        )
+        keep = pc.sort_indices(last["__row_max"])
+        rows = pc.take(last["__row_max"], keep)
+        return data.take(rows)
+
+    def commit(self, epoch: int, batches: list[pa.RecordBatch]) -> CommitResult:
+        """Write ``batches`` as ``epoch`` of this writer's run, exactly once (see the module
+        docstring). No rows: nothing is written.
+
+        Args:
+            epoch: the epoch (ascending per run).
+            batches: its rows, any Arrow types :func:`conform_for_iceberg` takes.
+
+        Raises:
+            ConnectorError: a column does not fit, the table cannot be created, or the commit
+                still fails after ``max_retries`` retries (the last error is named).
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
+        rows = [b for b in batches if b.num_rows]
+        if not rows:
+            return CommitResult(False, None, 0, 0, 0)
+        data = conform_for_iceberg(pa.Table.from_batches(rows))
+        if self.upsert_keys:
+            data = self._dedupe(data)
+        marker = {MARKER_WRITER: self.writer, MARKER_RUN: self.run, MARKER_EPOCH: str(epoch)}
+        conflicts = unknown = 0
+        last_error: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = min(self.backoff_s * 2 ** (attempt - 1), 2.0)
+                time.sleep(delay * random.uniform(0.5, 1.5))
+            table = self.load_or_create(data.schema)
+            if self.is_committed(table, epoch):
+                current = table.current_snapshot()
+                return CommitResult(
+                    False,
+                    current.snapshot_id if current else None,
+                    attempt,
+                    conflicts,
+                    unknown,
+                )
+            evolve = self._check_columns(table, data)
+            try:  # writing the data files: nothing is committed yet, errors are final
+                tx = table.transaction()
+                if evolve:
+                    with tx.update_schema() as update:
+                        update.union_by_name(data.schema)
+                if self.upsert_keys:
+                    tx.upsert(data, join_cols=list(self.upsert_keys), snapshot_properties=marker)
+                else:
+                    tx.append(data, snapshot_properties=marker)
+                tx.set_properties({self.property_key: f"{self.run}:{epoch}"})
+            except Exception as exc:  # pyiceberg's schema checks and file writes
+                raise ConnectorError(
+                    f"iceberg table {self.name}: epoch {epoch} cannot be written: {exc}"
+                ) from exc
+            try:
+                table = tx.commit_transaction()
+            except CommitFailedException as exc:
+                conflicts += 1
+                self.conflicts += 1
+                last_error = exc
+                log.info(
+                    "iceberg sink %s: epoch %d lost a commit race (attempt %d), retrying: %s",
+                    self.name,
+                    epoch,
+                    attempt + 1,
+                    exc,
+                )
+                continue
+            except Exception as exc:  # the commit may have landed: the markers will tell
+                unknown += 1
+                self.unknown += 1
+                last_error = exc
+                log.warning(
+                    "iceberg sink %s: epoch %d commit outcome unknown (%s); re-checking the "
+                    "markers before any retry",
+                    self.name,
+                    epoch,
+                    exc,
+                )
+                continue
+            current = table.current_snapshot()
+            return CommitResult(
+                True, current.snapshot_id if current else None, attempt + 1, conflicts, unknown
+            )
+        raise ConnectorError(
+            f"iceberg table {self.name}: epoch {epoch} not committed after "
+            f"{self.max_retries + 1} attempts ({conflicts} conflicts, {unknown} unknown "
+            f"outcomes); last error: {last_error}"
+        )
+
+
+# --- the source --------------------------------------------------------------------------------
+
+
+def _operation(snapshot: Snapshot) -> str:
+    summary = snapshot.summary
+    return str(summary.operation.value) if summary is not None else "append"
+
+
+def _added_records(snapshot: Snapshot) -> int:
+    summary = snapshot.summary
+    text = summary.additional_properties.get("added-records", "0") if summary else "0"
+    return int(text) if text.isdigit() else 0
+
+
+class IcebergSource:
+    """An Iceberg table as a live pipeline source (see the module docstring).
+
+    Output: batches of ``schema`` (the declared columns, cast; else the table's columns with
+    ``large_string``/``large_binary`` read as ``string``/``binary``), at most ``batch_rows`` rows
+    each, all in the one partition :attr:`partition`.
+
+    Args:
+        catalog: the pyiceberg catalog.
+        table: ``<namespace>.<table>``.
+        name: the source's name in the pipeline (for messages).
+        schema: the declared columns, or ``None`` for the table's.
+        starting_strategy: ``earliest``, ``latest``, ``snapshot_id`` or ``timestamp``.
+        start_snapshot_id: the first snapshot (inclusive) for ``snapshot_id``.
+        start_timestamp: aware UTC instant for ``timestamp``.
+        monitor_interval_s: seconds between checks for new snapshots.
+        max_snapshots_per_poll, max_rows_per_poll: rate limits per poll (``None``: none).
+        skip_overwrite_snapshots, skip_delete_snapshots: skip (and log) such snapshots instead
+            of failing.
+        expired_snapshot: ``fail`` or ``reset`` (see the module docstring).
+        stop_at: ``None`` (run until stopped), ``"latest"`` (the snapshot current at start) or a
+            snapshot id (inclusive).
+        batch_rows: the largest batch handed out.
+        offset: a checkpoint's :meth:`position_state` to resume from.
+        on_gap: told about snapshots skipped by ``expired_snapshot = 'reset'``.
+
+    Raises:
+        ConnectorError: no such table, a declared column it lacks, or a start snapshot or
+            timestamp that names no snapshot.
+    """
+
+    server = "iceberg"
+    start_offset = 0
+    end_offset = 0
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        table: str,
+        *,
+        name: str,
+        schema: pa.Schema | None = None,
+        starting_strategy: StartingStrategy = "earliest",
+        start_snapshot_id: int | None = None,
+        start_timestamp: datetime | None = None,
+        monitor_interval_s: float = 1.0,
+        max_snapshots_per_poll: int | None = None,
+        max_rows_per_poll: int | None = None,
+        skip_overwrite_snapshots: bool = False,
+        skip_delete_snapshots: bool = False,
+        expired_snapshot: Literal["fail", "reset"] = "fail",
+        stop_at: str | int | None = None,
+        batch_rows: int = 65_536,
+        offset: dict[str, Any] | None = None,
+        on_gap: Callable[[str], None] | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.identifier = parse_identifier(table)
+        self.stream = ".".join(self.identifier)
+        self.what = f"source {name} (iceberg table {self.stream})"
+        self.table = _load_table(catalog, self.identifier)
+        table_schema = self.table.schema().as_arrow()
+        plain = pa.schema([pa.field(f.name, _plain(f.type)) for f in table_schema])
+        if schema is not None:
+            missing = [n for n in schema.names if plain.get_field_index(n) < 0]
+            if missing:
+                raise ConnectorError(
+                    f"{self.what}: the table has no column {', '.join(map(repr, missing))}; its "
+                    f"columns: {', '.join(plain.names)}"
+                )
+        self.schema: pa.Schema = schema if schema is not None else plain
+        self.partition = f"iceberg {self.stream}"
+        self.partitions: tuple[str, ...] = (self.partition,)
+        self.initial_watermarks: dict[str, int] = {}
+        self.monitor_interval_s = monitor_interval_s
+        self.max_snapshots = max_snapshots_per_poll
+        self.max_rows = max_rows_per_poll
+        self.skip_overwrite = skip_overwrite_snapshots
+        self.skip_delete = skip_delete_snapshots
+        self.expired_snapshot = expired_snapshot
+        self.batch_rows = batch_rows
+        self.on_gap = on_gap
+        self.starting_strategy = starting_strategy
+        #: the last snapshot consumed (the offset); ``None``: none yet
+        self.snapshot_id: int | None = None
+        #: before the first read: the first snapshot to read (inclusive), or ``None`` for the
+        #: oldest ancestor
+        self._first: int | None = None
+        self.rows = 0
+        self.snapshots_read = 0
+        self.skipped: list[str] = []
+        #: called before each poll: the runtime's barrier (a checkpoint may be taken there)
+        self.barrier: Callable[[], None] = lambda: None
+        #: called with each batch handed out
+        self.counted: Callable[[pa.RecordBatch | None], None] = lambda batch: None
+        self._ended = False
+        self._done = False
+        self._backlog = False
+        self._next_check = 0.0
+        if offset is not None and offset.get("started"):
+            self.snapshot_id = offset.get("snapshot_id")
+            self._first = offset.get("first")
+            self.rows = int(offset.get("rows", 0))
+            self.snapshots_read = int(offset.get("snapshots", 0))
+            self._stop_id: int | None = offset.get("stop_id")
+            self._ended = bool(offset.get("ended", False))
+        else:
+            self._start(start_snapshot_id, start_timestamp)
+            self._stop_id = self._resolve_stop(stop_at)
+        self.stop_at_end = stop_at is not None
+
+    def _start(self, snapshot_id: int | None, timestamp: datetime | None) -> None:
+        current = self.table.current_snapshot()
+        strategy = self.starting_strategy
+        if strategy == "latest":  # rows committed after now (an empty table: every row)
+            self.snapshot_id = current.snapshot_id if current is not None else None
+        elif strategy == "snapshot_id":
+            if snapshot_id is None or self.table.snapshot_by_id(snapshot_id) is None:
+                raise ConnectorError(
+                    f"{self.what}: start_snapshot_id {snapshot_id} is not a snapshot of the table"
+                )
+            self._first = snapshot_id
+        elif strategy == "timestamp":
+            if timestamp is None:
+                raise ConnectorError(f"{self.what}: starting_strategy 'timestamp' needs a time")
+            ms = int(timestamp.timestamp() * 1000)
+            lineage = list(reversed(self._ancestors(current)))
+            first = next((s for s in lineage if s.timestamp_ms >= ms), None)
+            if first is None:  # nothing committed since: wait for the next snapshot
+                self.snapshot_id = current.snapshot_id if current is not None else None
+            else:
+                self._first = first.snapshot_id
+
+    def _resolve_stop(self, stop_at: str | int | None) -> int | None:
+        if stop_at is None:
+            return None
+        if stop_at == "latest":
+            current = self.table.current_snapshot()
+            if current is None or current.snapshot_id == self.snapshot_id:
+                self._ended = True  # nothing to read: the partition ends at once
+            return current.snapshot_id if current is not None else None
+        if self.table.snapshot_by_id(int(stop_at)) is None:
+            raise ConnectorError(f"{self.what}: stop_at {stop_at} is not a snapshot of the table")
+        return int(stop_at)
+
+    def _ancestors(self, snapshot: Snapshot | None) -> list[Snapshot]:
+        out = []
+        while snapshot is not None:
+            out.append(snapshot)
+            parent = snapshot.parent_snapshot_id
+            snapshot = self.table.snapshot_by_id(parent) if parent is not None else None
+        return out
+
+    # --- the LiveSource protocol --------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether the source ended (``stop_at`` reached and its end handed out)."""
+        return self._done
+
+    @property
+    def backlog(self) -> bool:
+        """Whether snapshots newer than the offset are known and not read yet."""
+        return self._backlog
+
+    def start(self) -> None:
+        """Nothing to start: reads happen in :meth:`poll`."""
+
+    def close(self) -> None:
+        """Nothing to close (the catalog is shared)."""
+
+    def position_state(self) -> dict[str, Any]:
+        """The offset as checkpoint JSON: the last consumed snapshot id, and the bounds."""
+        return {
+            "kind": "iceberg",
+            "table": self.stream,
+            "started": True,
+            "snapshot_id": self.snapshot_id,
+            "first": self._first,
+            "stop_id": self._stop_id,
+            "ended": self._ended,
+            "rows": self.rows,
+            "snapshots": self.snapshots_read,
+        }
+
+    def pending(self) -> list[tuple[Snapshot, bool]]:
+        """The snapshots after the offset, oldest first, up to the current one (or ``stop_at``):
+        ``(snapshot, full)`` where ``full`` means "read the table at this snapshot in full" (the
+        first of a history whose start expired, under ``earliest``).
+
+        Raises:
+            SnapshotExpiredError: the offset expired with no surviving child (``fail``).
+        """
+        self.table = self.table.refresh()
+        current = self.table.current_snapshot()
+        if self._stop_id is not None:
+            stop = self.table.snapshot_by_id(self._stop_id)
+            current = stop if stop is not None else current
+        chain: list[Snapshot] = []
+        found = self.snapshot_id is None and self._first is None
+        s = current
+        while s is not None:
+            if self.snapshot_id is not None and s.snapshot_id == self.snapshot_id:
+                found = True
+                break
+            chain.append(s)
+            if self._first is not None and s.snapshot_id == self._first:
+                found = True
+                break
+            parent = s.parent_snapshot_id
+            if self.snapshot_id is not None and parent == self.snapshot_id:
+                found = True  # the offset itself expired; its child survives: go on there
+                break
+            s = self.table.snapshot_by_id(parent) if parent is not None else None
+        chain.reverse()
+        if self.snapshot_id is None and self._first is None and chain:
+            # earliest: the oldest surviving ancestor, in full if its parent expired
+            return [(chain[0], chain[0].parent_snapshot_id is not None)] + [
+                (c, False) for c in chain[1:]
+            ]
+        if not found and chain:
+            missing = self.snapshot_id if self.snapshot_id is not None else self._first
+            message = (
+                f"{self.what}: the checkpointed snapshot {missing} expired and no surviving "
+                f"snapshot follows it (the oldest ancestor of the current snapshot is "
+                f"{chain[0].snapshot_id})"
+            )
+            if self.expired_snapshot != "reset":
+                raise SnapshotExpiredError(
+                    f"{message}. Keep snapshots longer than the pipeline can lag (snapshot "
+                    "expiry), set expired_snapshot = 'reset' to go on from the oldest surviving "
+                    "snapshot (the rows in between are skipped and reported), or start over"
+                )
+            if self.on_gap is not None:
+                self.on_gap(
+                    f"{message}; resuming at snapshot {chain[0].snapshot_id} "
+                    "(expired_snapshot = 'reset'): rows committed in between are not delivered"
+                )
+            self.snapshot_id, self._first = None, chain[0].snapshot_id
+        return [(c, False) for c in chain]
+
+    def _read(self, snapshot: Snapshot, full: bool) -> Iterator[pa.RecordBatch]:
+        if full:
+            reader = self.table.scan(snapshot_id=snapshot.snapshot_id).to_arrow_batch_reader()
+        else:
+            scan = self.table.incremental_append_scan(
+                to_snapshot_id_inclusive=snapshot.snapshot_id
+            ).from_snapshot_id_inclusive(snapshot.snapshot_id)
+            reader = scan.to_arrow_batch_reader()
+        for batch in reader:
+            if not batch.num_rows:
+                continue
+            conformed = self._conform(batch)
+            for start in range(0, conformed.num_rows, self.batch_rows):
+                yield conformed.slice(start, self.batch_rows)
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        try:
+            return pa.RecordBatch.from_arrays(
+                [batch.column(f.name).cast(f.type) for f in self.schema], schema=self.schema
+            )
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ConnectorError(
+                f"{self.what}: a data file does not fit the declared columns: {exc}"
+            ) from exc
+
+    def _check(self, snapshot: Snapshot) -> bool:
+        """Whether to read ``snapshot`` (an append); skips are logged, failures raised."""
+        operation = _operation(snapshot)
+        if operation == "append":
+            return True
+        if operation == "replace":
+            log.info(
+                "%s: snapshot %d is a replace (compaction): skipped",
+                self.what,
+                snapshot.snapshot_id,
+            )
+            return False
+        skip = self.skip_overwrite if operation == "overwrite" else self.skip_delete
+        option = f"skip_{operation}_snapshots"
+        if not skip:
+            raise NonAppendSnapshotError(
+                f"{self.what}: snapshot {snapshot.snapshot_id} is a(n) {operation}, not an "
+                f"append: a stream cannot take back rows it delivered. Set {option} = true to "
+                "skip such snapshots (each skip is logged), or read the table another way"
+            )
+        note = f"snapshot {snapshot.snapshot_id} ({operation}) skipped ({option})"
+        log.warning("%s: %s", self.what, note)
+        self.skipped.append(note)
+        return False
+
+    def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
+        """Read the next snapshots (up to the rate limits), waiting up to ``timeout_s`` seconds
+        for the next check when it is not due. The barrier runs first (every event of the
+        previous poll has been processed).
+
+        Raises:
+            NonAppendSnapshotError: an overwrite or delete snapshot not to be skipped.
+            SnapshotExpiredError: see :meth:`pending`.
+            ConnectorError: the table is gone, or a data file does not fit.
+        """
+        self.barrier()
+        if self._done:
+            return []
+        if self._ended:
+            self._done = True
+            return [SourceEvent("end", self.partition)]
+        now = time.monotonic()
+        if now < self._next_check:
+            time.sleep(min(timeout_s, self._next_check - now))
+            return []
+        try:
+            pending = self.pending()
+        except (CheckpointError, ConnectorError):
+            raise
+        except Exception as exc:  # pyiceberg: the table or catalog went away
+            raise ConnectorError(f"{self.what}: cannot read the table: {exc}") from exc
+        events: list[SourceEvent] = []
+        taken = 0
+        rows = 0
+        for snapshot, full in pending:
+            if self.max_snapshots is not None and taken >= self.max_snapshots:
+                break
+            added = _added_records(snapshot)
+            if self.max_rows is not None and taken and rows + added > self.max_rows:
+                break
+            taken += 1
+            rows += added
+            if full or self._check(snapshot):
+                for batch in self._read(snapshot, full):
+                    events.append(SourceEvent("batch", self.partition, batch))
+                    self.rows += batch.num_rows
+                    self.counted(batch)
+            self.snapshot_id, self._first = snapshot.snapshot_id, None
+            self.snapshots_read += 1
+        left = len(pending) - taken
+        if self._stop_id is not None and self.snapshot_id == self._stop_id:
+            self._ended = True
+        backlog = left > 0
+        if backlog != self._backlog:
+            self._backlog = backlog
+            events.append(SourceEvent("backlog", backlog=backlog))
+        if not backlog:
+            self._next_check = time.monotonic() + self.monitor_interval_s
+        return events
+
+    def describe(self) -> list[str]:
+        """Lines for ``explain``."""
+        return [
+            f"  connector iceberg, table {self.stream}, starting_strategy "
+            f"{self.starting_strategy}, offset snapshot {self.snapshot_id}; checks every "
+            f"{self.monitor_interval_s:g} s; each snapshot's appended rows, oldest first"
+            + ("; stops at the snapshot current at start" if self._stop_id is not None else ""),
+            f"  partition: one ({self.partition}): snapshots are read in commit order",
+        ]
