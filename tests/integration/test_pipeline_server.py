@@ -139,8 +139,8 @@ def test_bad_pipelines_and_ids_are_refused(client: flight.FlightClient) -> None:
         r"stream does not exist yet; declare the source's columns": COUNTS.replace(
             "(k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)", ""
         ).replace("t, INTERVAL", "t, INTERVAL"),
-        r"a server pipeline takes .* not a 'flight' sink \(line 4, column": COUNTS.replace(
-            "stream = 'counts'", "server = 'grpc://elsewhere:1', stream = 'counts'"
+        r"unknown option of the flight connector of SINK counts.*\(line 4, column": COUNTS.replace(
+            "stream = 'counts'", "server = 'grpc://127.0.0.1:1', path = 'counts'"
         ),
     }
     for message, sql in bad.items():

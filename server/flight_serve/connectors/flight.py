@@ -30,8 +30,17 @@ Sink (:class:`FlightSink`)
     One DoPut (``path = [stream, writer]``) held open for the run: every batch is written and
     its PutResult (the batch is durable on the server) awaited before :meth:`FlightSink.write`
     returns. :meth:`FlightSink.end_input` ends the writer's partition (the run reached the end of
-    its input). There is no retry and no exactly-once yet: a failed write fails the run, and a
-    rerun appends its rows again.
+    its input). This is the sink of a run *without* checkpoints: a failed write fails the run,
+    and a rerun appends its rows again.
+
+Exactly-once sink (:class:`FlightStreamTarget`)
+    The target of a checkpointed run's stream sink on another server: appends retried while the
+    server is unreachable, replayed batches matched and skipped against what the writer already
+    has in the stream (flight-serve targets); at-least-once into any other Flight server.
+
+Ticket source (:class:`FlightTicketSource`)
+    A bounded source: the batches of one DoGet ticket on any Flight server; its offset is the
+    rows handed out, and a cut DoGet is opened again and that many rows skipped.
 
 Errors: :class:`~flight_serve.errors.ConnectorError` naming the server and stream.
 """
@@ -53,10 +62,14 @@ import pyarrow.flight as paflight
 from flight_serve.errors import ConnectorError
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "DEFAULT_SERVER",
     "RECONNECT_ATTEMPTS",
+    "RETRY_BUDGET_S",
     "FlightSink",
     "FlightSource",
+    "FlightStreamTarget",
+    "FlightTicketSource",
     "SourceEvent",
     "WriterHistory",
 ]
@@ -205,6 +218,16 @@ class FlightSource:
                     f"columns: {', '.join(stream_schema.names)}"
                 )
         metadata = info[1] if info is not None else {}
+        incarnation = metadata.get("incarnation")
+        #: the stream's incarnation when the source was opened (``None``: no stream yet)
+        self.incarnation: str | None = incarnation if isinstance(incarnation, str) else None
+        #: rows handed out (from a checkpoint on, when a checkpointed run sets it)
+        self.rows = 0
+        #: called before each poll (a checkpointed run's barrier: every event polled before
+        #: has been processed, so :meth:`position_state` is a consistent cut there)
+        self.barrier: Any = lambda: None
+        #: called with each batch handed out
+        self.counted: Any = lambda batch: None
         #: the stream's end when the source was opened (``stop_at_end`` stops there)
         self.end_offset = _int_or_none(metadata.get("next_offset")) or 0
         self.history = _writers(metadata)
@@ -269,6 +292,17 @@ class FlightSource:
         """Whether the tail has unread entries (as far as the source knows)."""
         return self._backlog
 
+    def position_state(self) -> dict[str, object]:
+        """The offset as checkpoint JSON: the next entry not handed out, and the incarnation."""
+        return {
+            "kind": "flight",
+            "server": self.server,
+            "stream": self.stream,
+            "incarnation": self.incarnation,
+            "offset": self._position,
+            "rows": self.rows,
+        }
+
     def start(self) -> None:
         """Start the reading thread (once)."""
         if self._thread is None and not self._done:
@@ -287,6 +321,7 @@ class FlightSource:
         """
         if self._done:
             return []
+        self.barrier()
         self.start()
         events: list[SourceEvent] = []
         try:
@@ -326,6 +361,8 @@ class FlightSource:
             events.append(
                 SourceEvent("batch", writer, self._conform(entry.batch), offset=entry.offset)
             )
+            self.rows += entry.batch.num_rows
+            self.counted(entry.batch)
         elif entry.end_of_input:
             if writer not in self._ended:
                 self._ended.add(writer)
@@ -406,6 +443,8 @@ class FlightSource:
                     if incarnation is not None and current != incarnation:
                         raise ConnectorError(f"{self.what}: the stream was dropped and re-created")
                     incarnation = current if isinstance(current, str) else None
+                    if self.incarnation is None:
+                        self.incarnation = incarnation  # the stream appeared
                     for entry in self._tail(position):
                         failures = 0
                         self._offer(entry)
@@ -441,52 +480,71 @@ class FlightSource:
 
     def _tail(self, position: int) -> Iterator[_Entry]:
         """The complete entries of one tail call from ``position``."""
-        body = json.dumps({"stream": self.stream, "offset": position}).encode()
-        results = list(self._client.do_action(paflight.Action("stream.tail", body)))
-        ticket = paflight.Ticket(results[0].body.to_pybytes())
-        reader = self._client.do_get(ticket)
-        self._reader = reader
-        if self._closing.is_set():
-            reader.cancel()
-            return
-        pieces: list[pa.RecordBatch] = []
-        try:
-            while True:
-                try:
-                    chunk = reader.read_chunk()
-                except StopIteration:
-                    return
-                if chunk.data is None or chunk.app_metadata is None:
-                    continue
-                message = json.loads(chunk.app_metadata.to_pybytes())
-                offset = cast(int, message["offset"])
-                writer = str(message.get("writer", ""))
-                next_offset = _int_or_none(message.get("next_offset")) or offset + 1
-                if "watermark_ns" in message or message.get("end_of_input") is True:
-                    yield _Entry(
-                        offset,
-                        writer,
-                        next_offset,
-                        watermark_ns=_int_or_none(message.get("watermark_ns")),
-                        end_of_input=message.get("end_of_input") is True,
-                    )
-                    continue
-                pieces.append(chunk.data)
-                piece = _int_or_none(message.get("piece"))
-                count = _int_or_none(message.get("pieces"))
-                if piece is not None and count is not None and piece + 1 < count:
-                    continue  # more pieces of this batch follow
-                batch = (
-                    pieces[0]
-                    if len(pieces) == 1
-                    else pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+
+        def hold(reader: paflight.FlightStreamReader | None) -> bool:
+            self._reader = reader
+            return self._closing.is_set()
+
+        yield from _tail_entries(self._client, self.stream, position, hold)
+
+
+def _tail_entries(
+    client: paflight.FlightClient,
+    stream: str,
+    position: int,
+    hold: Any = None,
+    timeout_s: float | None = None,
+) -> Iterator[_Entry]:
+    """The complete entries of one ``stream.tail`` call from ``position`` (pieces of a split
+    batch joined). ``hold(reader)`` is told of the DoGet reader (``None`` at the end) and
+    returns whether to stop at once; ``timeout_s`` bounds the calls (seconds)."""
+    options = paflight.FlightCallOptions(timeout=timeout_s)
+    body = json.dumps({"stream": stream, "offset": position}).encode()
+    results = list(client.do_action(paflight.Action("stream.tail", body), options=options))
+    ticket = paflight.Ticket(results[0].body.to_pybytes())
+    reader = client.do_get(ticket, options=options)
+    if hold is not None and hold(reader):
+        reader.cancel()
+        return
+    pieces: list[pa.RecordBatch] = []
+    try:
+        while True:
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return
+            if chunk.data is None or chunk.app_metadata is None:
+                continue
+            message = json.loads(chunk.app_metadata.to_pybytes())
+            offset = cast(int, message["offset"])
+            writer = str(message.get("writer", ""))
+            next_offset = _int_or_none(message.get("next_offset")) or offset + 1
+            if "watermark_ns" in message or message.get("end_of_input") is True:
+                yield _Entry(
+                    offset,
+                    writer,
+                    next_offset,
+                    watermark_ns=_int_or_none(message.get("watermark_ns")),
+                    end_of_input=message.get("end_of_input") is True,
                 )
-                pieces = []
-                yield _Entry(offset, writer, next_offset, batch)
-        finally:
-            self._reader = None
-            with contextlib.suppress(pa.ArrowException):
-                reader.cancel()
+                continue
+            pieces.append(chunk.data)
+            piece = _int_or_none(message.get("piece"))
+            count = _int_or_none(message.get("pieces"))
+            if piece is not None and count is not None and piece + 1 < count:
+                continue  # more pieces of this batch follow
+            batch = (
+                pieces[0]
+                if len(pieces) == 1
+                else pa.Table.from_batches(pieces).combine_chunks().to_batches()[0]
+            )
+            pieces = []
+            yield _Entry(offset, writer, next_offset, batch)
+    finally:
+        if hold is not None:
+            hold(None)
+        with contextlib.suppress(pa.ArrowException):
+            reader.cancel()
 
 
 class FlightSink:
@@ -571,3 +629,448 @@ class FlightSink:
         finally:
             with contextlib.suppress(pa.ArrowException, OSError):
                 self._client.close()
+
+
+# --- exactly-once remote sinks and bounded ticket sources -------------------------------------
+
+#: How long a remote sink or ticket source keeps retrying one call while the server is
+#: unreachable (seconds), and its first and longest pause between attempts (seconds).
+RETRY_BUDGET_S: Final = 60.0
+#: Seconds one call of a remote sink or ticket source may take before it counts as lost.
+CALL_TIMEOUT_S: Final = 30.0
+
+
+class _Lost(Exception):
+    """The server ended a DoPut without a PutResult (it went away mid-call)."""
+
+
+#: Failures that say "the server (or the connection to it) is gone": retried.
+_RETRYABLE: Final = (
+    paflight.FlightUnavailableError,
+    paflight.FlightTimedOutError,
+    paflight.FlightCancelledError,
+    _Lost,
+)
+
+
+def _same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
+    if a.num_rows != b.num_rows or a.schema.names != b.schema.names:
+        return False
+    return all(x.equals(y) for x, y in zip(a.columns, b.columns, strict=True))
+
+
+class _Retrying:
+    """Runs calls against one server, retrying the retryable failures (:data:`_RETRYABLE`) with
+    doubling pauses (:data:`_BACKOFF_S`) for up to ``retry_s`` seconds per call."""
+
+    what: str
+    retry_s: float
+
+    def _drop(self) -> None:
+        """Forget the open calls (the connection broke)."""
+
+    def _retry(self, action: str, call: Any, landed: Any = None) -> Any:
+        """``call()``, retried; after a failed attempt ``landed()`` (if given) is asked first
+        whether the failed attempt took effect after all (its result is returned then, or
+        ``None``: call again).
+
+        Raises:
+            ConnectorError: a failure that is not retryable, or the server stayed unreachable
+                for ``retry_s`` seconds.
+        """
+        deadline = time.monotonic() + self.retry_s
+        failures = 0
+        uncertain = False
+        while True:
+            try:
+                if uncertain and landed is not None:
+                    found = landed()
+                    if found is not None:
+                        return found
+                uncertain = False
+                return call()
+            except _RETRYABLE as exc:
+                self._drop()
+                uncertain = True
+                if time.monotonic() >= deadline:
+                    raise ConnectorError(
+                        f"{self.what}: {action} failed: the server stayed unreachable for "
+                        f"{self.retry_s:g} s ({failures + 1} attempts): {_message(exc)}"
+                    ) from exc
+                time.sleep(min(_BACKOFF_S[0] * 2**failures, _BACKOFF_S[1]))
+                failures += 1
+            except (pa.ArrowException, OSError) as exc:
+                self._drop()
+                raise ConnectorError(f"{self.what}: {action} failed: {_message(exc)}") from exc
+
+
+class FlightStreamTarget(_Retrying):
+    """A stream on another Flight server as the target of an exactly-once stream sink
+    (:class:`~flight_serve.pipelines.epoch_sinks.EpochStreamSink`'s ``StreamTarget``).
+
+    The sink appends as DoPut writer ``writer`` (``path = [stream, writer]``) over one DoPut held
+    open between appends; each append returns once the server's PutResult says the batch is
+    durable. On a flight-serve server the sink's exactly-once rule is the one of a local stream:
+    on restore it reads the writer's batches after its commit mark (``stream.tail``) and skips
+    the replayed batches that are already there. A call that fails because the server or the
+    connection is gone (UNAVAILABLE, a timeout, a DoPut ended without a PutResult) is retried
+    with doubling pauses (0.05 s to 2 s) for up to ``retry_s`` seconds; before an append is sent
+    again the writer's entries after the last acknowledged one are read, so a batch that landed
+    without its PutResult is not written twice.
+
+    A Flight server that is not flight-serve (its FlightInfo carries no ``incarnation`` /
+    ``next_offset`` metadata) gets **at-least-once**: every append is one DoPut, finished
+    (``done_writing`` and the call's status awaited) before the append returns; nothing can be
+    read back, so a batch replayed after a crash is sent again.
+
+    Args:
+        server: the Flight URI (``grpc://host:port``; ``host:port`` means ``grpc+tcp://``).
+        stream: the stream (created with ``schema`` by the first DoPut if it does not exist).
+        schema: the sink's columns.
+        writer: the writer name (the stream's watermark partition these rows belong to; the
+            sink's own: no other producer may write under it).
+        retry_s: seconds to keep retrying one call while the server is unreachable.
+
+    Raises:
+        ConnectorError: the server stayed unreachable for ``retry_s`` seconds, or refused the
+            DoPut (another schema, a bad writer name).
+    """
+
+    def __init__(
+        self,
+        server: str,
+        stream: str,
+        schema: pa.Schema,
+        writer: str,
+        *,
+        retry_s: float = RETRY_BUDGET_S,
+    ) -> None:
+        self.server = server
+        self._name = stream
+        self.schema = schema
+        self.writer = writer
+        self.retry_s = retry_s
+        self.what = f"flight sink (server {server}, stream {stream!r}, writer {writer!r})"
+        self._options = paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S)
+        self._client: paflight.FlightClient | None = None
+        self._put: tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader] | None = None
+        metadata = self._retry("reading the stream's FlightInfo", self._metadata)
+        #: whether the server is a flight-serve (else the sink is at-least-once)
+        self.exactly_once = "next_offset" in metadata
+        if self.exactly_once:
+            self._retry("opening the DoPut", self._open)  # creates the stream
+        #: entries before this offset are accounted for (an append's retry looks from here)
+        self._after = self.next_offset()
+
+    @property
+    def name(self) -> str:
+        """The stream name."""
+        return self._name
+
+    # --- calls ----------------------------------------------------------------------------
+
+    def _connect(self) -> paflight.FlightClient:
+        if self._client is None:
+            self._client = paflight.FlightClient(_location(self.server))
+        return self._client
+
+    def _drop(self) -> None:
+        put, self._put = self._put, None
+        if put is not None:
+            with contextlib.suppress(pa.ArrowException, OSError):
+                put[0].close()
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(pa.ArrowException, OSError):
+                client.close()
+
+    def _metadata(self) -> dict[str, Any]:
+        """The stream's FlightInfo ``app_metadata`` (``{}`` if it does not exist, or the server
+        keeps none)."""
+        try:
+            info = self._connect().get_flight_info(
+                paflight.FlightDescriptor.for_path(self._name), options=self._options
+            )
+        except (pa.ArrowKeyError, paflight.FlightServerError, pa.ArrowNotImplementedError):
+            return {}  # no such stream (or a server without GetFlightInfo for paths)
+        raw = info.app_metadata
+        try:
+            metadata = json.loads(raw.decode() if isinstance(raw, bytes) else raw or "{}")
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return {}
+        return metadata if isinstance(metadata, dict) else {}
+
+    def _open(self) -> tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader]:
+        if self._put is None:
+            descriptor = paflight.FlightDescriptor.for_path(self._name, self.writer)
+            writer, reader = self._connect().do_put(descriptor, self.schema, options=self._options)
+            self._put = writer, cast(paflight.FlightMetadataReader, reader)
+        return self._put
+
+    def _acknowledged(self) -> int:
+        assert self._put is not None
+        buffer = self._put[1].read()
+        if buffer is None:
+            raise _Lost("the server ended the DoPut without a PutResult")
+        return int(json.loads(buffer.to_pybytes())["offset"])
+
+    # --- StreamTarget ---------------------------------------------------------------------
+
+    def incarnation(self) -> str | None:
+        """The stream's incarnation now (``None``: it does not exist, or not a flight-serve)."""
+        value = self._retry("reading the stream's FlightInfo", self._metadata).get("incarnation")
+        return value if isinstance(value, str) else None
+
+    def next_offset(self) -> int:
+        """The offset the next entry gets (0 if the stream does not exist, or not a
+        flight-serve)."""
+        metadata = self._retry("reading the stream's FlightInfo", self._metadata)
+        return _int_or_none(metadata.get("next_offset")) or 0
+
+    def entries(self, start: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """This writer's batches from offset ``start`` on, up to the stream's end now (nothing
+        on a server that is not flight-serve)."""
+        if not self.exactly_once:
+            return iter(())
+        return iter(self._retry("reading the stream back", lambda: self._read_back(start)))
+
+    def _read_back(self, start: int) -> list[tuple[int, pa.RecordBatch]]:
+        end = self.next_offset()
+        found: list[tuple[int, pa.RecordBatch]] = []
+        if start >= end:
+            return found
+        for entry in _tail_entries(self._connect(), self._name, start, timeout_s=CALL_TIMEOUT_S):
+            if entry.offset >= end:
+                break
+            if entry.writer == self.writer and entry.batch is not None:
+                found.append((entry.offset, entry.batch))
+            if entry.offset + 1 >= end:
+                break
+        return found
+
+    def append(self, batch: pa.RecordBatch) -> int:
+        """Append ``batch`` (durable on the server when this returns, retried as the class
+        docstring says); return its offset (``-1`` on a server that is not flight-serve)."""
+        if not self.exactly_once:
+            self._retry("a write", lambda: self._put_once(batch))
+            return -1
+
+        def send() -> int:
+            self._open()[0].write_batch(batch)
+            return self._acknowledged()
+
+        def landed() -> int | None:
+            for offset, old in self._read_back(self._after):
+                if _same_rows(old, batch):
+                    return offset
+            return None
+
+        offset = cast(int, self._retry("a write", send, landed))
+        self._after = offset + 1
+        return offset
+
+    def _put_once(self, batch: pa.RecordBatch | None, metadata: bytes | None = None) -> None:
+        descriptor = paflight.FlightDescriptor.for_path(self._name, self.writer)
+        writer, _ = self._connect().do_put(descriptor, self.schema, options=self._options)
+        try:
+            if batch is not None:
+                writer.write_batch(batch)
+            if metadata is not None:
+                writer.write_metadata(pa.py_buffer(metadata))
+            writer.done_writing()
+        finally:
+            writer.close()
+
+    def end_input(self) -> None:
+        """End the writer's partition (``{"end_of_input": true}``), once: nothing if the
+        stream's history says the writer ended already."""
+        marker = b'{"end_of_input": true}'
+        if not self.exactly_once:
+            self._retry("ending the input", lambda: self._put_once(None, marker))
+            return
+
+        def ended() -> bool | None:
+            writers = self._metadata().get("writers")
+            item = writers.get(self.writer) if isinstance(writers, dict) else None
+            return True if isinstance(item, dict) and item.get("ended_at") is not None else None
+
+        def send() -> bool:
+            self._open()[0].write_metadata(pa.py_buffer(marker))
+            self._acknowledged()
+            return True
+
+        if not self._retry("reading the stream's FlightInfo", ended):
+            self._retry("ending the input", send, ended)
+
+    def close(self) -> None:
+        """Finish the DoPut (the partition stays open unless :meth:`end_input` was called) and
+        close the connection. Idempotent; never raises."""
+        put, self._put = self._put, None
+        if put is not None:
+            with contextlib.suppress(pa.ArrowException, OSError):
+                put[0].done_writing()
+        self._drop()
+
+
+class FlightTicketSource(_Retrying):
+    """A bounded pipeline source: the batches of one DoGet ticket on any Flight server.
+
+    The source has one watermark partition (``""``) that ends when the DoGet ends. Its offset
+    is the number of rows handed out so far: a DoGet cut by a lost connection (UNAVAILABLE, a
+    timeout) is opened again with the same ticket and the rows already read are skipped, and a
+    checkpointed run resumes the same way. That is exactly-once only if the ticket gives the same
+    rows in the same order every time (a flight-serve stream-range ticket does; a query ticket
+    of an ordered query does; other servers: see docs/pipelines.md); otherwise the resumed run
+    reads what the new DoGet returns after that many rows.
+
+    Args:
+        server: the Flight URI.
+        ticket: the ticket bytes.
+        name: the source's name in the pipeline (for messages).
+        schema: the declared columns (read exactly these, cast to these types), or ``None``
+            for the DoGet's schema.
+        start_rows: rows to skip (a checkpoint's offset).
+        retry_s: seconds to keep retrying while the server is unreachable.
+
+    Raises:
+        ConnectorError: the server stayed unreachable, refused the ticket, or the DoGet lacks a
+            declared column.
+    """
+
+    stop_at_end = True
+
+    def __init__(
+        self,
+        server: str,
+        ticket: bytes,
+        *,
+        name: str,
+        schema: pa.Schema | None = None,
+        start_rows: int = 0,
+        retry_s: float = RETRY_BUDGET_S,
+    ) -> None:
+        self.server = server
+        self.ticket = ticket
+        shown = ticket[:60].decode("utf-8", "replace")
+        self.stream = f"ticket {shown!r}"
+        self.what = f"source {name} (server {server}, {self.stream})"
+        self.retry_s = retry_s
+        self.start_offset = start_rows
+        self.end_offset = -1  # unknown until the DoGet ends
+        self.partitions: tuple[str, ...] = ("",)
+        self.initial_watermarks: dict[str, int] = {}
+        #: rows handed out (the offset a checkpoint records)
+        self.rows = start_rows
+        self._done = False
+        self._skip = 0
+        self._options = paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S)
+        self._client: paflight.FlightClient | None = None
+        self._reader: paflight.FlightStreamReader | None = None
+        reader = self._retry("opening the DoGet", self._open)
+        self.ticket_schema: pa.Schema = reader.schema
+        self.schema: pa.Schema = schema if schema is not None else reader.schema
+        missing = [n for n in self.schema.names if reader.schema.get_field_index(n) < 0]
+        if missing:
+            self.close()
+            raise ConnectorError(
+                f"{self.what}: the DoGet has no column {', '.join(map(repr, missing))}; its "
+                f"columns: {', '.join(reader.schema.names)}"
+            )
+        #: called before each poll: a checkpointed run's barrier
+        self.barrier: Any = lambda: None
+        #: called with each batch handed out
+        self.counted: Any = lambda batch: None
+
+    @property
+    def done(self) -> bool:
+        """Whether the DoGet has ended and every row was handed out."""
+        return self._done
+
+    @property
+    def backlog(self) -> bool:
+        """Rows may wait until the DoGet ends (no partition of a bounded read is idle)."""
+        return not self._done
+
+    def start(self) -> None:
+        """Nothing to start: reads happen in :meth:`poll`."""
+
+    def position_state(self) -> dict[str, object]:
+        """The offset as checkpoint JSON: rows handed out, and whether the DoGet ended."""
+        return {"kind": "ticket", "server": self.server, "rows": self.rows, "done": self._done}
+
+    def _drop(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            with contextlib.suppress(pa.ArrowException, OSError):
+                reader.cancel()
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(pa.ArrowException, OSError):
+                client.close()
+
+    def _open(self) -> paflight.FlightStreamReader:
+        if self._reader is None:
+            if self._client is None:
+                self._client = paflight.FlightClient(_location(self.server))
+            self._reader = self._client.do_get(paflight.Ticket(self.ticket), options=self._options)
+            self._skip = self.rows  # a new DoGet starts over: skip what was handed out
+        return self._reader
+
+    def _next(self) -> pa.RecordBatch | None:
+        """The next rows not handed out yet, or ``None`` at the DoGet's end."""
+        while True:
+            reader = self._open()
+            try:
+                chunk = reader.read_chunk()
+            except StopIteration:
+                return None
+            batch = chunk.data
+            if batch is None or batch.num_rows == 0:
+                continue
+            if self._skip:
+                if batch.num_rows <= self._skip:
+                    self._skip -= batch.num_rows
+                    continue
+                batch, self._skip = batch.slice(self._skip), 0
+            return batch
+
+    def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
+        """The next batches (up to ``max_entries``), then an ``end`` event at the DoGet's end.
+
+        Raises:
+            ConnectorError: the server stayed unreachable for ``retry_s`` seconds, the DoGet
+                failed otherwise, or a batch does not fit the declared columns.
+        """
+        if self._done:
+            return []
+        self.barrier()
+        events: list[SourceEvent] = []
+        for _ in range(max_entries):
+            batch = self._retry("reading the DoGet", self._next)
+            if batch is None:
+                self._done = True
+                self.end_offset = self.rows
+                events.append(SourceEvent("end", ""))
+                self.close()
+                break
+            offset = self.rows
+            self.rows += batch.num_rows
+            events.append(SourceEvent("batch", "", self._conform(batch), offset=offset))
+            self.counted(batch)
+        return events
+
+    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if batch.schema.equals(self.schema):
+            return batch
+        try:
+            return pa.RecordBatch.from_arrays(
+                [batch.column(f.name).cast(f.type) for f in self.schema], schema=self.schema
+            )
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ConnectorError(
+                f"{self.what}: a batch does not fit the declared columns: {_message(exc)}"
+            ) from exc
+
+    def close(self) -> None:
+        """Cancel the DoGet and close the connection. Idempotent."""
+        self._drop()

@@ -43,6 +43,8 @@ import contextlib
 import os
 import re
 import shutil
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -255,6 +257,20 @@ class StreamTarget(Protocol):
         """Mark the end of this sink's input in the stream (idempotent)."""
 
 
+_appends = 0
+
+
+def _crash_after_append() -> None:
+    """Fault injection for tests (never set in production): ``FLIGHT_SERVE_CRASH_AT=append:N``
+    SIGKILLs the process right after the N-th batch a stream sink of this process committed
+    (a crash in the middle of an epoch's commit)."""
+    global _appends
+    _appends += 1
+    if os.environ.get("FLIGHT_SERVE_CRASH_AT") == f"append:{_appends}":
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # pragma: no cover  (the signal is delivered asynchronously)
+
+
 def _same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
     if a.num_rows != b.num_rows or a.schema.names != b.schema.names:
         return False
@@ -359,6 +375,7 @@ class EpochStreamSink:
                 continue
             self._tail = []  # ours are appended in order: nothing later can be ours
             self.mark = self.target.append(batch) + 1
+            _crash_after_append()
             if self.incarnation is None:
                 self.incarnation = self.target.incarnation()
         self._staged = []
