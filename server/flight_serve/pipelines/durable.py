@@ -26,7 +26,9 @@ would on a slower or faster machine; everything it emits is still committed exac
 
 Fault injection for tests (never set in production): ``FLIGHT_SERVE_CRASH_AT`` = ``checkpoint:N``
 (SIGKILL the process right after checkpoint N's manifest is written, before its sinks commit),
-``commit:N`` (after they commit) or ``event:N`` (after N source batches, mid-epoch).
+``commit:N`` (after they commit), ``event:N`` (after N source batches, mid-epoch) or
+``append:N`` (after the N-th batch a stream sink of the process committed: mid-commit; see
+:mod:`~flight_serve.pipelines.epoch_sinks`).
 
 Errors: :class:`~flight_serve.errors.CheckpointError` when a checkpoint cannot be restored (the
 pipeline text changed, an input file changed or vanished, a stream offset was deleted by
@@ -50,6 +52,7 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from flight_serve.connectors.file import FileSource
+from flight_serve.connectors.flight import FlightSource, FlightStreamTarget, FlightTicketSource
 from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import OperatorSnapshot
@@ -356,7 +359,7 @@ class DurableRuntime(PipelineRuntime):
             option = relation.connector["connector"]
             connector = option.text.lower()
             if connector in ("file", "iceberg") or (
-                server and connector == "flight" and "server" not in relation.connector
+                connector == "flight" and (server or "server" in relation.connector)
             ):
                 continue
             raise option.error(self._refusal(connector, "source", server))
@@ -364,7 +367,7 @@ class DurableRuntime(PipelineRuntime):
             option = sink.connector["connector"]
             connector = option.text.lower()
             if connector in ("file", "stdout", "iceberg") or (
-                server and connector == "flight" and "server" not in sink.connector
+                connector == "flight" and (server or "server" in sink.connector)
             ):
                 continue
             raise option.error(self._refusal(connector, "sink", server))
@@ -373,13 +376,14 @@ class DurableRuntime(PipelineRuntime):
     def _refusal(connector: str, role: str, server: bool) -> str:
         if server:
             return (
-                f"a server pipeline takes file sources and sinks, stdout sinks and this server's "
-                f"streams (connector 'flight' without a server option), not a {connector!r} "
-                f"{role}"
+                f"a server pipeline takes file sources and sinks, stdout sinks, this server's "
+                f"streams (connector 'flight' without a server option) and other Flight servers' "
+                f"(connector 'flight' with a server option), not a {connector!r} {role}"
             )
         return (
-            f"a checkpointed run of flight-serve run covers file sources and file or stdout "
-            f"sinks, not a {connector!r} {role}: submit the pipeline to the server "
+            f"a checkpointed run of flight-serve run covers file sources, file or stdout sinks "
+            f"and flight connectors with a server option, not a {connector!r} {role} (a "
+            f"'flight' {role} needs server = …): submit the pipeline to the server "
             "(flight-serve submit), where it reads and writes streams exactly once, or run it "
             "without checkpoints"
         )
@@ -413,12 +417,12 @@ class DurableRuntime(PipelineRuntime):
         self.resumed_from = manifest.epoch
         return manifest
 
-    def _flight_source(self, relation: RelationDef) -> LiveSource:
-        if self.store is None:  # refused by _check_connectors: never reached
-            return super()._flight_source(relation)
+    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> LiveSource:
         options = relation.connector
-        stream = options["stream"].text if "stream" in options else relation.name
         state = self.manifest.sources.get(relation.name, {}) if self.manifest is not None else {}
+        if "server" in options or self.store is None:  # another server (checked for runs)
+            return self._remote_source(relation, state)
+        stream = options["stream"].text if "stream" in options else relation.name
         try:
             source = StoreSource(
                 self.store,
@@ -463,8 +467,42 @@ class DurableRuntime(PipelineRuntime):
     def _iceberg_sources(self) -> dict[str, IcebergSource]:
         return {n: s for n, s in self.flight_sources.items() if isinstance(s, IcebergSource)}
 
+    def _remote_source(self, relation: RelationDef, state: dict[str, Any]) -> LiveSource:
+        """A source on another Flight server: a ticket's DoGet, or a stream's tail, resumed
+        from the checkpoint's offset (rows of the ticket, or the stream offset)."""
+        ticket = self._ticket(relation)
+        if ticket is not None:
+            ticket_source = self._ticket_source(relation, ticket, int(state.get("rows", 0)))
+            assert isinstance(ticket_source, FlightTicketSource)
+            ticket_source.barrier = self.barrier
+            ticket_source.counted = self.count_event
+            return ticket_source
+        start = int(state["offset"]) if "offset" in state else None
+        source = super()._flight_source(relation, start_offset=start)
+        assert isinstance(source, FlightSource)
+        known = state.get("incarnation")
+        if known is not None and source.incarnation != known:
+            source.close()
+            raise CheckpointError(
+                f"source {relation.name}: stream {source.stream!r} on {source.server} was "
+                f"dropped or re-created since the checkpoint (incarnation {known}, now "
+                f"{source.incarnation or 'none'}); the offset {start} names nothing: start over "
+                "(cancel and submit again, or --fresh)"
+            )
+        source.rows = int(state.get("rows", 0))
+        source.barrier = self.barrier
+        source.counted = self.count_event
+        return source
+
     def _store_sources(self) -> dict[str, StoreSource]:
         return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}
+
+    def _remote_sources(self) -> dict[str, FlightSource | FlightTicketSource]:
+        return {
+            n: s
+            for n, s in self.flight_sources.items()
+            if isinstance(s, (FlightSource, FlightTicketSource))
+        }
 
     def _window_nodes(self) -> list[_WindowNode]:
         return [n for n in self.nodes if isinstance(n, _WindowNode)]
@@ -532,12 +570,16 @@ class DurableRuntime(PipelineRuntime):
                         finished=finished,
                     )
                 else:
-                    assert self.store is not None
                     assert slot.flight is not None
-                    _, stream, writer = slot.flight
+                    server, stream, writer = slot.flight
+                    target: StoreTarget | FlightStreamTarget
+                    if "server" in slot.definition.connector or self.store is None:
+                        target = FlightStreamTarget(server, stream, slot.schema, writer)
+                    else:
+                        target = StoreTarget(self.store, stream, slot.schema, writer)
                     sink = EpochStreamSink(
                         name,
-                        StoreTarget(self.store, stream, slot.schema, writer),
+                        target,
                         slot.schema,
                         mark=entry.get("mark"),
                         incarnation=entry.get("incarnation"),
@@ -636,6 +678,7 @@ class DurableRuntime(PipelineRuntime):
 
     def _source_rows(self) -> int:
         files = sum(s.rows for s in self.sources.values() if isinstance(s, _FileCursor))
+        files += sum(s.rows for s in self._remote_sources().values())
         iceberg = sum(s.rows for s in self._iceberg_sources().values())
         return files + iceberg + sum(s.rows for s in self._store_sources().values())
 
@@ -674,6 +717,8 @@ class DurableRuntime(PipelineRuntime):
         }
         for name, live in self._store_sources().items():
             sources[name] = live.position_state()
+        for name, remote in self._remote_sources().items():
+            sources[name] = remote.position_state()
         for name, table in self._iceberg_sources().items():
             sources[name] = table.position_state()
         sinks: dict[str, dict[str, Any]] = {}
@@ -751,7 +796,7 @@ class DurableRuntime(PipelineRuntime):
             return summary
         targets = dict(summary.targets)
         for name, slot in self.sinks.items():
-            if slot.flight is not None:
+            if slot.flight is not None and "server" not in slot.definition.connector:
                 targets[name] = f"stream {slot.flight[1]}"
         return RunSummary(summary.rows, targets, summary.late_rows)
 

@@ -27,6 +27,8 @@ read) or :class:`~flight_serve.errors.QueryError` (DataFusion fails on a batch).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -42,7 +44,13 @@ import sqlglot
 from sqlglot import exp
 
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
-from flight_serve.connectors.flight import DEFAULT_SERVER, FlightSink, FlightSource, SourceEvent
+from flight_serve.connectors.flight import (
+    DEFAULT_SERVER,
+    FlightSink,
+    FlightSource,
+    FlightTicketSource,
+    SourceEvent,
+)
 from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import Emission, WindowOperator
@@ -83,7 +91,15 @@ __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
 CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "source": {
         "file": ("connector", "path", "format", "batch_rows", "delimiter"),
-        "flight": ("connector", "server", "stream", "start_offset", "stop_at_end"),
+        "flight": (
+            "connector",
+            "server",
+            "stream",
+            "start_offset",
+            "stop_at_end",
+            "ticket",
+            "ticket_base64",
+        ),
         "iceberg": ICEBERG_SOURCE_OPTIONS,
     },
     "table": {"file": ("connector", "path", "format", "delimiter")},
@@ -700,8 +716,53 @@ class PipelineRuntime:
         except ConnectorError as exc:
             raise sql_error(f"{what}: {exc}", relation.node.this) from exc
 
-    def _flight_source(self, relation: RelationDef) -> LiveSource:
+    def _ticket(self, relation: RelationDef) -> bytes | None:
+        """The ``ticket`` (UTF-8 text) or ``ticket_base64`` option of a flight source."""
         options = relation.connector
+        if "ticket" in options and "ticket_base64" in options:
+            raise options["ticket_base64"].error("give ticket or ticket_base64, not both")
+        for key in ("stream", "start_offset", "stop_at_end"):
+            if key in options and ("ticket" in options or "ticket_base64" in options):
+                raise options[key].error(f"a ticket source takes no {key} (it reads one DoGet)")
+        if "ticket" in options:
+            return options["ticket"].text.encode()
+        if "ticket_base64" in options:
+            option = options["ticket_base64"]
+            try:
+                return base64.b64decode(option.text, validate=True)
+            except binascii.Error as exc:
+                raise option.error(f"not base64: {exc}") from None
+        return None
+
+    def _ticket_source(self, relation: RelationDef, ticket: bytes, rows: int) -> LiveSource:
+        options = relation.connector
+        server = options["server"].text if "server" in options else DEFAULT_SERVER
+        try:
+            source = FlightTicketSource(
+                server, ticket, name=relation.name, schema=relation.columns, start_rows=rows
+            )
+        except ConnectorError as exc:
+            raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
+        if (
+            relation.time_column is not None
+            and source.schema.get_field_index(relation.time_column) < 0
+        ):
+            source.close()
+            raise sql_error(
+                f"WATERMARK FOR {relation.time_column}: the DoGet has no such column "
+                f"(columns: {', '.join(source.schema.names)})",
+                relation.node.this,
+            )
+        return source
+
+    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> LiveSource:
+        """A ``flight`` source: a ticket's DoGet, or a stream's tail from ``start_offset``
+        (default: the ``start_offset`` option, else 0)."""
+        options = relation.connector
+        ticket = self._ticket(relation)
+        if ticket is not None:
+            return self._ticket_source(relation, ticket, 0)
+        resume_at = start_offset
         server = options["server"].text if "server" in options else DEFAULT_SERVER
         stream = options["stream"].text if "stream" in options else relation.name
         start_offset = 0
@@ -724,7 +785,7 @@ class PipelineRuntime:
                 server,
                 stream,
                 schema=relation.columns,
-                start_offset=start_offset,
+                start_offset=start_offset if resume_at is None else resume_at,
                 stop_at_end=stop_at_end,
             )
         except ConnectorError as exc:
