@@ -309,6 +309,23 @@ def _transform(name: str, width: int | None) -> Any:
 # --- the sink ---------------------------------------------------------------------------------
 
 
+def _without_internal_retries(table: Table) -> Table:
+    """``table`` whose local metadata says ``commit.retry.num-retries = 0``.
+
+    pyiceberg 0.12 retries a conflicting commit itself (it rebases the snapshot on the new
+    metadata and commits again) without looking at our markers: two instances of one writer
+    (a zombie after a failover) could then both land one epoch. With its retries off, every
+    retry goes through :meth:`IcebergSink.commit`'s reload and marker check. Only this process's
+    copy changes: the catalog applies the transaction's updates to its own metadata, and the
+    table's stored properties are untouched.
+    """
+    from pyiceberg.table import Table as IcebergTable
+
+    properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
+    metadata = table.metadata.model_copy(update={"properties": properties})
+    return IcebergTable(table.name(), metadata, table.metadata_location, table.io, table.catalog)
+
+
 @dataclass(frozen=True)
 class CommitResult:
     """What :meth:`IcebergSink.commit` did.
@@ -506,7 +523,7 @@ class IcebergSink:
                 )
             evolve = self._check_columns(table, data)
             try:  # writing the data files: nothing is committed yet, errors are final
-                tx = table.transaction()
+                tx = _without_internal_retries(table).transaction()
                 if evolve:
                     with tx.update_schema() as update:
                         update.union_by_name(data.schema)
@@ -562,6 +579,12 @@ class IcebergSink:
 def _operation(snapshot: Snapshot) -> str:
     summary = snapshot.summary
     return str(summary.operation.value) if summary is not None else "append"
+
+
+def _sequence(snapshot: Snapshot) -> int | None:
+    """The snapshot's sequence number (``None`` for format v1 tables, which have none)."""
+    seq = snapshot.sequence_number
+    return int(seq) if seq else None
 
 
 def _added_records(snapshot: Snapshot) -> int:
@@ -655,6 +678,8 @@ class IcebergSource:
         self.starting_strategy = starting_strategy
         #: the last snapshot consumed (the offset); ``None``: none yet
         self.snapshot_id: int | None = None
+        #: its sequence number (finds its child after expiry); ``None``: unknown
+        self._seq: int | None = None
         #: before the first read: the first snapshot to read (inclusive), or ``None`` for the
         #: oldest ancestor
         self._first: int | None = None
@@ -671,6 +696,7 @@ class IcebergSource:
         self._next_check = 0.0
         if offset is not None and offset.get("started"):
             self.snapshot_id = offset.get("snapshot_id")
+            self._seq = offset.get("sequence_number")
             self._first = offset.get("first")
             self.rows = int(offset.get("rows", 0))
             self.snapshots_read = int(offset.get("snapshots", 0))
@@ -686,6 +712,7 @@ class IcebergSource:
         strategy = self.starting_strategy
         if strategy == "latest":  # rows committed after now (an empty table: every row)
             self.snapshot_id = current.snapshot_id if current is not None else None
+            self._seq = _sequence(current) if current is not None else None
         elif strategy == "snapshot_id":
             if snapshot_id is None or self.table.snapshot_by_id(snapshot_id) is None:
                 raise ConnectorError(
@@ -700,6 +727,7 @@ class IcebergSource:
             first = next((s for s in lineage if s.timestamp_ms >= ms), None)
             if first is None:  # nothing committed since: wait for the next snapshot
                 self.snapshot_id = current.snapshot_id if current is not None else None
+                self._seq = _sequence(current) if current is not None else None
             else:
                 self._first = first.snapshot_id
 
@@ -748,6 +776,7 @@ class IcebergSource:
             "table": self.stream,
             "started": True,
             "snapshot_id": self.snapshot_id,
+            "sequence_number": self._seq,
             "first": self._first,
             "stop_id": self._stop_id,
             "ended": self._ended,
@@ -775,6 +804,8 @@ class IcebergSource:
             if self.snapshot_id is not None and s.snapshot_id == self.snapshot_id:
                 found = True
                 break
+            if self._seq is not None and _sequence(s) is not None and _sequence(s) <= self._seq:
+                break  # older than the offset: the offset is not in this lineage
             chain.append(s)
             if self._first is not None and s.snapshot_id == self._first:
                 found = True
@@ -785,16 +816,21 @@ class IcebergSource:
                 break
             s = self.table.snapshot_by_id(parent) if parent is not None else None
         chain.reverse()
+        if not found and chain and self._seq is not None and _sequence(chain[0]) == self._seq + 1:
+            # the offset expired, and pyiceberg's expiry cleared its child's parent id: the
+            # child is the snapshot with the next sequence number, and it survives
+            found = True
         if self.snapshot_id is None and self._first is None and chain:
-            # earliest: the oldest surviving ancestor, in full if its parent expired
-            return [(chain[0], chain[0].parent_snapshot_id is not None)] + [
-                (c, False) for c in chain[1:]
-            ]
+            # earliest: the oldest surviving ancestor, in full if earlier history expired
+            oldest = chain[0]
+            seq = _sequence(oldest)
+            expired = oldest.parent_snapshot_id is not None or (seq is not None and seq > 1)
+            return [(oldest, expired)] + [(c, False) for c in chain[1:]]
         if not found and chain:
             missing = self.snapshot_id if self.snapshot_id is not None else self._first
             message = (
                 f"{self.what}: the checkpointed snapshot {missing} expired and no surviving "
-                f"snapshot follows it (the oldest ancestor of the current snapshot is "
+                f"snapshot follows it (the oldest ancestor of the current snapshot after it is "
                 f"{chain[0].snapshot_id})"
             )
             if self.expired_snapshot != "reset":
@@ -808,7 +844,7 @@ class IcebergSource:
                     f"{message}; resuming at snapshot {chain[0].snapshot_id} "
                     "(expired_snapshot = 'reset'): rows committed in between are not delivered"
                 )
-            self.snapshot_id, self._first = None, chain[0].snapshot_id
+            self.snapshot_id, self._first, self._seq = None, chain[0].snapshot_id, None
         return [(c, False) for c in chain]
 
     def _read(self, snapshot: Snapshot, full: bool) -> Iterator[pa.RecordBatch]:
@@ -904,6 +940,7 @@ class IcebergSource:
                     self.rows += batch.num_rows
                     self.counted(batch)
             self.snapshot_id, self._first = snapshot.snapshot_id, None
+            self._seq = _sequence(snapshot)
             self.snapshots_read += 1
         left = len(pending) - taken
         if self._stop_id is not None and self.snapshot_id == self._stop_id:

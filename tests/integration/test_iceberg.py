@@ -1,0 +1,546 @@
+"""The Iceberg connector (issue 5 items 1-3) against a real pyiceberg SqlCatalog on SQLite in a
+temporary directory: the exactly-once sink (racing writers, an unknown commit outcome, replays,
+snapshot expiry, upserts, types and partitions), the incremental source (non-append snapshots,
+start strategies, rate limits, expired offsets), a pipeline killed and resumed, and Iceberg
+tables queried over DoGet and Flight SQL next to streams.
+
+Fault injection wraps the real catalog (its ``commit_table``), never a fake one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import datafusion
+import pyarrow as pa
+import pytest
+from flight_serve.connectors.iceberg import (
+    MARKER_EPOCH,
+    MARKER_WRITER,
+    IcebergSink,
+    IcebergSource,
+    NonAppendSnapshotError,
+    SnapshotExpiredError,
+)
+from flight_serve.pipelines.durable import DurableRuntime
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.run_options import RunOptions
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.table import Table
+
+CLI = Path(sys.executable).parent / "flight-serve"
+UTC_US = pa.timestamp("us", tz="UTC")
+H_US = 3_600 * 10**6
+
+
+def new_catalog(root: Path) -> SqlCatalog:
+    """A real SqlCatalog on SQLite (a new Python object per call, one database per root)."""
+    (root / "warehouse").mkdir(parents=True, exist_ok=True)
+    return SqlCatalog(
+        "default", uri=f"sqlite:///{root / 'catalog.db'}", warehouse=f"file://{root / 'warehouse'}"
+    )
+
+
+def catalog_options(root: Path) -> str:
+    return f"catalog_uri = 'sqlite:///{root / 'catalog.db'}', warehouse = 'file://{root / 'warehouse'}'"
+
+
+def marker_epochs(table: Table, writer: str) -> list[int]:
+    """The epochs of ``writer`` in the snapshot summaries, in commit order."""
+    out = []
+    for snapshot in table.metadata.snapshots:
+        props = snapshot.summary.additional_properties if snapshot.summary else {}
+        if props.get(MARKER_WRITER) == writer:
+            out.append(int(props[MARKER_EPOCH]))
+    return out
+
+
+def batch(**columns: Any) -> pa.RecordBatch:
+    return pa.record_batch(columns)
+
+
+def rows_of(table: Table, *order: str) -> list[dict[str, Any]]:
+    data = table.refresh().scan().to_arrow()
+    return data.sort_by([(c, "ascending") for c in order]).to_pylist()
+
+
+def fail_commit_after(catalog: Catalog, action: Callable[[], None]) -> None:
+    """Wrap the real ``commit_table`` of ``catalog``: the first call first runs ``action``."""
+    real = catalog.commit_table
+    state = {"armed": True}
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if state["armed"]:
+            state["armed"] = False
+            action()
+        return real(*args, **kwargs)
+
+    catalog.commit_table = wrapped  # type: ignore[method-assign]
+
+
+# --- the sink --------------------------------------------------------------------------------
+
+
+def test_two_writers_racing_on_one_table_commit_each_epoch_exactly_once(tmp_path: Path) -> None:
+    """Writer A loads the table, then writer B commits before A's commit reaches the catalog:
+    A's commit fails (CommitFailedException), A reloads, re-checks its markers, retries."""
+    cat_a, cat_b = new_catalog(tmp_path), new_catalog(tmp_path)
+    sink_a = IcebergSink(cat_a, "ops.t", writer="pa/out", run="ra", backoff_s=0.001)
+    sink_b = IcebergSink(cat_b, "ops.t", writer="pb/out", run="rb", backoff_s=0.001)
+    sink_b.commit(1, [batch(k=["b0"], v=[0])])  # creates the table
+    fail_commit_after(cat_a, lambda: sink_b.commit(2, [batch(k=["b2"], v=[2])]))
+    result = sink_a.commit(1, [batch(k=["a1", "a1x"], v=[1, 11])])
+    assert (result.committed, result.conflicts, result.attempts) == (True, 1, 2)
+    table = cat_a.load_table("ops.t")
+    assert marker_epochs(table, "pa/out") == [1]
+    assert marker_epochs(table, "pb/out") == [1, 2]
+    assert rows_of(table, "k") == [
+        {"k": "a1", "v": 1},
+        {"k": "a1x", "v": 11},
+        {"k": "b0", "v": 0},
+        {"k": "b2", "v": 2},
+    ]
+    assert table.properties["flight-serve.epoch.pa/out"] == "ra:1"
+    assert table.properties["flight-serve.epoch.pb/out"] == "rb:2"
+
+
+def test_two_writer_threads_racing_lose_nothing_and_double_nothing(tmp_path: Path) -> None:
+    """Two threads, each with its own catalog object, commit epochs 1..4 at the same moments
+    (a barrier before each): every epoch of both writers lands once."""
+    catalogs = [new_catalog(tmp_path), new_catalog(tmp_path)]
+    IcebergSink(catalogs[0], "ops.race", writer="setup", run="s").load_or_create(
+        pa.schema([("w", pa.string()), ("epoch", pa.int64())])
+    )
+    gate = threading.Barrier(2)
+    sinks = [
+        IcebergSink(c, "ops.race", writer=f"w{i}/out", run=f"r{i}", backoff_s=0.005)
+        for i, c in enumerate(catalogs)
+    ]
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            for epoch in range(1, 5):
+                gate.wait(timeout=30)
+                sinks[i].commit(epoch, [batch(w=[f"w{i}"], epoch=[epoch])])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    table = catalogs[0].load_table("ops.race")
+    assert marker_epochs(table, "w0/out") == [1, 2, 3, 4]
+    assert marker_epochs(table, "w1/out") == [1, 2, 3, 4]
+    assert rows_of(table, "w", "epoch") == [
+        {"w": f"w{i}", "epoch": e} for i in range(2) for e in range(1, 5)
+    ]
+    assert sinks[0].conflicts + sinks[1].conflicts >= 1  # they did race
+
+
+def test_a_commit_that_lands_then_raises_is_not_duplicated(tmp_path: Path) -> None:
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(catalog, "ops.t", writer="p/out", run="r1", backoff_s=0.001)
+    sink.commit(1, [batch(k=["a"], v=[1])])
+    real = catalog.commit_table
+    calls = {"n": 0}
+
+    def lands_then_raises(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        response = real(*args, **kwargs)  # the commit lands in the catalog...
+        if calls["n"] == 1:
+            raise ConnectionResetError("connection reset after the commit")  # ...the call fails
+        return response
+
+    catalog.commit_table = lands_then_raises  # type: ignore[method-assign]
+    result = sink.commit(2, [batch(k=["b", "c"], v=[2, 3])])
+    assert (result.committed, result.unknown, calls["n"]) == (False, 1, 1)  # no second commit
+    table = catalog.load_table("ops.t")
+    assert marker_epochs(table, "p/out") == [1, 2]
+    assert rows_of(table, "k") == [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "c", "v": 3}]
+    # a replay of both epochs (a restore) writes nothing
+    assert not sink.commit(1, [batch(k=["a"], v=[1])]).committed
+    assert not sink.commit(2, [batch(k=["b", "c"], v=[2, 3])]).committed
+    assert len(catalog.load_table("ops.t").metadata.snapshots) == 2
+
+
+def test_the_table_property_guards_replays_after_snapshot_expiry(tmp_path: Path) -> None:
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(catalog, "ops.t", writer="p/out", run="r1")
+    sink.commit(1, [batch(k=["a"], v=[1])])
+    sink.commit(2, [batch(k=["b"], v=[2])])
+    table = catalog.load_table("ops.t")
+    first = table.metadata.snapshots[0].snapshot_id
+    table.maintenance.expire_snapshots().by_id(first).commit()
+    table = catalog.load_table("ops.t")
+    assert marker_epochs(table, "p/out") == [2]  # epoch 1's summary is gone
+    assert not sink.commit(1, [batch(k=["a"], v=[1])]).committed  # the property still says 2
+    assert rows_of(table, "k") == [{"k": "a", "v": 1}, {"k": "b", "v": 2}]
+    # a new run (--fresh) writes its epochs again: they are new results
+    assert (
+        IcebergSink(catalog, "ops.t", writer="p/out", run="r2")
+        .commit(1, [batch(k=["c"], v=[3])])
+        .committed
+    )
+
+
+def test_datafusion_ns_timestamps_land_in_a_day_partitioned_table(tmp_path: Path) -> None:
+    ctx = datafusion.SessionContext()
+    out = ctx.sql(
+        "SELECT column1 AS k, to_timestamp_nanos(column2) AT TIME ZONE 'UTC' AS ts FROM (VALUES "
+        "('a', '2013-01-01T23:59:59.123456789Z'), ('b', '2013-01-02T00:00:00.5Z'), "
+        "('c', '2013-01-02T10:00:00Z'))"
+    ).to_arrow_table()
+    assert out.schema.field("ts").type == pa.timestamp("ns", tz="UTC")  # DataFusion's output
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(catalog, "ops.days", writer="p/out", run="r", partition_by="day(ts)")
+    assert sink.commit(1, out.to_batches()).committed
+    table = catalog.load_table("ops.days")
+    assert str(table.spec().fields[0].transform) == "day"
+    got = table.scan().to_arrow().sort_by("k")
+    assert got.schema.field("ts").type == UTC_US
+    assert got.column("ts").to_pylist() == [
+        datetime(2013, 1, 1, 23, 59, 59, 123456, tzinfo=UTC),  # the ns digits are truncated
+        datetime(2013, 1, 2, 0, 0, 0, 500000, tzinfo=UTC),
+        datetime(2013, 1, 2, 10, tzinfo=UTC),
+    ]
+    days = sorted((t.file.partition[0], t.file.record_count) for t in table.scan().plan_files())
+    assert days == [(15706, 1), (15707, 2)]  # days since 1970-01-01: 2013-01-01, 2013-01-02
+
+
+def test_unsigned_and_small_ints_widen_and_new_columns_need_the_option(tmp_path: Path) -> None:
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(catalog, "ops.t", writer="p/out", run="r")
+    sink.commit(1, [batch(k=pa.array([1], pa.uint32()), s=pa.array([2], pa.int8()))])
+    table = catalog.load_table("ops.t")
+    assert [(f.name, str(f.field_type)) for f in table.schema().fields] == [
+        ("k", "long"),
+        ("s", "int"),
+    ]
+    from flight_serve.errors import ConnectorError
+
+    with pytest.raises(ConnectorError, match=r"uint64.*'k'|'k'.*uint64"):
+        sink.commit(2, [batch(k=pa.array([2**63], pa.uint64()), s=pa.array([1], pa.int8()))])
+    with pytest.raises(ConnectorError, match=r"no column 'extra'.*allow_schema_evolution"):
+        sink.commit(2, [batch(k=[2], s=[3], extra=["x"])])
+    evolving = IcebergSink(catalog, "ops.t", writer="p/out", run="r", allow_schema_evolution=True)
+    assert evolving.commit(2, [batch(k=[2], s=[3], extra=["x"])]).committed
+    assert rows_of(catalog.load_table("ops.t"), "k") == [
+        {"k": 1, "s": 2, "extra": None},
+        {"k": 2, "s": 3, "extra": "x"},
+    ]
+
+
+def test_upsert_keys_replace_rows_of_the_same_window_and_key(tmp_path: Path) -> None:
+    """emit = 'update': a window fires, then fires again with a late row; the table keeps one
+    row per (origin, window_start), the last values (also within one epoch)."""
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(
+        catalog, "ops.u", writer="p/out", run="r", upsert_keys=("origin", "window_start")
+    )
+    w0 = pa.array([0, 0], UTC_US)
+    sink.commit(1, [batch(origin=["EWR", "JFK"], window_start=w0, n=[1, 5])])
+    sink.commit(
+        2,
+        [
+            batch(origin=["EWR"], window_start=pa.array([0], UTC_US), n=[2]),
+            batch(origin=["EWR", "LGA"], window_start=pa.array([0, H_US], UTC_US), n=[3, 7]),
+        ],
+    )
+    got = rows_of(catalog.load_table("ops.u"), "origin")
+    assert [(r["origin"], r["n"]) for r in got] == [("EWR", 3), ("JFK", 5), ("LGA", 7)]
+    assert not sink.commit(2, [batch(origin=["EWR"], window_start=w0[:1], n=[99])]).committed
+
+
+# --- the source ------------------------------------------------------------------------------
+
+
+def drain(source: IcebergSource, limit: int = 100) -> list[list[dict[str, Any]]]:
+    """Poll until the source ends; the rows of each poll."""
+    polls: list[list[dict[str, Any]]] = []
+    for _ in range(limit):
+        events = source.poll(0.0)
+        polls.append([r for e in events if e.kind == "batch" for r in e.batch.to_pylist()])  # type: ignore[union-attr]
+        if source.done:
+            return [p for p in polls if p]
+    raise AssertionError("the source did not end")
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> tuple[SqlCatalog, list[int]]:
+    """ops.src with this history (snapshot: operation, rows):
+
+    s0 append [1, 2] · s1 append [3] · s2 overwrite (delete id = 1 rewrites s0's file: [2])
+    · s3 append [4] · s4 delete (id = 3: s1's whole file) · s5 append [5]
+    """
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    table = catalog.create_table("ops.src", schema=pa.schema([("id", pa.int64())]))
+    table.append(pa.table({"id": [1, 2]}))
+    table.append(pa.table({"id": [3]}))
+    table.delete("id == 1")
+    table.append(pa.table({"id": [4]}))
+    table.delete("id == 3")
+    table.append(pa.table({"id": [5]}))
+    table = catalog.load_table("ops.src")
+    ops = [s.summary.operation.value for s in table.metadata.snapshots]  # type: ignore[union-attr]
+    assert ops == ["append", "append", "overwrite", "append", "delete", "append"]
+    return catalog, [s.snapshot_id for s in table.metadata.snapshots]
+
+
+def test_overwrite_and_delete_snapshots_fail_by_default_naming_them(
+    history: tuple[SqlCatalog, list[int]],
+) -> None:
+    catalog, ids = history
+    source = IcebergSource(catalog, "ops.src", name="src", stop_at="latest")
+    with pytest.raises(NonAppendSnapshotError, match=rf"snapshot {ids[2]} is a\(n\) overwrite"):
+        drain(source)
+    only_overwrites = IcebergSource(
+        catalog, "ops.src", name="src", stop_at="latest", skip_overwrite_snapshots=True
+    )
+    with pytest.raises(NonAppendSnapshotError, match=rf"snapshot {ids[4]} is a\(n\) delete"):
+        drain(only_overwrites)
+
+
+def test_the_skip_options_deliver_only_the_appended_rows_and_log_each_skip(
+    history: tuple[SqlCatalog, list[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    catalog, ids = history
+    source = IcebergSource(
+        catalog,
+        "ops.src",
+        name="src",
+        stop_at="latest",
+        skip_overwrite_snapshots=True,
+        skip_delete_snapshots=True,
+    )
+    with caplog.at_level(logging.WARNING, logger="flight_serve.connectors.iceberg"):
+        polls = drain(source)
+    assert polls == [[{"id": 1}, {"id": 2}, {"id": 3}, {"id": 4}, {"id": 5}]]
+    assert source.snapshot_id == ids[5]
+    skipped = [r.getMessage() for r in caplog.records]
+    assert any(f"snapshot {ids[2]} (overwrite) skipped" in m for m in skipped)
+    assert any(f"snapshot {ids[4]} (delete) skipped" in m for m in skipped)
+
+
+def test_start_strategies_and_rate_limits(tmp_path: Path) -> None:
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    table = catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())]))
+    for first in range(0, 10, 2):  # five appends of two rows: [0,1] [2,3] ... [8,9]
+        table.append(pa.table({"id": [first, first + 1]}))
+    ids = [s.snapshot_id for s in catalog.load_table("ops.s").metadata.snapshots]
+
+    def ids_per_poll(**options: Any) -> list[list[int]]:
+        source = IcebergSource(catalog, "ops.s", name="s", stop_at="latest", **options)
+        return [[r["id"] for r in poll] for poll in drain(source)]
+
+    assert ids_per_poll() == [list(range(10))]
+    assert ids_per_poll(max_snapshots_per_poll=2) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    # rows: two per snapshot; 3 rows allow one snapshot, a snapshot is never split
+    assert ids_per_poll(max_rows_per_poll=3) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert ids_per_poll(starting_strategy="snapshot_id", start_snapshot_id=ids[3]) == [[6, 7, 8, 9]]
+    stamp = catalog.load_table("ops.s").snapshot_by_id(ids[2]).timestamp_ms  # type: ignore[union-attr]
+    at = datetime.fromtimestamp(stamp / 1000, UTC)
+    assert ids_per_poll(starting_strategy="timestamp", start_timestamp=at) == [[4, 5, 6, 7, 8, 9]]
+    latest = IcebergSource(catalog, "ops.s", name="s", starting_strategy="latest")
+    assert latest.poll(0.0) == []  # nothing after the start
+    catalog.load_table("ops.s").append(pa.table({"id": [10]}))
+    latest._next_check = 0.0  # the monitor interval (1 s) is not what this test waits for
+    assert [
+        r["id"] for e in latest.poll(0.0) if e.batch is not None for r in e.batch.to_pylist()
+    ] == [10]
+
+
+def test_an_expired_offset_resumes_at_its_child_else_fails_or_resets(tmp_path: Path) -> None:
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    table = catalog.create_table("ops.e", schema=pa.schema([("id", pa.int64())]))
+    for i in range(4):
+        table.append(pa.table({"id": [i]}))
+    ids = [s.snapshot_id for s in catalog.load_table("ops.e").metadata.snapshots]
+    source = IcebergSource(catalog, "ops.e", name="e", max_snapshots_per_poll=2)
+    source.poll(0.0)
+    offset = source.position_state()
+    assert offset["snapshot_id"] == ids[1]
+    catalog.load_table("ops.e").maintenance.expire_snapshots().by_ids(ids[:2]).commit()
+    # the offset (s1) expired; s2 survives and names it as parent: go on there, nothing lost
+    resumed = IcebergSource(catalog, "ops.e", name="e", offset=offset, stop_at="latest")
+    resumed._stop_id = ids[3]
+    assert drain(resumed) == [[{"id": 2}, {"id": 3}]]
+    catalog.load_table("ops.e").maintenance.expire_snapshots().by_id(ids[2]).commit()
+    # now s1's child is gone too: nothing links the offset to the table's history
+    with pytest.raises(SnapshotExpiredError, match=rf"snapshot {ids[1]} expired.*expired_snapshot"):
+        IcebergSource(catalog, "ops.e", name="e", offset=offset).poll(0.0)
+    gaps: list[str] = []
+    reset = IcebergSource(
+        catalog, "ops.e", name="e", offset=offset, expired_snapshot="reset", on_gap=gaps.append
+    )
+    reset._stop_id = ids[3]
+    assert drain(reset) == [[{"id": 3}]]
+    assert len(gaps) == 1
+    assert f"resuming at snapshot {ids[3]}" in gaps[0]
+
+
+# --- a pipeline: iceberg source -> windowed query -> iceberg sink, killed and resumed ---------
+
+# Input: ops.flights, six appends (one snapshot each, one source batch each), event time t:
+#
+#   snapshot   0          1           2           3          4          5
+#   rows       EWR 00:10  EWR 00:40   JFK 01:05   EWR 02:10  JFK 02:50  EWR 04:01
+#              JFK 00:20  EWR 01:15   EWR 01:30   JFK 02:20             JFK 04:30
+#
+# Hourly tumbling windows per origin; W = max(t) - 0 and the source ends after snapshot 5.
+# Windows [00,01) EWR 2 / JFK 1, [01,02) EWR 2 / JFK 1, [02,03) EWR 1 / JFK 2, [04,05) 1 / 1.
+FLIGHTS = [
+    [("EWR", 10, 5.0), ("JFK", 20, 1.0)],
+    [("EWR", 40, 15.0), ("EWR", 75, -3.0)],
+    [("JFK", 65, 30.0), ("EWR", 90, 2.0)],
+    [("EWR", 130, 0.0), ("JFK", 140, 8.0)],
+    [("JFK", 170, 12.0)],
+    [("EWR", 241, 1.0), ("JFK", 270, 4.0)],
+]
+EXPECTED = [
+    ("EWR", 0, 2, 10.0),
+    ("JFK", 0, 1, 1.0),
+    ("EWR", 1, 2, -0.5),
+    ("JFK", 1, 1, 30.0),
+    ("EWR", 2, 1, 0.0),
+    ("JFK", 2, 2, 10.0),
+    ("EWR", 4, 1, 1.0),
+    ("JFK", 4, 1, 4.0),
+]
+
+
+def flights_table(root: Path) -> None:
+    catalog = new_catalog(root)
+    catalog.create_namespace("lake")
+    schema = pa.schema([("origin", pa.string()), ("t", UTC_US), ("dep_delay", pa.float64())])
+    table = catalog.create_table("lake.flights", schema=schema)
+    for snapshot in FLIGHTS:
+        table.append(
+            pa.table(
+                {
+                    "origin": [o for o, _, _ in snapshot],
+                    "t": pa.array([m * 60 * 10**6 for _, m, _ in snapshot], UTC_US),
+                    "dep_delay": [d for _, _, d in snapshot],
+                },
+                schema=schema,
+            )
+        )
+
+
+def pipeline_text(root: Path) -> str:
+    cat = catalog_options(root)
+    return f"""
+SET checkpoint_every = 1;
+CREATE SOURCE flights (origin VARCHAR, t TIMESTAMP WITH TIME ZONE, dep_delay DOUBLE,
+    WATERMARK FOR t AS t - INTERVAL '0' SECOND)
+  WITH (connector = 'iceberg', table = 'lake.flights', stop_at = 'latest',
+        max_snapshots_per_poll = 1, monitor_interval = '10ms', {cat});
+CREATE SINK hourly WITH (connector = 'iceberg', table = 'ops.hourly',
+    partition_by = 'day(window_start)', {cat});
+INSERT INTO hourly
+SELECT origin, window_start, window_end, count(*) AS departures, avg(dep_delay) AS avg_delay
+FROM TUMBLE(flights, t, INTERVAL '1' HOUR) GROUP BY origin, window_start, window_end;
+"""
+
+
+def hourly(root: Path) -> list[tuple[str, int, int, float]]:
+    table = new_catalog(root).load_table("ops.hourly")
+    return [
+        (r["origin"], r["window_start"].hour, r["departures"], r["avg_delay"])
+        for r in rows_of(table, "window_start", "origin")
+    ]
+
+
+def durable_run(root: Path) -> DurableRuntime:
+    return DurableRuntime(
+        parse_pipeline(pipeline_text(root)),
+        name="sync",
+        options=RunOptions(checkpoint_every=1),
+        state_root=str(root / "state"),
+        output_dir=root / "out",
+    )
+
+
+class Crash(Exception):
+    """Stands for the process dying at a barrier (nothing is cleaned up)."""
+
+
+def test_pipeline_straight_run_writes_each_window_once(tmp_path: Path) -> None:
+    flights_table(tmp_path)
+    runtime = durable_run(tmp_path)
+    for _ in runtime.run():
+        pass
+    assert hourly(tmp_path) == EXPECTED
+    table = new_catalog(tmp_path).load_table("ops.hourly")
+    epochs = marker_epochs(table, "sync/hourly")
+    assert epochs == sorted(set(epochs))  # each epoch committed once, in order
+    assert runtime.metrics()["rows_in"] == 11
+
+
+@pytest.mark.parametrize("cut", range(1, 7))
+def test_pipeline_killed_at_each_batch_and_resumed_equals_the_straight_run(
+    tmp_path: Path, cut: int
+) -> None:
+    flights_table(tmp_path)
+    runtime = durable_run(tmp_path)
+    barrier = runtime.barrier
+
+    def dying() -> None:
+        if runtime._events >= cut:
+            raise Crash
+        barrier()
+
+    runtime.barrier = dying  # type: ignore[method-assign]
+    for source in runtime._iceberg_sources().values():
+        source.barrier = dying
+    with pytest.raises(Crash):
+        for _ in runtime.run():
+            pass
+    resumed = durable_run(tmp_path)
+    assert resumed.resumed_from is not None or cut == 1
+    for _ in resumed.run():
+        pass
+    assert hourly(tmp_path) == EXPECTED
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("crash", ["checkpoint:3", "commit:4"])
+def test_pipeline_sigkilled_by_flight_serve_run_and_resumed_equals_the_straight_run(
+    tmp_path: Path, crash: str
+) -> None:
+    """A real ``flight-serve run`` process, SIGKILLed after checkpoint 3's manifest (before its
+    Iceberg commit) or after commit 4; the rerun resumes and ends with the same rows."""
+    flights_table(tmp_path)
+    sql = tmp_path / "sync.sql"
+    sql.write_text(pipeline_text(tmp_path))
+    args = [str(CLI), "run", str(sql), "--output-dir", str(tmp_path / "out")]
+    args += ["--state-root", str(tmp_path / "state")]
+    killed = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "FLIGHT_SERVE_CRASH_AT": crash},
+    )
+    assert killed.returncode == -9, killed.stderr
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from checkpoint" in resumed.stderr
+    assert hourly(tmp_path) == EXPECTED
+    epochs = marker_epochs(new_catalog(tmp_path).load_table("ops.hourly"), "sync/hourly")
+    assert epochs == sorted(set(epochs))
