@@ -180,3 +180,30 @@ def test_window_state_counts_against_the_budget() -> None:
     with pytest.raises(OverloadError, match="window state 700"):
         budget.reserve(400, "query", "q2")
     assert budget.reserve(300, "doput", "a batch").nbytes == 300
+
+
+def test_the_budget_is_scraped() -> None:
+    from flight_serve.flight.metrics import Metrics
+    from prometheus_client.parser import text_string_to_metric_families
+
+    budget = MemoryBudget(1000, wait_s=0.0)
+    metrics = Metrics()
+    metrics.watch_budget(budget)
+    held = budget.reserve(600, "query", "q1")
+    with pytest.raises(OverloadError):
+        budget.reserve(500, "doput", "a batch")
+    held.release()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics.render())
+        for s in family.samples
+        if s.name.startswith("flight_serve_memory")
+    }
+    assert samples == {
+        ("flight_serve_memory_budget_bytes", ()): 1000.0,
+        ("flight_serve_memory_held_bytes", (("kind", "doput"),)): 0.0,
+        ("flight_serve_memory_held_bytes", (("kind", "query"),)): 0.0,
+        ("flight_serve_memory_held_bytes", (("kind", "window_state"),)): 0.0,
+        ("flight_serve_memory_peak_held_bytes", ()): 600.0,
+        ("flight_serve_memory_refused_total", ()): 1.0,
+    }

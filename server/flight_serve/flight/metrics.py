@@ -18,6 +18,10 @@ Families (DESIGN §7, named by Prometheus conventions):
   ``flight_serve_pipeline_open_windows{pipeline}``,
   ``flight_serve_pipeline_checkpoint_duration_seconds{pipeline}`` and
   ``flight_serve_pipeline_checkpoint_size_bytes{pipeline}`` (the last checkpoint's).
+- The memory budget (:class:`~flight_serve.flight.limits.MemoryBudget`, when the server has one):
+  ``flight_serve_memory_budget_bytes``, ``flight_serve_memory_held_bytes{kind}`` (``query``,
+  ``doput``, ``window_state``), ``flight_serve_memory_peak_held_bytes`` and
+  ``flight_serve_memory_refused_total`` (requests refused UNAVAILABLE for want of room).
 
 Every server has its own :class:`Metrics` (its own registry), so several servers in one
 process (tests) do not mix their numbers.
@@ -114,6 +118,48 @@ class PipelineSource(Protocol):
     def pipelines(self) -> list[dict[str, Any]]: ...
 
     def status(self, pid: str) -> dict[str, Any]: ...
+
+
+class BudgetSource(Protocol):
+    """What the memory collector needs of a :class:`~flight_serve.flight.limits.MemoryBudget`."""
+
+    limit_bytes: int
+    peak_bytes: int
+    refused: int
+
+    def in_use(self) -> dict[str, int]: ...
+
+
+class _BudgetCollector(Collector):
+    def __init__(self, budget: BudgetSource) -> None:
+        self._budget = budget
+
+    def collect(self) -> Iterable[Metric]:
+        held = GaugeMetricFamily(
+            "flight_serve_memory_held_bytes",
+            "Bytes of the memory budget held now, by kind (query, doput, window_state).",
+            labels=["kind"],
+        )
+        for kind in ("query", "doput", "window_state"):
+            held.add_metric([kind], 0.0)
+        for kind, nbytes in self._budget.in_use().items():
+            held.add_metric([kind], float(nbytes))
+        yield GaugeMetricFamily(
+            "flight_serve_memory_budget_bytes",
+            "The memory budget (--memory-budget).",
+            value=float(self._budget.limit_bytes),
+        )
+        yield held
+        yield GaugeMetricFamily(
+            "flight_serve_memory_peak_held_bytes",
+            "The most bytes of the budget held at once since the start.",
+            value=float(self._budget.peak_bytes),
+        )
+        yield CounterMetricFamily(
+            "flight_serve_memory_refused",
+            "Requests refused UNAVAILABLE because the memory budget had no room in time.",
+            value=float(self._budget.refused),
+        )
 
 
 class _PipelineCollector(Collector):
@@ -226,6 +272,10 @@ class Metrics:
     def watch_pipelines(self, source: PipelineSource) -> None:
         """Add the per-pipeline families, read from ``source`` at each scrape."""
         self.registry.register(_PipelineCollector(source))
+
+    def watch_budget(self, budget: BudgetSource) -> None:
+        """Add the memory budget's families, read from ``budget`` at each scrape."""
+        self.registry.register(_BudgetCollector(budget))
 
     def render(self) -> str:
         """The Prometheus text exposition of every family."""

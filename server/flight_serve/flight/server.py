@@ -339,6 +339,10 @@ def serve_forever(
     health: HealthServer | None = None
     watchdog: threading.Timer | None = None
     metrics = Metrics()
+    budget = None
+    if memory_budget_bytes is not None:
+        budget = MemoryBudget(memory_budget_bytes, wait_s=memory_wait_s)
+        metrics.watch_budget(budget)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
@@ -355,9 +359,7 @@ def serve_forever(
             max_streams=max_streams,
             retention_bytes=retention_bytes,
             retention_age=retention_age,
-            memory_budget=None
-            if memory_budget_bytes is None
-            else MemoryBudget(memory_budget_bytes, wait_s=memory_wait_s),
+            memory_budget=budget,
             statement_timeout_s=statement_timeout_s,
         ) as service:
             if health_port is None:
