@@ -21,11 +21,13 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
+from flight_serve.pipelines.registry import Registry
 
 CLI = Path(sys.executable).parent / "flight-serve"
 SCHEMA = pa.schema(
@@ -91,7 +93,7 @@ def run_load(
             stdout=subprocess.PIPE, stderr=log, text=True,
         )  # fmt: skip
         try:
-            return _drive(proc, seconds, writers, readers, memory_budget)
+            return _drive(proc, seconds, writers, readers, memory_budget, root / "data")
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -102,7 +104,12 @@ def run_load(
 
 
 def _drive(
-    proc: subprocess.Popen[str], seconds: float, writers: int, readers: int, memory_budget: int
+    proc: subprocess.Popen[str],
+    seconds: float,
+    writers: int,
+    readers: int,
+    memory_budget: int,
+    data: Path,
 ) -> dict[str, Any]:
     assert proc.stdout is not None
     location = proc.stdout.readline().strip()
@@ -202,8 +209,15 @@ def _drive(
                     time.sleep(0.5)
             if found != n:
                 missing[f"w{i}"] = n - found
+    sigterm_at = datetime.now(UTC)
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(120)
+    # SIGTERM checkpoints the pipelines before the exit: each one's last checkpoint is later.
+    registry = Registry(data / "pipelines.sqlite")
+    try:
+        checkpoints = [r.last_checkpoint for r in registry.all()]
+    finally:
+        registry.close()
     result: dict[str, Any] = {
         "seconds": round(elapsed, 1),
         "writers": writers,
@@ -216,6 +230,11 @@ def _drive(
         "memory_budget": memory_budget,
         "unavailable": unavailable,
         "exit_code": code,
+        "pipelines_checkpointed_at_sigterm": sum(
+            1
+            for c in checkpoints
+            if c and datetime.fromisoformat(str(c["taken_at"])) >= sigterm_at
+        ),
         "errors": errors[:5],
     }
     for kind, values in lat.items():

@@ -4,8 +4,8 @@ against one ``flight-serve serve --memory-budget 1GiB`` subprocess for 60 s
 (``FLIGHT_SERVE_LOAD_SECONDS`` to change it). No acknowledged row may be lost, the server's
 resident memory must stay within its budget plus :data:`RSS_SLACK` (what the budget does not
 count: the interpreter, pyarrow/gRPC/DataFusion libraries and allocator caches, ~250 MB at
-start, and range reads streaming from disk), SIGTERM must exit 0; the p99 latencies are printed
-(``pytest -s``) and asserted finite."""
+start, and range reads streaming from disk), SIGTERM must checkpoint both pipelines and exit 0;
+the p99 latencies are printed (``pytest -s``) and asserted finite."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def test_load_no_acknowledged_row_lost_memory_within_budget() -> None:
     assert result["missing"] == {}  # every acknowledged id of every writer is stored
     assert result["rows_acked"] > 0
     assert result["exit_code"] == 0
+    assert result["pipelines_checkpointed_at_sigterm"] == 2  # SIGTERM checkpoints both
     assert result["peak_rss_bytes"] <= BUDGET + RSS_SLACK, result["peak_rss_bytes"]
     for kind in ("doput", "query", "range"):
         assert result[kind]["n"] > 0, kind
