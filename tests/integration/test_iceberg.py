@@ -544,3 +544,46 @@ def test_pipeline_sigkilled_by_flight_serve_run_and_resumed_equals_the_straight_
     assert hourly(tmp_path) == EXPECTED
     epochs = marker_epochs(new_catalog(tmp_path).load_table("ops.hourly"), "sync/hourly")
     assert epochs == sorted(set(epochs))
+
+
+# --- Iceberg tables in SQL, next to streams ---------------------------------------------------
+
+
+@pytest.mark.integration
+def test_doget_and_flight_sql_query_an_iceberg_table_next_to_a_stream(tmp_path: Path) -> None:
+    """The server's embedded catalog (<data dir>/iceberg) holds ops.delays; the stream
+    ``airports`` is joined with it by plain Flight (DoGet) and by Flight SQL (ADBC)."""
+    import adbc_driver_flightsql.dbapi as flightsql
+    import pyarrow.flight as flight
+    from flight_serve.flight.server import start_server
+
+    sql = (
+        "SELECT d.origin, a.name, sum(d.n) AS n FROM ops.delays d "
+        "JOIN airports a ON a.faa = d.origin GROUP BY d.origin, a.name ORDER BY d.origin"
+    )
+    with start_server(tmp_path, fsync="never") as service:
+        service.store.create("airports", pa.schema([("faa", pa.string()), ("name", pa.string())]))
+        service.store.append(
+            "airports", pa.record_batch({"faa": ["EWR", "JFK"], "name": ["Newark", "Kennedy"]})
+        )
+        catalog = new_catalog(tmp_path / "iceberg")
+        sink = IcebergSink(catalog, "ops.delays", writer="p/out", run="r")
+        sink.commit(1, [batch(origin=["EWR", "JFK", "EWR"], n=[1, 2, 3])])
+        with flight.connect(service.location) as client:
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(sql))
+            sink.commit(2, [batch(origin=["JFK"], n=[10])])  # after planning: DoGet sees it
+            got = pa.concat_tables([client.do_get(e.ticket).read_all() for e in info.endpoints])
+        assert got.to_pylist() == [
+            {"origin": "EWR", "name": "Newark", "n": 4},
+            {"origin": "JFK", "name": "Kennedy", "n": 12},
+        ]
+        with (
+            flightsql.connect(service.location, autocommit=True) as conn,
+            conn.cursor() as cur,
+        ):
+            cur.execute(sql)
+            assert cur.fetch_arrow_table().to_pylist() == got.to_pylist()
+            with pytest.raises(
+                flightsql.Error, match=r"(?i)ops\.nope.*not found|not found.*ops\.nope"
+            ):
+                cur.execute("SELECT count(*) AS c FROM ops.nope")  # not a table of the catalog

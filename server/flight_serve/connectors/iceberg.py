@@ -804,7 +804,8 @@ class IcebergSource:
             if self.snapshot_id is not None and s.snapshot_id == self.snapshot_id:
                 found = True
                 break
-            if self._seq is not None and _sequence(s) is not None and _sequence(s) <= self._seq:
+            seq = _sequence(s)
+            if self._seq is not None and seq is not None and seq <= self._seq:
                 break  # older than the offset: the offset is not in this lineage
             chain.append(s)
             if self._first is not None and s.snapshot_id == self._first:

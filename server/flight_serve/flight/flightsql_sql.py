@@ -52,6 +52,7 @@ from flight_serve.errors import (
     StreamNotFoundError,
     TicketError,
 )
+from flight_serve.flight.iceberg_tables import register_iceberg_tables
 from flight_serve.flight.limits import QueryLimits
 from flight_serve.flight.query import (
     MAX_RESULT_BATCH_BYTES,
@@ -347,6 +348,7 @@ class SqlEngine:
         infos = self._streams_for(sql)
         for info in infos:
             self._register(ctx, info, [])
+        register_iceberg_tables(ctx, sql, self.store.data_dir, data=False)  # <namespace>.<table>
         return ctx, infos
 
     def _data_context(
@@ -496,6 +498,7 @@ class SqlEngine:
         reservation = reserve_input(self.limits, self.store, ticket.pins, "this query")
         try:
             ctx = self._data_context(ticket.pins)
+            register_iceberg_tables(ctx, ticket.sql, self.store.data_dir, data=True)
             rows = _param_rows(params)
             first = self._dataframe(ctx, ticket.sql, _options(), rows[0] if rows else None)
             schema = self._schema(first)

@@ -51,6 +51,7 @@ import sqlglot
 from sqlglot import exp
 
 from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
+from flight_serve.flight.iceberg_tables import register_iceberg_tables
 from flight_serve.flight.limits import QueryLimits, Reservation
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore, rewrite_type
@@ -389,6 +390,7 @@ def plan(sql: str, store: StreamStore) -> tuple[pa.Schema, QueryTicket]:
     ctx = _new_context()
     for info in infos:
         _register(ctx, info.name, info.schema, [])  # planning needs schemas only
+    register_iceberg_tables(ctx, sql, store.data_dir, data=False)  # <namespace>.<table>
     schema = plain_schema(_schema_of(_dataframe(ctx, sql)))
     pins = tuple(StreamPin(i.name, i.incarnation, i.next_offset) for i in infos)
     return schema, QueryTicket(sql, pins)
@@ -434,6 +436,7 @@ def execute(
                     "longer exists (dropped or re-created); plan the query again"
                 ) from None
             _register(ctx, pin.stream, info.schema, batches)
+        register_iceberg_tables(ctx, ticket.sql, store.data_dir, data=True)  # current snapshots
         df = _dataframe(ctx, ticket.sql)
         schema = plain_schema(_schema_of(df))
     except BaseException:
