@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import checkpoints, coldstart, flight_io, flightsql, vs_bytewax, windows
+from benchmarks import checkpoints, coldstart, flight_io, flightsql, iceberg, vs_bytewax, windows
 from benchmarks._harness import Comparison, render, render_summary
 
 BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "restore": checkpoints.restore,
     "flightsql_fetch": flightsql.fetch,
     "flightsql_ingest": flightsql.ingest,
+    "iceberg_commit": iceberg.sink_commit,
 }
 
 
