@@ -136,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         "state (e.g. 2GiB, the default); a full budget makes requests wait, then UNAVAILABLE",
     )
     serve.add_argument(
+        "--max-batch-bytes",
+        type=_byte_size,
+        default=64 * 1024**2,
+        help="largest DoPut batch accepted (RecordBatch.nbytes; e.g. 64MiB, the default); larger "
+        "ones are INVALID_ARGUMENT",
+    )
+    serve.add_argument(
         "--memory-wait",
         type=float,
         default=5.0,
@@ -547,6 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             retention_bytes=args.retention_bytes,
             retention_age=args.retention_age,
             memory_budget_bytes=args.memory_budget,
+            max_batch_bytes=args.max_batch_bytes,
             memory_wait_s=args.memory_wait,
             statement_timeout_s=args.statement_timeout,
         )

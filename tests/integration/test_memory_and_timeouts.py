@@ -207,3 +207,47 @@ def test_the_budget_is_scraped() -> None:
         ("flight_serve_memory_peak_held_bytes", ()): 600.0,
         ("flight_serve_memory_refused_total", ()): 1.0,
     }
+
+
+def test_serve_flags_batch_limit_statement_timeout_and_budget(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    cli = Path(sys.executable).parent / "flight-serve"
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            [str(cli), "serve", "--port", "0", "--health-port", "0", "--metrics-port", "0",
+             "--data-dir", str(tmp_path / "data"), "--max-batch-bytes", "64KiB",
+             "--statement-timeout", "0.5", "--memory-budget", "256MiB"],
+            stdout=subprocess.PIPE, stderr=log_file, text=True,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        location = proc.stdout.readline().strip()
+        listening = next(
+            json.loads(line)
+            for line in log_path.read_text().splitlines()
+            if '"msg": "listening"' in line
+        )
+        with flight.FlightClient(location) as client:
+            put_rows(client, "t", ROWS)  # 64,000 bytes: at the limit
+            with pytest.raises(pa.ArrowInvalid, match="maximum batch size of 65536 bytes"):
+                put_rows(client, "t", 8193)
+            reader = client.do_get(sql_ticket(client, SLOW, False))
+            with pytest.raises(flight.FlightTimedOutError, match="statement timeout"):
+                reader.read_all()
+        url = f"http://127.0.0.1:{listening['metrics_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        assert "flight_serve_memory_budget_bytes 2.68435456e+08" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -48,7 +48,7 @@ from flight_serve.flight.roles import (
     guard_actions,
     load_tokens_file,
 )
-from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.service import DEFAULT_MAX_BATCH_BYTES, FlightServeService
 from flight_serve.store import FsyncMode, StreamStore
 
 __all__ = ["JsonLinesFormatter", "configure_json_logging", "serve_forever", "start_server"]
@@ -267,6 +267,7 @@ def serve_forever(
     memory_budget_bytes: int | None = None,
     memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
     statement_timeout_s: float | None = None,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
@@ -295,7 +296,8 @@ def serve_forever(
 
     ``memory_budget_bytes`` (waiting up to ``memory_wait_s`` seconds for room) and
     ``statement_timeout_s`` are :mod:`flight_serve.flight.limits`' and
-    :mod:`flight_serve.flight.query`'s limits (``None``: none).
+    :mod:`flight_serve.flight.query`'s limits (``None``: none); a DoPut batch above
+    ``max_batch_bytes`` (``RecordBatch.nbytes``) is INVALID_ARGUMENT.
     """
     configure_json_logging()
     tokens = None
@@ -361,6 +363,7 @@ def serve_forever(
             retention_age=retention_age,
             memory_budget=budget,
             statement_timeout_s=statement_timeout_s,
+            max_batch_bytes=max_batch_bytes,
         ) as service:
             if health_port is None:
                 health_port = service.port + 1 if port else 0
