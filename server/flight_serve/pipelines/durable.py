@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from flight_serve.connectors.falkordb import FalkorDBSink
 from flight_serve.connectors.file import FileSource
 from flight_serve.connectors.flight import FlightSource, FlightStreamTarget, FlightTicketSource
 from flight_serve.connectors.iceberg import IcebergSource
@@ -60,6 +61,7 @@ from flight_serve.errors import CheckpointError, ConnectorError, FlightServeErro
 from flight_serve.pipelines.checkpoint import CheckpointStore, Manifest, fingerprint, now_utc
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink, read_ipc
+from flight_serve.pipelines.graph_io import EpochGraphSink
 from flight_serve.pipelines.iceberg_io import EpochIcebergSink, iceberg_source
 from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
 from flight_serve.pipelines.plugins import PluginHub
@@ -327,7 +329,9 @@ class DurableRuntime(PipelineRuntime):
         self.gaps: list[str] = []
         self.last_checkpoint: CheckpointInfo | None = None
         self.resumed_from: int | None = None
-        self._txn: dict[str, EpochFileSink | EpochStreamSink | EpochIcebergSink] = {}
+        self._txn: dict[
+            str, EpochFileSink | EpochStreamSink | EpochIcebergSink | EpochGraphSink
+        ] = {}
         self._events = 0
         self._events_at_checkpoint = 0
         self._force = threading.Event()
@@ -366,6 +370,8 @@ class DurableRuntime(PipelineRuntime):
         for sink in plan.sinks.values():
             option = sink.connector["connector"]
             connector = option.text.lower()
+            if connector == "falkordb":  # epoch marker in the graph: exactly once anywhere
+                continue
             if connector in ("file", "stdout", "iceberg") or (
                 connector == "flight" and (server or "server" in sink.connector)
             ):
@@ -541,6 +547,21 @@ class DurableRuntime(PipelineRuntime):
             try:
                 if slot.connector == "stdout":
                     slot.writer = StdoutSink(name, slot.schema, slot.format)
+                elif slot.graph is not None:
+                    graph = EpochGraphSink(
+                        name,
+                        FalkorDBSink(name, slot.graph, slot.schema, pipeline=self.name),
+                        restored_epoch=restored,
+                        rows=rows,
+                    )
+                    if manifest is not None:
+                        staged_graph = entry.get("staged")
+                        graph.recover(
+                            read_ipc(self.checkpoints.read(manifest.epoch, staged_graph))
+                            if staged_graph
+                            else []
+                        )
+                    self._txn[name] = graph
                 elif slot.iceberg is not None:
                     txn = EpochIcebergSink(
                         name,
@@ -724,7 +745,9 @@ class DurableRuntime(PipelineRuntime):
         sinks: dict[str, dict[str, Any]] = {}
         for name, slot in self.sinks.items():
             txn = self._txn.get(name)
-            if isinstance(txn, EpochFileSink):
+            if isinstance(txn, EpochGraphSink):
+                sinks[name] = txn.prepare(epoch, files)
+            elif isinstance(txn, EpochFileSink):
                 sinks[name] = txn.prepare(epoch)
             elif isinstance(txn, EpochStreamSink | EpochIcebergSink):
                 sinks[name] = txn.prepare(epoch, files)

@@ -43,6 +43,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
+from flight_serve.connectors.falkordb import FALKORDB_OPTIONS, FalkorDBSink
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
 from flight_serve.connectors.flight import (
     DEFAULT_SERVER,
@@ -64,6 +65,7 @@ from flight_serve.engine.windows import (
 )
 from flight_serve.errors import ConnectorError, FlightServeError, PipelineSQLError, QueryError
 from flight_serve.pipelines.dialect import position, sql_error
+from flight_serve.pipelines.graph_io import graph_sink_options
 from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
 from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
 from flight_serve.pipelines.iceberg_io import (
@@ -106,6 +108,7 @@ CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "sink": {
         "file": ("connector", "path", "format"),
         "stdout": ("connector", "format"),
+        "falkordb": FALKORDB_OPTIONS,
         "flight": ("connector", "server", "stream", "writer"),
         "iceberg": ICEBERG_SINK_OPTIONS,
     },
@@ -271,6 +274,9 @@ class _Sink:
     format: str
     path: Path | None
     schema: pa.Schema | None = None
+    #: falkordb sinks: the options (text), and the writer of an unchecked run
+    graph: dict[str, str] | None = None
+    graph_writer: FalkorDBSink | None = None
     fed_by: list[str] = field(default_factory=list)
     writer: FileSink | StdoutSink | FlightSink | IcebergRunSink | None = None
     rows: int = 0
@@ -281,6 +287,8 @@ class _Sink:
 
     @property
     def target(self) -> str:
+        if self.graph is not None:
+            return f"falkordb graph {self.graph.get('graph') or self.definition.name}"
         if self.iceberg is not None:
             return f"iceberg table {self.iceberg.table}"
         if self.flight is not None:
@@ -816,6 +824,8 @@ class PipelineRuntime:
         if connector == "iceberg":
             spec = iceberg_sink_spec(sink, self.data_dir)
             return _Sink(sink, connector, "iceberg", None, iceberg=spec)
+        if connector == "falkordb":
+            return _Sink(sink, connector, "graph", None, graph=graph_sink_options(sink))
         if connector == "stdout":
             return _Sink(sink, connector, fmt or "table", None)
         if connector == "flight":
@@ -1003,6 +1013,8 @@ class PipelineRuntime:
         slot.rows += batch.num_rows
         if slot.writer is not None:
             slot.writer.write(batch)
+        if slot.graph_writer is not None:
+            slot.graph_writer.write(batch)
         if self._collect:
             self._pending.append((sink, batch))
 
@@ -1013,6 +1025,11 @@ class PipelineRuntime:
             try:
                 if slot.connector == "stdout":
                     slot.writer = StdoutSink(slot.definition.name, slot.schema, slot.format)
+                elif slot.graph is not None:
+                    stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
+                    slot.graph_writer = FalkorDBSink(
+                        slot.definition.name, slot.graph, slot.schema, pipeline=stem
+                    )
                 elif slot.flight is not None:
                     slot.writer = FlightSink(*slot.flight[:2], slot.schema, slot.flight[2])
                 elif slot.iceberg is not None:
@@ -1116,6 +1133,8 @@ class PipelineRuntime:
             for slot in self.sinks.values():
                 if slot.writer is not None:
                     slot.writer.close()
+                if slot.graph_writer is not None:
+                    slot.graph_writer.close()
 
     def summary(self) -> RunSummary:
         """Rows per sink, targets and late rows so far."""
@@ -1211,6 +1230,12 @@ class PipelineRuntime:
             out += ["", f"SINK {name}{_at(slot.definition.node)}"]
             if slot.connector == "stdout":
                 out.append(f"  connector stdout, format {slot.format}: rows printed as they arrive")
+            elif slot.graph is not None:
+                out.append(
+                    f"  connector falkordb -> {slot.target}: UNWIND … MERGE … SET upserts in "
+                    "batches (per batch as it arrives; with checkpoints: per epoch, under the "
+                    "sink's epoch marker)"
+                )
             elif slot.iceberg is not None:
                 out.append(
                     f"  connector iceberg -> {slot.target}: one Iceberg commit per checkpoint "
