@@ -47,7 +47,9 @@ def run(*args: str) -> str:
 
 
 def test_every_example_is_run_by_a_test() -> None:
-    assert {p.name for p in EXAMPLES} == RUN_AS_IS | set(DEDICATED)
+    names = {p.name for p in EXAMPLES}
+    assert names <= RUN_AS_IS | set(DEDICATED), names - RUN_AS_IS - set(DEDICATED)
+    assert names >= RUN_AS_IS | {"tail_to_parquet.py"}
 
 
 @pytest.mark.parametrize(
