@@ -546,6 +546,56 @@ def test_pipeline_sigkilled_by_flight_serve_run_and_resumed_equals_the_straight_
     assert epochs == sorted(set(epochs))
 
 
+def test_emit_update_pipeline_upserts_each_window_row(tmp_path: Path) -> None:
+    """emit = 'update' with allowed_lateness 2 h; one snapshot per poll, W = max(t):
+
+    snapshot 0: EWR 00:10            W 00:10
+    snapshot 1: EWR 01:30            W 01:30  [00,01) fires: EWR n=1
+    snapshot 2: EWR 00:50 (late, within lateness: [00,01) again, n=2), EWR 03:00
+    end: every window fires. The table keeps one row per (origin, window), the last values.
+    """
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("lake")
+    schema = pa.schema([("origin", pa.string()), ("t", UTC_US)])
+    table = catalog.create_table("lake.f", schema=schema)
+    for minutes in ([10], [90], [50, 180]):
+        table.append(
+            pa.table(
+                {
+                    "origin": ["EWR"] * len(minutes),
+                    "t": pa.array([m * 60 * 10**6 for m in minutes], UTC_US),
+                },
+                schema=schema,
+            )
+        )
+    cat = catalog_options(tmp_path)
+    text = f"""
+SET checkpoint_every = 1;
+SET emit = 'update';
+SET allowed_lateness = '2h';
+CREATE SOURCE f (origin VARCHAR, t TIMESTAMP WITH TIME ZONE, WATERMARK FOR t AS t)
+  WITH (connector = 'iceberg', table = 'lake.f', stop_at = 'latest',
+        max_snapshots_per_poll = 1, {cat});
+CREATE SINK out WITH (connector = 'iceberg', table = 'ops.upd', {cat});
+INSERT INTO out SELECT origin, window_start, window_end, count(*) AS n
+FROM TUMBLE(f, t, INTERVAL '1' HOUR) GROUP BY origin, window_start, window_end;
+"""
+    runtime = DurableRuntime(
+        parse_pipeline(text),
+        name="upd",
+        options=RunOptions(checkpoint_every=1),
+        state_root=str(tmp_path / "state"),
+        output_dir=tmp_path / "out",
+    )
+    assert runtime.sinks["out"].iceberg is not None
+    assert runtime.sinks["out"].iceberg.upsert_keys == ("origin", "window_start", "window_end")
+    for _ in runtime.run():
+        pass
+    got = rows_of(catalog.load_table("ops.upd"), "window_start")
+    assert [(r["window_start"].hour, r["n"]) for r in got] == [(0, 2), (1, 1), (3, 1)]
+    assert runtime.summary().rows["out"] > 3  # the window [00,01) was written twice
+
+
 # --- Iceberg tables in SQL, next to streams ---------------------------------------------------
 
 

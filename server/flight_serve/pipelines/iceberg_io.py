@@ -21,7 +21,7 @@ the markers make every commit idempotent).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -266,6 +266,29 @@ class IcebergSinkSpec:
     allow_schema_evolution: bool
     upsert_keys: tuple[str, ...] | None
     max_retries: int
+
+    def for_emit(
+        self, emit: str, key_columns: tuple[str, ...], schema: pa.Schema
+    ) -> IcebergSinkSpec:
+        """The spec for rows of a windowed query: with ``emit = 'update'`` (a window's row may
+        come again, updated) and no ``upsert_keys``, the keys are the GROUP BY columns plus
+        ``window_start`` / ``window_end`` (those in ``schema``), so an update replaces its row.
+
+        Raises:
+            ConnectorError: a GROUP BY column, or both window bounds, are not in ``schema``
+                (renamed by the projection): ``upsert_keys`` must name them.
+        """
+        if emit != "update" or self.upsert_keys:
+            return self
+        names = set(schema.names)
+        bounds = [b for b in ("window_start", "window_end") if b in names]
+        missing = [k for k in key_columns if k not in names]
+        if missing or not bounds:
+            raise ConnectorError(
+                f"emit = 'update' into iceberg table {self.table} upserts each window's row: "
+                f"set upsert_keys (the output lacks {', '.join(missing or ['window_start'])})"
+            )
+        return replace(self, upsert_keys=(*key_columns, *bounds))
 
     def open(self, writer: str, run: str) -> IcebergSink:
         """The sink of ``writer`` (``<pipeline>/<sink>``) for run ``run``.

@@ -902,6 +902,14 @@ class PipelineRuntime:
                     query.select,
                 )
             sink.fed_by.append(query.label)
+            if sink.iceberg is not None and isinstance(node, _WindowNode):
+                config = node.op.config
+                try:
+                    sink.iceberg = sink.iceberg.for_emit(
+                        config.emit, config.key_columns, node.schema
+                    )
+                except ConnectorError as exc:
+                    raise sql_error(f"{query.label}: {exc}", query.select) from exc
         self.nodes.append(node)
 
     def _plugin_stage(self, query: QueryDef, input: _Stream) -> _Stream:
