@@ -21,7 +21,16 @@ from pathlib import Path
 
 from rich.console import Console
 
-from benchmarks import checkpoints, coldstart, flight_io, flightsql, iceberg, vs_bytewax, windows
+from benchmarks import (
+    checkpoints,
+    coldstart,
+    falkordb,
+    flight_io,
+    flightsql,
+    iceberg,
+    vs_bytewax,
+    windows,
+)
 from benchmarks._harness import Comparison, render, render_summary
 
 BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
@@ -37,6 +46,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "flightsql_fetch": flightsql.fetch,
     "flightsql_ingest": flightsql.ingest,
     "iceberg_commit": iceberg.sink_commit,
+    "falkordb_upserts": falkordb.edge_upserts,
 }
 
 
