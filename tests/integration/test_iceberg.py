@@ -424,12 +424,16 @@ EXPECTED = [
 ]
 
 
-def flights_table(root: Path) -> None:
+def flights_table(root: Path, snapshots: slice = slice(None)) -> None:
+    """Append ``FLIGHTS[snapshots]`` to lake.flights (created if missing), one commit each."""
     catalog = new_catalog(root)
-    catalog.create_namespace("lake")
+    catalog.create_namespace_if_not_exists("lake")
     schema = pa.schema([("origin", pa.string()), ("t", UTC_US), ("dep_delay", pa.float64())])
-    table = catalog.create_table("lake.flights", schema=schema)
-    for snapshot in FLIGHTS:
+    if catalog.table_exists("lake.flights"):
+        table = catalog.load_table("lake.flights")
+    else:
+        table = catalog.create_table("lake.flights", schema=schema)
+    for snapshot in FLIGHTS[snapshots]:
         table.append(
             pa.table(
                 {
@@ -637,3 +641,62 @@ def test_doget_and_flight_sql_query_an_iceberg_table_next_to_a_stream(tmp_path: 
                 flightsql.Error, match=r"(?i)ops\.nope.*not found|not found.*ops\.nope"
             ):
                 cur.execute("SELECT count(*) AS c FROM ops.nope")  # not a table of the catalog
+
+
+@pytest.mark.integration
+def test_a_submitted_pipeline_follows_an_iceberg_table_into_another_queried_over_doget(
+    tmp_path: Path,
+) -> None:
+    """A server pipeline with no catalog options uses the server's embedded catalog
+    (<data dir>/iceberg): lake.flights -> hourly windows -> ops.hourly, queried with
+    ``SELECT ... FROM ops.hourly`` over DoGet. Snapshots 0-2 exist at submit; 3-5 are committed
+    while it runs (monitor_interval 50 ms) and are followed. The source has no end, so W stops at
+    04:30 and the windows up to [02,03) are the ones that fire (the first six of EXPECTED)."""
+    import json
+    import time
+
+    import pyarrow.flight as flight
+    from flight_serve.flight.server import start_server
+
+    data = tmp_path / "data"
+    flights_table(data / "iceberg", slice(0, 3))  # the server's embedded catalog
+    text = """
+CREATE SOURCE flights (origin VARCHAR, t TIMESTAMP WITH TIME ZONE, dep_delay DOUBLE,
+    WATERMARK FOR t AS t - INTERVAL '0' SECOND)
+  WITH (connector = 'iceberg', table = 'lake.flights', monitor_interval = '50ms');
+CREATE SINK hourly WITH (connector = 'iceberg', table = 'ops.hourly');
+INSERT INTO hourly
+SELECT origin, window_start, window_end, count(*) AS departures, avg(dep_delay) AS avg_delay
+FROM TUMBLE(flights, t, INTERVAL '1' HOUR) GROUP BY origin, window_start, window_end;
+"""
+    sql = (
+        "SELECT origin, extract(hour FROM window_start) AS h, departures, avg_delay "
+        "FROM ops.hourly ORDER BY window_start, origin"
+    )
+
+    def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
+        results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
+        return json.loads(results[0].body.to_pybytes())
+
+    def hourly_rows(client: flight.FlightClient) -> list[tuple[str, int, int, float]]:
+        try:
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(sql))
+        except pa.ArrowInvalid as exc:  # INVALID_ARGUMENT: no ops.hourly before its first commit
+            if "ops.hourly' not found" not in str(exc):
+                raise
+            return []
+        got = pa.concat_tables([client.do_get(e.ticket).read_all() for e in info.endpoints])
+        return [
+            (r["origin"], int(r["h"]), r["departures"], r["avg_delay"]) for r in got.to_pylist()
+        ]
+
+    with start_server(data, fsync="never") as service, flight.connect(service.location) as client:
+        pid = act(client, "pipeline.submit", {"sql": text, "name": "hourly"})["id"]
+        flights_table(data / "iceberg", slice(3, 6))
+        deadline = time.monotonic() + 60
+        while (rows := hourly_rows(client)) != EXPECTED[:6]:
+            status = act(client, "pipeline.status", {"id": pid})
+            assert status["state"] == "running", status
+            assert time.monotonic() < deadline, (rows, status)
+            time.sleep(0.1)
+        act(client, "pipeline.cancel", {"id": pid})
