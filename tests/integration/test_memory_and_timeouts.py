@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -251,3 +252,56 @@ def test_serve_flags_batch_limit_statement_timeout_and_budget(tmp_path: Path) ->
             proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_running_pipelines_window_state_is_held_in_the_budget(tmp_path: Path) -> None:
+    events = pa.schema([("k", pa.string()), ("t", pa.timestamp("ms")), ("v", pa.int64())])
+    sql = """
+    SET checkpoint_interval = '1s';
+    CREATE SOURCE events (k VARCHAR, t TIMESTAMP(3), v BIGINT,
+                          WATERMARK FOR t AS t - INTERVAL '1' SECOND)
+    WITH (connector = 'flight', stream = 'events');
+    CREATE SINK sums WITH (connector = 'flight', stream = 'sums');
+    INSERT INTO sums SELECT k, window_start, count(*) AS n, sum(v) AS total
+    FROM TUMBLE(events, t, INTERVAL '1' HOUR) GROUP BY k, window_start;
+    """
+    budget = MemoryBudget(1 << 30)
+    with (
+        start_server(tmp_path / "data", memory_budget=budget) as service,
+        flight.FlightClient(service.location) as client,
+    ):
+        body = json.dumps({"sql": sql, "name": "state"}).encode()
+        pid = json.loads(
+            next(iter(client.do_action(flight.Action("pipeline.submit", body)))).body.to_pybytes()
+        )["id"]
+        # 500 keys in one open hour window: state the pipeline holds and checkpoints.
+        rows = pa.record_batch(
+            [pa.array([f"key-{i}" for i in range(500)]),
+             pa.array([1_700_000_000_000 + i for i in range(500)], pa.timestamp("ms")),
+             pa.array(range(500), pa.int64())],
+            schema=events,
+        )  # fmt: skip
+        writer, reader = client.do_put(flight.FlightDescriptor.for_path("events"), events)
+        writer.write_batch(rows)
+        reader.read()
+        writer.done_writing()
+        writer.close()
+        def status() -> dict[str, Any]:
+            action = flight.Action("pipeline.status", json.dumps({"id": pid}).encode())
+            result = next(iter(client.do_action(action))).body.to_pybytes()
+            return dict(json.loads(result))
+
+        deadline = time.monotonic() + 30
+        while True:
+            before = status()
+            checkpoint = before.get("last_checkpoint") or {}
+            if before.get("rows_in") == 500 and checkpoint.get("bytes"):
+                break
+            assert time.monotonic() < deadline, before
+            time.sleep(0.2)
+        time.sleep(1.05)  # the budget re-reads the window state at most once a second
+        held = budget.in_use()
+        after = status()["last_checkpoint"]
+        # the size of the pipeline's last checkpoint (one taken after the 500 rows)
+        assert held in ({"window_state": checkpoint["bytes"]}, {"window_state": after["bytes"]})
+        assert held["window_state"] > 0
