@@ -700,3 +700,72 @@ FROM TUMBLE(flights, t, INTERVAL '1' HOUR) GROUP BY origin, window_start, window
             assert time.monotonic() < deadline, (rows, status)
             time.sleep(0.1)
         act(client, "pipeline.cancel", {"id": pid})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("", r"SOURCE f needs WITH \(table = '<namespace>.<table>'\) \(line 2"),
+        ("table = 'flights'", r"option table: iceberg table 'flights': expected <namespace>"),
+        ("table = 'lake.nope'", r"SOURCE f: iceberg table lake.nope does not exist"),
+        (
+            "table = 'lake.flights', starting_strategy = 'first'",
+            r"option starting_strategy: expected earliest, latest, snapshot_id or timestamp",
+        ),
+        (
+            "table = 'lake.flights', max_rows_per_poll = 0",
+            r"option max_rows_per_poll: must be at least 1, got 0",
+        ),
+        ("table = 'lake.flights', colour = 'red'", r"unknown option of the iceberg connector"),
+        (
+            "table = 'lake.flights', starting_strategy = 'snapshot_id', start_snapshot_id = 42",
+            r"start_snapshot_id 42 is not a snapshot of the table",
+        ),
+    ],
+)
+def test_bad_source_options_are_clear_errors_with_their_position(
+    tmp_path: Path, options: str, message: str
+) -> None:
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    flights_table(tmp_path, slice(0, 1))
+    sep = ", " if options else ""
+    text = f"""
+CREATE SOURCE f (origin VARCHAR, t TIMESTAMP WITH TIME ZONE, WATERMARK FOR t AS t)
+  WITH (connector = 'iceberg'{sep}{options}, {catalog_options(tmp_path)});
+CREATE SINK out WITH (connector = 'stdout');
+INSERT INTO out SELECT origin FROM f;
+"""
+    with pytest.raises(PipelineSQLError, match=message):
+        PipelineRuntime(parse_pipeline(text), output_dir=tmp_path)
+
+
+def test_a_watermark_column_the_table_lacks_and_a_bad_partition_spec_are_refused(
+    tmp_path: Path,
+) -> None:
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    flights_table(tmp_path, slice(0, 1))
+    cat = catalog_options(tmp_path)
+    no_column = f"""
+CREATE SOURCE f (origin VARCHAR, sched TIMESTAMP, WATERMARK FOR sched AS sched)
+  WITH (connector = 'iceberg', table = 'lake.flights', {cat});
+CREATE SINK out WITH (connector = 'stdout');
+INSERT INTO out SELECT origin FROM f;
+"""
+    with pytest.raises(
+        PipelineSQLError,
+        match=r"the table has no column 'sched'; its columns: origin, t, dep_delay",
+    ):
+        PipelineRuntime(parse_pipeline(no_column), output_dir=tmp_path)
+    bad_spec = f"""
+CREATE SOURCE f WITH (connector = 'iceberg', table = 'lake.flights', {cat});
+CREATE SINK out WITH (connector = 'iceberg', table = 'ops.o', partition_by = 'week(t)', {cat});
+INSERT INTO out SELECT origin FROM f;
+"""
+    with pytest.raises(
+        PipelineSQLError, match=r"option partition_by: .*'week\(t\)'.*year/month/day/hour"
+    ):
+        PipelineRuntime(parse_pipeline(bad_spec), output_dir=tmp_path)
