@@ -243,6 +243,19 @@ def test_unsigned_and_small_ints_widen_and_new_columns_need_the_option(tmp_path:
     ]
 
 
+def test_a_table_created_from_non_nullable_columns_takes_nulls_later(tmp_path: Path) -> None:
+    """DataFusion marks some output columns non-nullable; the table is created with every
+    column optional, so a later epoch with nulls still lands."""
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(catalog, "ops.n", writer="p/out", run="r")
+    required = pa.schema([pa.field("k", pa.int64(), nullable=False)])
+    sink.commit(1, [pa.RecordBatch.from_arrays([pa.array([1])], schema=required)])
+    assert sink.commit(2, [batch(k=pa.array([None], pa.int64()))]).committed
+    table = catalog.load_table("ops.n")
+    assert [f.required for f in table.schema().fields] == [False]
+    assert sorted(table.scan().to_arrow().column("k").to_pylist(), key=str) == [1, None]
+
+
 def test_upsert_keys_replace_rows_of_the_same_window_and_key(tmp_path: Path) -> None:
     """emit = 'update': a window fires, then fires again with a late row; the table keeps one
     row per (origin, window_start), the last values (also within one epoch)."""

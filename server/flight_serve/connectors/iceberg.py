@@ -511,7 +511,8 @@ class IcebergSink:
             if attempt:
                 delay = min(self.backoff_s * 2 ** (attempt - 1), 2.0)
                 time.sleep(delay * random.uniform(0.5, 1.5))
-            table = self.load_or_create(data.schema)
+            # every column optional: a later epoch may hold nulls where this one has none
+            table = self.load_or_create(pa.schema([f.with_nullable(True) for f in data.schema]))
             if self.is_committed(table, epoch):
                 current = table.current_snapshot()
                 return CommitResult(
