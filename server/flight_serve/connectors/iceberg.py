@@ -66,6 +66,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -695,6 +696,8 @@ class IcebergSource:
         self._done = False
         self._backlog = False
         self._next_check = 0.0
+        #: snapshots found by the last look and not read yet, oldest first (no reload per poll)
+        self._queue: deque[tuple[Snapshot, bool]] = deque()
         if offset is not None and offset.get("started"):
             self.snapshot_id = offset.get("snapshot_id")
             self._seq = offset.get("sequence_number")
@@ -915,20 +918,22 @@ class IcebergSource:
         if self._ended:
             self._done = True
             return [SourceEvent("end", self.partition)]
-        now = time.monotonic()
-        if now < self._next_check:
-            time.sleep(min(timeout_s, self._next_check - now))
-            return []
-        try:
-            pending = self.pending()
-        except (CheckpointError, ConnectorError):
-            raise
-        except Exception as exc:  # pyiceberg: the table or catalog went away
-            raise ConnectorError(f"{self.what}: cannot read the table: {exc}") from exc
+        if not self._queue:  # the snapshots known to be unread are all read: look again
+            now = time.monotonic()
+            if now < self._next_check:
+                time.sleep(min(timeout_s, self._next_check - now))
+                return []
+            try:
+                self._queue = deque(self.pending())
+            except (CheckpointError, ConnectorError):
+                raise
+            except Exception as exc:  # pyiceberg: the table or catalog went away
+                raise ConnectorError(f"{self.what}: cannot read the table: {exc}") from exc
         events: list[SourceEvent] = []
         taken = 0
         rows = 0
-        for snapshot, full in pending:
+        while self._queue:
+            snapshot, full = self._queue[0]
             if self.max_snapshots is not None and taken >= self.max_snapshots:
                 break
             added = _added_records(snapshot)
@@ -937,14 +942,23 @@ class IcebergSource:
             taken += 1
             rows += added
             if full or self._check(snapshot):
-                for batch in self._read(snapshot, full):
+                try:
+                    batches = list(self._read(snapshot, full))
+                except ConnectorError:
+                    raise
+                except Exception as exc:  # pyiceberg: a data file or the snapshot is gone
+                    raise ConnectorError(
+                        f"{self.what}: cannot read snapshot {snapshot.snapshot_id}: {exc}"
+                    ) from exc
+                for batch in batches:
                     events.append(SourceEvent("batch", self.partition, batch))
                     self.rows += batch.num_rows
                     self.counted(batch)
+            self._queue.popleft()
             self.snapshot_id, self._first = snapshot.snapshot_id, None
             self._seq = _sequence(snapshot)
             self.snapshots_read += 1
-        left = len(pending) - taken
+        left = len(self._queue)
         if self._stop_id is not None and self.snapshot_id == self._stop_id:
             self._ended = True
         backlog = left > 0
