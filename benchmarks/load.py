@@ -78,12 +78,15 @@ def run_load(
     readers: int = 8,
     memory_budget: int = 1 << 30,
     data_dir: Path | None = None,
+    writer_rows_per_s: float | None = None,
 ) -> dict[str, Any]:
     """Run the load (module docstring) against a fresh ``flight-serve serve`` subprocess and
     return the figures: ``rows_acked``, ``rows_acked_per_s``, ``missing`` (acknowledged rows not
     found, per writer), ``peak_rss_bytes``, ``memory_budget``, ``unavailable`` (refused calls per
     kind), ``errors`` (other failures, first 5), ``exit_code`` (after SIGTERM), and per kind
-    (``doput``, ``query``, ``range``) ``n``, ``p50_ms``, ``p99_ms``."""
+    (``doput``, ``query``, ``range``) ``n``, ``p50_ms``, ``p99_ms``. ``writer_rows_per_s`` caps
+    each writer's offered rate (``None``: as fast as acknowledgements come), so the stream the
+    readers query does not outgrow the budget on a faster machine."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) if data_dir is None else data_dir
         log = open(Path(tmp) / "serve.log", "w")  # noqa: SIM115
@@ -93,7 +96,9 @@ def run_load(
             stdout=subprocess.PIPE, stderr=log, text=True,
         )  # fmt: skip
         try:
-            return _drive(proc, seconds, writers, readers, memory_budget, root / "data")
+            return _drive(
+                proc, seconds, writers, readers, memory_budget, root / "data", writer_rows_per_s
+            )
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -110,6 +115,7 @@ def _drive(
     readers: int,
     memory_budget: int,
     data: Path,
+    writer_rows_per_s: float | None = None,
 ) -> dict[str, Any]:
     assert proc.stdout is not None
     location = proc.stdout.readline().strip()
@@ -125,6 +131,7 @@ def _drive(
         rng = random.Random(i)
         name = f"w{i}"
         n = 0
+        began = time.monotonic()
         with flight.FlightClient(location) as client:
             while not stop.is_set():
                 try:  # one DoPut call until the end, or until refused (then a new one)
@@ -145,6 +152,8 @@ def _drive(
                             return
                         n += ROWS_PER_BATCH
                         acked[i] = n
+                        if writer_rows_per_s:  # wait for this writer's next slot
+                            stop.wait(max(0.0, began + n / writer_rows_per_s - time.monotonic()))
                     w.done_writing()
                     w.close()
                 except flight.FlightUnavailableError:
@@ -196,6 +205,7 @@ def _drive(
     peak[0] = max(peak[0], rss_mb(proc.pid))
     missing: dict[str, int] = {}
     with flight.FlightClient(location) as client:
+        events = client.get_flight_info(flight.FlightDescriptor.for_path("events"))
         for i, n in enumerate(acked):
             found = -1
             for _attempt in range(100):  # a refusal while the last readers let go: retry
@@ -226,6 +236,8 @@ def _drive(
         "rows_acked": sum(acked),
         "rows_acked_per_s": round(sum(acked) / elapsed),
         "missing": missing,
+        "stream_rows": events.total_records,
+        "stream_bytes": events.total_bytes,
         "peak_rss_bytes": int(peak[0] * 1024 * 1024),
         "memory_budget": memory_budget,
         "unavailable": unavailable,
@@ -252,8 +264,15 @@ def main() -> int:
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--memory-budget", type=int, default=1 << 30, help="bytes")
+    parser.add_argument("--writer-rows-per-s", type=float, default=None)
     args = parser.parse_args()
-    result = run_load(args.seconds, args.writers, args.readers, args.memory_budget)
+    result = run_load(
+        args.seconds,
+        args.writers,
+        args.readers,
+        args.memory_budget,
+        writer_rows_per_s=args.writer_rows_per_s,
+    )
     print(json.dumps(result, indent=2))
     return 0 if not result["missing"] and result["exit_code"] == 0 else 1
 
