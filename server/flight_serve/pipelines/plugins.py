@@ -17,7 +17,8 @@ exchange in the server's :class:`PluginHub`; a pipeline stage (``CREATE FUNCTION
 * **load sharing**: several instances of one name share the work: each queued batch goes to the
   compatible instance with the fewest outstanding sends (ties: the one attached first);
 * **per-batch timeout**: a send not answered within the stage's ``timeout`` is taken back and
-  sent again (to another instance if one has room, else to the same one when it has room);
+  sent again, to another instance if one has room, else to the same one (the taken-back send no
+  longer counts against its ``max_in_flight``; its late answer is dropped);
 * **disconnects**: the outstanding sends of an instance that detaches (its process died, its
   stream broke, it answered with a wrong schema or garbage) go back to the stage's queue, in
   sequence order, and are sent again when an instance has room. A stage without an instance
@@ -187,6 +188,8 @@ class _Request:
     wire: int | None = None
     deadline: float = 0.0
     sends: int = 0
+    #: the instance whose timeout this batch last hit: another one is preferred for the re-send
+    timed_out_on: int | None = None
 
 
 @dataclass
@@ -378,8 +381,10 @@ class PluginHub:
                 ]
                 if not usable:
                     break
-                instance = min(usable, key=lambda i: (len(i.in_flight), i.id))
                 request = stage.queue.popleft()
+                instance = min(
+                    usable, key=lambda i: (i.id == request.timed_out_on, len(i.in_flight), i.id)
+                )
                 wire = next(self._wire)
                 try:
                     batch = stage.adapt(request.batch, instance.declaration.input_schema)
@@ -500,9 +505,11 @@ class PluginStage:
             return request.seq
 
     def ready(self) -> list[tuple[int, str, pa.RecordBatch]]:
-        """The results now ready at the head, in submission order: ``(seq, partition, batch)``."""
+        """The results now ready at the head, in submission order: ``(seq, partition, batch)``.
+        Re-sends the batches whose timeout passed first."""
         out: list[tuple[int, str, pa.RecordBatch]] = []
         with self.hub._cond:
+            self._expire()
             while self._requests and self._requests[0].result is not None:
                 request = self._requests.popleft()
                 assert request.result is not None
@@ -545,6 +552,7 @@ class PluginStage:
             assert request.wire is not None
             instance.in_flight.pop(request.wire, None)
             instance.timeouts += 1
+            request.timed_out_on = instance.id
             request.instance = None
             request.wire = None
             self.error = (
