@@ -718,8 +718,8 @@ class FlightStreamTarget(_Retrying):
     again the writer's entries after the last acknowledged one are read, so a batch that landed
     without its PutResult is not written twice.
 
-    A Flight server that is not flight-serve (its FlightInfo carries no ``incarnation`` /
-    ``next_offset`` metadata) gets **at-least-once**: every append is one DoPut, finished
+    A Flight server that is not flight-serve (ListActions has no ``stream.tail``) gets
+    **at-least-once**: every append is one DoPut, finished
     (``done_writing`` and the call's status awaited) before the append returns; nothing can be
     read back, so a batch replayed after a crash is sent again.
 
@@ -754,9 +754,9 @@ class FlightStreamTarget(_Retrying):
         self._options = paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S)
         self._client: paflight.FlightClient | None = None
         self._put: tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader] | None = None
-        metadata = self._retry("reading the stream's FlightInfo", self._metadata)
-        #: whether the server is a flight-serve (else the sink is at-least-once)
-        self.exactly_once = "next_offset" in metadata
+        #: whether the server is a flight-serve (it lists the ``stream.tail`` action), else the
+        #: sink is at-least-once
+        self.exactly_once = self._retry("listing the server's actions", self._is_flight_serve)
         if self.exactly_once:
             self._retry("opening the DoPut", self._open)  # creates the stream
         #: entries before this offset are accounted for (an append's retry looks from here)
@@ -784,6 +784,13 @@ class FlightStreamTarget(_Retrying):
             with contextlib.suppress(pa.ArrowException, OSError):
                 client.close()
 
+    def _is_flight_serve(self) -> bool:
+        try:
+            actions = self._connect().list_actions(options=self._options)
+        except (pa.ArrowNotImplementedError, paflight.FlightServerError):
+            return False
+        return any(action.type == "stream.tail" for action in actions)
+
     def _metadata(self) -> dict[str, Any]:
         """The stream's FlightInfo ``app_metadata`` (``{}`` if it does not exist, or the server
         keeps none)."""
@@ -810,7 +817,9 @@ class FlightStreamTarget(_Retrying):
     def _acknowledged(self) -> int:
         assert self._put is not None
         buffer = self._put[1].read()
-        if buffer is None:
+        if buffer is None:  # the call ended: its status says why (raised by close)
+            writer, self._put = self._put[0], None
+            writer.close()
             raise _Lost("the server ended the DoPut without a PutResult")
         return int(json.loads(buffer.to_pybytes())["offset"])
 
@@ -901,6 +910,24 @@ class FlightStreamTarget(_Retrying):
 
         if not self._retry("reading the stream's FlightInfo", ended):
             self._retry("ending the input", send, ended)
+        self.committed()
+
+    def committed(self) -> None:
+        """The commit's appends are done: finish the DoPut, so no call stays open between
+        commits (a server draining for shutdown waits for open calls). The partition stays
+        open; the next append opens a new DoPut."""
+        put, self._put = self._put, None
+        if put is None:
+            return
+
+        def finish() -> None:
+            put[0].done_writing()
+            put[0].close()
+
+        try:
+            self._retry("finishing the DoPut", finish)
+        except ConnectorError:
+            self._drop()  # every batch is acknowledged already: nothing is lost
 
     def close(self) -> None:
         """Finish the DoPut (the partition stays open unless :meth:`end_input` was called) and

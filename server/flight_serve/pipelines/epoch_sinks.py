@@ -256,6 +256,12 @@ class StreamTarget(Protocol):
     def end_input(self) -> None:
         """Mark the end of this sink's input in the stream (idempotent)."""
 
+    def committed(self) -> None:
+        """The batches of one commit are all appended (a remote target ends its call)."""
+
+    def close(self) -> None:
+        """Release connections (the run ends or failed); never raises."""
+
 
 _appends = 0
 
@@ -378,6 +384,8 @@ class EpochStreamSink:
             _crash_after_append()
             if self.incarnation is None:
                 self.incarnation = self.target.incarnation()
+        if self._staged:
+            self.target.committed()
         self._staged = []
 
     def end_input(self) -> None:
@@ -389,3 +397,4 @@ class EpochStreamSink:
         """Drop what was not committed (it is replayed from the last checkpoint)."""
         self._buffer = []
         self._staged = []
+        self.target.close()

@@ -300,6 +300,12 @@ class StoreTarget:
         """Append ``batch`` (durable when this returns); return its offset."""
         return self.store.append(self._name, batch, writer=self.writer)
 
+    def committed(self) -> None:
+        """Nothing to finish: every append is durable when it returns."""
+
+    def close(self) -> None:
+        """Nothing to release (the store is the server's)."""
+
     def end_input(self) -> None:
         """Mark the writer's end of input (once: nothing if the stream already holds it)."""
         info = self.store.writers(self._name).get(self.writer)
