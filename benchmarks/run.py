@@ -28,6 +28,7 @@ from benchmarks import (
     flight_io,
     flightsql,
     iceberg,
+    sync_lag,
     vs_bytewax,
     windows,
 )
@@ -47,6 +48,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "flightsql_ingest": flightsql.ingest,
     "iceberg_commit": iceberg.sink_commit,
     "falkordb_upserts": falkordb.edge_upserts,
+    "sync_lag": sync_lag.sync_lag,
 }
 
 
