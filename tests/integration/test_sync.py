@@ -19,6 +19,9 @@ polls) with a checkpoint after each (``--checkpoint-every 1``): epoch 1 = Januar
 Then the two graphs hold the same Airport nodes and ROUTE edges with the same properties
 (``accumulate`` counters included: no daily window added twice or lost), and the two hourly tables
 the same rows.
+
+Also: ``flight-serve demo --sync`` itself (two months, the session's FalkorDB) ends with the graph
+and the Iceberg table holding exactly the windows its watermark closed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +148,47 @@ def test_the_sync_killed_and_resumed_ends_as_the_straight_run(
     assert _graph(db, names.graph) == lake["graph"]
     assert _hourly(lake["catalog"], names.hourly).equals(lake["hourly"])
     db.select_graph(names.graph).delete()
+
+
+def test_flight_serve_demo_sync_keeps_the_graph_and_the_iceberg_table(
+    tmp_path: Path, falkordb_url: str
+) -> None:
+    """``flight-serve demo --sync --months 2``: a submitted pipeline follows two monthly commits;
+    the graph and ``lake.hourly_delays`` hold exactly the windows the watermark closed."""
+    env = {k: v for k, v in os.environ.items() if k != "FLIGHT_SERVE_CRASH_AT"}
+    command = [str(CLI), "demo", "--sync", "--months", "2", "--data-dir", str(tmp_path / "data")]
+    command += ["--falkordb", falkordb_url]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())  # rich wraps long lines
+    assert "2013-01: 27,004 flights in snapshot" in out
+    assert "2013-02: 24,951 flights in snapshot" in out
+    assert "graph updated through 2013-03-01" in out
+    assert "Busiest routes in the graph routes" in out
+    # expected: every flight of a daily / hourly window the watermark (newest sched_dep - 15 min,
+    # 2013-03-01 05:29 UTC) closed; the last day and hour stay open
+    rows = pa.concat_tables(month_tables(load_flights(), 2))
+    watermark = pa.compute.max(rows.column("sched_dep")).as_py() - timedelta(minutes=15)
+    day = pa.compute.floor_temporal(rows.column("sched_dep"), unit="day").to_pylist()
+    hour = pa.compute.floor_temporal(rows.column("sched_dep"), unit="hour").to_pylist()
+    routes: dict[tuple[str, str], int] = {}
+    hourly = 0
+    for origin, dest, d, h in zip(rows["origin"].to_pylist(), rows["dest"].to_pylist(), day,
+                                  hour, strict=True):  # fmt: skip
+        if d + timedelta(days=1) <= watermark:
+            routes[(origin, dest)] = routes.get((origin, dest), 0) + 1
+        if h + timedelta(hours=1) <= watermark:
+            hourly += 1
+    db = falkordb.FalkorDB.from_url(falkordb_url)
+    got = (
+        db.select_graph("routes")
+        .ro_query("MATCH (s:Airport)-[r:ROUTE]->(t:Airport) RETURN s.faa, t.faa, r.flights")
+        .result_set
+    )
+    assert {(s, t): n for s, t, n in got} == routes
+    jfk = db.select_graph("routes").ro_query("MATCH (a:Airport {faa: 'JFK'}) RETURN a.name, a.lat")
+    assert jfk.result_set == [["John F Kennedy Intl", 40.639751]]
+    db.connection.close()
+    catalog = load_iceberg_catalog("default", default_catalog_properties(tmp_path / "data"))
+    landed = catalog.load_table("lake.hourly_delays").scan().to_arrow()
+    assert pa.compute.sum(landed.column("departures")).as_py() == hourly
