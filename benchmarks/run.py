@@ -28,6 +28,7 @@ from benchmarks import (
     flight_io,
     flightsql,
     iceberg,
+    plugins,
     sync_lag,
     vs_bytewax,
     windows,
@@ -49,6 +50,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "iceberg_commit": iceberg.sink_commit,
     "falkordb_upserts": falkordb.edge_upserts,
     "sync_lag": sync_lag.sync_lag,
+    "plugins": plugins.plugins,
 }
 
 

@@ -71,6 +71,8 @@ MAX_IN_FLIGHT_LIMIT = 1024
 DEFAULT_TIMEOUT = timedelta(seconds=30)
 #: How often a waiting stage re-checks timeouts and stop requests (seconds).
 _POLL_S = 0.05
+#: Round-trip latencies kept per plugin name (:meth:`PluginHub.latencies_s`).
+_LATENCIES = 10_000
 
 
 def schema_difference(got: pa.Schema, expected: pa.Schema) -> str:
@@ -187,6 +189,7 @@ class _Request:
     instance: PluginInstance | None = None
     wire: int | None = None
     deadline: float = 0.0
+    sent_at: float = 0.0
     sends: int = 0
     #: the instance whose timeout this batch last hit: another one is preferred for the re-send
     timed_out_on: int | None = None
@@ -229,6 +232,7 @@ class PluginHub:
         self._instances: dict[str, list[PluginInstance]] = {}
         self._stages: dict[str, list[PluginStage]] = {}
         self._errors: dict[str, str] = {}
+        self._latency: dict[str, deque[float]] = {}
         self._ids = itertools.count(1)
         self._wire = itertools.count(1)
         self._closed = False
@@ -294,6 +298,9 @@ class PluginHub:
                 self._dispatch(instance.name)
                 return False
             request.result = batch
+            self._latency.setdefault(instance.name, deque(maxlen=_LATENCIES)).append(
+                time.monotonic() - request.sent_at
+            )
             request.instance = None
             request.wire = None
             self._dispatch(instance.name)
@@ -328,6 +335,12 @@ class PluginHub:
                 },
                 "errors": dict(self._errors),
             }
+
+    def latencies_s(self, name: str) -> list[float]:
+        """Seconds from handing a batch to an instance of ``name`` to taking its result, for the
+        last 10,000 results (the time a plugin stage adds to a batch, queueing excluded)."""
+        with self._cond:
+            return list(self._latency.get(name, ()))
 
     def last_error(self, name: str) -> str | None:
         """The last error of an instance of ``name`` (``None`` if none failed)."""
@@ -395,7 +408,8 @@ class PluginHub:
                 request.instance = instance
                 request.wire = wire
                 request.sends += 1
-                request.deadline = time.monotonic() + stage.timeout_s
+                request.sent_at = time.monotonic()
+                request.deadline = request.sent_at + stage.timeout_s
                 instance.in_flight[wire] = request
                 instance.outbox.append((wire, batch))
         self._cond.notify_all()
