@@ -27,6 +27,7 @@ from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
+from flight_serve_client import FlightServeClient
 
 pytestmark = pytest.mark.integration
 
@@ -378,3 +379,49 @@ def test_ticket_options_are_checked(server: str) -> None:
     with pytest.raises(Exception, match="a ticket source takes no stream"):
         PipelineRuntime(parse_pipeline(mixed))
 
+
+
+# --- the Python client's follow tail ------------------------------------------------------
+
+
+def test_a_follow_tail_outlives_a_server_restart(tmp_path: Path) -> None:
+    """``FlightServeClient.tail(..., follow=True)``: batches 0..1, then the server shuts down
+    cleanly (its tails end) and comes back on the same port and data dir; batches 2..3 appended
+    after the restart are yielded next, each once; dropping the stream ends the iterator."""
+    data = tmp_path / "data"
+    with start_server(data, pipelines=False) as service:
+        port, location = service.port, service.location
+        with FlightServeClient(location) as writer:
+            writer.put("s", pa.Table.from_batches([batch(0, 3)]))
+            writer.put("s", pa.Table.from_batches([batch(3, 3)]))
+    got: list[tuple[int, list[int]]] = []
+    errors: list[BaseException] = []
+    client = FlightServeClient(location)
+
+    def follow() -> None:
+        try:
+            for offset, b in client.tail("s", follow=True):
+                got.append((offset, b.column("id").to_pylist()))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=follow)
+    with start_server(data, port=port, pipelines=False):
+        thread.start()
+        deadline = time.monotonic() + 15
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    # the server is down here: the tail ended on the server's side, the client waits
+    with start_server(data, port=port, pipelines=False):
+        with FlightServeClient(location) as writer:
+            writer.put("s", pa.Table.from_batches([batch(6, 3)]))
+            writer.put("s", pa.Table.from_batches([batch(9, 3)]))
+            deadline = time.monotonic() + 15
+            while len(got) < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            writer.drop("s")
+        thread.join(15)
+    client.close()
+    assert not thread.is_alive()
+    assert not errors, errors
+    assert got == [(0, [0, 1, 2]), (1, [3, 4, 5]), (2, [6, 7, 8]), (3, [9, 10, 11])]

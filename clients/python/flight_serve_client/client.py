@@ -59,6 +59,8 @@ MAX_UNACKED_BATCHES = 16
 TAIL_RECONNECT_ATTEMPTS = 8
 #: First and longest pause between reconnection attempts of a tail, in seconds (doubling).
 TAIL_BACKOFF_S = (0.05, 2.0)
+#: How long a ``follow`` tail waits for an unreachable server (seconds without a message).
+TAIL_FOLLOW_TIMEOUT_S = 60.0
 
 _REUSE_CONNECTION = b"arrow-flight-reuse-connection://"
 
@@ -449,7 +451,7 @@ class FlightServeClient:
     # -- tail --------------------------------------------------------------------------------
 
     def tail(
-        self, stream: str, offset: int = 0, *, reconnect: bool = True
+        self, stream: str, offset: int = 0, *, reconnect: bool = True, follow: bool = False
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
         """Follow ``stream`` live from ``offset``: yield ``(offset, batch)`` for every batch,
         the existing ones first, then each new one as it is appended.
@@ -458,15 +460,16 @@ class FlightServeClient:
         them too, with the writer of every entry. The server splits a stored batch above 4 MiB
         into consecutive pieces that share its offset, so one offset may be yielded several
         times, each time with the next rows. The iterator ends when the server ends the tail
-        (the stream was dropped or re-created, or the server shut down); closing it early
-        cancels the call. Reconnection and errors: see :meth:`tail_entries`.
+        (the stream was dropped or re-created, or the server shut down; with ``follow``, only
+        when the stream is gone); closing it early cancels the call. Reconnection, ``follow``
+        and errors: see :meth:`tail_entries`.
         """
-        for entry in self.tail_entries(stream, offset, reconnect=reconnect):
+        for entry in self.tail_entries(stream, offset, reconnect=reconnect, follow=follow):
             if entry.batch is not None:
                 yield entry.offset, entry.batch
 
     def tail_entries(
-        self, stream: str, offset: int = 0, *, reconnect: bool = True
+        self, stream: str, offset: int = 0, *, reconnect: bool = True, follow: bool = False
     ) -> Iterator[TailEntry]:
         """Follow ``stream`` live from ``offset``: yield a :class:`TailEntry` for every batch
         and marker, with its writer, the existing ones first, then each new one as it comes.
@@ -484,6 +487,14 @@ class FlightServeClient:
         twice or skipped; up to :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row, pausing
         with doubling delays (:data:`TAIL_BACKOFF_S`).
 
+        With ``follow`` the tail also outlives a server restart, for consumers that run for
+        good (a sink process): when the server ends the tail (it shut down), the stream is
+        looked up and, while it exists with the incarnation it had when the tail began, a new
+        tail is asked for from the next entry not yielded (so nothing is yielded twice or
+        skipped); the iterator ends once the stream is dropped or re-created. An unreachable
+        server is retried for :data:`TAIL_FOLLOW_TIMEOUT_S` seconds without a message (instead
+        of the attempt count).
+
         Raises:
             pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name (when asking for a
                 ticket, including on reconnection).
@@ -495,6 +506,8 @@ class FlightServeClient:
         position = offset  # the offset to ask from when (re)connecting
         delivered = 0  # rows of batch ``position`` already yielded
         failures = 0
+        incarnation = self.stream_info(stream).get("incarnation") if follow else None
+        waiting_since: float | None = None  # follow: when the server stopped answering
         while True:
             reader: flight.FlightStreamReader | None = None
             skip = delivered
@@ -511,7 +524,7 @@ class FlightServeClient:
                     entry_offset = decode_int(message, "offset", "tail message")
                     writer = message.get("writer")
                     writer = writer if isinstance(writer, str) else ""
-                    failures = 0
+                    failures, waiting_since = 0, None
                     if "watermark_ns" in message or message.get("end_of_input") is True:
                         position, delivered, skip = entry_offset + 1, 0, 0
                         watermark = message.get("watermark_ns")
@@ -537,9 +550,23 @@ class FlightServeClient:
                     if isinstance(piece, int) and isinstance(pieces, int) and piece + 1 >= pieces:
                         position, delivered = entry_offset + 1, 0  # its last piece: complete
                     yield TailEntry(entry_offset, writer, batch)
-                return
+                if not follow:
+                    return
+                # the server ended the tail (a shutdown): go on while the stream is the same
+                try:
+                    now = self.stream_info(stream).get("incarnation")
+                except pa.ArrowKeyError:
+                    return  # dropped
+                if now != incarnation:
+                    return  # re-created: the offsets name other entries
+                waiting_since = None
+                time.sleep(TAIL_BACKOFF_S[0])
             except flight.FlightUnavailableError:
-                if not reconnect or failures >= TAIL_RECONNECT_ATTEMPTS:
+                if follow:
+                    waiting_since = waiting_since or time.monotonic()
+                    if time.monotonic() - waiting_since > TAIL_FOLLOW_TIMEOUT_S:
+                        raise
+                elif not reconnect or failures >= TAIL_RECONNECT_ATTEMPTS:
                     raise
                 time.sleep(min(TAIL_BACKOFF_S[0] * 2**failures, TAIL_BACKOFF_S[1]))
                 failures += 1
