@@ -17,6 +17,9 @@ Timeline (each kill is ``kill -9`` of the server's pid, the restart on the same 
 
 After the last restart both output streams must hold every id exactly once (row by row, the
 same values as ingested), and ``relay`` only as writer ``from-a``.
+
+The sink example ``clients/examples/tail_to_parquet.py`` is also run here across a ``kill -9``
+of the server it tails (it needs a server process to kill).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
+import pyarrow.parquet as pq
 import pytest
 
 pytestmark = [pytest.mark.integration]
@@ -249,3 +253,46 @@ def test_two_servers_chained_deliver_every_row_once_across_restarts(
         assert act(location, "pipeline.list", {})["pipelines"][0]["state"] == "running"
     assert "resumed from checkpoint 1" in logs(a.location)  # after its own crash (and later)
     assert any(m.startswith("resumed from checkpoint") for m in logs(b.location))
+
+
+def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(
+    servers: dict[str, Server], tmp_path: Path
+) -> None:
+    """clients/examples/tail_to_parquet.py (pyarrow.flight only) tails ``events`` into one
+    Parquet file per entry (``--rows-per-file 1``) while the server is killed with ``kill -9``
+    and restarted on the same port: it reconnects from the first offset not in a file, and the
+    files hold ids 1..120 once each, in stream order.
+
+    Timeline: ids 1..60 (6 entries) ─ files for them ─ kill -9 ─ restart ─ ids 61..120 ─ the
+    tailer stops at 120 rows (--max-rows)."""
+    a = servers["a"] = Server(tmp_path / "a", free_port())
+    ingest(a.location, batches(1, 6))
+    out_dir = tmp_path / "parquet"
+    example = Path(__file__).resolve().parents[2] / "clients" / "examples" / "tail_to_parquet.py"
+    tailer = subprocess.Popen(
+        [
+            sys.executable,
+            str(example),
+            *("--server", a.location, "--stream", "events", "--out-dir", str(out_dir)),
+            *("--rows-per-file", "1", "--max-rows", "120", "--idle-seconds", "30"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: len(list(out_dir.glob("part-*.parquet"))) == 6, "6 files")
+        a.kill()
+        servers["a"] = a = Server(a.data, a.port)
+        ingest(a.location, batches(61, 6))
+        out, err = tailer.communicate(timeout=WAIT_S)
+    finally:
+        if tailer.poll() is None:
+            tailer.kill()
+            tailer.wait(10)
+    assert tailer.returncode == 0, err
+    assert "done (120 rows written (--max-rows)): 120 rows in 12 files, next offset 12" in out
+    files = sorted(out_dir.glob("part-*.parquet"))
+    assert [f.name for f in files] == [f"part-{i:012d}-{i:012d}.parquet" for i in range(12)]
+    ids = [i for f in files for i in pq.read_table(f).column("id").to_pylist()]
+    assert ids == list(range(1, 121))
