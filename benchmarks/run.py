@@ -29,6 +29,7 @@ from benchmarks import (
     flightsql,
     iceberg,
     plugins,
+    remote,
     sync_lag,
     vs_bytewax,
     windows,
@@ -51,6 +52,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "falkordb_upserts": falkordb.edge_upserts,
     "sync_lag": sync_lag.sync_lag,
     "plugins": plugins.plugins,
+    "remote_sink": remote.remote_sink,
 }
 
 
