@@ -20,15 +20,20 @@ Then the two graphs hold the same Airport nodes and ROUTE edges with the same pr
 (``accumulate`` counters included: no daily window added twice or lost), and the two hourly tables
 the same rows.
 
-Also: ``flight-serve demo --sync`` itself (two months, the session's FalkorDB) ends with the graph
+Also: the same pipeline **submitted** to ``flight-serve serve``, the server SIGKILLed right after
+epoch 2's commit and restarted (it resumes the pipeline), ends the same; and ``flight-serve demo
+--sync`` itself (two months, the session's FalkorDB) ends with the graph
 and the Iceberg table holding exactly the windows its watermark closed.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -38,6 +43,7 @@ from typing import Any
 
 import falkordb
 import pyarrow as pa
+import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
@@ -192,3 +198,69 @@ def test_flight_serve_demo_sync_keeps_the_graph_and_the_iceberg_table(
     catalog = load_iceberg_catalog("default", default_catalog_properties(tmp_path / "data"))
     landed = catalog.load_table("lake.hourly_delays").scan().to_arrow()
     assert pa.compute.sum(landed.column("departures")).as_py() == hourly
+
+
+def _act(location: str, action: str, body: dict[str, Any]) -> Any:
+    with flight.connect(location) as client:
+        results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
+    return json.loads(results[0].body.to_pybytes())
+
+
+def _serve(data: Path, log: Any, crash: str | None) -> tuple[subprocess.Popen[str], str]:
+    env = {k: v for k, v in os.environ.items() if k != "FLIGHT_SERVE_CRASH_AT"}
+    if crash is not None:
+        env["FLIGHT_SERVE_CRASH_AT"] = crash
+    proc = subprocess.Popen(
+        [str(CLI), "serve", "--port", "0", "--data-dir", str(data)],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    location = proc.stdout.readline().strip()
+    assert location, "the server did not start"
+    return proc, location
+
+
+def test_the_submitted_sync_resumes_after_its_server_is_killed(
+    lake: dict[str, Any], tmp_path: Path
+) -> None:
+    """The pipeline submitted to ``flight-serve serve`` (whose data dir holds the catalog with
+    ``lake.flights``); the server SIGKILLs itself right after epoch 2 is committed to the graph
+    and Iceberg (the restore commits it again: the markers must skip it); restarted,
+    it resumes the pipeline, which finishes with the straight run's graph and Iceberg rows."""
+    names: SyncNames = replace(
+        lake["names"], hourly="lake.hourly_served", graph=f"served_{uuid.uuid4().hex[:6]}"
+    )
+    sql = sync_sql(names, stop_at="latest", checkpoint="SET checkpoint_every = 1;",
+                   max_snapshots_per_poll=1)  # fmt: skip
+    data = lake["out"] / "flight-data"
+    with open(tmp_path / "server.log", "a") as log:
+        proc, location = _serve(data, log, "commit:2")
+        try:
+            submitted = _act(location, "pipeline.submit", {"sql": sql, "name": "sync"})
+            assert proc.wait(120) == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+        proc, location = _serve(data, log, None)  # resumes the running pipeline
+        try:
+            deadline = time.monotonic() + 120
+            while (state := _act(location, "pipeline.status", {"id": submitted["id"]}))[
+                "state"
+            ] != "finished":
+                assert state["state"] == "running", state
+                assert time.monotonic() < deadline, state
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+    assert _graph(lake["db"], names.graph) == lake["graph"]
+    assert _hourly(lake["catalog"], names.hourly).equals(lake["hourly"])
+    lake["db"].select_graph(names.graph).delete()
