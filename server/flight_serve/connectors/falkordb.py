@@ -57,7 +57,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import pyarrow as pa
@@ -461,11 +461,12 @@ def _is_connection_error(exc: BaseException) -> bool:
 
 @dataclass
 class _Stats:
+    """A sink's totals: queries run, queries skipped by the marker, retries, rows written."""
+
     queries: int = 0
     skipped: int = 0
     retries: int = 0
     rows: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class FalkorDBSink:
@@ -848,7 +849,7 @@ class FalkorDBSink:
         ``batch_rows`` rows.
 
         Each batch is two steps: (1) the nodes the rows touch are merged by key through the
-        index (``UNWIND $keys AS k MERGE (n:Label {key: k}) RETURN id(n)``, idempotent, outside
+        index (``UNWIND … MERGE (n:Label {key: k}) RETURN i, id(n)``, idempotent, outside
         the marker; ids already seen by this sink are only verified, by id seeks); (2) one
         ``UNWIND $rows`` query finds each row's nodes by id, checks their label and key, and
         merges and sets the row (with ``epoch``: under the marker, atomically).
