@@ -335,6 +335,7 @@ def test_a_ticket_source_takes_a_flight_serve_ticket_in_base64_and_resumes_from_
     first = DurableRuntime(parse_pipeline(sql), name="t", state_root=state, resume="fresh")
     source = first.flight_sources["events"]
     assert isinstance(source, FlightTicketSource)
+    assert "one DoGet, bounded; offset = rows handed out" in first.explain()
     stop_after = {"n": 0}
     counted = source.counted
 

@@ -1198,20 +1198,27 @@ class PipelineRuntime:
             if isinstance(live, IcebergSource):
                 out += [*live.describe(), f"  columns: {_columns_text(stream.schema)}"]
                 continue
-            out.append(
-                f"  connector flight, server {live.server}, stream {live.stream}, from offset "
-                f"{live.start_offset}; "
-                + (
-                    f"stop_at_end: reads up to offset {live.end_offset} (the stream's end now), "
-                    "then every writer ends"
-                    if live.stop_at_end
-                    else "runs until every writer it knows has sent end_of_input"
+            if isinstance(live, FlightTicketSource):
+                out.append(
+                    f"  connector flight, server {live.server}, {live.stream}: one DoGet, bounded; "
+                    "offset = rows handed out (a cut DoGet is opened again and they are skipped)"
                 )
-            )
-            out.append(
-                f"  partitions: one per DoPut writer; known now ({len(stream.partitions)}): "
-                + (", ".join(stream.partitions) or "none")
-            )
+                out.append("  partitions: one, ended when the DoGet ends")
+            else:
+                out.append(
+                    f"  connector flight, server {live.server}, stream {live.stream}, from offset "
+                    f"{live.start_offset}; "
+                    + (
+                        f"stop_at_end: reads up to offset {live.end_offset} (the stream's end "
+                        "now), then every writer ends"
+                        if live.stop_at_end
+                        else "runs until every writer it knows has sent end_of_input"
+                    )
+                )
+                out.append(
+                    f"  partitions: one per DoPut writer; known now ({len(stream.partitions)}): "
+                    + (", ".join(stream.partitions) or "none")
+                )
             out.append(f"  columns: {_columns_text(stream.schema)}")
             if relation.time_column is not None:
                 bound = _duration(relation.options.max_out_of_orderness)
@@ -1249,6 +1256,14 @@ class PipelineRuntime:
                     f"  connector iceberg -> {slot.target}: one Iceberg commit per checkpoint "
                     "epoch, with exactly-once markers (without checkpoints: every "
                     "100,000 rows and at the end)"
+                )
+            elif slot.flight is not None and plan.run_options.checkpoints:
+                out.append(
+                    f"  connector flight -> {slot.target}: checkpointed: each epoch's batches "
+                    "committed after its checkpoint, one DoPut per commit, each batch acknowledged "
+                    "before the next, retried while the server is unreachable; a replay is "
+                    "matched against the writer's batches (exactly-once into flight-serve, "
+                    "at-least-once into other Flight servers); end_of_input when the run ends"
                 )
             elif slot.flight is not None:
                 out.append(
