@@ -3,22 +3,27 @@
 A sink is either a **node** sink (``node_label``, ``node_key``) or an **edge** sink
 (``edge_type``, ``source_label`` / ``source_column`` / ``source_key``, ``target_label`` /
 ``target_column`` / ``target_key``, optional ``edge_key``). Every other column (or the columns
-listed in ``properties``) is a property, named exactly as the column. Per row::
+listed in ``properties``) is a property, named exactly as the column. Per row, in effect::
 
     node:  MERGE (n:`Label` {`key`: row.key})                        SET n.`p` = row.p, …
     edge:  MERGE (s:`SourceLabel` {`source_key`: row.source_column})
            MERGE (t:`TargetLabel` {`target_key`: row.target_column})
            MERGE (s)-[r:`TYPE` {`edge_key`: row.edge_key}]->(t)    SET r.`p` = row.p, …
 
-Columns named in ``accumulate`` are added instead of set (``coalesce(r.p, 0) + row.p``): counters
-that many epochs add to. Writing:
+(:attr:`FalkorDBSink.merge_query`). Columns named in ``accumulate`` are added instead of set
+(``coalesce(r.p, 0) + row.p``): counters that many epochs add to. Writing:
 
 * **indexes first**: when the sink opens it creates a range index on every merge key
   (``(Label).key``, ``(SourceLabel).source_key``, ``(TargetLabel).target_key``, and
-  ``[TYPE].edge_key``), so each MERGE is a ``Node By Index Scan``, never a label scan;
-* **batches**: rows go as one ``UNWIND $rows AS row MERGE … SET …`` query per ``batch_rows`` rows
-  (default 2,000; 1,000 to 5,000 is the useful range), the rows sent as a Cypher list parameter
-  built column by column with Arrow kernels;
+  ``[TYPE].edge_key``), so every node MERGE is a ``Node By Index Scan``, never a label scan;
+* **batches of two queries**: per ``batch_rows`` rows (default 2,000; 1,000 to 5,000 is the
+  useful range) the distinct node keys are merged through the index and their node ids returned
+  (ids this sink resolved before are only verified, by id seeks); then one
+  ``UNWIND $rows AS row … MERGE … SET …`` query reaches each row's nodes by id
+  (``NodeByIdSeek``), checks their label and key, and merges the edge and sets the properties
+  (:attr:`FalkorDBSink.upsert_query`). An index lookup costs FalkorDB ~20 µs and an id seek
+  ~0.5 µs, so each distinct node is looked up once per batch, not once per row. The rows go as a
+  Cypher list parameter built column by column with Arrow kernels;
 * **dedupe**: within one write, rows with the same node key (node sink) or the same
   ``(source, target, edge_key)`` (edge sink) collapse to the last one; ``accumulate`` columns are
   summed over the collapsed rows instead;
