@@ -90,8 +90,7 @@ def _compare(name: str, repeat: int, rows: int, batch_rows: int) -> Comparison:
         offsets: list[int] = []
 
         def sink() -> None:
-            for batch in batches:
-                offsets.append(target.append(batch))
+            offsets.extend(target.append_many(batches))
             target.committed()
 
         try:

@@ -198,10 +198,11 @@ def logs(location: str) -> list[str]:
 def test_two_servers_chained_deliver_every_row_once_across_restarts(
     servers: dict[str, Server], tmp_path: Path
 ) -> None:
-    # A dies by itself right after push's 5th append into B: in the middle of committing
-    # epoch 1 (the 12 batches of ids 1..120, read in one poll); push resumes from checkpoint 1
-    # and must skip the 5 batches B has, append the other 7
-    a = servers["a"] = Server(tmp_path / "a", free_port(), FLIGHT_SERVE_CRASH_AT="append:5")
+    # A dies by itself right after B acknowledged push's 2nd batch: in the middle of committing
+    # epoch 1 (the 12 batches of ids 1..120, read in one poll; up to 8 are sent ahead of their
+    # PutResults, so B holds 2 to 9 of them); push resumes from checkpoint 1 and must skip the
+    # batches B has and append the others
+    a = servers["a"] = Server(tmp_path / "a", free_port(), FLIGHT_SERVE_CRASH_AT="append:2")
     b = servers["b"] = Server(tmp_path / "b", free_port())
     ingest(a.location, batches(1, 12))  # ids 1..120, before the pipelines start
     push = (
@@ -222,12 +223,14 @@ def test_two_servers_chained_deliver_every_row_once_across_restarts(
     act(a.location, "pipeline.submit", {"sql": push, "name": "push"})
 
     # timeline:
-    #   ids 1..120 in A ─ push commits 5 of 12 batches to B, A SIGKILLs itself ─ restart A
+    #   ids 1..120 in A ─ push commits 2..9 of 12 batches to B, A SIGKILLs itself ─ restart A
     #   ─ ids 121..240 ─ kill -9 B at once (push appending into it, pull mid-tail) ─ restart B
     #   ─ ids 241..360 ─ kill -9 A at once (push reading, pull tailing it) ─ restart A
     assert a.proc.wait(WAIT_S) == -signal.SIGKILL
     a.close()
-    assert len(stream_rows(b.location, "relay")) == 50  # the 5 batches committed before the crash
+    landed = len(stream_rows(b.location, "relay"))  # the batches B stored before the crash
+    assert 20 <= landed <= 90
+    assert landed % 10 == 0
     servers["a"] = a = Server(a.data, a.port)
     ingest(a.location, batches(121, 12))
     b.kill()

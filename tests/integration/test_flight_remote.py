@@ -132,6 +132,36 @@ def test_a_lost_put_result_is_looked_up_not_written_again(server: str) -> None:
     assert target.exactly_once
 
 
+def test_a_pipelined_commit_that_loses_a_put_result_resends_only_what_did_not_land(
+    server: str,
+) -> None:
+    """``append_many`` sends up to 8 batches ahead of their PutResults. The call fails right
+    after the 3rd PutResult is read (injected after the real read): batches 4.. may have landed
+    too. The read-back counts those that did (a prefix, in order) and sends only the rest; the
+    stream holds the 12 batches once, at offsets 0..11, and on_ack ran once per batch."""
+    target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=10)
+    real = target._acknowledged
+    calls = {"n": 0}
+
+    def lose_third() -> int:
+        offset = real()
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise flight.FlightUnavailableError("connection lost (injected)")
+        return offset
+
+    target._acknowledged = lose_third  # type: ignore[method-assign]
+    acks: list[int] = []
+    offsets = target.append_many([batch(i * 10, 10) for i in range(12)], lambda: acks.append(1))
+    target.committed()
+    target.close()
+    assert offsets == list(range(12))
+    assert len(acks) == 12
+    rows, metadata = read_stream(server, "out")
+    assert [r["id"] for r in rows] == list(range(120))
+    assert metadata["next_offset"] == 12
+
+
 def test_appends_wait_for_a_server_that_restarts(tmp_path: Path) -> None:
     """The server shuts down between two commits and comes back on the same port and data dir
     0.5 s later: the next append waits (retried with backoff) and lands once."""

@@ -62,6 +62,7 @@ import pyarrow.flight as paflight
 from flight_serve.errors import ConnectorError
 
 __all__ = [
+    "APPEND_WINDOW",
     "CALL_TIMEOUT_S",
     "DEFAULT_SERVER",
     "RECONNECT_ATTEMPTS",
@@ -638,6 +639,8 @@ class FlightSink:
 RETRY_BUDGET_S: Final = 60.0
 #: Seconds one call of a remote sink or ticket source may take before it counts as lost.
 CALL_TIMEOUT_S: Final = 30.0
+#: Batches a remote sink's commit sends ahead of their PutResults.
+APPEND_WINDOW: Final = 8
 
 
 class _Lost(Exception):
@@ -708,9 +711,10 @@ class FlightStreamTarget(_Retrying):
     """A stream on another Flight server as the target of an exactly-once stream sink
     (:class:`~flight_serve.pipelines.epoch_sinks.EpochStreamSink`'s ``StreamTarget``).
 
-    The sink appends as DoPut writer ``writer`` (``path = [stream, writer]``) over one DoPut held
-    open between appends; each append returns once the server's PutResult says the batch is
-    durable. On a flight-serve server the sink's exactly-once rule is the one of a local stream:
+    The sink appends as DoPut writer ``writer`` (``path = [stream, writer]``) over one DoPut per
+    commit (:meth:`committed` finishes it); :meth:`append` returns once the server's PutResult
+    says the batch is durable, :meth:`append_many` keeps up to :data:`APPEND_WINDOW` batches
+    ahead of their PutResults. On a flight-serve server the sink's exactly-once rule is the one of a local stream:
     on restore it reads the writer's batches after its commit mark (``stream.tail``) and skips
     the replayed batches that are already there. A call that fails because the server or the
     connection is gone (UNAVAILABLE, a timeout, a DoPut ended without a PutResult) is retried
@@ -877,6 +881,59 @@ class FlightStreamTarget(_Retrying):
         offset = cast(int, self._retry("a write", send, landed))
         self._after = offset + 1
         return offset
+
+    def append_many(self, batches: list[pa.RecordBatch], on_ack: Any = None) -> list[int]:
+        """Append ``batches`` in order over the commit's DoPut, up to :data:`APPEND_WINDOW`
+        unacknowledged at a time (the server's fsync of one overlaps the sending of the next);
+        return their offsets (``-1`` each on a server that is not flight-serve). ``on_ack()`` is
+        called once per batch, in order, when it is known durable.
+
+        After a failure the writer's entries after the last acknowledged batch are read back:
+        a DoPut's batches are stored in order, so those that landed are a prefix of the
+        unacknowledged ones; they count as appended, and only the rest is sent again.
+
+        Raises:
+            ConnectorError: as :meth:`append`.
+        """
+        offsets: list[int] = []
+        if not self.exactly_once:
+            for batch in batches:
+                offsets.append(self.append(batch))
+                if on_ack is not None:
+                    on_ack()
+            return offsets
+        remaining = list(batches)
+
+        def acked(offset: int) -> None:
+            offsets.append(offset)
+            self._after = offset + 1
+            remaining.pop(0)
+            if on_ack is not None:
+                on_ack()
+
+        def send() -> bool:
+            writer = self._open()[0]
+            in_flight = 0
+            for batch in list(remaining):  # acked() takes them off ``remaining`` in order
+                writer.write_batch(batch)
+                in_flight += 1
+                if in_flight >= APPEND_WINDOW:
+                    acked(self._acknowledged())
+                    in_flight -= 1
+            for _ in range(in_flight):
+                acked(self._acknowledged())
+            return True
+
+        def landed() -> bool | None:
+            for offset, old in self._read_back(self._after):
+                if not remaining or not _same_rows(old, remaining[0]):
+                    break
+                acked(offset)
+            return True if not remaining else None
+
+        if remaining:
+            self._retry("a write", send, landed)
+        return offsets
 
     def _put_once(self, batch: pa.RecordBatch | None, metadata: bytes | None = None) -> None:
         descriptor = paflight.FlightDescriptor.for_path(self._name, self.writer)

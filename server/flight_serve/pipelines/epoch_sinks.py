@@ -370,21 +370,32 @@ class EpochStreamSink:
         self._commit_staged()
 
     def _commit_staged(self) -> None:
-        for batch in self._staged:
+        staged = self._staged
+        done = 0
+        while done < len(staged) and self._tail:
+            batch = staged[done]
             found = next(
                 (i for i, (_, old) in enumerate(self._tail) if _same_rows(old, batch)), None
             )
-            if found is not None:  # committed before the crash: skip it
-                self.mark = self._tail[found][0] + 1
-                self._tail = self._tail[found + 1 :]
-                self.skipped += 1
-                continue
-            self._tail = []  # ours are appended in order: nothing later can be ours
-            self.mark = self.target.append(batch) + 1
-            _crash_after_append()
-            if self.incarnation is None:
-                self.incarnation = self.target.incarnation()
-        if self._staged:
+            if found is None:
+                break
+            self.mark = self._tail[found][0] + 1  # committed before the crash: skip it
+            self._tail = self._tail[found + 1 :]
+            self.skipped += 1
+            done += 1
+        rest = staged[done:]
+        if rest:
+            self._tail = []  # ours are appended in order: nothing after an append is ours
+        append_many = getattr(self.target, "append_many", None)
+        if rest and append_many is not None:  # a remote target: sent ahead of their PutResults
+            self.mark = append_many(rest, _crash_after_append)[-1] + 1
+        else:
+            for batch in rest:
+                self.mark = self.target.append(batch) + 1
+                _crash_after_append()
+        if rest and self.incarnation is None:
+            self.incarnation = self.target.incarnation()
+        if staged:
             self.target.committed()
         self._staged = []
 

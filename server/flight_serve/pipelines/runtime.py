@@ -1260,8 +1260,8 @@ class PipelineRuntime:
             elif slot.flight is not None and plan.run_options.checkpoints:
                 out.append(
                     f"  connector flight -> {slot.target}: checkpointed: each epoch's batches "
-                    "committed after its checkpoint, one DoPut per commit, each batch acknowledged "
-                    "before the next, retried while the server is unreachable; a replay is "
+                    "committed after its checkpoint, one DoPut per commit (up to 8 batches ahead "
+                    "of their PutResults), retried while the server is unreachable; a replay is "
                     "matched against the writer's batches (exactly-once into flight-serve, "
                     "at-least-once into other Flight servers); end_of_input when the run ends"
                 )
