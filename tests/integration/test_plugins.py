@@ -8,6 +8,7 @@ output stream's v2 values are exactly {2 v} of the input, each once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.nycflights13 import load_airports, load_flights, load_weather
+from flight_serve.flight.roles import load_tokens_file
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve_client import FlightServeClient
@@ -519,25 +521,34 @@ class ServeProcess:
 def test_a_server_killed_with_batches_in_flight_resumes_and_delivers_every_row_once(
     tmp_path: Path,
 ) -> None:
-    # 40 batches of 10 rows, a checkpoint every 100 ms, the plugin answers a batch per 60 ms:
-    #   server 1  |ckpt|ckpt|ckpt| SIGKILL (batches sent to the plugin, unanswered)
-    #   server 2  resume from the last checkpoint: the batches after it are read and sent again
+    # 40 batches of 10 rows; the plugin answers a batch per 60 ms. The first 10 batches are
+    # committed (100 rows), then 30 more are written and the server is SIGKILLed 0.5 s later,
+    # while they are at the plugin (their commit would come at the barrier after all 30):
+    #   server 1  | 10 batches -> ckpt (100 rows) | 30 batches ... 8 in flight  SIGKILL
+    #   server 2  resume from that checkpoint: the 30 batches are read and sent again
     data = tmp_path / "data"
     sql = "SET checkpoint_interval = '100ms';\n" + DOUBLE.format(timeout="30s")
     first = ServeProcess(data)
     plugin = spawn(first.location, "double", "pass", "--delay-ms", "60")
+    batches = events(40, 10)
     try:
         with flight.connect(first.location) as c:
-            writer, reader = c.do_put(flight.FlightDescriptor.for_path("events", "w"), IN)
-            with writer:
-                for b in events(40, 10):
-                    writer.write_batch(b)
-                    reader.read()
+
+            def put(part: list[pa.RecordBatch]) -> None:
+                writer, reader = c.do_put(flight.FlightDescriptor.for_path("events", "w"), IN)
+                with writer:
+                    for b in part:
+                        writer.write_batch(b)
+                        reader.read()
+
+            put(batches[:10])
             pid = submit(c, sql)
-            wait_until(lambda: count(c, "doubled") >= 100, "a committed part of the output")
+            wait_until(lambda: count(c, "doubled") == 100, "the first 100 rows committed")
+            put(batches[10:])
+            time.sleep(0.5)
             before = count(c, "doubled")
         first.kill()
-        assert before < 400  # killed mid-stream
+        assert before == 100  # killed with the last 30 batches in the plugin stage
     finally:
         stop(plugin)
     second = ServeProcess(data)
@@ -550,3 +561,30 @@ def test_a_server_killed_with_batches_in_flight_resumes_and_delivers_every_row_o
         stop(plugin)
         second.kill()
     assert got == [2 * v for v in range(400)]
+
+
+def test_attaching_a_plugin_needs_the_write_role(tmp_path: Path) -> None:
+    tokens_file = tmp_path / "tokens.txt"
+    tokens_file.write_text("tok-read read\ntok-rw read,write\n")  # every DoExchange needs read
+    with start_server(tmp_path / "data", tokens=load_tokens_file(tokens_file)) as service:
+        for token, refused in (("tok-read", True), ("tok-rw", False)):
+            headers = [(b"authorization", f"Bearer {token}".encode())]
+            with flight.connect(service.location) as c:
+                writer, reader = c.do_exchange(
+                    flight.FlightDescriptor.for_path("plugins", "double"),
+                    flight.FlightCallOptions(headers=headers),
+                )
+                writer.write_metadata(pa.py_buffer(hello_message("double", IN, OUT, 1)))
+                if refused:
+                    with pytest.raises(
+                        flight.FlightUnauthorizedError,
+                        match="DoExchange attaching a plugin needs the 'write' role",
+                    ):
+                        reader.read_chunk()
+                else:
+                    data, meta = reader.read_chunk()
+                    assert data is None
+                    assert json.loads(meta.to_pybytes())["accepted"] is True
+                writer.done_writing()
+                with contextlib.suppress(flight.FlightError):
+                    writer.close()

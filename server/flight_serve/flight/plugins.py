@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flight_serve.errors import InvalidInputError
+from flight_serve.flight.roles import require_role
 from flight_serve.pipelines.plugins import (
     PROTOCOL_VERSION,
     PluginDeclaration,
@@ -139,8 +140,8 @@ class _Reader:
                     self.fail(f"a result for seq {seq}, which is not outstanding")
                     return
                 self.hub.complete(self.instance, seq, chunk.data)
-        except StopIteration:
-            self.hub.detach(self.instance, None if self.instance.closed else "ended its stream")
+        except StopIteration:  # the plugin finished writing: it leaves (not an error)
+            self.hub.detach(self.instance, None)
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             if not self.instance.closed:
                 self.fail(f"its stream broke: {str(exc).splitlines()[0] if str(exc) else exc!r}")
@@ -161,8 +162,12 @@ def handle_plugin_exchange(
     Raises:
         InvalidInputError: a bad path or hello (nothing is attached then), or the instance was
             detached for an error (wrong result schema, a bad tag, a reported error).
+        pyarrow.flight.FlightUnauthorizedError: the server has tokens and the caller's lacks the
+            ``write`` role.
     """
     name = plugin_name(descriptor)
+    # a plugin's results become pipeline output: attaching one writes (DoExchange alone is read)
+    require_role(context, "write", "DoExchange attaching a plugin")
     try:
         first = reader.read_chunk()
     except StopIteration:
