@@ -40,7 +40,6 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -580,13 +579,3 @@ class PluginStage:
         """The pipeline stops: withdraw this stage's queued and outstanding batches."""
         self.hub._remove_stage(self)
 
-
-def wait_until(
-    stage: PluginStage, ready: Callable[[], bool], on_wait: Callable[[str | None], None]
-) -> None:
-    """Block until ``ready()``; ``on_wait`` gets the waiting message (or ``None``) every poll
-    and may raise to stop waiting (a pipeline asked to stop)."""
-    while not ready():
-        stage.wait(0.2)
-        on_wait(stage.waiting_for())
-    on_wait(None)
