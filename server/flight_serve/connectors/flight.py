@@ -23,7 +23,8 @@ Source (:class:`FlightSource`)
     opened (then every writer still open ends there: a bounded read of the stream as it is).
 
     A dropped connection is retried from the entry it stopped in (no entry is skipped or
-    repeated), :data:`RECONNECT_ATTEMPTS` times in a row with doubling pauses. A stream that
+    repeated), :data:`RECONNECT_ATTEMPTS` times in a row with doubling pauses (in a checkpointed
+    run, for :data:`RETRY_BUDGET_S` seconds: ``reconnect_s``). A stream that
     does not exist yet is waited for when the columns are declared.
 
 Sink (:class:`FlightSink`)
@@ -229,6 +230,9 @@ class FlightSource:
         self.barrier: Any = lambda: None
         #: called with each batch handed out
         self.counted: Any = lambda batch: None
+        #: ``None``: give up after :data:`RECONNECT_ATTEMPTS` failed reconnections in a row;
+        #: else after this many seconds of them (checkpointed runs: :data:`RETRY_BUDGET_S`)
+        self.reconnect_s: float | None = None
         #: the stream's end when the source was opened (``stop_at_end`` stops there)
         self.end_offset = _int_or_none(metadata.get("next_offset")) or 0
         self.history = _writers(metadata)
@@ -430,6 +434,7 @@ class FlightSource:
     def _read(self) -> None:
         position = self.start_offset
         failures = 0
+        down_since = 0.0  # when the failures in a row began
         incarnation: str | None = None
         try:
             while not self._closing.is_set():
@@ -458,7 +463,12 @@ class FlightSource:
                         exc.__cause__, paflight.FlightUnavailableError
                     ):
                         raise
-                    if failures >= RECONNECT_ATTEMPTS:
+                    down_since = down_since if failures else time.monotonic()
+                    if (
+                        failures >= RECONNECT_ATTEMPTS
+                        if self.reconnect_s is None
+                        else time.monotonic() - down_since > self.reconnect_s
+                    ):
                         raise ConnectorError(
                             f"{self.what}: the server is unreachable after {failures} "
                             f"reconnection attempts: {_message(exc)}"

@@ -53,7 +53,12 @@ import pyarrow as pa
 
 from flight_serve.connectors.falkordb import FalkorDBSink
 from flight_serve.connectors.file import FileSource
-from flight_serve.connectors.flight import FlightSource, FlightStreamTarget, FlightTicketSource
+from flight_serve.connectors.flight import (
+    RETRY_BUDGET_S,
+    FlightSource,
+    FlightStreamTarget,
+    FlightTicketSource,
+)
 from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import OperatorSnapshot
@@ -496,6 +501,7 @@ class DurableRuntime(PipelineRuntime):
                 "(cancel and submit again, or --fresh)"
             )
         source.rows = int(state.get("rows", 0))
+        source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
         source.barrier = self.barrier
         source.counted = self.count_event
         return source
