@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.flight import FlightStreamTarget, FlightTicketSource
-from flight_serve.errors import ConnectorError
+from flight_serve.errors import CheckpointError, ConnectorError
 from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
@@ -456,3 +457,70 @@ def test_a_follow_tail_outlives_a_server_restart(tmp_path: Path) -> None:
     assert not thread.is_alive()
     assert not errors, errors
     assert got == [(0, [0, 1, 2]), (1, [3, 4, 5]), (2, [6, 7, 8]), (3, [9, 10, 11])]
+
+
+# --- a remote tail source's offset in checkpoints -------------------------------------------
+
+TAIL_PIPELINE = """
+SET checkpoint_every = 1;
+CREATE SOURCE src (id BIGINT, k VARCHAR, t TIMESTAMP(0), WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = '{server}', stream = 'src');
+CREATE SINK out WITH (connector = 'file', path = '{path}');
+INSERT INTO out SELECT id FROM src;
+"""
+
+
+def put(location: str, stream: str, *items: pa.RecordBatch, end: bool = False) -> None:
+    with flight.connect(location) as client:
+        writer, reader = client.do_put(flight.FlightDescriptor.for_path(stream, "w1"), SCHEMA)
+        for item in items:
+            writer.write_batch(item)
+            reader.read()
+        if end:
+            writer.write_metadata(pa.py_buffer(b'{"end_of_input": true}'))
+            reader.read()
+        writer.close()
+
+
+def test_a_remote_tail_resumes_from_its_offset_and_a_recreated_stream_is_refused_or_reset(
+    server: str, tmp_path: Path
+) -> None:
+    """A checkpointed run tails stream ``src`` of another server (ids 0..29, 3 entries) and is
+    stopped after 3 batches (its checkpoint holds offset 3 and the stream's incarnation). The
+    stream is then dropped and re-created (ids 100..119, then end of input): the restore is
+    refused (the offset names nothing); with ``offset_reset = 'earliest'`` the new stream is
+    read from its start, the gap is reported, and the output holds 0..29 then 100..119."""
+    put(server, "src", batch(0, 10), batch(10, 10), batch(20, 10))
+    sql = TAIL_PIPELINE.format(server=server, path=tmp_path / "out.parquet")
+    state = str(tmp_path / "state")
+    first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
+    source = first.flight_sources["src"]
+    seen = {"n": 0}
+    counted = source.counted
+
+    def stop_after_three(b: pa.RecordBatch | None) -> None:
+        counted(b)
+        seen["n"] += 1
+        if seen["n"] == 3:
+            first.request_stop()
+
+    source.counted = stop_after_three
+    with pytest.raises(PipelineStopped):
+        list(first.run())
+    manifest = first.checkpoints.latest()
+    assert manifest is not None
+    assert manifest.sources["src"]["offset"] == 3
+    with flight.connect(server) as client:
+        list(client.do_action(flight.Action("stream.drop", b'{"stream": "src"}')))
+    put(server, "src", batch(100, 10), batch(110, 10), end=True)
+    with pytest.raises(CheckpointError, match=r"dropped or re-created since the checkpoint"):
+        DurableRuntime(parse_pipeline(sql), name="tail", state_root=state)
+    plan = parse_pipeline(sql)
+    options = replace(plan.run_options, offset_reset="earliest")
+    second = DurableRuntime(plan, name="tail", state_root=state, options=options)
+    list(second.run())
+    assert second.resumed_from == manifest.epoch
+    assert len(second.gaps) == 1
+    assert "resuming at 0 (offset_reset = 'earliest')" in second.gaps[0]
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == list(range(30)) + list(range(100, 120))

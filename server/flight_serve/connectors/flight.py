@@ -233,6 +233,8 @@ class FlightSource:
         #: ``None``: give up after :data:`RECONNECT_ATTEMPTS` failed reconnections in a row;
         #: else after this many seconds of them (checkpointed runs: :data:`RETRY_BUDGET_S`)
         self.reconnect_s: float | None = None
+        #: the stream's oldest retained offset when the source was opened
+        self.first_offset = _int_or_none(metadata.get("first_offset")) or 0
         #: the stream's end when the source was opened (``stop_at_end`` stops there)
         self.end_offset = _int_or_none(metadata.get("next_offset")) or 0
         self.history = _writers(metadata)

@@ -492,14 +492,33 @@ class DurableRuntime(PipelineRuntime):
         source = super()._flight_source(relation, start_offset=start)
         assert isinstance(source, FlightSource)
         known = state.get("incarnation")
+        what = f"source {relation.name} (stream {source.stream!r} on {source.server})"
+        message = None
         if known is not None and source.incarnation != known:
-            source.close()
-            raise CheckpointError(
-                f"source {relation.name}: stream {source.stream!r} on {source.server} was "
-                f"dropped or re-created since the checkpoint (incarnation {known}, now "
-                f"{source.incarnation or 'none'}); the offset {start} names nothing: start over "
-                "(cancel and submit again, or --fresh)"
+            message = (
+                f"{what}: the stream was dropped or re-created since the checkpoint "
+                f"(incarnation {known}, now {source.incarnation or 'none'}); the offset {start} "
+                "names nothing"
             )
+            fix = "start over (cancel and submit again, or --fresh), or SET offset_reset = "
+            fix += "'earliest' to read the new stream from its start"
+        elif start is not None and start < source.first_offset:
+            message = (
+                f"{what}: the checkpoint's offset {start} is gone (retention kept offsets "
+                f"{source.first_offset} and up): {source.first_offset - start} entries were "
+                "never read"
+            )
+            fix = f"SET offset_reset = 'earliest' to go on from {source.first_offset} (the gap "
+            fix += "is reported), or start over"
+        if message is not None:
+            if self.options.offset_reset != "earliest":
+                source.close()
+                raise CheckpointError(f"{message}. {fix}")
+            first = source.first_offset
+            source.close()
+            self.report_gap(f"{message}; resuming at {first} (offset_reset = 'earliest')")
+            source = super()._flight_source(relation, start_offset=first)
+            assert isinstance(source, FlightSource)
         source.rows = int(state.get("rows", 0))
         source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
         source.barrier = self.barrier
