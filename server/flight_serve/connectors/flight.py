@@ -66,6 +66,7 @@ __all__ = [
     "APPEND_WINDOW",
     "CALL_TIMEOUT_S",
     "DEFAULT_SERVER",
+    "OPEN_RETRY_S",
     "RECONNECT_ATTEMPTS",
     "RETRY_BUDGET_S",
     "FlightSink",
@@ -653,6 +654,8 @@ RETRY_BUDGET_S: Final = 60.0
 CALL_TIMEOUT_S: Final = 30.0
 #: Batches a remote sink's commit sends ahead of their PutResults.
 APPEND_WINDOW: Final = 8
+#: How long a ticket source, when the pipeline is planned, retries an unreachable server (s).
+OPEN_RETRY_S: Final = 5.0
 
 
 class _Lost(Exception):
@@ -1026,7 +1029,8 @@ class FlightTicketSource(_Retrying):
         schema: the declared columns (read exactly these, cast to these types), or ``None``
             for the DoGet's schema.
         start_rows: rows to skip (a checkpoint's offset).
-        retry_s: seconds to keep retrying while the server is unreachable.
+        retry_s: seconds to keep retrying while the server is unreachable (when the source is
+            opened: at most :data:`OPEN_RETRY_S`).
 
     Raises:
         ConnectorError: the server stayed unreachable, refused the ticket, or the DoGet lacks a
@@ -1062,7 +1066,11 @@ class FlightTicketSource(_Retrying):
         self._options = paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S)
         self._client: paflight.FlightClient | None = None
         self._reader: paflight.FlightStreamReader | None = None
+        # planning (a submit waits for it) gives an unreachable server a few seconds only;
+        # reading, once the run started, retries for ``retry_s``
+        self.retry_s = min(retry_s, OPEN_RETRY_S)
         reader = self._retry("opening the DoGet", self._open)
+        self.retry_s = retry_s
         self.ticket_schema: pa.Schema = reader.schema
         self.schema: pa.Schema = schema if schema is not None else reader.schema
         missing = [n for n in self.schema.names if reader.schema.get_field_index(n) < 0]
