@@ -295,6 +295,11 @@ def test_two_instances_share_the_work_and_one_killed_loses_nothing(
     procs = [spawn(server.location, "double", "pass", "--delay-ms", "30") for _ in range(2)]
     try:
         wait_until(lambda: len(instances(server, "double")) == 2, "two instances")
+        listed = act(client, "plugin.list", {})["instances"]["double"]
+        assert [(i["id"], i["max_in_flight"], i["outstanding"]) for i in listed] == [
+            (1, 4, 0),
+            (2, 4, 0),
+        ]
         pid = submit(client, DOUBLE.format(timeout="30s"))
         wait_until(
             lambda: all(i["answered"] >= 3 for i in instances(server, "double")),

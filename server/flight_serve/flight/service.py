@@ -320,6 +320,13 @@ class FlightServeService(flight.FlightServerBase):
         self.flightsql = FlightSqlHandler(store)
         self.flightsql.engine.limits = self.query_limits
         self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
+        self.register_action(
+            "plugin.list",
+            "The attached plugin instances. Body: {} (or empty). Result: {\"instances\": {name: "
+            "[{id, max_in_flight, outstanding, sent, answered, timeouts}]}, \"errors\": {name: "
+            "last error}}.",
+            lambda context, body: [json.dumps(self.plugins.describe()).encode()],
+        )
         self.flightsql.register_actions(self.register_action)
         kwargs = auth_server_options(users, kwargs)
         super().__init__(location, **kwargs)
