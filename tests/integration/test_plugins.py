@@ -602,3 +602,33 @@ def test_attaching_a_plugin_needs_the_write_role(tmp_path: Path) -> None:
                 with contextlib.suppress(flight.FlightError):
                     writer.done_writing()
                     writer.close()
+
+
+@pytest.mark.parametrize("end", [False, True])
+def test_a_window_over_the_plugin_s_output_keeps_the_source_watermark(
+    server: FlightServeService, client: flight.FlightClient, end: bool
+) -> None:
+    # v = 0 … 59 at t = v seconds, 6 batches; the plugin returns t, so the view keeps the
+    # source's WATERMARK (W = max(t)): after the last batch W = 59 s, windows ending by 50 s fire
+    #   t:   0 ........ 10 ........ 20 ........ 30 ........ 40 ........ 50 ...... 59
+    #        [  fired  )[  fired  )[  fired  )[  fired  )[  fired  )[ open (W = 59 < 60)
+    # with the writer's end of input (behind the batches, through the plugin) W = +inf: the
+    # last window fires too
+    feed(server, events(6, 10), end=end)
+    starts = (0, 10, 20, 30, 40, 50) if end else (0, 10, 20, 30, 40)
+    sql = DOUBLE.format(timeout="30s").replace(
+        "CREATE SINK doubled WITH (connector = 'flight', stream = 'doubled');\n"
+        "INSERT INTO doubled SELECT k, t, v2 FROM double(events);",
+        "CREATE VIEW d AS SELECT * FROM double(events);\n"
+        "CREATE SINK sums WITH (connector = 'flight', stream = 'sums');\n"
+        "INSERT INTO sums SELECT window_start, count(*) AS n, sum(v2) AS total\n"
+        "FROM TUMBLE(d, t, INTERVAL '10' SECOND) GROUP BY window_start, window_end;",
+    )
+    proc = spawn(server.location, "double", "pass")
+    try:
+        pid = submit(client, sql)
+        settled(client, pid, "sums", len(starts))
+    finally:
+        stop(proc)
+    got = sorted((r["window_start"].second, r["n"], r["total"]) for r in rows_of(client, "sums"))
+    assert got == [(s, 10, 2 * sum(range(s, s + 10))) for s in starts]
