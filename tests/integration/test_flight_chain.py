@@ -8,7 +8,9 @@ writer), and two submitted pipelines move them to B:
   (a ``flight`` sink with ``server = B``: DoPut as writer ``from-a``, exactly-once by
   read-back matching on restore, appends retried while B is down);
 * ``pull`` runs on B: tails A's ``events`` (a ``flight`` source with ``server = A``, its
-  offset in B's checkpoints) and writes every row into B's own stream ``mirror``.
+  offset in B's checkpoints) and writes every row into B's own stream ``mirror``;
+* ``windows`` runs on B over ``relay`` (the stream the remote sink feeds): per-key counts and
+  sums in 10-second windows, into B's stream ``counts``.
 
 Timeline (each kill is ``kill -9`` of the server's pid, the restart on the same port and dir)::
 
@@ -16,7 +18,8 @@ Timeline (each kill is ``kill -9`` of the server's pid, the restart on the same 
                        ↑ push and pull are mid-stream (checkpoints every 100 ms)
 
 After the last restart both output streams must hold every id exactly once (row by row, the
-same values as ingested), and ``relay`` only as writer ``from-a``.
+same values as ingested), ``relay`` only as writer ``from-a``, and ``counts`` every window
+the watermark closed once, with the counts and sums of the ingested rows.
 
 The sink example ``clients/examples/tail_to_parquet.py`` is also run here across a ``kill -9``
 of the server it tails (it needs a server process to kill).
@@ -190,8 +193,9 @@ def servers(tmp_path: Path) -> Iterator[dict[str, Server]]:
             server.close()
 
 
-def logs(location: str) -> list[str]:
-    pid = act(location, "pipeline.list", {})["pipelines"][0]["id"]
+def logs(location: str, name: str) -> list[str]:
+    """The log messages of the pipeline submitted as ``name``."""
+    (pid,) = [p["id"] for p in act(location, "pipeline.list", {})["pipelines"] if p["name"] == name]
     return [m["message"] for m in act(location, "pipeline.logs", {"id": pid})["lines"]]
 
 
@@ -219,7 +223,18 @@ def test_two_servers_chained_deliver_every_row_once_across_restarts(
         "CREATE SINK mirror WITH (connector = 'flight', stream = 'mirror');\n"
         "INSERT INTO mirror SELECT id, k, t, v FROM events;\n"
     )
+    # the source on B that the remote sink feeds: 10-second windows over relay (one writer,
+    # from-a); W = max(t) - 1 s, so after ids 1..360 (t = 1..360 s) every window ending by
+    # 359 s has closed: [0, 10) .. [340, 350), three keys each
+    windows = (
+        SETTINGS
+        + f"CREATE SOURCE relay ({COLUMNS}) WITH (connector = 'flight', stream = 'relay');\n"
+        "CREATE SINK counts WITH (connector = 'flight', stream = 'counts');\n"
+        "INSERT INTO counts SELECT k, window_start, count(*) AS n, sum(v) AS total\n"
+        "FROM TUMBLE(relay, t, INTERVAL '10' SECOND) GROUP BY k, window_start;\n"
+    )
     act(b.location, "pipeline.submit", {"sql": pull, "name": "pull"})
+    act(b.location, "pipeline.submit", {"sql": windows, "name": "windows"})
     act(a.location, "pipeline.submit", {"sql": push, "name": "push"})
 
     # timeline:
@@ -252,10 +267,30 @@ def test_two_servers_chained_deliver_every_row_once_across_restarts(
         assert [r["id"] for r in got] == list(range(1, 361)), stream
         assert got == want, stream
     assert list(writers_of(b.location, "relay")) == ["from-a"]
+    want_counts: dict[tuple[str, int], tuple[int, int]] = {}
+    for row in want:
+        start = row["id"] // 10 * 10
+        if start + 10 <= 359:
+            n, total = want_counts.get((row["k"], start), (0, 0))
+            want_counts[(row["k"], start)] = (n + 1, total + row["v"])
+    assert len(want_counts) == 105  # 35 windows x 3 keys
+
+    def counted() -> dict[tuple[str, int], tuple[int, int]]:
+        return {
+            (r["k"], int(r["window_start"].timestamp())): (r["n"], r["total"])
+            for r in stream_rows(b.location, "counts")
+        }
+
+    wait_until(lambda: len(stream_rows(b.location, "counts")) >= 105, "105 windows in counts")
+    time.sleep(0.5)
+    assert len(stream_rows(b.location, "counts")) == 105  # each window once
+    assert counted() == want_counts
     for location in (a.location, b.location):
-        assert act(location, "pipeline.list", {})["pipelines"][0]["state"] == "running"
-    assert "resumed from checkpoint 1" in logs(a.location)  # after its own crash (and later)
-    assert any(m.startswith("resumed from checkpoint") for m in logs(b.location))
+        states = [p["state"] for p in act(location, "pipeline.list", {})["pipelines"]]
+        assert states == ["running"] * len(states)
+    assert "resumed from checkpoint 1" in logs(a.location, "push")  # after its own crash
+    for name in ("pull", "windows"):
+        assert any(m.startswith("resumed from checkpoint") for m in logs(b.location, name))
 
 
 def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(
