@@ -13,7 +13,8 @@ from start to the last batch:
 
 Target: ratio ≥ 0.5 (issue 7). The note gives the added latency per batch: from handing a batch
 to the plugin instance to taking its result (:meth:`PluginHub.latencies_s`), median and p99 in
-ms over every batch of the timed subject runs. (Server pipelines commit their output at
+ms over every batch of the timed subject runs, and the seconds a bare pyarrow DoExchange echo of
+the same batches takes (the transport floor). (Server pipelines commit their output at
 checkpoints; timing them to the last commit would measure the checkpoint timing instead.)
 """
 
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -67,6 +69,45 @@ def _batches() -> list[pa.RecordBatch]:
             )
         )
     return out
+
+
+class _Echo(flight.FlightServerBase):
+    """A bare pyarrow DoExchange echo: the transport floor of any out-of-process plugin."""
+
+    def do_exchange(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.MetadataRecordBatchWriter,
+    ) -> None:
+        writer.begin(SCHEMA)
+        for chunk in reader:
+            writer.write_with_metadata(chunk.data, chunk.app_metadata)
+
+
+def _echo_seconds(batches: list[pa.RecordBatch], runs: int = 3) -> float:
+    """Median seconds to send ``batches`` through :class:`_Echo` and read them back (writer and
+    reader on two threads of this process)."""
+    server = _Echo("grpc://127.0.0.1:0")
+    times = []
+    try:
+        with flight.connect(f"grpc://127.0.0.1:{server.port}") as client:
+            for _ in range(runs):
+                writer, reader = client.do_exchange(flight.FlightDescriptor.for_path("echo"))
+                writer.begin(SCHEMA)
+                start = time.perf_counter()
+                drain = threading.Thread(target=lambda r=reader: [r.read_chunk() for _ in batches])
+                drain.start()
+                for batch in batches:
+                    writer.write_with_metadata(batch, b'{"seq":1}')
+                drain.join()
+                times.append(time.perf_counter() - start)
+                writer.done_writing()
+                writer.close()
+    finally:
+        server.shutdown()
+    return statistics.median(times)
 
 
 def plugins(repeat: int) -> list[Comparison]:
@@ -117,7 +158,8 @@ def plugins(repeat: int) -> list[Comparison]:
             comparison.note = (
                 f"added latency per batch of {BATCH_ROWS:,} rows (send -> result, "
                 f"{len(latencies)} batches): median {statistics.median(latencies):.2f} ms, "
-                f"p99 {p99:.2f} ms"
+                f"p99 {p99:.2f} ms; a bare pyarrow DoExchange echo of the same batches (no "
+                f"pipeline, one process) takes {_echo_seconds(_batches()):.3f} s"
             )
         finally:
             plugin.terminate()
