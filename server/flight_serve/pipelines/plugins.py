@@ -336,8 +336,9 @@ class PluginHub:
             }
 
     def latencies_s(self, name: str) -> list[float]:
-        """Seconds from handing a batch to an instance of ``name`` to taking its result, for the
-        last 10,000 results (the time a plugin stage adds to a batch, queueing excluded)."""
+        """Seconds from handing a batch to an instance of ``name`` to its result, for the last
+        10,000 results: the round trip and the wait in the instance's own queue (up to its
+        ``max_in_flight`` batches), not the wait for an instance with room."""
         with self._cond:
             return list(self._latency.get(name, ()))
 
