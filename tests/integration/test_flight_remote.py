@@ -524,3 +524,35 @@ def test_a_remote_tail_resumes_from_its_offset_and_a_recreated_stream_is_refused
     assert "resuming at 0 (offset_reset = 'earliest')" in second.gaps[0]
     ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
     assert ids == list(range(30)) + list(range(100, 120))
+
+
+def test_a_read_back_waits_for_an_earlier_doput_of_the_writer(server: str) -> None:
+    """``stream.writer_wait``: while a DoPut of writer ``sink-1`` is in progress (a call whose
+    client died is still drained by the server), the action reports it active; the sink's
+    read-back waits until it ended, so it sees the call's last batch and never sends it
+    again."""
+    with flight.connect(server) as client:
+        writer, reader = client.do_put(flight.FlightDescriptor.for_path("out", "sink-1"), SCHEMA)
+        writer.write_batch(batch(0, 5))
+        reader.read()
+        body = json.dumps({"stream": "out", "writer": "sink-1", "timeout_s": 0.2}).encode()
+        (result,) = client.do_action(flight.Action("stream.writer_wait", body))
+        assert json.loads(result.body.to_pybytes()) == {"active": 1}
+        target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=20)
+
+        def finish_later() -> None:
+            time.sleep(0.5)
+            writer.write_batch(batch(5, 5))  # the old call's last batch, written late
+            writer.done_writing()
+            writer.close()
+
+        late = threading.Thread(target=finish_later)
+        late.start()
+        started = time.monotonic()
+        found = [(offset, b.column("id").to_pylist()) for offset, b in target.entries(0)]
+        late.join()
+        assert time.monotonic() - started >= 0.4
+        assert found == [(0, [0, 1, 2, 3, 4]), (1, [5, 6, 7, 8, 9])]
+        (result,) = client.do_action(flight.Action("stream.writer_wait", body))
+        assert json.loads(result.body.to_pybytes()) == {"active": 0}
+    target.close()

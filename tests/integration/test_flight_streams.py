@@ -159,7 +159,11 @@ def test_path_flight_info_schema_and_list_flights(client: flight.FlightClient) -
 def test_actions_drop_and_tail(client: flight.FlightClient) -> None:
     actions = [(a.type, bool(a.description)) for a in client.list_actions()]
     stream_actions = [a for a in actions if a[0].startswith("stream.")]
-    assert stream_actions == [("stream.drop", True), ("stream.tail", True)]
+    assert stream_actions == [
+        ("stream.drop", True),
+        ("stream.tail", True),
+        ("stream.writer_wait", True),
+    ]
     assert ("CreatePreparedStatement", True) in actions  # Flight SQL (test_flightsql_adbc.py)
     put(client, "gone", pa.record_batch({"x": [1]}))
     (result,) = client.do_action(flight.Action("stream.drop", b'{"stream": "gone"}'))

@@ -775,9 +775,11 @@ class FlightStreamTarget(_Retrying):
         self._put: tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader] | None = None
         #: whether the server is a flight-serve (it lists the ``stream.tail`` action), else the
         #: sink is at-least-once
+        self._can_wait = False  # whether the server has stream.writer_wait
         self.exactly_once = self._retry("listing the server's actions", self._is_flight_serve)
         if self.exactly_once:
             self._retry("opening the DoPut", self._open)  # creates the stream
+            self.committed()  # no call of ours stays open while we read back
         #: entries before this offset are accounted for (an append's retry looks from here)
         self._after = self.next_offset()
 
@@ -808,7 +810,27 @@ class FlightStreamTarget(_Retrying):
             actions = self._connect().list_actions(options=self._options)
         except (pa.ArrowNotImplementedError, paflight.FlightServerError):
             return False
-        return any(action.type == "stream.tail" for action in actions)
+        types = {action.type for action in actions}
+        self._can_wait = "stream.writer_wait" in types
+        return "stream.tail" in types
+
+    def _quiesce(self) -> None:
+        """Wait until the server has written every batch of this writer's earlier DoPut calls
+        (a call whose client died is drained after the fact): only then is a read-back the
+        whole truth.
+
+        Raises:
+            _Lost: a call is still in progress after 10 s (retried).
+        """
+        if not self._can_wait:
+            return
+        body = json.dumps({"stream": self._name, "writer": self.writer, "timeout_s": 10})
+        (result,) = self._connect().do_action(
+            paflight.Action("stream.writer_wait", body.encode()), options=self._options
+        )
+        active = json.loads(result.body.to_pybytes()).get("active", 0)
+        if active:
+            raise _Lost(f"{active} earlier DoPut call(s) of the writer still in progress")
 
     def _metadata(self) -> dict[str, Any]:
         """The stream's FlightInfo ``app_metadata`` (``{}`` if it does not exist, or the server
@@ -863,6 +885,7 @@ class FlightStreamTarget(_Retrying):
         return iter(self._retry("reading the stream back", lambda: self._read_back(start)))
 
     def _read_back(self, start: int) -> list[tuple[int, pa.RecordBatch]]:
+        self._quiesce()
         end = self.next_offset()
         found: list[tuple[int, pa.RecordBatch]] = []
         if start >= end:

@@ -87,6 +87,7 @@ ACTION_ROLES: Final[Mapping[str, Role]] = {
     "pipeline.cancel": "admin",
     "pipeline.checkpoint": "admin",
     "stream.tail": "read",
+    "stream.writer_wait": "write",
     "pipeline.list": "read",
     "pipeline.status": "read",
     "pipeline.logs": "read",

@@ -317,6 +317,16 @@ class FlightServeService(flight.FlightServerBase):
             "Result: the ticket bytes, for DoGet.",
             self._action_stream_tail,
         )
+        # DoPut calls in progress per (stream, writer): stream.writer_wait waits for none
+        self._puts: dict[tuple[str, str], int] = {}
+        self._puts_changed = threading.Condition()
+        self.register_action(
+            "stream.writer_wait",
+            'Wait until no DoPut of a named writer is in progress (the batches of a call whose '
+            'client is gone are all written first). Body: {"stream": name, "writer": name, '
+            '"timeout_s": 10}. Result: {"active": <DoPut calls still in progress>}.',
+            self._action_writer_wait,
+        )
         self.flightsql = FlightSqlHandler(store)
         self.flightsql.engine.limits = self.query_limits
         self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
@@ -383,9 +393,11 @@ class FlightServeService(flight.FlightServerBase):
         except Exception as exc:
             _fail(exc, "DoPut")
         pipeline: _PutPipeline | None = None
+        target: tuple[str, str] | None = None
         try:
             require_role(context, "write", "DoPut")
             name, writer_name = self._put_target(descriptor)
+            target = self._put_begins(name, writer_name)
             self.store.create(name, reader.schema)
             pipeline = _PutPipeline(self.store, name, writer, writer_name, self.memory_budget)
             for chunk in reader:
@@ -412,6 +424,24 @@ class FlightServeService(flight.FlightServerBase):
                 except Exception as first:
                     error = first
             _fail(error, "DoPut")
+        finally:
+            if target is not None:
+                self._put_ends(target)
+
+    def _put_begins(self, stream: str, writer: str) -> tuple[str, str]:
+        with self._puts_changed:
+            self._puts[(stream, writer)] = self._puts.get((stream, writer), 0) + 1
+        return stream, writer
+
+    def _put_ends(self, target: tuple[str, str]) -> None:
+        """The DoPut's batches are all written (or skipped after a failure)."""
+        with self._puts_changed:
+            left = self._puts[target] - 1
+            if left:
+                self._puts[target] = left
+            else:
+                del self._puts[target]
+            self._puts_changed.notify_all()
 
     # --- GetFlightInfo / GetSchema / ListFlights ---------------------------------------------
 
@@ -636,6 +666,25 @@ class FlightServeService(flight.FlightServerBase):
         name = _body_stream(_json_body(body, "stream.drop"), "stream.drop")
         self.store.drop(name)
         return [json.dumps({"dropped": name}).encode()]
+
+    def _action_writer_wait(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
+        """Wait (up to ``timeout_s`` seconds, at most 30) until no DoPut of the writer is in
+        progress: a producer that lost its connection calls it before it reads back what
+        landed, so that no batch of its old call is written after the read."""
+        parsed = _json_body(body, "stream.writer_wait")
+        name = _body_stream(parsed, "stream.writer_wait")
+        writer = parsed.get("writer")
+        if not isinstance(writer, str):
+            raise ActionError('stream.writer_wait: "writer" must be a writer name (a string)')
+        timeout = parsed.get("timeout_s", 10)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise ActionError('stream.writer_wait: "timeout_s" must be a number >= 0')
+        with self._puts_changed:
+            self._puts_changed.wait_for(
+                lambda: (name, writer) not in self._puts, timeout=min(float(timeout), 30.0)
+            )
+            active = self._puts.get((name, writer), 0)
+        return [json.dumps({"active": active}).encode()]
 
     def _action_stream_tail(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
         parsed = _json_body(body, "stream.tail")
