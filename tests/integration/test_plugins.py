@@ -275,6 +275,12 @@ def test_kill_the_plugin_mid_stream_then_restart_it_every_row_once(
             "the status to show the wait",
         )
         assert status(client, pid)["state"] == "running"
+        # the broken call is the instance's last error ("its stream broke: …" when the read
+        # saw it first, "its call was cancelled …" when the write loop did)
+        wait_until(lambda: "double" in status(client, pid)["plugin_errors"], "the error")
+        assert status(client, pid)["plugin_errors"]["double"].startswith(
+            "plugin double instance 1: its "
+        )
         second = spawn(server.location, "double", "pass")
         try:
             settled(client, pid, "doubled", 600)

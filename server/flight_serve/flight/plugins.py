@@ -85,11 +85,13 @@ class _Reader:
         self,
         hub: PluginHub,
         instance: PluginInstance,
+        context: flight.ServerCallContext,
         reader: flight.MetadataRecordBatchReader,
         sent: set[int],
         lock: threading.Lock,
     ) -> None:
         self.hub = hub
+        self.context = context
         self.instance = instance
         self.reader = reader
         self.sent = sent
@@ -140,8 +142,11 @@ class _Reader:
                     self.fail(f"a result for seq {seq}, which is not outstanding")
                     return
                 self.hub.complete(self.instance, seq, chunk.data)
-        except StopIteration:  # the plugin finished writing: it leaves (not an error)
-            self.hub.detach(self.instance, None)
+        except StopIteration:
+            if self.context.is_cancelled():  # the process died or the connection broke
+                self.fail("its call was cancelled (the process ended or the connection broke)")
+            else:  # the plugin finished writing: it leaves (not an error)
+                self.hub.detach(self.instance, None)
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             if not self.instance.closed:
                 self.fail(f"its stream broke: {str(exc).splitlines()[0] if str(exc) else exc!r}")
@@ -181,7 +186,7 @@ def handle_plugin_exchange(
     instance = hub.attach(declaration)
     sent: set[int] = set()
     lock = threading.Lock()
-    results = _Reader(hub, instance, reader, sent, lock)
+    results = _Reader(hub, instance, context, reader, sent, lock)
     try:
         writer.begin(declaration.input_schema)
         writer.write_metadata(
@@ -205,6 +210,8 @@ def handle_plugin_exchange(
             with lock:
                 sent.add(wire)
             writer.write_with_metadata(batch, _json({"seq": wire}))
+        if context.is_cancelled() and not instance.closed:
+            hub.detach(instance, "its call was cancelled (the process ended or the connection broke)")
     except (flight.FlightError, pa.ArrowException, OSError) as exc:
         hub.detach(instance, None if instance.closed else f"its stream broke: {exc}")
     finally:
