@@ -638,3 +638,28 @@ def test_a_window_over_the_plugin_s_output_keeps_the_source_watermark(
         stop(proc)
     got = sorted((r["window_start"].second, r["n"], r["total"]) for r in rows_of(client, "sums"))
     assert got == [(s, 10, 2 * sum(range(s, s + 10))) for s in starts]
+
+
+def test_two_plugin_stages_in_a_row_share_one_instance(
+    server: FlightServeService, client: flight.FlightClient
+) -> None:
+    # events -> double(events) = (k, t, v2 = 2v) -> again(d) = (k, t, v2 = 4v): two stages of one
+    # pipeline calling one plugin name; the second reads the first's view (v2 renamed to v)
+    feed(server, events(8, 5))
+    sql = DOUBLE.format(timeout="30s").replace(
+        "CREATE SINK doubled WITH (connector = 'flight', stream = 'doubled');\n"
+        "INSERT INTO doubled SELECT k, t, v2 FROM double(events);",
+        "CREATE FUNCTION again() RETURNS TABLE (k VARCHAR, t TIMESTAMP(0), v2 BIGINT)\n"
+        "WITH (connector = 'plugin', plugin = 'double');\n"
+        "CREATE VIEW d AS SELECT k, t, v2 AS v FROM double(events);\n"
+        "CREATE SINK quadrupled WITH (connector = 'flight', stream = 'quadrupled');\n"
+        "INSERT INTO quadrupled SELECT k, t, v2 AS v4 FROM again(d);",
+    )
+    proc = spawn(server.location, "double", "pass")
+    try:
+        pid = submit(client, sql)
+        settled(client, pid, "quadrupled", 40)
+    finally:
+        stop(proc)
+    assert sorted(r["v4"] for r in rows_of(client, "quadrupled")) == [4 * v for v in range(40)]
+    wait_until(lambda: instances(server, "double") == [], "the killed instance to be detached")
