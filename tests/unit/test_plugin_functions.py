@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import flight_serve
 import pyarrow as pa
 import pytest
 from flight_serve.errors import InvalidInputError, PipelineSQLError
@@ -220,3 +221,22 @@ def test_an_instance_that_does_not_fit_is_refused_with_the_fields() -> None:
     assert hub.next_send(instance, 0.05) is None
     assert stage.error == "plugin p instance 1 declares input columns v that the stream (k) lacks"
     assert stage.waiting_for() == "waiting for plugin p"
+
+
+def test_explain_shows_the_plugin_stage_without_a_server(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text("k,v\na,1\n")
+    text = (
+        "CREATE SOURCE s (k VARCHAR, v BIGINT) WITH (connector = 'file', path = 'x.csv');\n"
+        "CREATE FUNCTION f() RETURNS TABLE (k VARCHAR, v2 BIGINT)\n"
+        "WITH (connector = 'plugin', timeout = '5s');\n"
+        "CREATE SINK o WITH (connector = 'stdout');\nINSERT INTO o SELECT * FROM f(s);"
+    )
+    out = flight_serve.Pipeline.from_sql(text, base_dir=tmp_path).explain()
+    assert (
+        "QUERY 1: INSERT INTO o (line 5), stage 1 of 2\n"
+        "  reads: s (1 partition(s))\n"
+        "  plugin f (FUNCTION f): every batch sent to an attached instance, results in order; "
+        "timeout 5s, max_in_flight 16\n"
+        "  output: k string, v2 int64\n"
+    ) in out
+    assert "QUERY 1: INSERT INTO o (line 5), stage 2 of 2\n  reads: f(s) (the plugin's results)" in out

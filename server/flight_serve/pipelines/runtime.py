@@ -589,7 +589,8 @@ class PipelineRuntime:
         load_tables: read static tables now (``False`` for :meth:`explain`, which only needs
             their schemas).
         plugins: the server's plugin hub, for ``CREATE FUNCTION … (connector = 'plugin')``
-            (``None``: such functions are refused, as in embedded runs).
+            (``None``: such functions are refused, as in embedded runs, except by
+            :meth:`explain`, which builds them without a server).
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -612,6 +613,8 @@ class PipelineRuntime:
         self.data_dir = (
             data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
         )
+        if plugins is None and not load_tables:  # explain: plugin stages are built, never run
+            plugins = PluginHub()
         self.plugins = plugins
         #: "waiting for plugin <name>" while a plugin stage waits for an instance, else None
         self.waiting: str | None = None
@@ -1286,6 +1289,10 @@ class PipelineRuntime:
         query = node.query
         out = [f"QUERY {query.index + 1}: {query.label}"]
         reads = query.input if query.late_of is None else f"{node.input.name} (late side output)"
+        if query.function is not None:  # two stages: the plugin, then the per-row query
+            plugin_stage = isinstance(node, _PluginNode)
+            out[0] += f", stage {1 if plugin_stage else 2} of 2"
+            reads = query.input if plugin_stage else f"{node.input.name} (the plugin's results)"
         out.append(f"  reads: {reads} ({len(node.input.partitions)} partition(s))")
         if isinstance(node, _WindowNode):
             op, cfg = node.op, node.op.config
