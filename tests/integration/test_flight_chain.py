@@ -291,6 +291,12 @@ def test_two_servers_chained_deliver_every_row_once_across_restarts(
     assert "resumed from checkpoint 1" in logs(a.location, "push")  # after its own crash
     for name in ("pull", "windows"):
         assert any(m.startswith("resumed from checkpoint") for m in logs(b.location, name))
+    (pull_id,) = [
+        p["id"] for p in act(b.location, "pipeline.list", {})["pipelines"] if p["name"] == "pull"
+    ]
+    status = act(b.location, "pipeline.status", {"id": pull_id})
+    assert status["rows_in"] == 360  # counted once across the restarts
+    assert status["source_lag_entries"] == 0  # the remote tail has read A's whole stream
 
 
 def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(

@@ -300,6 +300,11 @@ class FlightSource:
         """Whether the tail has unread entries (as far as the source knows)."""
         return self._backlog
 
+    @property
+    def lag_entries(self) -> int:
+        """Entries the server held beyond the last one handed out, as of the last message."""
+        return max(self._server_end - self._position, 0)
+
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON: the next entry not handed out, and the incarnation."""
         return {

@@ -35,6 +35,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from flight_serve.connectors.flight import FlightSource
 from flight_serve.errors import FlightServeError, InvalidInputError
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
@@ -258,6 +259,8 @@ class PipelineManager:
                 max(self.store.info(s.stream).next_offset - s.position, 0)
                 for s in runtime.flight_sources.values()
                 if isinstance(s, StoreSource) and self.store.exists(s.stream)
+            ) + sum(  # tails of another server's streams, as of their last message
+                s.lag_entries for s in runtime.flight_sources.values() if isinstance(s, FlightSource)
             )
             metrics["outputs"] = runtime.summary().targets
         self.registry.checkpointed(
