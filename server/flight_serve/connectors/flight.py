@@ -734,18 +734,20 @@ class FlightStreamTarget(_Retrying):
     The sink appends as DoPut writer ``writer`` (``path = [stream, writer]``) over one DoPut per
     commit (:meth:`committed` finishes it); :meth:`append` returns once the server's PutResult
     says the batch is durable, :meth:`append_many` keeps up to :data:`APPEND_WINDOW` batches
-    ahead of their PutResults. On a flight-serve server the sink's exactly-once rule is the one of a local stream:
-    on restore it reads the writer's batches after its commit mark (``stream.tail``) and skips
-    the replayed batches that are already there. A call that fails because the server or the
-    connection is gone (UNAVAILABLE, a timeout, a DoPut ended without a PutResult) is retried
-    with doubling pauses (0.05 s to 2 s) for up to ``retry_s`` seconds; before an append is sent
-    again the writer's entries after the last acknowledged one are read, so a batch that landed
-    without its PutResult is not written twice.
+    ahead of their PutResults. On a flight-serve server the sink's exactly-once rule is the one
+    of a local stream: on restore it reads the writer's batches after its commit mark
+    (``stream.tail``) and skips the replayed batches that are already there. A call that fails
+    because the server or the connection is gone (UNAVAILABLE, a timeout, a DoPut ended without
+    a PutResult) is retried with doubling pauses (0.05 s to 2 s) for up to ``retry_s`` seconds;
+    before anything is sent again the writer's entries after the last acknowledged batch are
+    read, so a batch that landed without its PutResult is not written twice. Every read-back
+    first waits (action ``stream.writer_wait``) until the server has written out the writer's
+    earlier DoPut calls, e.g. the call of a crashed run, whose received batches it still writes.
 
     A Flight server that is not flight-serve (ListActions has no ``stream.tail``) gets
-    **at-least-once**: every append is one DoPut, finished
-    (``done_writing`` and the call's status awaited) before the append returns; nothing can be
-    read back, so a batch replayed after a crash is sent again.
+    **at-least-once**: every append is one DoPut, finished (``done_writing`` and the call's
+    status awaited) before the append returns; nothing can be read back, so a batch replayed
+    after a crash is sent again.
 
     Args:
         server: the Flight URI (``grpc://host:port``; ``host:port`` means ``grpc+tcp://``).
@@ -778,9 +780,9 @@ class FlightStreamTarget(_Retrying):
         self._options = paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S)
         self._client: paflight.FlightClient | None = None
         self._put: tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader] | None = None
+        self._can_wait = False  # whether the server has stream.writer_wait
         #: whether the server is a flight-serve (it lists the ``stream.tail`` action), else the
         #: sink is at-least-once
-        self._can_wait = False  # whether the server has stream.writer_wait
         self.exactly_once = self._retry("listing the server's actions", self._is_flight_serve)
         if self.exactly_once:
             self._retry("opening the DoPut", self._open)  # creates the stream
