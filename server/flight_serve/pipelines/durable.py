@@ -387,13 +387,15 @@ class DurableRuntime(PipelineRuntime):
     def _refusal(connector: str, role: str, server: bool) -> str:
         if server:
             return (
-                f"a server pipeline takes file sources and sinks, stdout sinks, this server's "
-                f"streams (connector 'flight' without a server option) and other Flight servers' "
-                f"(connector 'flight' with a server option), not a {connector!r} {role}"
+                f"a server pipeline takes file and iceberg sources and sinks, stdout and "
+                f"falkordb sinks, this server's streams (connector 'flight' without a server "
+                f"option) and other Flight servers' (connector 'flight' with a server option), "
+                f"not a {connector!r} {role}"
             )
         return (
-            f"a checkpointed run of flight-serve run covers file sources, file or stdout sinks "
-            f"and flight connectors with a server option, not a {connector!r} {role} (a "
+            f"a checkpointed run of flight-serve run covers file and iceberg sources, file, "
+            f"stdout, iceberg and falkordb sinks, and flight connectors with a server option, "
+            f"not a {connector!r} {role} (a "
             f"'flight' {role} needs server = …): submit the pipeline to the server "
             "(flight-serve submit), where it reads and writes streams exactly once, or run it "
             "without checkpoints"
