@@ -782,3 +782,108 @@ INSERT INTO out SELECT origin FROM f;
         PipelineSQLError, match=r"option partition_by: .*'week\(t\)'.*year/month/day/hour"
     ):
         PipelineRuntime(parse_pipeline(bad_spec), output_dir=tmp_path)
+
+
+# --- review (issue 5): metadata, messages -----------------------------------------------------
+
+
+@pytest.mark.integration
+def test_flight_sql_get_db_schemas_and_get_tables_list_the_iceberg_tables(tmp_path: Path) -> None:
+    """GetDbSchemas lists every one-level namespace of the embedded catalog next to ``public``,
+    and GetTables its tables as (datafusion, <namespace>, <table>) with their Arrow schemas, so a
+    JDBC/ADBC tool browsing the server sees what ``SELECT … FROM ops.delays`` reads, and the
+    three-part name such a tool builds (``datafusion.ops.delays``) reads it. Namespace ``a.b``
+    (two levels, not a two-part SQL name; its parent ``a`` is listed, empty) and ``public``
+    (DataFusion's default schema) are not listed."""
+    import adbc_driver_flightsql.dbapi as flightsql
+    from flight_serve.flight.server import start_server
+
+    with start_server(tmp_path, fsync="never") as service:
+        service.store.create("airports", pa.schema([("faa", pa.string()), ("name", pa.string())]))
+        catalog = new_catalog(tmp_path / "iceberg")
+        IcebergSink(catalog, "ops.delays", writer="p/out", run="r").commit(
+            1, [batch(origin=["EWR"], n=[1])]
+        )
+        IcebergSink(catalog, "lake.flights", writer="p/f", run="r").commit(
+            1, [batch(origin=["JFK"], t=pa.array([0], UTC_US))]
+        )
+        IcebergSink(catalog, "a.b.deep", writer="p/d", run="r").commit(1, [batch(x=[1])])
+        IcebergSink(catalog, "public.hidden", writer="p/h", run="r").commit(1, [batch(x=[1])])
+        with flightsql.connect(service.location, autocommit=True) as conn:
+            objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
+            assert [
+                (
+                    c["catalog_name"],
+                    s["db_schema_name"],
+                    [t["table_name"] for t in s["db_schema_tables"]],
+                )
+                for c in objects
+                for s in c["catalog_db_schemas"]
+            ] == [
+                ("datafusion", "a", []),  # the parent of a.b, a namespace the catalog lists
+                ("datafusion", "lake", ["flights"]),
+                ("datafusion", "ops", ["delays"]),
+                ("datafusion", "public", ["airports"]),
+            ]
+            only_ops = conn.adbc_get_objects(depth="db_schemas", db_schema_filter="o%")
+            assert [
+                s["db_schema_name"]
+                for c in only_ops.read_all().to_pylist()
+                for s in c["catalog_db_schemas"]
+            ] == ["ops"]
+            schema = conn.adbc_get_table_schema("delays", db_schema_filter="ops")
+            assert [(f.name, f.type) for f in schema] == [("origin", pa.string()), ("n", pa.int64())]
+            flights = conn.adbc_get_table_schema("flights", db_schema_filter="lake")
+            assert [(f.name, f.type) for f in flights] == [("origin", pa.string()), ("t", UTC_US)]
+            with conn.cursor() as cur:
+                cur.execute("SELECT origin, n FROM datafusion.ops.delays")
+                assert cur.fetch_arrow_table().to_pylist() == [{"origin": "EWR", "n": 1}]
+
+
+def test_a_checkpointed_embedded_run_names_iceberg_and_falkordb_in_its_refusal(
+    tmp_path: Path,
+) -> None:
+    """A checkpointed ``flight-serve run`` refusing a local ``flight`` source lists what it does
+    cover, which includes the Iceberg source and sink and the FalkorDB sink."""
+    from flight_serve.errors import PipelineSQLError
+
+    text = """
+CREATE SOURCE s WITH (connector = 'flight', stream = 'x');
+CREATE SINK o WITH (connector = 'stdout');
+INSERT INTO o SELECT * FROM s;
+"""
+    with pytest.raises(PipelineSQLError) as caught:
+        DurableRuntime(
+            parse_pipeline(text),
+            name="r",
+            options=RunOptions(checkpoint_every=1),
+            state_root=str(tmp_path / "state"),
+            output_dir=tmp_path,
+        )
+    assert str(caught.value) == (
+        "option connector: a checkpointed run of flight-serve run covers file and iceberg "
+        "sources, file, stdout, iceberg and falkordb sinks, and flight connectors with a server "
+        "option, not a 'flight' source (a 'flight' source needs server = …): submit the pipeline "
+        "to the server (flight-serve submit), where it reads and writes streams exactly once, or "
+        "run it without checkpoints (line 2, column 35)"
+    )
+
+
+def test_a_table_missing_from_a_catalog_names_the_catalog(tmp_path: Path) -> None:
+    """A wrong ``catalog_uri`` (a SQLite file that holds no such table) is the likely mistake
+    behind "does not exist": the message names the catalog's URI."""
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    wrong = tmp_path / "other"
+    text = f"""
+CREATE SOURCE f WITH (connector = 'iceberg', table = 'lake.flights', {catalog_options(wrong)});
+CREATE SINK out WITH (connector = 'stdout');
+INSERT INTO out SELECT * FROM f;
+"""
+    with pytest.raises(PipelineSQLError) as caught:
+        PipelineRuntime(parse_pipeline(text), output_dir=tmp_path)
+    assert str(caught.value) == (
+        f"SOURCE f: iceberg table lake.flights does not exist in catalog 'default' "
+        f"(sqlite:///{wrong / 'catalog.db'}; it has no namespaces) (line 2, column 15)"
+    )

@@ -184,7 +184,30 @@ def _load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
     try:
         return catalog.load_table(identifier)
     except (NoSuchTableError, NoSuchNamespaceError) as exc:
-        raise ConnectorError(f"iceberg table {'.'.join(identifier)} does not exist") from exc
+        raise ConnectorError(_missing_table(catalog, identifier)) from exc
+
+
+def _missing_table(catalog: Catalog, identifier: tuple[str, ...]) -> str:
+    """"iceberg table ns.t does not exist in catalog 'name' (uri; what it holds instead)": a
+    wrong catalog option is the likely mistake, so the message names the catalog."""
+    where = catalog.properties.get("uri") or catalog.properties.get("warehouse") or "no uri"
+    try:
+        namespaces = [".".join(n) for n in catalog.list_namespaces()]
+        namespace = identifier[:-1]
+        if ".".join(namespace) in namespaces:
+            tables = sorted(t[-1] for t in catalog.list_tables(namespace))
+            held = f"namespace {'.'.join(namespace)} holds " + (
+                ", ".join(tables) if tables else "no tables"
+            )
+        else:
+            held = "its namespaces: " + ", ".join(sorted(namespaces)) if namespaces else ""
+            held = held or "it has no namespaces"
+    except Exception:  # listing is a courtesy: a catalog that cannot list says nothing more
+        held = "cannot list it"
+    return (
+        f"iceberg table {'.'.join(identifier)} does not exist in catalog {catalog.name!r} "
+        f"({where}; {held})"
+    )
 
 
 # --- conforming rows ---------------------------------------------------------------------------
@@ -436,7 +459,7 @@ class IcebergSink:
             return self.catalog.load_table(self.identifier)
         except NoSuchTableError:
             if schema is None:
-                raise ConnectorError(f"iceberg table {self.name} does not exist") from None
+                raise ConnectorError(_missing_table(self.catalog, self.identifier)) from None
         try:
             self.catalog.create_namespace_if_not_exists(self.identifier[:-1])
             table = self.catalog.create_table(self.identifier, schema=schema)

@@ -53,6 +53,7 @@ from flight_serve._proto.flight_serve.v1 import flightsql_pb2
 from flight_serve.errors import InvalidInputError, TicketError, UnsupportedError
 from flight_serve.flight import flightsql_metadata as md
 from flight_serve.flight.flightsql_sql import UPDATE_COUNT_SCHEMA, IngestMode, SqlEngine
+from flight_serve.flight.iceberg_tables import iceberg_namespaces, iceberg_tables
 from flight_serve.flight.roles import require_role
 from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import QueryTicket, decode_ticket, encode_ticket
@@ -418,10 +419,17 @@ class FlightSqlHandler:
                 command.db_schema_filter_pattern
                 if command.HasField("db_schema_filter_pattern")
                 else None,
+                iceberg_namespaces(self.store.data_dir),  # the embedded Iceberg catalog's
             )
         if isinstance(command, sql_pb2.CommandGetTables):
             return md.tables_table(
-                [md.TableEntry(i.name, i.schema) for i in self.store.list_streams()],
+                [md.TableEntry(i.name, i.schema) for i in self.store.list_streams()]
+                + [
+                    md.TableEntry(name, schema, namespace)
+                    for namespace, name, schema in iceberg_tables(
+                        self.store.data_dir, with_schemas=command.include_schema
+                    )
+                ],
                 catalog=command.catalog if command.HasField("catalog") else None,
                 schema_pattern=command.db_schema_filter_pattern
                 if command.HasField("db_schema_filter_pattern")

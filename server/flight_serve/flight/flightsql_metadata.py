@@ -12,6 +12,9 @@ Namespace: every stream is a table of type ``TABLE`` in catalog :data:`CATALOG` 
 and schema :data:`DB_SCHEMA` (``public``) -- the names of DataFusion's default catalog and schema,
 so the qualified names JDBC tools generate (``SELECT * FROM datafusion.public.flights``) resolve in
 every query path. Names are case-sensitive as stored; SQL lower-cases unquoted identifiers.
+The Iceberg tables of the server's embedded catalog (:mod:`flight_serve.flight.iceberg_tables`)
+are tables of type ``TABLE`` in catalog ``datafusion`` and schema ``<namespace>``
+(``datafusion.ops.hourly_delays``): each one-level namespace is a schema next to ``public``.
 """
 
 from __future__ import annotations
@@ -199,10 +202,12 @@ def _matches(matcher: re.Pattern[str] | None, value: str) -> bool:
 
 @dataclass(frozen=True)
 class TableEntry:
-    """One table of the catalog: a stream's name and Arrow schema."""
+    """One table of the catalog: a stream's name and Arrow schema (schema :data:`DB_SCHEMA`), or
+    an Iceberg table of the embedded catalog (``db_schema`` = its namespace)."""
 
     name: str
     schema: pa.Schema
+    db_schema: str = DB_SCHEMA
 
 
 def catalogs_table() -> pa.Table:
@@ -210,14 +215,18 @@ def catalogs_table() -> pa.Table:
     return pa.Table.from_pylist([{"catalog_name": CATALOG}], schema=CATALOGS_SCHEMA)
 
 
-def db_schemas_table(catalog: str | None, schema_pattern: str | None) -> pa.Table:
-    """GetDbSchemas: the one schema, if ``catalog`` (exact; ``None``: any) and
-    ``schema_pattern`` (a LIKE pattern) select it."""
+def db_schemas_table(
+    catalog: str | None, schema_pattern: str | None, extra: Iterable[str] = ()
+) -> pa.Table:
+    """GetDbSchemas: :data:`DB_SCHEMA` and the ``extra`` schemas (the embedded Iceberg catalog's
+    namespaces), sorted, those that ``catalog`` (exact; ``None``: any) and ``schema_pattern`` (a
+    LIKE pattern) select."""
     rows = []
-    if (catalog is None or catalog == CATALOG) and _matches(
-        like_matcher(schema_pattern), DB_SCHEMA
-    ):
-        rows.append({"catalog_name": CATALOG, "db_schema_name": DB_SCHEMA})
+    matcher = like_matcher(schema_pattern)
+    if catalog is None or catalog == CATALOG:
+        for name in sorted({DB_SCHEMA, *extra}):
+            if _matches(matcher, name):
+                rows.append({"catalog_name": CATALOG, "db_schema_name": name})
     return pa.Table.from_pylist(rows, schema=DB_SCHEMAS_SCHEMA)
 
 
@@ -240,18 +249,17 @@ def tables_table(
     result_schema = TABLES_WITH_SCHEMA_SCHEMA if include_schema else TABLES_SCHEMA
     if catalog is not None and catalog != CATALOG:
         return result_schema.empty_table()
-    if not _matches(like_matcher(schema_pattern), DB_SCHEMA):
-        return result_schema.empty_table()
     if table_types and not any(t.upper() in TABLE_TYPES for t in table_types):
         return result_schema.empty_table()
+    schema_matcher = like_matcher(schema_pattern)
     matcher = like_matcher(table_pattern)
     rows: list[dict[str, Any]] = []
-    for table in sorted(tables, key=lambda t: t.name):
-        if not _matches(matcher, table.name):
+    for table in sorted(tables, key=lambda t: (t.db_schema, t.name)):
+        if not _matches(schema_matcher, table.db_schema) or not _matches(matcher, table.name):
             continue
         row: dict[str, Any] = {
             "catalog_name": CATALOG,
-            "db_schema_name": DB_SCHEMA,
+            "db_schema_name": table.db_schema,
             "table_name": table.name,
             "table_type": "TABLE",
         }
@@ -267,15 +275,19 @@ def annotated_schema(table: TableEntry) -> pa.Schema:
     fields = []
     for field in table.schema:
         meta: dict[bytes | str, bytes | str] = {}
-        for source in (field.metadata or {}, column_metadata(field.type, table=table.name)):
+        column = column_metadata(field.type, table=table.name, db_schema=table.db_schema)
+        for source in (field.metadata or {}, column):
             for key, value in source.items():
                 meta[key] = value
         fields.append(field.with_metadata(meta))
     return pa.schema(fields)
 
 
-def column_metadata(data_type: pa.DataType, *, table: str | None = None) -> dict[bytes, bytes]:
-    """The ``ARROW:FLIGHT:SQL:*`` field metadata for a column of ``data_type``."""
+def column_metadata(
+    data_type: pa.DataType, *, table: str | None = None, db_schema: str = DB_SCHEMA
+) -> dict[bytes, bytes]:
+    """The ``ARROW:FLIGHT:SQL:*`` field metadata for a column of ``data_type`` (of ``table`` in
+    ``db_schema``, when a table is given)."""
     name, precision, scale = sql_type_name(data_type)
     meta = {
         "ARROW:FLIGHT:SQL:TYPE_NAME": name,
@@ -288,8 +300,8 @@ def column_metadata(data_type: pa.DataType, *, table: str | None = None) -> dict
         meta["ARROW:FLIGHT:SQL:CATALOG_NAME"] = CATALOG
         # The specification's comment says DB_SCHEMA_NAME; the C++, Java and Go drivers read
         # SCHEMA_NAME. Send both.
-        meta["ARROW:FLIGHT:SQL:SCHEMA_NAME"] = DB_SCHEMA
-        meta["ARROW:FLIGHT:SQL:DB_SCHEMA_NAME"] = DB_SCHEMA
+        meta["ARROW:FLIGHT:SQL:SCHEMA_NAME"] = db_schema
+        meta["ARROW:FLIGHT:SQL:DB_SCHEMA_NAME"] = db_schema
         meta["ARROW:FLIGHT:SQL:TABLE_NAME"] = table
     if precision is not None:
         meta["ARROW:FLIGHT:SQL:PRECISION"] = str(precision)

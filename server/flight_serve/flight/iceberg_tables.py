@@ -12,12 +12,16 @@ scan → Arrow record batches, registered in DataFusion; pyiceberg's own DataFus
 used, it pins an older DataFusion): a commit between GetFlightInfo and DoGet is visible, unlike a
 stream's rows, which the ticket pins. ``large_string``/``large_binary`` columns are read as
 ``string``/``binary``. A name that is not a table of the catalog is left to DataFusion, which
-reports it as a missing table.
+reports it as a missing table. ``datafusion.<namespace>.<table>`` (the three-part name JDBC and
+ADBC tools build from Flight SQL GetTables, where each namespace is a schema of catalog
+``datafusion``) names the same table. Only one-level namespaces other than ``public`` are tables
+in SQL (and listed by :func:`iceberg_namespaces` / :func:`iceberg_tables`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import datafusion
 import pyarrow as pa
@@ -28,9 +32,10 @@ from sqlglot import exp
 from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
 from flight_serve.errors import QueryError
 
-__all__ = ["iceberg_references", "register_iceberg_tables"]
+__all__ = ["iceberg_namespaces", "iceberg_references", "iceberg_tables", "register_iceberg_tables"]
 
 _DEFAULT_SCHEMA = "public"
+_CATALOG = "datafusion"  # DataFusion's default catalog: the one Flight SQL lists
 
 
 def iceberg_references(sql: str) -> list[tuple[str, str]]:
@@ -53,7 +58,11 @@ def iceberg_references(sql: str) -> list[tuple[str, str]]:
             db = table.args.get("db")
             if not isinstance(table.this, exp.Identifier) or not isinstance(db, exp.Identifier):
                 continue
-            if table.args.get("catalog") is not None:
+            catalog = table.args.get("catalog")
+            if catalog is not None and not (
+                isinstance(catalog, exp.Identifier)
+                and (catalog.name if catalog.quoted else catalog.name.lower()) == _CATALOG
+            ):
                 continue
             namespace = db.name if db.quoted else db.name.lower()
             name = table.this.name if table.this.quoted else table.this.name.lower()
@@ -117,3 +126,49 @@ def register_iceberg_tables(
         )
         registered.append(f"{namespace}.{name}")
     return registered
+
+
+def _embedded_catalog(data_dir: Path) -> Any:
+    if not (Path(data_dir) / "iceberg" / "catalog.db").exists():
+        return None
+    return load_iceberg_catalog("default", default_catalog_properties(Path(data_dir)))
+
+
+def iceberg_namespaces(data_dir: Path) -> list[str]:
+    """The one-level namespaces of the server's embedded catalog other than ``public``, sorted:
+    the SQL schemas that hold Iceberg tables (none without ``<data_dir>/iceberg/catalog.db``).
+
+    Raises:
+        QueryError: the catalog cannot be listed (pyiceberg's message).
+    """
+    catalog = _embedded_catalog(data_dir)
+    if catalog is None:
+        return []
+    try:
+        found = catalog.list_namespaces()
+    except Exception as exc:  # pyiceberg raises many kinds
+        raise QueryError(f"iceberg catalog: cannot list its namespaces: {exc}") from exc
+    return sorted(n[0] for n in found if len(n) == 1 and n[0] != _DEFAULT_SCHEMA)
+
+
+def iceberg_tables(data_dir: Path, *, with_schemas: bool) -> list[tuple[str, str, pa.Schema]]:
+    """``(namespace, table, Arrow schema)`` of every table in :func:`iceberg_namespaces`, the
+    schema as SQL reads it (``large_string`` as ``string``), or empty unless ``with_schemas``
+    (listing names does not load the tables' metadata).
+
+    Raises:
+        QueryError: the catalog or a table's metadata cannot be read (pyiceberg's message).
+    """
+    catalog = _embedded_catalog(data_dir)
+    found: list[tuple[str, str, pa.Schema]] = []
+    for namespace in iceberg_namespaces(data_dir):
+        try:
+            for identifier in catalog.list_tables(namespace):
+                name = identifier[-1]
+                schema = pa.schema([])
+                if with_schemas:
+                    schema = _plain(catalog.load_table((namespace, name)).schema().as_arrow())
+                found.append((namespace, name, schema))
+        except Exception as exc:  # pyiceberg raises many kinds
+            raise QueryError(f"iceberg namespace {namespace}: cannot list it: {exc}") from exc
+    return found
