@@ -99,6 +99,7 @@ class _Run:
                     runtime = self.runtime = manager.build(registry.get(pid))
                     if runtime.resumed_from is not None:
                         registry.log(pid, "info", f"resumed from checkpoint {runtime.resumed_from}")
+                        manager.resumed(pid, runtime)
                     for gap in runtime.gaps:
                         registry.log(pid, "warning", f"gap: {gap}")
                 if self.stopping.is_set() or self.cancelled.is_set():
@@ -277,6 +278,32 @@ class PipelineManager:
         if run is not None and run.attempts:
             run.attempts = 0  # a checkpoint after a retry: the retries in a row start over
             self.registry.set_state(pid, "running", attempts=0)
+
+    def resumed(self, pid: str, runtime: DurableRuntime) -> None:
+        """Record the checkpoint ``runtime`` resumed from as ``pid``'s last one when the
+        registry holds an older one or none: a SIGKILL after a checkpoint commits but before
+        :meth:`_checkpointed` records it leaves the registry behind the state root, which is
+        the truth (the committed sinks match it)."""
+        manifest = runtime.manifest
+        if manifest is None:
+            return
+        known = self.registry.get(pid).last_checkpoint
+        if known is not None and int(known.get("epoch") or 0) >= manifest.epoch:
+            return
+        self.registry.checkpointed(
+            pid,
+            {
+                "epoch": manifest.epoch,
+                "taken_at": manifest.taken_at.isoformat(),
+                "duration_ms": None,  # not kept in the manifest
+                "bytes": sum(manifest.files.values()) + len(manifest.to_json()),
+                "finished": manifest.finished,
+            },
+            dict(manifest.metrics),
+        )
+        self.registry.log(
+            pid, "info", f"checkpoint {manifest.epoch} was not in the registry: recorded"
+        )
 
     # --- the actions -------------------------------------------------------------------------
 
