@@ -143,8 +143,9 @@ class WindowAggregation:
 
         Raises:
             EventTimeError: the event-time column is missing or not a timestamp.
-            InvalidInputError: a key or aggregated column is missing, or a window duration is
-                finer than the event-time column's unit.
+            InvalidInputError: a key or aggregated column is missing, a key column has a nested
+                type (list, struct, map, union), or a window duration is finer than the
+                event-time column's unit.
             QueryError: DataFusion cannot plan the filter or the projection.
             CheckpointError: ``restore`` does not fit this query and input schema.
         """
@@ -329,6 +330,13 @@ class WindowOperator:
         self._future_skew_ns = (
             None if config.max_future_skew is None else timedelta_to_ns(config.max_future_skew)
         )
+        for key in config.key_columns:  # fired windows are sorted by key: scalars only
+            key_type = input_schema.field(key).type
+            if pa.types.is_nested(key_type):
+                raise InvalidInputError(
+                    f"GROUP BY column {key!r} has the nested type {key_type}; a group key must "
+                    "be a scalar (number, string, binary, boolean, temporal, decimal)"
+                )
         needed: list[str] = []
         for name in (*config.key_columns, *(a.column for a in config.aggregates if a.column)):
             if name not in needed:
