@@ -4,7 +4,8 @@ one running server. The server never crashes and always answers with a clear sta
 UNKNOWN or INTERNAL for bad input.
 
 Bounded for CI (a fixed seed, a few dozen examples per target, well under 60 s); set
-``FLIGHT_SERVE_FUZZ_EXAMPLES=2000`` (for instance) for a longer run.
+``FLIGHT_SERVE_FUZZ_EXAMPLES=2000`` (for instance) for a longer run, and
+``FLIGHT_SERVE_FUZZ_SEED=<int>`` for other inputs than CI's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-SEED = 20261129
+#: Fixed in CI; ``FLIGHT_SERVE_FUZZ_SEED`` explores other inputs (with @seed, Hypothesis would
+#: otherwise replay the same examples on every longer run too).
+SEED = int(os.environ.get("FLIGHT_SERVE_FUZZ_SEED", "20261129"))
 
 #: The codes bad input may get. Never UNKNOWN (an unmapped exception) or INTERNAL (a bug).
 CLEAR = {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "UNIMPLEMENTED", "OUT_OF_RANGE", "CANCELLED"}
