@@ -54,7 +54,7 @@ def _metadata(buffer: pa.Buffer | None) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(buffer.to_pybytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

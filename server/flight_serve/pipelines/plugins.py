@@ -107,11 +107,19 @@ def _schema_field(payload: dict[str, Any], key: str) -> pa.Schema:
             f"plugin hello: {key!r} must be a base64 string holding an Arrow IPC schema message"
         )
     try:
-        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value, validate=True)))
-    except (binascii.Error, ValueError, pa.ArrowInvalid) as exc:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(value, validate=True)))
+    except (binascii.Error, ValueError, OSError, pa.ArrowException) as exc:  # OSError: flatbuffer
         raise InvalidInputError(
             f"plugin hello: {key!r} is not a base64 Arrow IPC schema message ({exc})"
         ) from None
+    if not schema.names:
+        raise InvalidInputError(f"plugin hello: {key!r} has no fields")
+    seen: set[str] = set()
+    for name in schema.names:
+        if name in seen:
+            raise InvalidInputError(f"plugin hello: {key!r} names field {name!r} twice")
+        seen.add(name)
+    return schema
 
 
 @dataclass(frozen=True)
@@ -139,16 +147,17 @@ class PluginDeclaration:
 
         Raises:
             InvalidInputError: not JSON, an unknown protocol version, a missing or malformed
-                schema, a ``max_in_flight`` outside 1 … 1024; the message names the field.
+                schema (not an IPC schema message, no fields, a name twice), a ``max_in_flight``
+                outside 1 … 1024; the message names the field.
         """
         try:
             payload = json.loads(hello.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise InvalidInputError(f"plugin hello: not UTF-8 JSON ({exc})") from None
         if not isinstance(payload, dict):
             raise InvalidInputError("plugin hello: must be a JSON object")
         protocol = payload.get("protocol")
-        if protocol != PROTOCOL_VERSION:
+        if type(protocol) is not int or protocol != PROTOCOL_VERSION:  # not True, not 1.0
             raise InvalidInputError(
                 f"plugin hello: 'protocol' is {protocol!r}; this server speaks {PROTOCOL_VERSION}"
             )
