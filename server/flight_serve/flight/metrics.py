@@ -206,10 +206,15 @@ class _PipelineCollector(Collector):
         )
         try:
             pids = [str(p["id"]) for p in self._source.pipelines()]
-            for pid in pids:
+        except Exception:  # a scrape never fails because the registry is odd
+            log.exception("cannot list pipelines for the metrics")
+            pids = []
+        for pid in pids:
+            try:
                 status = self._source.status(pid)
                 mark = status.get("watermark")
-                if mark is not None:
+                # "+inf" once the input ended (None before any row): no sample
+                if mark is not None and mark != "+inf":
                     from datetime import datetime
 
                     watermark.add_metric([pid], datetime.fromisoformat(mark).timestamp())
@@ -220,12 +225,12 @@ class _PipelineCollector(Collector):
                     late.add_metric([pid, str(source)], float(rows))
                 open_windows.add_metric([pid], float(status.get("open_panes") or 0))
                 checkpoint = status.get("last_checkpoint") or {}
-                if "duration_ms" in checkpoint:
+                if checkpoint.get("duration_ms") is not None:
                     duration.add_metric([pid], float(checkpoint["duration_ms"]) / 1000)
-                if "bytes" in checkpoint:
+                if checkpoint.get("bytes") is not None:
                     size.add_metric([pid], float(checkpoint["bytes"]))
-        except Exception:  # a scrape never fails because a pipeline's record is odd
-            log.exception("cannot collect pipeline metrics")
+            except Exception:  # one odd pipeline record does not hide the others
+                log.exception("cannot collect pipeline metrics", extra={"pipeline": pid})
         yield from (watermark, lag, rows_in, late, open_windows, duration, size)
 
 
