@@ -887,3 +887,38 @@ INSERT INTO out SELECT * FROM f;
         f"SOURCE f: iceberg table lake.flights does not exist in catalog 'default' "
         f"(sqlite:///{wrong / 'catalog.db'}; it has no namespaces) (line 2, column 15)"
     )
+
+
+def test_rows_that_do_not_fit_an_existing_tables_types_fail_naming_each_column(
+    tmp_path: Path,
+) -> None:
+    """A table the user created with ``n int`` and ``t timestamp`` (no zone): rows with a
+    ``long`` count and a UTC timestamp are refused in one line naming both columns and both
+    types (Iceberg promotes int to long, never back; Flink also refuses the implicit cast),
+    before anything is committed."""
+    from flight_serve.errors import ConnectorError
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import IntegerType, NestedField, StringType, TimestampType
+
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    catalog.create_table(
+        "ops.pre",
+        schema=Schema(
+            NestedField(1, "k", StringType(), required=False),
+            NestedField(2, "n", IntegerType(), required=False),
+            NestedField(3, "t", TimestampType(), required=False),
+        ),
+    )
+    sink = IcebergSink(catalog, "ops.pre", writer="p/out", run="r")
+    with pytest.raises(ConnectorError) as caught:
+        sink.commit(1, [batch(k=["a"], n=[1], t=pa.array([0], UTC_US))])
+    assert str(caught.value) == (
+        "iceberg table ops.pre: epoch 1 does not fit the table's columns: column 'n' is int in "
+        "the table, int64 in the rows; column 't' is timestamp in the table, timestamp[us, "
+        "tz=UTC] in the rows (CAST them in the query, or write to a new table)"
+    )
+    assert catalog.load_table("ops.pre").metadata.snapshots == []
+    # int32 rows into the int column and a naive timestamp fit
+    sink.commit(2, [batch(k=["b"], n=pa.array([2], pa.int32()), t=pa.array([0], pa.timestamp("us")))])
+    assert [(r["k"], r["n"]) for r in rows_of(catalog.load_table("ops.pre"), "k")] == [("b", 2)]

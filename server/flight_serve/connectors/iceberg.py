@@ -492,6 +492,32 @@ class IcebergSink:
             )
         return bool(new)
 
+    def _check_types(self, table: Table, data: pa.Table, epoch: int) -> None:
+        """Refuse rows whose columns the table's types cannot take (pyiceberg's own rule, per
+        column: a table's ``int`` column takes no ``int64`` rows, nor ``timestamp`` a zoned
+        one), naming every such column in one line. With ``allow_schema_evolution`` the
+        table's types are widened instead (``int`` to ``long``, ``float`` to ``double``)."""
+        from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
+
+        schema = table.schema()
+        have = {f.name: f for f in schema.fields}
+        wrong = []
+        for field in data.schema:
+            if field.name not in have:
+                continue
+            try:
+                _check_pyarrow_schema_compatible(schema.select(field.name), pa.schema([field]))
+            except ValueError:
+                wrong.append(
+                    f"column {field.name!r} is {have[field.name].field_type} in the table, "
+                    f"{field.type} in the rows"
+                )
+        if wrong:
+            raise ConnectorError(
+                f"iceberg table {self.name}: epoch {epoch} does not fit the table's columns: "
+                f"{'; '.join(wrong)} (CAST them in the query, or write to a new table)"
+            )
+
     def _dedupe(self, data: pa.Table) -> pa.Table:
         assert self.upsert_keys is not None
         missing = [k for k in self.upsert_keys if data.schema.get_field_index(k) < 0]
@@ -547,6 +573,8 @@ class IcebergSink:
                     unknown,
                 )
             evolve = self._check_columns(table, data)
+            if not self.allow_schema_evolution:  # evolution widens types (union_by_name)
+                self._check_types(table, data, epoch)
             try:  # writing the data files: nothing is committed yet, errors are final
                 tx = _without_internal_retries(table).transaction()
                 if evolve:
