@@ -922,3 +922,20 @@ def test_rows_that_do_not_fit_an_existing_tables_types_fail_naming_each_column(
     # int32 rows into the int column and a naive timestamp fit
     sink.commit(2, [batch(k=["b"], n=pa.array([2], pa.int32()), t=pa.array([0], pa.timestamp("us")))])
     assert [(r["k"], r["n"]) for r in rows_of(catalog.load_table("ops.pre"), "k")] == [("b", 2)]
+    # allow_schema_evolution widens int to long even when no column is new; a string column
+    # cannot take int64 rows either way
+    evolving = IcebergSink(catalog, "ops.pre", writer="p/out", run="r", allow_schema_evolution=True)
+    assert evolving.commit(3, [batch(k=["c"], n=[2**40])]).committed
+    table = catalog.load_table("ops.pre")
+    assert [(f.name, str(f.field_type)) for f in table.schema().fields] == [
+        ("k", "string"),
+        ("n", "long"),
+        ("t", "timestamp"),
+    ]
+    assert [(r["k"], r["n"]) for r in rows_of(table, "k")] == [("b", 2), ("c", 2**40)]
+    with pytest.raises(ConnectorError) as caught:
+        evolving.commit(4, [batch(k=[5])])
+    assert str(caught.value) == (  # pyiceberg's schema update says it in one line
+        "iceberg table ops.pre: epoch 4 cannot be written: Cannot change column type: "
+        "k: string -> long"
+    )

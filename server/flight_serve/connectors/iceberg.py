@@ -81,6 +81,7 @@ from flight_serve.errors import CheckpointError, ConnectorError
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
 
@@ -492,14 +493,13 @@ class IcebergSink:
             )
         return bool(new)
 
-    def _check_types(self, table: Table, data: pa.Table, epoch: int) -> None:
+    def _check_types(self, schema: Schema, data: pa.Table, epoch: int) -> None:
         """Refuse rows whose columns the table's types cannot take (pyiceberg's own rule, per
         column: a table's ``int`` column takes no ``int64`` rows, nor ``timestamp`` a zoned
         one), naming every such column in one line. With ``allow_schema_evolution`` the
         table's types are widened instead (``int`` to ``long``, ``float`` to ``double``)."""
         from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
 
-        schema = table.schema()
         have = {f.name: f for f in schema.fields}
         wrong = []
         for field in data.schema:
@@ -572,19 +572,20 @@ class IcebergSink:
                     conflicts,
                     unknown,
                 )
-            evolve = self._check_columns(table, data)
-            if not self.allow_schema_evolution:  # evolution widens types (union_by_name)
-                self._check_types(table, data, epoch)
+            self._check_columns(table, data)
             try:  # writing the data files: nothing is committed yet, errors are final
                 tx = _without_internal_retries(table).transaction()
-                if evolve:
+                if self.allow_schema_evolution:  # new columns, and int -> long, float -> double
                     with tx.update_schema() as update:
                         update.union_by_name(data.schema)
+                self._check_types(tx.table_metadata.schema(), data, epoch)
                 if self.upsert_keys:
                     tx.upsert(data, join_cols=list(self.upsert_keys), snapshot_properties=marker)
                 else:
                     tx.append(data, snapshot_properties=marker)
                 tx.set_properties({self.property_key: f"{self.run}:{epoch}"})
+            except ConnectorError:
+                raise
             except Exception as exc:  # pyiceberg's schema checks and file writes
                 raise ConnectorError(
                     f"iceberg table {self.name}: epoch {epoch} cannot be written: {exc}"
