@@ -155,6 +155,8 @@ ACTIONS = [
     "pipeline.cancel",
     "pipeline.checkpoint",
     "pipeline.submit",
+    "CancelFlightInfo",
+    "CancelQuery",
     "no.such.action",
     "",
 ]

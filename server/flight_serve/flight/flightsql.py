@@ -25,9 +25,10 @@ DoPut                                     CommandStatementUpdate, CommandPrepare
 DoAction                                  CreatePreparedStatement, ClosePreparedStatement
 ========================================  =======================================================
 
-Transactions, savepoints, Substrait plans and the CancelQuery action are UNIMPLEMENTED (and
-GetSqlInfo says so); a ``transaction_id`` in a request is refused. A client cancels a running
-query by cancelling its DoGet call: the query stops at the next batch.
+Transactions, savepoints and Substrait plans are UNIMPLEMENTED (and GetSqlInfo says so); a
+``transaction_id`` in a request is refused. A client cancels a running query by cancelling its
+DoGet call, or with the ``CancelFlightInfo`` / ``CancelQuery`` actions (served by
+:mod:`flight_serve.flight.cancel`): the query stops at the next batch.
 
 Handles are self-contained protobuf messages (``schemas/flight_serve/v1/flightsql.proto``): a
 prepared statement handle holds the SQL and the bound parameters, a statement handle holds the
@@ -129,7 +130,6 @@ FLIGHT_SQL_ACTIONS: Final = {
     "EndTransaction": _NO_TRANSACTIONS,
     "BeginSavepoint": _NO_TRANSACTIONS,
     "EndSavepoint": _NO_TRANSACTIONS,
-    "CancelQuery": "Flight SQL: unsupported: cancel the DoGet call instead.",
     "CloseSession": _NO_SESSIONS,
     "GetSessionOptions": _NO_SESSIONS,
     "SetSessionOptions": _NO_SESSIONS,

@@ -570,7 +570,7 @@ def sql_info_values(server_version: str, *, max_table_name_length: int) -> dict[
         _I.FLIGHT_SQL_SERVER_SQL: True,
         _I.FLIGHT_SQL_SERVER_SUBSTRAIT: False,
         _I.FLIGHT_SQL_SERVER_TRANSACTION: sql_pb2.SQL_SUPPORTED_TRANSACTION_NONE,
-        _I.FLIGHT_SQL_SERVER_CANCEL: False,
+        _I.FLIGHT_SQL_SERVER_CANCEL: True,  # CancelQuery (flight/cancel.py)
         _I.FLIGHT_SQL_SERVER_BULK_INGESTION: True,
         _I.FLIGHT_SQL_SERVER_INGEST_TRANSACTIONS_SUPPORTED: False,
         _I.FLIGHT_SQL_SERVER_STATEMENT_TIMEOUT: 0,

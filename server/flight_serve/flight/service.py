@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve.errors import (
     ActionError,
     BatchTooLargeError,
@@ -48,7 +49,21 @@ from flight_serve.errors import (
     TicketError,
 )
 from flight_serve.flight.auth import auth_server_options
-from flight_serve.flight.flightsql import FlightSqlHandler, flightsql_command, unpack_command
+from flight_serve.flight.cancel import (
+    CANCEL_STATUS_CANCELLED,
+    CancellableContext,
+    RunningTickets,
+    cancel_flight_info_result,
+    flight_info_of,
+    parse_cancel_flight_info,
+    stop_when,
+)
+from flight_serve.flight.flightsql import (
+    FlightSqlHandler,
+    flightsql_command,
+    pack,
+    unpack_command,
+)
 from flight_serve.flight.limits import DEFAULT_QUERY_WORK_BYTES, MemoryBudget, QueryLimits
 from flight_serve.flight.limits import Reservation as _Reservation
 from flight_serve.flight.markers import Marker, parse_marker
@@ -338,6 +353,20 @@ class FlightServeService(flight.FlightServerBase):
             lambda context, body: [json.dumps(self.plugins.describe()).encode()],
         )
         self.flightsql.register_actions(self.register_action)
+        # DoGet calls in progress, for CancelFlightInfo / CancelQuery (flight/cancel.py)
+        self.running = RunningTickets()
+        self.register_action(
+            "CancelFlightInfo",
+            "Cancel the DoGet calls in progress of a FlightInfo's tickets (Flight's standard "
+            "action). Body: CancelFlightInfoRequest. Result: CancelFlightInfoResult (CANCELLED).",
+            self._action_cancel_flight_info,
+        )
+        self.register_action(
+            "CancelQuery",
+            "Flight SQL (deprecated in favour of CancelFlightInfo): cancel a query's DoGet. Body: "
+            "Any(ActionCancelQueryRequest). Result: Any(ActionCancelQueryResult).",
+            self._action_cancel_query,
+        )
         kwargs = auth_server_options(users, kwargs)
         super().__init__(location, **kwargs)
         parts = urlsplit(location)
@@ -536,14 +565,16 @@ class FlightServeService(flight.FlightServerBase):
         query DataFusion rejects (also mid-stream).
         """
         try:
+            flag = self.running.begin(ticket.ticket)  # CancelFlightInfo sets it
+            call: Any = CancellableContext(context, flag)
             if (command := unpack_command(ticket.ticket)) is not None:
-                return self.flightsql.do_get(context, command)
+                return self.flightsql.do_get(call, command)
             decoded = decode_ticket(ticket.ticket)
             if isinstance(decoded, QueryTicket):
                 schema, batches = execute(
-                    decoded, self.store, limits=self.query_limits, is_cancelled=context.is_cancelled
+                    decoded, self.store, limits=self.query_limits, is_cancelled=call.is_cancelled
                 )
-                return flight.GeneratorStream(schema, self._guarded(batches))
+                return flight.GeneratorStream(schema, self._guarded(stop_when(flag, batches)))
             schema = self._pinned_schema(decoded.stream, decoded.incarnation)
             if isinstance(decoded, StreamRangeTicket):
                 items = self.store.read(
@@ -553,9 +584,9 @@ class FlightServeService(flight.FlightServerBase):
                     incarnation=decoded.incarnation,
                 )
                 pieces = (p for _, b in items for p in split_batch(b, MAX_RESULT_BATCH_BYTES))
-                return flight.GeneratorStream(schema, self._guarded(pieces))
-            tail: Iterator[Any] = self._tail(context, decoded)
-            return flight.GeneratorStream(schema, self._guarded(tail))
+                return flight.GeneratorStream(schema, self._guarded(stop_when(flag, pieces)))
+            tail: Iterator[Any] = self._tail(call, decoded)
+            return flight.GeneratorStream(schema, self._guarded(stop_when(flag, tail)))
         except Exception as exc:
             _fail(exc, "DoGet")
 
@@ -613,6 +644,31 @@ class FlightServeService(flight.FlightServerBase):
             yield from items
         except Exception as exc:
             _fail(exc, "DoGet")
+
+    def _action_cancel_flight_info(
+        self, context: flight.ServerCallContext, body: bytes
+    ) -> list[bytes]:
+        info = parse_cancel_flight_info(body)
+        self._cancel_info(info)
+        return [cancel_flight_info_result(CANCEL_STATUS_CANCELLED)]
+
+    def _action_cancel_query(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
+        request = unpack_command(body)
+        if not isinstance(request, sql_pb2.ActionCancelQueryRequest):
+            raise InvalidInputError("CancelQuery needs Any(ActionCancelQueryRequest)")
+        self._cancel_info(flight_info_of(request.info, "ActionCancelQueryRequest.info"))
+        result = sql_pb2.ActionCancelQueryResult(
+            result=sql_pb2.ActionCancelQueryResult.CANCEL_RESULT_CANCELLED
+        )
+        return [pack(result)]
+
+    def _cancel_info(self, info: flight.FlightInfo) -> None:
+        tickets = [endpoint.ticket.ticket for endpoint in info.endpoints]
+        for ticket in tickets:  # each must be one of this server's tickets
+            if unpack_command(ticket) is None:
+                decode_ticket(ticket)
+        cancelled = self.running.cancel(tickets)
+        log.info("cancel", extra={"tickets": len(tickets), "calls_cancelled": cancelled})
 
     # --- DoExchange --------------------------------------------------------------------------
 
