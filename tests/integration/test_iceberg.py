@@ -939,3 +939,37 @@ def test_rows_that_do_not_fit_an_existing_tables_types_fail_naming_each_column(
         "iceberg table ops.pre: epoch 4 cannot be written: Cannot change column type: "
         "k: string -> long"
     )
+
+
+def test_a_poll_stops_adding_snapshots_once_it_holds_max_entries_batches(tmp_path: Path) -> None:
+    """Without rate limits, a source far behind (``earliest`` over a long history) must not read
+    every pending snapshot into one poll's memory: a poll stops adding whole snapshots once it
+    holds ``max_entries`` batches (a snapshot is never split), and the next poll goes on at
+    once (backlog). Five snapshots of three rows, one row per batch, max_entries 4: each poll
+    takes snapshots until it holds at least 4 batches, i.e. two snapshots (6 batches)."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    table = catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())]))
+    for first in range(0, 15, 3):
+        table.append(pa.table({"id": [first, first + 1, first + 2]}))
+    source = IcebergSource(catalog, "ops.s", name="s", stop_at="latest", batch_rows=1)
+    polls = []
+    while not source.done:
+        events = source.poll(0.0, max_entries=4)
+        polls.append(
+            [
+                (
+                    e.kind,
+                    e.batch.column(0).to_pylist()
+                    if e.batch is not None
+                    else (e.backlog if e.kind == "backlog" else None),
+                )
+                for e in events
+            ]
+        )
+    assert polls == [
+        [("batch", [i]) for i in range(6)] + [("backlog", True)],
+        [("batch", [i]) for i in range(6, 12)],
+        [("batch", [i]) for i in range(12, 15)] + [("backlog", False)],
+        [("end", None)],
+    ]

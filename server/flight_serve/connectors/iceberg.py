@@ -955,9 +955,10 @@ class IcebergSource:
         return False
 
     def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
-        """Read the next snapshots (up to the rate limits), waiting up to ``timeout_s`` seconds
-        for the next check when it is not due. The barrier runs first (every event of the
-        previous poll has been processed).
+        """Read the next snapshots (up to the rate limits, and no further snapshot once the poll
+        holds ``max_entries`` batches: a snapshot is never split), waiting up to ``timeout_s``
+        seconds for the next check when it is not due. The barrier runs first (every event of
+        the previous poll has been processed).
 
         Raises:
             NonAppendSnapshotError: an overwrite or delete snapshot not to be skipped.
@@ -987,6 +988,8 @@ class IcebergSource:
         while self._queue:
             snapshot, full = self._queue[0]
             if self.max_snapshots is not None and taken >= self.max_snapshots:
+                break
+            if taken and len(events) >= max_entries:  # bounds a poll's memory: whole snapshots
                 break
             added = _added_records(snapshot)
             if self.max_rows is not None and taken and rows + added > self.max_rows:
