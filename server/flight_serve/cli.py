@@ -22,6 +22,7 @@ _USER_HELP = (
     "$FLIGHT_SERVE_TOKEN (a server with --tokens-file) is sent if set"
 )
 _TLS_CA_HELP = "PEM file of the CA that signed a grpc+tls:// server's certificate"
+_TLS_CLIENT_HELP = "mutual TLS (a server with --tls-client-ca): this client's {what} (PEM)"
 
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -225,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
     submit.add_argument("--user", default=None, help=_USER_HELP)
     submit.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
+    for flag, what in (("--tls-cert", "certificate"), ("--tls-key", "private key")):
+        submit.add_argument(flag, type=Path, default=None, help=_TLS_CLIENT_HELP.format(what=what))
     submit.add_argument("--name", default=None, help="a name (default: the file's stem)")
     submit.add_argument(
         "--output-dir",
@@ -241,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     manage.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
     manage.add_argument("--user", default=None, help=_USER_HELP)
     manage.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
+    for flag, what in (("--tls-cert", "certificate"), ("--tls-key", "private key")):
+        manage.add_argument(flag, type=Path, default=None, help=_TLS_CLIENT_HELP.format(what=what))
     manage.add_argument("--json", action="store_true", help="print the raw JSON result")
 
     data = sub.add_parser("data", help="write a bundled data set to a file for pipelines to read")
@@ -412,10 +417,12 @@ def _action(
     body: dict[str, Any],
     user: str | None = None,
     tls_ca: Path | None = None,
+    tls_client: tuple[Path | None, Path | None] = (None, None),
 ) -> Any:
     """Run a JSON action on ``server`` (as ``user``, after a Basic handshake, when given; else
     with the bearer token in ``$FLIGHT_SERVE_TOKEN`` when set); return its decoded result
-    (``RuntimeError`` on failure)."""
+    (``RuntimeError`` on failure). ``tls_client``: the client certificate and key (PEM files)
+    a mutual-TLS server asks for."""
     import json
     import os
 
@@ -427,8 +434,18 @@ def _action(
         root_certs = tls_ca.read_text() if tls_ca is not None else None
     except OSError as exc:
         raise RuntimeError(f"cannot read --tls-ca: {exc}") from None
+    cert_path, key_path = tls_client
+    if (cert_path is None) != (key_path is None):
+        raise RuntimeError("--tls-cert and --tls-key go together")
     try:
-        with flight.FlightClient(location, tls_root_certs=root_certs) as client:
+        cert = cert_path.read_text() if cert_path is not None else ""
+        key = key_path.read_text() if key_path is not None else ""
+    except OSError as exc:
+        raise RuntimeError(f"cannot read --tls-cert / --tls-key: {exc}") from None
+    try:
+        with flight.FlightClient(
+            location, tls_root_certs=root_certs, cert_chain=cert or None, private_key=key or None
+        ) as client:
             headers: list[Any] = []
             token = os.environ.get("FLIGHT_SERVE_TOKEN")
             if user is None and token:
@@ -447,7 +464,13 @@ def _action(
                 )
             )
     except flight.FlightUnavailableError:
-        raise RuntimeError(f"cannot reach a server at {location}") from None
+        hint = ""
+        if location.startswith("grpc+tls://"):
+            hint = (
+                " (a TLS server: --tls-ca names the CA of its certificate; a mutual-TLS server "
+                "also needs --tls-cert and --tls-key)"
+            )
+        raise RuntimeError(f"cannot reach a server at {location}{hint}") from None
     except (flight.FlightError, pa.ArrowException) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeError(message) from None
@@ -469,7 +492,14 @@ def _submit(args: argparse.Namespace) -> int:
         "output_dir": str(output_dir.absolute()),
     }
     try:
-        result = _action(args.server, "pipeline.submit", body, args.user, args.tls_ca)
+        result = _action(
+            args.server,
+            "pipeline.submit",
+            body,
+            args.user,
+            args.tls_ca,
+            (args.tls_cert, args.tls_key),
+        )
     except RuntimeError as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
@@ -487,7 +517,14 @@ def _pipelines(args: argparse.Namespace) -> int:
         return 2
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
     try:
-        result = _action(args.server, f"pipeline.{args.what}", body, args.user, args.tls_ca)
+        result = _action(
+            args.server,
+            f"pipeline.{args.what}",
+            body,
+            args.user,
+            args.tls_ca,
+            (args.tls_cert, args.tls_key),
+        )
     except RuntimeError as exc:
         print(f"flight-serve: {exc}", file=sys.stderr)
         return 1

@@ -5,6 +5,10 @@ pipeline among the running ones, and Flight's ``CancelFlightInfo`` (and Flight S
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -15,6 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.metrics import Metrics
+from flight_serve.flight.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -208,3 +213,64 @@ def test_cancel_flight_info_ends_a_tail(tmp_path: Path) -> None:
         )
         with pytest.raises(pa.ArrowInvalid, match="ticket"):
             list(c.do_action(flight.Action("CancelFlightInfo", _cancel_flight_info_body(foreign))))
+
+
+# --- the command line against a mutual-TLS server -------------------------------------------------
+
+CLI = Path(sys.executable).parent / "flight-serve"
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("openssl") is None:  # pragma: no cover
+        pytest.skip("needs the openssl command line")
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem",
+                cwd=d)  # fmt: skip
+    return d
+
+
+def test_the_command_line_manages_pipelines_over_mutual_tls(pki: Path, tmp_path: Path) -> None:
+    """``flight-serve submit`` / ``pipelines`` present a client certificate (``--tls-cert``,
+    ``--tls-key``) to a server started with ``--tls-client-ca``; without one the error says
+    what is missing."""
+    (tmp_path / "tokens.txt").write_text("tok-ops read,admin ops\n")
+    (tmp_path / "p.sql").write_text(COUNTS.format(source="connector = 'flight'", sink="out"))
+    tls = TlsFiles(pki / "server.pem", pki / "server.key", client_ca=pki / "ca.pem")
+    tokens = load_tokens_file(tmp_path / "tokens.txt")
+    env = {**os.environ, "FLIGHT_SERVE_TOKEN": "tok-ops"}
+    with start_server(tmp_path / "data", tls=tls, tokens=tokens) as service:
+        tls_args = ["--server", service.location, "--tls-ca", str(pki / "ca.pem")]
+        mutual = [*tls_args, "--tls-cert", str(pki / "client.pem"),
+                  "--tls-key", str(pki / "client.key")]  # fmt: skip
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [str(CLI), *args], env=env, capture_output=True, text=True, timeout=60
+            )
+
+        submitted = cli("submit", str(tmp_path / "p.sql"), *mutual)
+        assert submitted.returncode == 0, submitted.stderr
+        pid = submitted.stdout.strip()
+        listed = cli("pipelines", "list", *mutual)
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout == f"{pid}\trunning\tepoch -\tp\n"
+        refused = cli("pipelines", "list", *tls_args)
+        assert refused.returncode == 1
+        assert "needs --tls-cert and --tls-key" in refused.stderr
+        half = cli("pipelines", "list", *tls_args, "--tls-cert", str(pki / "client.pem"))
+        assert (half.returncode, half.stderr) == (
+            1,
+            "flight-serve: --tls-cert and --tls-key go together\n",
+        )
