@@ -274,3 +274,19 @@ def test_the_command_line_manages_pipelines_over_mutual_tls(pki: Path, tmp_path:
             1,
             "flight-serve: --tls-cert and --tls-key go together\n",
         )
+
+
+def test_a_tokens_file_saved_with_a_byte_order_mark_keeps_its_first_token(tmp_path: Path) -> None:
+    """Windows editors save UTF-8 with a BOM; the first token must not absorb it."""
+    path = tmp_path / "tokens.txt"
+    path.write_bytes(b"\xef\xbb\xbftok-a read first\r\ntok-b write,admin\r\n")
+    tokens = load_tokens_file(path)
+    assert {t: (sorted(g.roles), g.name) for t, g in tokens.items()} == {
+        "tok-a": (["read"], "first"),
+        "tok-b": (["admin", "write"], "line 2"),
+    }
+    from flight_serve.flight.auth import load_users_file
+
+    users = tmp_path / "users.txt"
+    users.write_bytes(b"\xef\xbb\xbfalice:s3cret\r\nbob:pw:with:colons\r\n")
+    assert load_users_file(users) == {"alice": "s3cret", "bob": "pw:with:colons"}

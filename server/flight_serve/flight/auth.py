@@ -85,7 +85,7 @@ def load_users_file(path: Path) -> dict[str, str]:
             line), or the file cannot be read.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a leading BOM is not a user
     except OSError as exc:
         raise InvalidInputError(f"cannot read the users file {path}: {exc}") from None
     users: dict[str, str] = {}

@@ -140,7 +140,7 @@ def load_tokens_file(path: Path) -> dict[str, TokenGrant]:
             a token appears twice (the message names the line, never the token).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a leading BOM is not a token
     except OSError as exc:
         raise InvalidInputError(f"cannot read the tokens file {path}: {exc}") from None
     tokens: dict[str, TokenGrant] = {}
