@@ -503,3 +503,46 @@ def test_a_checkpointed_run_killed_and_resumed_leaves_the_straight_runs_graph(
     assert resumed.returncode == 0, resumed.stderr
     # every window's counts added exactly once: what a straight run leaves
     assert _routes(handle) == EXPECTED_ROUTES
+
+
+_UPDATE_SOURCE = """
+CREATE SOURCE f (origin VARCHAR, dest VARCHAR, t TIMESTAMP, WATERMARK FOR t AS t)
+  WITH (connector = 'file', path = 'flights.csv');
+CREATE SINK g WITH (connector = 'falkordb', url = 'falkor://127.0.0.1:1', edge_type = 'R',
+    source_label = 'A', source_column = 'origin', target_label = 'A', target_column = 'dest'
+    {accumulate});
+"""
+_UPDATE_QUERY = (
+    "SELECT origin, dest, count(*) AS n FROM TUMBLE(f, t, INTERVAL '1' HOUR{emit}) "
+    "GROUP BY origin, dest, window_start, window_end"
+)
+
+
+@pytest.mark.parametrize(
+    ("emit", "via_view", "line"),
+    [(", emit => 'update'", False, 7), (", emit => 'update'", True, 8), ("", True, 9)],
+)
+def test_accumulate_refuses_the_rows_of_an_emit_update_query(
+    emit: str, via_view: bool, line: int
+) -> None:
+    """emit = 'update' sends a window's row again after late rows revise it; ``accumulate``
+    would add each revision to the edge (n = 3, then 3 + 4 for the revised window, instead of
+    4). Refused at planning, whether the sink reads the windowed query itself or a view of it
+    per row, and whether emit is the query's option or ``SET emit``. Without accumulate, the
+    same pipeline plans (a revision replaces the properties)."""
+    head = "SET emit = 'update';\n" if not emit else ""
+    text = head + _UPDATE_SOURCE.format(accumulate=", accumulate = 'n'")
+    query = _UPDATE_QUERY.format(emit=emit)
+    if via_view:
+        text += f"CREATE VIEW w AS {query};\nINSERT INTO g SELECT * FROM w;\n"
+    else:
+        text += f"INSERT INTO g {query};\n"
+    with pytest.raises(PipelineSQLError) as caught:
+        parse_pipeline(text)
+    assert str(caught.value).startswith(
+        "INSERT INTO g: the rows are an emit => 'update' query's (a window's row comes again, "
+        "revised), and accumulate = 'n' would add every revision; drop accumulate (the "
+        "properties are then set to the latest revision) or emit 'final'"
+    )
+    assert caught.value.line == line
+    parse_pipeline(text.replace(", accumulate = 'n'", ""))  # plans

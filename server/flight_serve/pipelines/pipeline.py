@@ -684,6 +684,7 @@ class _Planner:
         else:
             input_name = name
         function = self.function_ref
+        self._check_accumulate(sink, kind != "late" and self.streams[name][2], query)
         self.queries.append(
             QueryDef(
                 index, statement, query, view, sink, input_name, tuple(tables), function=function
@@ -707,6 +708,24 @@ class _Planner:
                 options, time_column, update = self.streams[name]
                 kept = time_column if time_column and _keeps_column(query, time_column) else None
                 self.streams[view] = (options if kept else self.settings, kept, update)
+
+    def _check_accumulate(self, sink: str | None, update: bool, query: exp.Select) -> None:
+        """A falkordb sink's ``accumulate`` adds every row it gets: rows of an emit => 'update'
+        query (a window's row again, revised) would be added once per revision."""
+        definition = self.sinks.get(sink) if sink is not None else None
+        if not update or definition is None:
+            return
+        connector = definition.connector.get("connector")
+        accumulate = definition.connector.get("accumulate")
+        if connector is None or connector.text.lower() != "falkordb" or accumulate is None:
+            return
+        raise sql_error(
+            f"INSERT INTO {sink}: the rows are an emit => 'update' query's (a window's row comes "
+            f"again, revised), and accumulate = '{accumulate.text}' would add every revision; "
+            "drop accumulate (the properties are then set to the latest revision) or emit "
+            "'final'",
+            query,
+        )
 
     def windowed(
         self,
@@ -736,6 +755,7 @@ class _Planner:
                 source_node,
             )
         window = window_query_from_select(query, options, declared_time_column=time_column)
+        self._check_accumulate(sink, window.aggregation.emit == "update", query)
         self.queries.append(QueryDef(index, statement, query, view, sink, name, (), window))
         if view is not None:
             self.streams[view] = (self.settings, None, window.aggregation.emit == "update")
