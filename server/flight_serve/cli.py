@@ -60,6 +60,42 @@ def _byte_size(text: str) -> int:
     return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
+def _at_least_one(text: str) -> int:
+    """A whole number >= 1 (``--max-streams``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_size(text: str) -> int:
+    """A :func:`_byte_size` of at least one byte (``--memory-budget``, ``--max-batch-bytes``)."""
+    value = _byte_size(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A duration in seconds, >= 0 and finite (``--memory-wait``, ``--drain-timeout``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds (and finite), got {text!r}")
+    return value
+
+
+def _timeout_seconds(text: str) -> float | None:
+    """``--statement-timeout``: seconds >= 0; 0 is no limit (as Postgres' statement_timeout)."""
+    value = _seconds(text)
+    return None if value == 0 else value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser for every sub-command."""
     parser = argparse.ArgumentParser(
@@ -99,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--drain-timeout",
-        type=float,
+        type=_seconds,
         default=30.0,
         metavar="SECONDS",
         help="after SIGTERM, how long to wait for calls in flight before exiting (default 30)",
@@ -125,38 +161,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--max-streams",
-        type=int,
+        type=_at_least_one,
         default=64,
         help="DoGet/DoPut/DoExchange calls served at once; more get UNAVAILABLE (default 64)",
     )
     serve.add_argument(
         "--memory-budget",
-        type=_byte_size,
+        type=_positive_size,
         default=2 * 1024**3,
         help="bytes held at once for query inputs, DoPut batches in flight and pipelines' window "
         "state (e.g. 2GiB, the default); a full budget makes requests wait, then UNAVAILABLE",
     )
     serve.add_argument(
         "--max-batch-bytes",
-        type=_byte_size,
+        type=_positive_size,
         default=64 * 1024**2,
         help="largest DoPut batch accepted (RecordBatch.nbytes; e.g. 64MiB, the default); larger "
         "ones are INVALID_ARGUMENT",
     )
     serve.add_argument(
         "--memory-wait",
-        type=float,
+        type=_seconds,
         default=5.0,
         metavar="SECONDS",
         help="how long a request waits for room in a full memory budget (default 5)",
     )
     serve.add_argument(
         "--statement-timeout",
-        type=float,
+        type=_timeout_seconds,
         default=None,
         metavar="SECONDS",
         help="a SQL query or Flight SQL statement running longer fails DEADLINE_EXCEEDED and its "
-        "DataFusion stream is dropped (default: no limit)",
+        "DataFusion stream is dropped (default, or 0: no limit)",
     )
     serve.add_argument(
         "--retention-bytes",

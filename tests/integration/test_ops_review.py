@@ -290,3 +290,40 @@ def test_a_tokens_file_saved_with_a_byte_order_mark_keeps_its_first_token(tmp_pa
     users = tmp_path / "users.txt"
     users.write_bytes(b"\xef\xbb\xbfalice:s3cret\r\nbob:pw:with:colons\r\n")
     assert load_users_file(users) == {"alice": "s3cret", "bob": "pw:with:colons"}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--memory-budget", "0", "at least 1 byte"),
+        ("--max-batch-bytes", "0", "at least 1 byte"),
+        ("--max-streams", "0", "at least 1"),
+        ("--max-streams", "-1", "at least 1"),
+        ("--memory-wait", "-1", ">= 0 seconds"),
+        ("--drain-timeout", "-1", ">= 0 seconds"),
+        ("--statement-timeout", "-5", ">= 0 seconds"),
+        ("--statement-timeout", "nan", ">= 0 seconds"),
+    ],
+)
+def test_serve_refuses_a_bad_limit_naming_the_flag(
+    flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a Python traceback from deep in the server (or a server where every query
+    timed out at once, every batch was refused, the drain never waited)."""
+    from flight_serve.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", flag, value])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"flight-serve serve: error: argument {flag}: ")
+    assert says in error
+
+
+def test_a_statement_timeout_of_zero_is_no_limit() -> None:
+    """As Postgres' ``statement_timeout = 0``."""
+    from flight_serve.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--statement-timeout", "0"])
+    assert args.statement_timeout is None
+    assert build_parser().parse_args(["serve", "--statement-timeout", "2.5"]).statement_timeout == 2.5
