@@ -973,3 +973,60 @@ def test_a_poll_stops_adding_snapshots_once_it_holds_max_entries_batches(tmp_pat
         [("batch", [i]) for i in range(12, 15)] + [("backlog", False)],
         [("end", None)],
     ]
+
+
+def test_a_checkpoint_of_a_table_since_dropped_and_recreated_fails_or_resets(
+    tmp_path: Path,
+) -> None:
+    """ops.s had snapshots 1-3 (rows 0, 1, 2) when the checkpoint was taken; then it was
+    dropped and created again, with one append (row 100). The checkpointed snapshot is not in
+    the new table's history and the new table's sequence numbers start over below the
+    checkpoint's, so a restore used to find nothing newer and wait forever, silently. Now it
+    fails naming both table uuids, or with expired_snapshot = 'reset' reads the new table from
+    its oldest snapshot and reports the gap (a bounded run still ends)."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    table = catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())]))
+    for i in range(3):
+        table.append(pa.table({"id": [i]}))
+    old_uuid = str(catalog.load_table("ops.s").metadata.table_uuid)
+    source = IcebergSource(catalog, "ops.s", name="s")
+    assert drain_live(source) == [0, 1, 2]
+    state = source.position_state()
+    assert state["table_uuid"] == old_uuid
+    catalog.drop_table("ops.s")
+    catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())])).append(
+        pa.table({"id": [100]})
+    )
+    new_uuid = str(catalog.load_table("ops.s").metadata.table_uuid)
+    with pytest.raises(SnapshotExpiredError) as caught:
+        IcebergSource(catalog, "ops.s", name="s", offset=state)
+    assert str(caught.value) == (
+        f"source s (iceberg table ops.s): the table was dropped and created again since the "
+        f"checkpoint (table uuid {old_uuid}, now {new_uuid}): its snapshot "
+        f"{state['snapshot_id']} is not in the new table's history. Start over (--fresh), or "
+        "set expired_snapshot = 'reset' to read the new table from its oldest snapshot (the "
+        "gap is reported)"
+    )
+    gaps: list[str] = []
+    reset = IcebergSource(
+        catalog,
+        "ops.s",
+        name="s",
+        offset=state,
+        expired_snapshot="reset",
+        on_gap=gaps.append,
+        stop_at="latest",
+    )
+    assert drain(reset) == [[{"id": 100}]]
+    assert gaps == [
+        f"source s (iceberg table ops.s): the table was dropped and created again since the "
+        f"checkpoint (table uuid {old_uuid}, now {new_uuid}): its snapshot "
+        f"{state['snapshot_id']} is not in the new table's history; reading the new table "
+        "from its oldest snapshot (expired_snapshot = 'reset')"
+    ]
+
+
+def drain_live(source: IcebergSource) -> list[int]:
+    """The ids of one poll of a live source (no stop_at)."""
+    return [r["id"] for e in source.poll(0.0) if e.batch is not None for r in e.batch.to_pylist()]

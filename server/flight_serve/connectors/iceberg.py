@@ -758,10 +758,39 @@ class IcebergSource:
             self.snapshots_read = int(offset.get("snapshots", 0))
             self._stop_id: int | None = offset.get("stop_id")
             self._ended = bool(offset.get("ended", False))
+            uuid = offset.get("table_uuid")
+            if uuid is not None and uuid != self._uuid():
+                self._recreated(uuid, stop_at)
         else:
             self._start(start_snapshot_id, start_timestamp)
             self._stop_id = self._resolve_stop(stop_at)
         self.stop_at_end = stop_at is not None
+
+    def _uuid(self) -> str:
+        return str(self.table.metadata.table_uuid)
+
+    def _recreated(self, uuid: str, stop_at: str | int | None) -> None:
+        """The checkpoint's table (``uuid``) was dropped and this one created under its name:
+        its snapshot ids and sequence numbers mean nothing here (a restore would otherwise
+        wait for a sequence number the new table may never reach)."""
+        message = (
+            f"{self.what}: the table was dropped and created again since the checkpoint (table "
+            f"uuid {uuid}, now {self._uuid()}): its snapshot {self.snapshot_id} is not in the new "
+            "table's history"
+        )
+        if self.expired_snapshot != "reset":
+            raise SnapshotExpiredError(
+                f"{message}. Start over (--fresh), or set expired_snapshot = 'reset' to read the "
+                "new table from its oldest snapshot (the gap is reported)"
+            )
+        if self.on_gap is not None:
+            self.on_gap(
+                f"{message}; reading the new table from its oldest snapshot "
+                "(expired_snapshot = 'reset')"
+            )
+        self.snapshot_id = self._seq = self._first = None
+        self._ended = False
+        self._stop_id = self._resolve_stop(stop_at)
 
     def _start(self, snapshot_id: int | None, timestamp: datetime | None) -> None:
         current = self.table.current_snapshot()
@@ -830,6 +859,7 @@ class IcebergSource:
         return {
             "kind": "iceberg",
             "table": self.stream,
+            "table_uuid": self._uuid(),
             "started": True,
             "snapshot_id": self.snapshot_id,
             "sequence_number": self._seq,
