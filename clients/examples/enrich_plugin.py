@@ -164,6 +164,8 @@ def serve(server: str, name: str, enrich: Enricher, max_in_flight: int, stop: th
             if chunk.data is None:  # the accept message, or a heartbeat
                 if meta.get("accepted"):
                     print(f"attached as {name} instance {meta['instance']}", flush=True)
+                if meta.get("closing"):  # the server stops: finish writing, it ends the call
+                    break
                 continue
             result = enrich(chunk.data)
             writer.write_with_metadata(result, pa.py_buffer(json.dumps({"seq": meta["seq"]}).encode()))

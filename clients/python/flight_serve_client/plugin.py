@@ -127,6 +127,8 @@ def serve_plugin(
             if chunk.data is None:
                 if meta.get("accepted"):
                     stats.instance = meta.get("instance")
+                if meta.get("closing"):  # the server stops: finish writing, it ends the call
+                    break
                 continue  # heartbeat
             seq = meta.get("seq")
             if not isinstance(seq, int):

@@ -21,6 +21,7 @@ INVALID_ARGUMENT with the same text. Other calls of the server are not affected.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import Any
@@ -38,10 +39,16 @@ from flight_serve.pipelines.plugins import (
     schema_difference,
 )
 
-__all__ = ["HEARTBEAT_S", "handle_plugin_exchange"]
+__all__ = ["CLOSE_WAIT_S", "HEARTBEAT_S", "HELLO_TIMEOUT_S", "handle_plugin_exchange"]
 
 #: Seconds without a batch to send after which the server writes a heartbeat.
 HEARTBEAT_S = 1.0
+#: Seconds after the call opened without a hello after which the server writes an ``{"error"}``
+#: message saying what it waits for (it goes on waiting: the call ends when the client ends it).
+HELLO_TIMEOUT_S = 10.0
+#: Seconds the server waits, when it stops, for an attached plugin to end its write side after
+#: the ``{"closing": true}`` message (its handler must not return while its results are read).
+CLOSE_WAIT_S = 10.0
 _NAME_LIMIT = 200
 
 
@@ -154,6 +161,66 @@ class _Reader:
             self.fail(f"unreadable message: {exc!r}")
 
 
+def _read_hello(
+    reader: flight.MetadataRecordBatchReader, writer: flight.MetadataRecordBatchWriter
+) -> flight.FlightStreamChunk:
+    """The call's first message after the descriptor (and the output schema, if sent first).
+
+    The read blocks until the client sends something (pyarrow cannot time it out, and the
+    handler must not return while a read is pending: the call's stream is freed then). A
+    watchdog tells a client that has sent nothing readable :data:`HELLO_TIMEOUT_S` seconds
+    after the call opened why it waits, with a metadata-only ``{"error": …}``.
+
+    Raises:
+        InvalidInputError: the client finished writing without a hello.
+    """
+    done = threading.Event()
+    lock = threading.Lock()  # the watchdog writes only before the handler moves on
+
+    def watchdog() -> None:
+        if done.wait(HELLO_TIMEOUT_S):
+            return
+        with lock:
+            if done.is_set():
+                return
+            with contextlib.suppress(flight.FlightError, pa.ArrowException, OSError):
+                writer.write_metadata(
+                    _json(
+                        {
+                            "error": f"plugin exchange: no hello within {HELLO_TIMEOUT_S:g} s. "
+                            "The hello is the first metadata-only message after the descriptor; "
+                            "the server does not see the app_metadata of the message that "
+                            "carries the descriptor, so send the descriptor alone or with the "
+                            "output schema (schemas/README.md)"
+                        }
+                    )
+                )
+
+    threading.Thread(target=watchdog, name="flight-serve-plugin-hello", daemon=True).start()
+    try:
+        return reader.read_chunk()
+    except StopIteration:
+        raise InvalidInputError("plugin exchange: no hello message") from None
+    finally:
+        with lock:
+            done.set()
+
+
+def _wait_for_reader(
+    results: _Reader, writer: flight.MetadataRecordBatchWriter, closing: threading.Event
+) -> None:
+    """Let the reader thread end before the handler returns: the call's stream is freed when
+    the handler returns, and a read still pending then crashes the process. When the server
+    stops, the plugin is asked to finish writing (``{"closing": true}``); a plugin that does
+    not within :data:`CLOSE_WAIT_S` seconds is left (the handler returns regardless)."""
+    if not results.thread.is_alive() or results.thread.ident is None:
+        return
+    if closing.is_set():
+        with contextlib.suppress(flight.FlightError, pa.ArrowException, OSError):
+            writer.write_metadata(_json({"closing": True}))
+    results.thread.join(CLOSE_WAIT_S)
+
+
 def handle_plugin_exchange(
     hub: PluginHub,
     context: flight.ServerCallContext,
@@ -173,10 +240,7 @@ def handle_plugin_exchange(
     name = plugin_name(descriptor)
     # a plugin's results become pipeline output: attaching one writes (DoExchange alone is read)
     require_role(context, "write", "DoExchange attaching a plugin")
-    try:
-        first = reader.read_chunk()
-    except StopIteration:
-        raise InvalidInputError("plugin exchange: no hello message") from None
+    first = _read_hello(reader, writer)
     if first.data is not None or first.app_metadata is None:
         raise InvalidInputError(
             "plugin exchange: the first message must be metadata-only: the hello JSON "
@@ -216,5 +280,6 @@ def handle_plugin_exchange(
         hub.detach(instance, None if instance.closed else f"its stream broke: {exc}")
     finally:
         hub.detach(instance, None)
+        _wait_for_reader(results, writer, closing)
     if results.error is not None:
         raise InvalidInputError(f"plugin {name} instance {instance.id}: {results.error}")
