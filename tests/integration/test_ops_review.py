@@ -327,3 +327,24 @@ def test_a_statement_timeout_of_zero_is_no_limit() -> None:
     args = build_parser().parse_args(["serve", "--statement-timeout", "0"])
     assert args.statement_timeout is None
     assert build_parser().parse_args(["serve", "--statement-timeout", "2.5"]).statement_timeout == 2.5
+
+
+def test_bad_tls_files_are_named_before_the_server_starts(pki: Path, tmp_path: Path) -> None:
+    """Before: gRPC's "Server did not start properly", whatever was wrong."""
+    from flight_serve.errors import InvalidInputError
+
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    cases = [
+        (TlsFiles(garbage, pki / "server.key"), "not a PEM certificate chain and its"),
+        (TlsFiles(pki / "server.pem", pki / "client.key"), "not a PEM certificate chain and its"),
+        (TlsFiles(pki / "server.pem", pki / "server.key", client_ca=garbage), "--tls-client-ca"),
+    ]
+    for files, says in cases:
+        with pytest.raises(InvalidInputError, match=says):
+            files.server_options()
+    assert set(TlsFiles(pki / "server.pem", pki / "server.key", pki / "ca.pem").server_options()) == {
+        "tls_certificates",
+        "verify_client",
+        "root_certificates",
+    }

@@ -293,7 +293,12 @@ class Metrics:
         Raises:
             OSError: the port cannot be bound.
         """
-        httpd, _thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            httpd, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot listen on {host}:{port} for /metrics: {exc.strerror or exc}"
+            ) from None
         self._http = httpd
         self.http_port = int(httpd.server_port)
         return self.http_port

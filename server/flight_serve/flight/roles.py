@@ -36,6 +36,7 @@ the Basic handshake works too, and the users' bearer tokens have every role.
 from __future__ import annotations
 
 import hmac
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +119,9 @@ class TlsFiles:
         """``FlightServerBase`` keyword arguments for these files.
 
         Raises:
-            InvalidInputError: a file cannot be read.
+            InvalidInputError: a file cannot be read, the certificate and key are not a PEM
+                certificate chain and its (unencrypted) private key, or the client CA file holds
+                no PEM certificate (checked here: gRPC only says "Server did not start").
         """
         try:
             options: dict[str, Any] = {
@@ -129,6 +132,21 @@ class TlsFiles:
                 options["root_certificates"] = self.client_ca.read_bytes()
         except OSError as exc:
             raise InvalidInputError(f"cannot read a TLS file: {exc}") from None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:  # the password callback refuses an encrypted key instead of prompting
+            context.load_cert_chain(self.cert, self.key, password=lambda: b"")
+        except ssl.SSLError as exc:
+            raise InvalidInputError(
+                f"--tls-cert {self.cert} / --tls-key {self.key}: not a PEM certificate chain and "
+                f"its (unencrypted) private key: {exc.reason or exc}"
+            ) from None
+        if self.client_ca is not None:
+            try:
+                context.load_verify_locations(cafile=str(self.client_ca))
+            except ssl.SSLError as exc:
+                raise InvalidInputError(
+                    f"--tls-client-ca {self.client_ca}: no PEM CA certificate: {exc.reason or exc}"
+                ) from None
         return options
 
 

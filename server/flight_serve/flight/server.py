@@ -191,6 +191,11 @@ def start_server(
         service = FlightServeService(
             f"{scheme}://{uri_host}:{port}", store=store, **service_options
         )
+    except pa.ArrowException as exc:  # pyarrow says "Server did not start properly"
+        store.close()
+        raise type(exc)(
+            f"cannot listen on {uri_host}:{port} for Flight (is the port in use?): {exc}"
+        ) from None
     except BaseException:
         store.close()
         raise
