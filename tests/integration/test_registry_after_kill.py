@@ -107,6 +107,7 @@ def test_status_keeps_a_checkpoint_committed_just_before_a_sigkill(tmp_path: Pat
         assert (checkpoint["epoch"], checkpoint["finished"]) == (1, True)
         assert checkpoint["bytes"] > 0
         assert (status["rows_in"], status["rows_out"]) == (3, {"counts": 2})
+        assert status["outputs"] == {"counts": "stream counts"}
         with flight.connect(location) as client:
             info = client.get_flight_info(flight.FlightDescriptor.for_path("counts"))
             got = client.do_get(info.endpoints[0].ticket).read_all().to_pylist()

@@ -287,7 +287,8 @@ class PipelineManager:
         manifest = runtime.manifest
         if manifest is None:
             return
-        known = self.registry.get(pid).last_checkpoint
+        record = self.registry.get(pid)
+        known = record.last_checkpoint
         if known is not None and int(known.get("epoch") or 0) >= manifest.epoch:
             return
         self.registry.checkpointed(
@@ -299,7 +300,7 @@ class PipelineManager:
                 "bytes": sum(manifest.files.values()) + len(manifest.to_json()),
                 "finished": manifest.finished,
             },
-            dict(manifest.metrics),
+            {**record.metrics, **manifest.metrics, "outputs": runtime.summary().targets},
         )
         self.registry.log(
             pid, "info", f"checkpoint {manifest.epoch} was not in the registry: recorded"
