@@ -53,7 +53,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
@@ -688,9 +688,16 @@ class _Retrying:
 
     what: str
     retry_s: float
+    #: told why a call is being retried (``None`` once it went through); it may raise to stop
+    #: the retrying (a pipeline asked to stop)
+    on_retry: Callable[[str | None], None] | None = None
 
     def _drop(self) -> None:
         """Forget the open calls (the connection broke)."""
+
+    def _retried(self, failures: int, why: str | None) -> None:
+        if self.on_retry is not None and (failures or why is not None):
+            self.on_retry(why)
 
     def _retry(self, action: str, call: Any, landed: Any = None) -> Any:
         """``call()``, retried; after a failed attempt ``landed()`` (if given) is asked first
@@ -701,7 +708,8 @@ class _Retrying:
             ConnectorError: a failure that is not retryable, or the server stayed unreachable
                 for ``retry_s`` seconds.
         """
-        deadline = time.monotonic() + self.retry_s
+        started = time.monotonic()
+        deadline = started + self.retry_s
         failures = 0
         uncertain = False
         while True:
@@ -709,17 +717,27 @@ class _Retrying:
                 if uncertain and landed is not None:
                     found = landed()
                     if found is not None:
+                        self._retried(failures, None)
                         return found
                 uncertain = False
-                return call()
+                result = call()
+                self._retried(failures, None)
+                return result
             except _RETRYABLE as exc:
                 self._drop()
                 uncertain = True
                 if time.monotonic() >= deadline:
+                    self._retried(failures, None)
                     raise ConnectorError(
                         f"{self.what}: {action} failed: the server stayed unreachable for "
                         f"{self.retry_s:g} s ({failures + 1} attempts): {_message(exc)}"
                     ) from exc
+                self._retried(
+                    failures + 1,
+                    f"{self.what}: {action}: the server is unreachable for "
+                    f"{time.monotonic() - started:.0f} s, retrying ({failures + 1} attempts "
+                    f"of up to {self.retry_s:g} s): {_message(exc)}",
+                )
                 time.sleep(min(_BACKOFF_S[0] * 2**failures, _BACKOFF_S[1]))
                 failures += 1
             except (pa.ArrowException, OSError) as exc:
@@ -756,6 +774,9 @@ class FlightStreamTarget(_Retrying):
         writer: the writer name (the stream's watermark partition these rows belong to; the
             sink's own: no other producer may write under it).
         retry_s: seconds to keep retrying one call while the server is unreachable.
+        on_retry: told, before each pause, why a call is retried (``"<sink>: <call>: the
+            server is unreachable for N s, retrying …"``), and ``None`` once it went through
+            (a pipeline shows it as its status' ``waiting``; it may raise to stop retrying).
 
     Raises:
         ConnectorError: the server stayed unreachable for ``retry_s`` seconds, or refused the
@@ -770,8 +791,10 @@ class FlightStreamTarget(_Retrying):
         writer: str,
         *,
         retry_s: float = RETRY_BUDGET_S,
+        on_retry: Callable[[str | None], None] | None = None,
     ) -> None:
         self.server = server
+        self.on_retry = on_retry
         self._name = stream
         self.schema = schema
         self.writer = writer

@@ -622,7 +622,9 @@ class DurableRuntime(PipelineRuntime):
                     server, stream, writer = slot.flight
                     target: StoreTarget | FlightStreamTarget
                     if "server" in slot.definition.connector or self.store is None:
-                        target = FlightStreamTarget(server, stream, slot.schema, writer)
+                        target = FlightStreamTarget(
+                            server, stream, slot.schema, writer, on_retry=self.connector_wait
+                        )
                     else:
                         target = StoreTarget(self.store, stream, slot.schema, writer)
                     sink = EpochStreamSink(
@@ -704,6 +706,12 @@ class DurableRuntime(PipelineRuntime):
         super().plugin_wait(node, waiting)
         if self._stop.is_set():
             raise PipelineStopped(f"pipeline {self.name} stopped while {waiting or 'waiting'}")
+
+    def connector_wait(self, waiting: str | None) -> None:
+        """A remote sink retries its server (see the base class); stop here when asked to."""
+        super().connector_wait(waiting)
+        if waiting is not None and self._stop.is_set():
+            raise PipelineStopped(f"pipeline {self.name} stopped while {waiting}")
 
     def metrics(self) -> dict[str, Any]:
         """Counters now: rows read from sources, rows written per sink, late rows per windowed

@@ -618,6 +618,8 @@ class PipelineRuntime:
         self.plugins = plugins
         #: "waiting for plugin <name>" while a plugin stage waits for an instance, else None
         self.waiting: str | None = None
+        #: why a connector retries its server now (a remote sink's server down), else None
+        self.connector_waiting: str | None = None
         self.output_dir = output_dir if output_dir is not None else Path.cwd()
         self.streams: dict[str, _Stream] = {}
         self.sources: dict[str, FileSource] = {}
@@ -934,9 +936,16 @@ class PipelineRuntime:
         Durable runs also stop here when asked to."""
         self.waiting = waiting
 
+    def connector_wait(self, waiting: str | None) -> None:
+        """A connector retries its server (``waiting``: why, or ``None`` once through)."""
+        self.connector_waiting = waiting
+
     def plugin_waiting(self) -> str | None:
         """``waiting for plugin <name>`` while a plugin stage has batches and no instance that
-        can take them (live; a stage blocked in a barrier included), else ``None``."""
+        can take them (live; a stage blocked in a barrier included), else why a connector
+        retries its server now (:meth:`connector_wait`), else ``None``."""
+        if self.connector_waiting is not None:
+            return self.connector_waiting
         for node in self.nodes:
             if isinstance(node, _PluginNode):
                 waiting = node.stage.waiting_for()

@@ -1,0 +1,97 @@
+"""A remote ``flight`` sink whose server is down when the pipeline starts (review of issue 7):
+the pipeline says so in ``pipeline.status`` (``waiting``) while its sink retries, and once the
+server comes up every row arrives exactly once.
+
+Timeline::
+
+    0 s   A: submit (sink -> B's port, nothing listening); ids 0..49 in A's stream
+    ~1 s  A's status: waiting = "flight sink (server …): … unreachable for N s, retrying …"
+    ~2 s  B starts on that port; ids 50..99 into A's stream
+          B's relay: ids 0..99 once; A's status: waiting = None
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight_serve.flight.server import start_server
+from flight_serve_client import FlightServeClient
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
+
+
+def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
+    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
+    return json.loads(results[0].body.to_pybytes())
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def rows(first: int, count: int) -> pa.Table:
+    ids = list(range(first, first + count))
+    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
+
+
+def relay_count(client: flight.FlightClient) -> int:
+    try:
+        return int(client.get_flight_info(flight.FlightDescriptor.for_path("relay")).total_records)
+    except pa.ArrowKeyError:
+        return 0
+
+
+def test_a_remote_sink_waits_for_a_server_down_at_start_and_says_so(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sql = f"""SET checkpoint_interval = '200ms';
+CREATE SOURCE events (id BIGINT, t TIMESTAMP(3), WATERMARK FOR t AS t)
+WITH (connector = 'flight', stream = 'events');
+CREATE SINK relay WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}',
+    stream = 'relay', writer = 'from-a');
+INSERT INTO relay SELECT id, t FROM events;"""
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        with FlightServeClient(a.location) as fs:
+            fs.put("events", rows(0, 50), writer="w")
+        pid = act(client, "pipeline.submit", {"sql": sql})["id"]
+        prefix = (
+            f"flight sink (server grpc://127.0.0.1:{port}, stream 'relay', writer 'from-a'): "
+            "listing the server's actions: the server is unreachable for "
+        )
+        wait_until(
+            lambda: (act(client, "pipeline.status", {"id": pid})["waiting"] or "").startswith(
+                prefix
+            ),
+            "the status to say what the sink waits for",
+        )
+        status = act(client, "pipeline.status", {"id": pid})
+        assert (status["state"], status["last_error"]) == ("running", None)
+        assert "s, retrying (" in status["waiting"]
+        with start_server(tmp_path / "b", port=port) as b, flight.connect(b.location) as bc:
+            with FlightServeClient(a.location) as fs:
+                fs.put("events", rows(50, 50), writer="w")
+            wait_until(lambda: relay_count(bc) >= 100, "100 rows in B's relay")
+            assert act(client, "pipeline.checkpoint", {"id": pid})["completed"] is True
+            info = bc.get_flight_info(flight.FlightDescriptor.for_path("relay"))
+            ids = bc.do_get(info.endpoints[0].ticket).read_all()["id"].to_pylist()
+            assert sorted(ids) == list(range(100))  # every row once
+            status = act(client, "pipeline.status", {"id": pid})
+            assert (status["state"], status["waiting"], status["last_error"]) == (
+                "running",
+                None,
+                None,
+            )
