@@ -95,3 +95,24 @@ INSERT INTO relay SELECT id, t FROM events;"""
                 None,
                 None,
             )
+
+
+def test_a_pipeline_whose_remote_sink_retries_is_cancelled_at_once(tmp_path: Path) -> None:
+    # 0 s: submit, the sink's server down; ~1 s: cancel (it stopped after the retry budget,
+    # 60 s, before the sink told the pipeline about its retries)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sql = f"""CREATE SOURCE events (id BIGINT, t TIMESTAMP(3)) WITH (connector = 'flight');
+CREATE SINK relay WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}');
+INSERT INTO relay SELECT id, t FROM events;"""
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        pid = act(client, "pipeline.submit", {"sql": sql})["id"]
+        wait_until(
+            lambda: act(client, "pipeline.status", {"id": pid})["waiting"] is not None,
+            "the sink's retry",
+        )
+        started = time.monotonic()
+        assert act(client, "pipeline.cancel", {"id": pid}) == {"id": pid, "state": "cancelled"}
+        assert time.monotonic() - started < 10.0
+        assert act(client, "pipeline.status", {"id": pid})["waiting"] is None
