@@ -13,6 +13,10 @@
    plugin may write metadata-only ``{"heartbeat": true}`` too (ignored), or
    ``{"error": "<text>"}`` to give up (the server detaches it with that error).
 
+5. When the server stops it writes ``{"closing": true}`` and waits (up to :data:`CLOSE_WAIT_S`)
+   for the plugin to finish writing: the handler must not return while its reader thread still
+   reads the call's stream (the stream is freed then, and the pending read crashes the process).
+
 A result with a wrong schema, without a ``seq``, for a ``seq`` never sent, or a second result
 for one ``seq`` detaches the instance: its outstanding batches go to another instance (or wait
 for one), the error is kept for the status of the pipelines calling it, and the call ends
