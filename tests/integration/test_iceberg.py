@@ -1030,3 +1030,76 @@ def test_a_checkpoint_of_a_table_since_dropped_and_recreated_fails_or_resets(
 def drain_live(source: IcebergSource) -> list[int]:
     """The ids of one poll of a live source (no stop_at)."""
     return [r["id"] for e in source.poll(0.0) if e.batch is not None for r in e.batch.to_pylist()]
+
+
+def test_adding_expired_snapshot_reset_after_the_failure_keeps_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The SnapshotExpiredError says "set expired_snapshot = 'reset'"; a user who does so
+    after the failure changes the pipeline text, which used to make the checkpoint refuse to
+    restore ("the pipeline text changed"), so the advice could not be followed. Recovery
+    options (expired_snapshot, SET offset_reset) are left out of the checkpoint's fingerprint:
+    the run resumes, reads the re-created table (row 100) and reports the gap. Any other
+    change is still refused."""
+    from flight_serve.errors import CheckpointError
+
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    table = catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())]))
+    for i in range(3):
+        table.append(pa.table({"id": [i]}))
+    text = f"""
+SET checkpoint_every = 1;
+CREATE SOURCE s WITH (connector = 'iceberg', table = 'ops.s', stop_at = 'latest',
+    max_snapshots_per_poll = 1, {catalog_options(tmp_path)});
+CREATE SINK o WITH (connector = 'file', path = 'o.jsonl');
+INSERT INTO o SELECT * FROM s;
+"""
+
+    def run(sql: str, cut: int | None = None) -> DurableRuntime:
+        runtime = DurableRuntime(
+            parse_pipeline(sql),
+            name="p",
+            state_root=str(tmp_path / "state"),
+            output_dir=tmp_path / "out",
+        )
+        if cut is not None:
+            barrier = runtime.barrier
+
+            def dying() -> None:
+                if runtime._events >= cut:
+                    raise Crash
+                barrier()
+
+            runtime.barrier = dying  # type: ignore[method-assign]
+            for source in runtime._iceberg_sources().values():
+                source.barrier = dying
+        for _ in runtime.run():
+            pass
+        return runtime
+
+    with pytest.raises(Crash):
+        run(text, cut=2)
+    old = catalog.load_table("ops.s")
+    old_uuid, first_id = str(old.metadata.table_uuid), old.metadata.snapshots[0].snapshot_id
+    catalog.drop_table("ops.s")
+    catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())])).append(
+        pa.table({"id": [100]})
+    )
+    new_uuid = str(catalog.load_table("ops.s").metadata.table_uuid)
+    with pytest.raises(SnapshotExpiredError):
+        run(text)
+    with_reset = text.replace("max_snapshots_per_poll = 1,", "max_snapshots_per_poll = 1,\n"
+                              "    expired_snapshot = 'reset',")
+    with pytest.raises(CheckpointError, match="the pipeline text changed"):
+        run(with_reset.replace("o.jsonl", "other.jsonl"))  # another change: still refused
+    resumed = run(with_reset)
+    assert resumed.resumed_from is not None
+    assert resumed.gaps == [
+        f"source s (iceberg table ops.s): the table was dropped and created again since the "
+        f"checkpoint (table uuid {old_uuid}, now {new_uuid}): its snapshot {first_id} is not "
+        "in the new table's history; reading the new table from its oldest snapshot "
+        "(expired_snapshot = 'reset')"
+    ]
+    got = (tmp_path / "out" / "o.jsonl").read_text().splitlines()
+    assert got == ['{"id":0}', '{"id":100}']  # snapshot 1 before the crash, then the new table

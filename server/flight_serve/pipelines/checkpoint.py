@@ -50,7 +50,14 @@ import pyarrow.fs as pafs
 
 from flight_serve.errors import CheckpointError
 
-__all__ = ["MANIFEST", "CheckpointStore", "Manifest", "fingerprint"]
+__all__ = [
+    "MANIFEST",
+    "RECOVERY_OPTIONS",
+    "CheckpointStore",
+    "Manifest",
+    "fingerprint",
+    "recovery_neutral_fingerprint",
+]
 
 #: The file that makes a checkpoint complete.
 MANIFEST = "MANIFEST.json"
@@ -66,6 +73,43 @@ def fingerprint(text: str) -> str:
     'e004ebd5b553'
     """
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+#: Options that only say what a restore does when a checkpointed offset is gone (``SET
+#: offset_reset``, an iceberg source's ``expired_snapshot``): their error messages tell the
+#: user to set them, so setting them after the failure keeps the checkpoint.
+RECOVERY_OPTIONS = frozenset({"offset_reset", "expired_snapshot"})
+
+
+def recovery_neutral_fingerprint(text: str) -> str:
+    r"""The :func:`fingerprint` of a pipeline's statements as sqlglot renders them (whitespace
+    does not count; comments do) without the :data:`RECOVERY_OPTIONS` (their ``SET`` statements and
+    ``WITH`` properties). The text must parse (:func:`parse_pipeline` has accepted it).
+
+    >>> a = recovery_neutral_fingerprint("CREATE SOURCE s WITH (connector = 'file', path = 'x')")
+    >>> a == recovery_neutral_fingerprint(
+    ...     "SET offset_reset = 'earliest';\nCREATE SOURCE s WITH (connector='file',\n path='x')")
+    True
+    """
+    from sqlglot import exp
+
+    from flight_serve.pipelines.dialect import FlightServeSQL, parse_statements
+
+    rendered = []
+    for statement in parse_statements(text):
+        if isinstance(statement, exp.Set) and all(
+            isinstance(item, exp.SetItem)
+            and isinstance(item.this, exp.EQ)
+            and item.this.this.name.lower() in RECOVERY_OPTIONS
+            for item in statement.expressions
+        ):
+            continue
+        statement = statement.copy()
+        for prop in list(statement.find_all(exp.Property)):
+            if prop.name.lower() in RECOVERY_OPTIONS:
+                prop.pop()
+        rendered.append(statement.sql(dialect=FlightServeSQL))
+    return fingerprint(";\n".join(rendered))
 
 
 @dataclass(frozen=True)

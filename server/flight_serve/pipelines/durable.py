@@ -63,7 +63,13 @@ from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import OperatorSnapshot
 from flight_serve.errors import CheckpointError, ConnectorError, FlightServeError
-from flight_serve.pipelines.checkpoint import CheckpointStore, Manifest, fingerprint, now_utc
+from flight_serve.pipelines.checkpoint import (
+    CheckpointStore,
+    Manifest,
+    fingerprint,
+    now_utc,
+    recovery_neutral_fingerprint,
+)
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink, read_ipc
 from flight_serve.pipelines.graph_io import EpochGraphSink
@@ -329,7 +335,9 @@ class DurableRuntime(PipelineRuntime):
             base = output_dir if output_dir is not None else Path.cwd()
             root = str(base / "checkpoints" / name)
         self.checkpoints = CheckpointStore(root)
-        self.fingerprint = fingerprint(plan.text)
+        # recovery options (offset_reset, expired_snapshot) may be set after a failure
+        self.fingerprint = recovery_neutral_fingerprint(plan.text)
+        self._text_fingerprint = fingerprint(plan.text)  # what older checkpoints recorded
         self.on_checkpoint = on_checkpoint
         self.gaps: list[str] = []
         self.last_checkpoint: CheckpointInfo | None = None
@@ -421,11 +429,12 @@ class DurableRuntime(PipelineRuntime):
             dropped = self.checkpoints.discard_after(int(resume))
             if dropped:
                 self.note(f"resuming from epoch {resume}: checkpoints {dropped} deleted")
-        if manifest.fingerprint != self.fingerprint:
+        if manifest.fingerprint not in (self.fingerprint, self._text_fingerprint):
             raise CheckpointError(
                 f"the pipeline text changed since checkpoint {manifest.epoch} in "
                 f"{self.checkpoints.uri} was taken; a checkpoint restores only the pipeline it "
-                "was taken of: restore the file, or start over with --fresh"
+                "was taken of (changing offset_reset or expired_snapshot is allowed): restore "
+                "the file, or start over with --fresh"
             )
         self.resumed_from = manifest.epoch
         return manifest
