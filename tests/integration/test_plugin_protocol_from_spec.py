@@ -132,6 +132,7 @@ class GrpcPlugin:
         location: str,
         opening: str = "descriptor_alone",
         answer: Callable[[int, pa.RecordBatch, int], list[bytes]] | None = None,
+        output: pa.Schema = OUT,
     ) -> None:
         self.channel = grpc.insecure_channel(location.removeprefix("grpc://"))
         self.outgoing: queue.Queue[bytes | None] = queue.Queue()
@@ -141,10 +142,10 @@ class GrpcPlugin:
         self.answer = answer or answer_upper
         hello = json.dumps(
             {"protocol": 1, "name": "up", "input_schema": b64_schema(IN),
-             "output_schema": b64_schema(OUT), "max_in_flight": 2}
+             "output_schema": b64_schema(output), "max_in_flight": 2}
         ).encode()
         descriptor = path_descriptor("plugins", "up")
-        schema_header, _ = ipc_parts(OUT.serialize())
+        schema_header, _ = ipc_parts(output.serialize())
         opening_frames = {
             "descriptor_alone": [
                 frame(descriptor=descriptor), frame(metadata=hello), frame(header=schema_header)
@@ -406,3 +407,30 @@ def test_a_second_answer_for_one_seq_detaches_and_the_rows_are_taken_once(
             assert out_rows(client, 12, pid) == expected_out(rows)
         finally:
             good.close()
+
+
+def test_two_instances_of_one_name_with_different_outputs_only_the_fitting_one_is_used(
+    server: FlightServeService,
+) -> None:
+    # instance 1 declares v as a string (not the function's RETURNS TABLE): refused, attached,
+    # given no batch; instance 2 fits and answers every batch
+    rows = feed(server.location, 4)
+    other = pa.schema([("k", pa.string()), ("v", pa.string()), ("k_upper", pa.string())])
+    with flight.connect(server.location) as client:
+        pid = act(client, "pipeline.submit", {"sql": PIPELINE})["id"]
+        misfit = GrpcPlugin(server.location, output=other)
+        wait_until(lambda: bool(misfit.messages), "the misfit's accept")
+        fit = GrpcPlugin(server.location)
+        try:
+            assert out_rows(client, 12, pid) == expected_out(rows)
+            assert misfit.answered == []
+            assert len(fit.answered) == 4
+            listed = act(client, "plugin.list", {})["instances"]["up"]
+            assert [(i["id"], i["sent"], i["answered"]) for i in listed] == [(1, 0, 0), (2, 4, 4)]
+            assert act(client, "pipeline.status", {"id": pid})["plugin_errors"] == {
+                "up": "plugin up instance 1 declares output columns that differ from FUNCTION "
+                "up's RETURNS TABLE: retyped v (string, expected int64)"
+            }
+        finally:
+            fit.close()
+            misfit.close()
