@@ -116,3 +116,63 @@ INSERT INTO relay SELECT id, t FROM events;"""
         assert act(client, "pipeline.cancel", {"id": pid}) == {"id": pid, "state": "cancelled"}
         assert time.monotonic() - started < 10.0
         assert act(client, "pipeline.status", {"id": pid})["waiting"] is None
+
+
+class _CutServer(flight.FlightServerBase):
+    """A plain Flight server: ticket ``events`` is 100 rows in batches of 10; the first DoGet
+    fails with UNAVAILABLE after 4 batches."""
+
+    def __init__(self) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.gets = 0
+
+    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+        self.gets += 1
+        cut = 4 if self.gets == 1 else None
+        table = rows(0, 100)
+
+        def generate() -> Any:
+            for i, b in enumerate(table.to_batches(max_chunksize=10)):
+                if i == cut:
+                    raise flight.FlightUnavailableError("connection lost (injected)")
+                yield b
+
+        return flight.GeneratorStream(table.schema, generate())
+
+
+def test_a_ticket_source_reports_its_retries_to_the_pipeline() -> None:
+    from flight_serve.connectors.flight import FlightTicketSource
+    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    server = _CutServer()
+    try:
+        location = f"grpc://127.0.0.1:{server.port}"
+        sql = f"""CREATE SOURCE s (id BIGINT, t TIMESTAMP(3))
+WITH (connector = 'flight', server = '{location}', ticket = 'events');
+CREATE SINK out WITH (connector = 'stdout');
+INSERT INTO out SELECT id, t FROM s;"""
+        runtime = PipelineRuntime(parse_pipeline(sql))
+        sources = [s for s in runtime.flight_sources.values() if isinstance(s, FlightTicketSource)]
+        assert len(sources) == 1
+        assert sources[0].on_retry == runtime.connector_wait  # the source tells the pipeline
+        told: list[str | None] = []
+
+        def record(waiting: str | None) -> None:  # what it tells, then the runtime's own hook
+            told.append(waiting)
+            runtime.connector_wait(waiting)
+
+        sources[0].on_retry = record
+        for _ in runtime.run():
+            pass
+        # one cut: one retry message, then None once the DoGet was opened again
+        assert len(told) == 2
+        assert (told[0] or "").startswith(
+            f"source s (server {location}, ticket 'events'): reading the DoGet: the server is "
+            "unreachable for 0 s, retrying (1 attempts of up to 60 s): "
+        )
+        assert told[1] is None
+        assert runtime.connector_waiting is None
+        assert server.gets == 2
+    finally:
+        server.shutdown()
