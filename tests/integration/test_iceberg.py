@@ -1103,3 +1103,40 @@ INSERT INTO o SELECT * FROM s;
     ]
     got = (tmp_path / "out" / "o.jsonl").read_text().splitlines()
     assert got == ['{"id":0}', '{"id":100}']  # snapshot 1 before the crash, then the new table
+
+
+@pytest.mark.integration
+def test_flight_sql_updates_read_iceberg_tables_and_refuse_to_write_them(tmp_path: Path) -> None:
+    """GetTables lists ops.delays, so a JDBC/ADBC user may try to change it: INSERT, DROP TABLE
+    and CREATE TABLE on a two-part name are refused naming the Iceberg table and saying how it
+    is written (they used to say "does not exist" / "failed to resolve schema"). Reading an
+    Iceberg table into a stream works: CREATE TABLE … AS SELECT and INSERT … SELECT."""
+    import adbc_driver_flightsql.dbapi as flightsql
+    from flight_serve.flight.server import start_server
+
+    with start_server(tmp_path, fsync="never") as service:
+        catalog = new_catalog(tmp_path / "iceberg")
+        IcebergSink(catalog, "ops.delays", writer="p/out", run="r").commit(
+            1, [batch(origin=["EWR", "JFK"], n=[1, 2])]
+        )
+        refusal = (
+            "{name} is an Iceberg table of the server's catalog (a two-part name): SQL reads "
+            "it; a pipeline's iceberg sink writes it (CREATE SINK … WITH (connector = "
+            "'iceberg', table = '{name}')). Streams have one-part names"
+        )
+        with flightsql.connect(service.location, autocommit=True) as conn, conn.cursor() as cur:
+            for sql, name in [
+                ("INSERT INTO ops.delays VALUES ('LGA', 3)", "ops.delays"),
+                ("DROP TABLE ops.delays", "ops.delays"),
+                ("CREATE TABLE ops.fresh (a INT)", "ops.fresh"),
+                ("INSERT INTO datafusion.ops.delays VALUES ('LGA', 3)", "ops.delays"),
+            ]:
+                with pytest.raises(flightsql.Error) as caught:
+                    cur.execute(sql)
+                assert refusal.format(name=name) in str(caught.value), sql
+            cur.execute("CREATE TABLE copy AS SELECT origin, n FROM ops.delays ORDER BY origin")
+            cur.execute("INSERT INTO copy SELECT origin, n * 10 FROM ops.delays ORDER BY origin")
+            cur.execute("SELECT origin, n FROM copy")
+            assert cur.fetchall() == [("EWR", 1), ("JFK", 2), ("EWR", 10), ("JFK", 20)]
+            cur.execute("SELECT count(*) FROM ops.delays")
+            assert cur.fetchall() == [(2,)]

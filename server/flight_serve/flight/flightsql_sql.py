@@ -290,6 +290,36 @@ def _vectorized_insert(sql: str, params: pa.Table) -> tuple[str, pa.Table] | Non
     return rewritten.sql(), renamed
 
 
+def _refuse_iceberg_targets(sql: str) -> None:
+    """Refuse INSERT, CREATE TABLE and DROP TABLE of a two-part name other than ``public.x``:
+    that names an Iceberg table of the server's catalog, which SQL reads and only pipelines
+    write.
+
+    Raises:
+        QueryError: naming the table and how it is written.
+    """
+    try:
+        statements = [s for s in sqlglot.parse(sql) if s is not None]
+    except sqlglot.errors.SqlglotError:
+        return  # the statement's own handling reports it
+    for statement in statements:
+        targets: list[Any] = []
+        if isinstance(statement, exp.Insert | exp.Create):
+            target = statement.this
+            targets = [target.this if isinstance(target, exp.Schema) else target]
+        elif isinstance(statement, exp.Drop):
+            targets = list(statement.args.get("tables") or [statement.this])
+        for table in targets:
+            if not isinstance(table, exp.Table) or not table.db or table.db.lower() == "public":
+                continue
+            name = f"{table.db}.{table.name}"
+            raise QueryError(
+                f"{name} is an Iceberg table of the server's catalog (a two-part name): SQL "
+                f"reads it; a pipeline's iceberg sink writes it (CREATE SINK … WITH (connector "
+                f"= 'iceberg', table = '{name}')). Streams have one-part names"
+            )
+
+
 @dataclass(frozen=True)
 class PreparedInfo:
     """What CreatePreparedStatement reports.
@@ -378,7 +408,9 @@ class SqlEngine:
         statements, which run at once), with one partition so rows keep their order."""
         infos = self._streams_for(sql)
         pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in infos]
-        return self._data_context(pins, ordered=True)
+        ctx = self._data_context(pins, ordered=True)
+        register_iceberg_tables(ctx, sql, self.store.data_dir, data=True)  # read, never written
+        return ctx
 
     @staticmethod
     def _dataframe(
@@ -411,6 +443,8 @@ class SqlEngine:
         """
         sql = rewrite_placeholders(sql)
         kind = statement_kind(sql)
+        if kind != "query":
+            _refuse_iceberg_targets(sql)
         if kind == "create" or kind == "drop":
             self._parse_ddl(sql, kind)
             return PreparedInfo(kind, None, None)
@@ -565,6 +599,7 @@ class SqlEngine:
         kind = statement_kind(sql)
         if kind == "query":
             raise QueryError("not an update: the statement returns rows; send it as a query")
+        _refuse_iceberg_targets(sql)
         if kind == "insert" and params is not None and params.num_rows > 1:
             vectorized = _vectorized_insert(sql, params)
             if vectorized is not None:
