@@ -348,3 +348,48 @@ def test_bad_tls_files_are_named_before_the_server_starts(pki: Path, tmp_path: P
         "verify_client",
         "root_certificates",
     }
+
+
+def test_deeply_nested_sql_and_huge_names_get_a_clear_invalid_argument(tmp_path: Path) -> None:
+    """Before: 3,000 nested parentheses (6 KB of SQL) were INTERNAL (Python's RecursionError in
+    sqlglot) on every SQL entry point; a 1 MB stream name came back in the error message and
+    broke gRPC's metadata limit (RESOURCE_EXHAUSTED, "Stream removed")."""
+    from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+    from flight_serve.flight.flightsql import pack
+
+    deep = "SELECT " + "(" * 3000 + "1" + ")" * 3000
+    with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
+        calls: dict[str, Callable[[], object]] = {
+            "sql": lambda: c.get_flight_info(flight.FlightDescriptor.for_command(deep.encode())),
+            "flight sql": lambda: c.get_flight_info(
+                flight.FlightDescriptor.for_command(
+                    pack(sql_pb2.CommandStatementQuery(query=deep))
+                )
+            ),
+            "prepare": lambda: list(
+                c.do_action(
+                    flight.Action(
+                        "CreatePreparedStatement",
+                        pack(sql_pb2.ActionCreatePreparedStatementRequest(query=deep)),
+                    )
+                )
+            ),
+            "submit": lambda: list(
+                c.do_action(
+                    flight.Action(
+                        "pipeline.submit", json.dumps({"sql": f"CREATE VIEW v AS {deep}"}).encode()
+                    )
+                )
+            ),
+        }
+        for what, call in calls.items():
+            with pytest.raises(pa.ArrowInvalid, match="nested too deeply") as error:
+                call()
+            assert "internal error" not in str(error.value), what
+        name = "n" * 1_000_000
+        with pytest.raises(pa.ArrowInvalid) as error:
+            list(c.do_action(flight.Action("stream.tail", json.dumps({"stream": name}).encode())))
+        first_line = str(error.value).splitlines()[0]
+        assert len(first_line) < 3000
+        assert "more characters)" in first_line
+        assert [i.descriptor.path for i in c.list_flights()] == []  # still serving

@@ -45,7 +45,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flight_serve.errors import FlightServeError
+from flight_serve.errors import FlightServeError, InvalidInputError
 
 __all__ = ["log_level", "to_flight_error"]
 
@@ -77,6 +77,22 @@ def log_level(exc: BaseException) -> int:
     return logging.ERROR
 
 
+#: The longest message a status carries: gRPC refuses trailers beyond its metadata limit (a
+#: message quoting a 1 MB stream name came back as RESOURCE_EXHAUSTED "Stream removed").
+MAX_MESSAGE_CHARS: Final = 2000
+
+
+def _clip(message: str) -> str:
+    """``message`` cut to :data:`MAX_MESSAGE_CHARS`, saying how much was left out.
+
+    >>> _clip("x" * 2005)[-21:]
+    '… (5 more characters)'
+    """
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return f"{message[:MAX_MESSAGE_CHARS]}… ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+
+
 def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
     """Return the exception a Flight handler raises for ``exc`` (see the module table), after
     logging ``exc`` at :func:`log_level`.
@@ -95,12 +111,17 @@ def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
     >>> type(to_flight_error(StreamNotFoundError("stream 's' does not exist"))).__name__
     'ArrowKeyError'
     """
+    if isinstance(exc, RecursionError):  # the client's input, not a bug: e.g. SQL in 3,000 parens
+        exc = InvalidInputError(
+            "the request is nested too deeply to parse (for example SQL with thousands of "
+            "nested parentheses or expressions); flatten it"
+        )
     level = log_level(exc)
     fields: dict[str, object] = {"rpc": rpc, "error_class": type(exc).__name__}
     if isinstance(exc, FlightServeError):
         fields["domain"] = exc.domain
         fields["retryable"] = exc.retryable
-    message = str(exc)
+    message = _clip(str(exc))
 
     if isinstance(exc, FlightServeError) and exc.domain != "internal":
         log.log(level, "request failed: %s", message, extra=fields)
