@@ -122,8 +122,9 @@ class GrpcPlugin:
 
     ``opening``: how the call starts: ``"descriptor_alone"`` (descriptor; hello; output schema),
     ``"descriptor_with_schema"`` (descriptor on the output schema message, as Rust's
-    ``FlightDataEncoder`` sends it; then the hello) or ``"hello_with_descriptor"`` (the hello's
-    metadata on the descriptor's message: the server never sees it). ``answer`` maps
+    ``FlightDataEncoder`` sends it; then the hello), ``"hello_with_descriptor"`` (the hello's
+    metadata on the descriptor's message) or ``"hello_on_schema"`` (descriptor; the hello's
+    metadata on the output schema's message): the server never sees the hello of the last two. ``answer`` maps
     (the number of answers so far, input batch) to the frames to write, or ``None`` to hold it.
     """
 
@@ -155,6 +156,9 @@ class GrpcPlugin:
             ],
             "hello_with_descriptor": [
                 frame(descriptor=descriptor, metadata=hello), frame(header=schema_header)
+            ],
+            "hello_on_schema": [
+                frame(descriptor=descriptor), frame(header=schema_header, metadata=hello)
             ],
         }[opening]
         for f in opening_frames:
@@ -298,21 +302,22 @@ def test_a_plugin_written_from_the_spec_with_grpc_only_serves_a_pipeline(
             plugin.close()
 
 
-def test_a_hello_on_the_descriptor_message_is_not_seen_and_the_server_says_so(
-    server: FlightServeService, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("opening", ["hello_with_descriptor", "hello_on_schema"])
+def test_a_hello_on_the_descriptor_or_schema_message_is_not_seen_and_the_server_says_so(
+    server: FlightServeService, monkeypatch: pytest.MonkeyPatch, opening: str
 ) -> None:
-    # 0 s: descriptor + hello in one message, then the output schema; the server waits for a
-    # hello; 1 s: it writes {"error": …}; the plugin finishes writing: INVALID_ARGUMENT
+    # 0 s: the hello's metadata on the descriptor's (or the schema's) message; the server waits
+    # for a hello; 1 s: it writes {"error": …}; the plugin finishes writing: INVALID_ARGUMENT
     monkeypatch.setattr(flight_plugins, "HELLO_TIMEOUT_S", 1.0)
-    plugin = GrpcPlugin(server.location, "hello_with_descriptor")
+    plugin = GrpcPlugin(server.location, opening)
     try:
         wait_until(lambda: bool(plugin.messages), "the server's error message")
         assert plugin.messages == [
             {
                 "error": "plugin exchange: no hello within 1 s. The hello is the first "
-                "metadata-only message after the descriptor; the server does not see the "
-                "app_metadata of the message that carries the descriptor, so send the "
-                "descriptor alone or with the output schema (schemas/README.md)"
+                "metadata-only message after the descriptor; the server does not see "
+                "app_metadata on a message that carries the descriptor or a schema, so send "
+                "the hello as a message of its own (schemas/README.md)"
             }
         ]
         plugin.outgoing.put(None)

@@ -193,9 +193,9 @@ def _read_hello(
                         {
                             "error": f"plugin exchange: no hello within {HELLO_TIMEOUT_S:g} s. "
                             "The hello is the first metadata-only message after the descriptor; "
-                            "the server does not see the app_metadata of the message that "
-                            "carries the descriptor, so send the descriptor alone or with the "
-                            "output schema (schemas/README.md)"
+                            "the server does not see app_metadata on a message that carries the "
+                            "descriptor or a schema, so send the hello as a message of its own "
+                            "(schemas/README.md)"
                         }
                     )
                 )
