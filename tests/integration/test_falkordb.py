@@ -546,3 +546,25 @@ def test_accumulate_refuses_the_rows_of_an_emit_update_query(
     )
     assert caught.value.line == line
     parse_pipeline(text.replace(", accumulate = 'n'", ""))  # plans
+
+
+def test_an_unreachable_servers_error_does_not_show_the_urls_password() -> None:
+    """The url may carry credentials (``falkor://user:password@host:port``); the error of an
+    unreachable server ends up in logs and in pipeline.status, which the read role sees: the
+    password is masked."""
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"falkor://ops:s3cret-pw@127.0.0.1:{port}"
+    schema = pa.schema([("k", pa.string())])
+    options = {"url": url, "node_label": "X", "node_key": "k", "max_retries": "0"}
+    with pytest.raises(ConnectorError) as caught:
+        FalkorDBSink("s", options, schema, pipeline="p")
+    message = str(caught.value)
+    assert message.startswith(
+        f"sink s: FalkorDB at falkor://ops:***@127.0.0.1:{port} unreachable after 0 retries "
+        "(connect): "
+    )
+    assert "s3cret-pw" not in message

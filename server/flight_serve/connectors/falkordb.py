@@ -64,6 +64,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -746,7 +747,7 @@ class FalkorDBSink:
                 if not _is_connection_error(exc) or attempt == self.max_retries:
                     if _is_connection_error(exc):
                         raise ConnectorError(
-                            f"sink {self.name}: FalkorDB at {self.url} unreachable after "
+                            f"sink {self.name}: FalkorDB at {_masked(self.url)} unreachable after "
                             f"{self.max_retries} retries ({what}): {exc}"
                         ) from exc
                     raise
@@ -964,6 +965,20 @@ class FalkorDBSink:
             except Exception as exc:
                 log.debug("falkordb sink %s: close: %s", self.name, exc)
         self._db = self._graph = None
+
+
+def _masked(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for messages and logs.
+
+    >>> _masked("falkor://ops:pw@127.0.0.1:6379")
+    'falkor://ops:***@127.0.0.1:6379'
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _string(value: str) -> str:
