@@ -98,6 +98,7 @@ __all__ = [
     "conform_for_iceberg",
     "default_catalog_properties",
     "load_iceberg_catalog",
+    "masked_uri",
     "parse_identifier",
     "parse_partition_spec",
 ]
@@ -188,10 +189,33 @@ def _load_table(catalog: Catalog, identifier: tuple[str, ...]) -> Table:
         raise ConnectorError(_missing_table(catalog, identifier)) from exc
 
 
+def masked_uri(uri: str) -> str:
+    """``uri`` with its password (if any) replaced by ``***``, for messages and logs.
+
+    >>> masked_uri("postgresql+psycopg2://lake:s3cret@db:5432/iceberg")
+    'postgresql+psycopg2://lake:***@db:5432/iceberg'
+    >>> masked_uri("sqlite:////data/iceberg/catalog.db")
+    'sqlite:////data/iceberg/catalog.db'
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+        password = parts.password
+    except ValueError:  # not a URL (a bad port): nothing to find
+        return uri
+    if password is None:
+        return uri
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
 def _missing_table(catalog: Catalog, identifier: tuple[str, ...]) -> str:
     """"iceberg table ns.t does not exist in catalog 'name' (uri; what it holds instead)": a
     wrong catalog option is the likely mistake, so the message names the catalog."""
-    where = catalog.properties.get("uri") or catalog.properties.get("warehouse") or "no uri"
+    where = masked_uri(
+        catalog.properties.get("uri") or catalog.properties.get("warehouse") or "no uri"
+    )
     try:
         namespaces = [".".join(n) for n in catalog.list_namespaces()]
         namespace = identifier[:-1]
