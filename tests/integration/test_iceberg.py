@@ -1140,3 +1140,34 @@ def test_flight_sql_updates_read_iceberg_tables_and_refuse_to_write_them(tmp_pat
             assert cur.fetchall() == [("EWR", 1), ("JFK", 2), ("EWR", 10), ("JFK", 20)]
             cur.execute("SELECT count(*) FROM ops.delays")
             assert cur.fetchall() == [(2,)]
+
+
+def test_a_partition_spec_that_cannot_apply_creates_no_table(tmp_path: Path) -> None:
+    """partition_by day(k) over a string column, or over a column the rows lack, fails the
+    first commit with a one-line error, and leaves no table behind: the table used to be
+    created first (unpartitioned) and the spec added after, so the error came as a raw
+    traceback and the next run wrote into the unpartitioned table without a word."""
+    from flight_serve.errors import ConnectorError
+
+    catalog = new_catalog(tmp_path)
+    rows = [batch(k=["a"], t=pa.array([0], UTC_US))]
+    with pytest.raises(ConnectorError) as caught:
+        IcebergSink(catalog, "ops.p", writer="w", run="r", partition_by="day(k)").commit(1, rows)
+    assert str(caught.value) == (
+        "iceberg table ops.p: partition_by day(k) cannot apply: day cannot transform string "
+        "values from k"
+    )
+    assert not catalog.table_exists("ops.p")
+    with pytest.raises(ConnectorError) as caught:
+        IcebergSink(catalog, "ops.p", writer="w", run="r", partition_by="day(tt)").commit(1, rows)
+    assert str(caught.value) == (
+        "iceberg table ops.p: partition_by names tt, which the rows lack (columns: k, t)"
+    )
+    assert not catalog.table_exists("ops.p")
+    sink = IcebergSink(catalog, "ops.p", writer="w", run="r", partition_by="day(t), identity(k)")
+    assert sink.commit(1, rows).committed
+    spec = catalog.load_table("ops.p").spec()
+    assert [(f.name, str(f.transform)) for f in spec.fields] == [
+        ("t_day", "day"),
+        ("k", "identity"),
+    ]

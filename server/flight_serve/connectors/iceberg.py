@@ -485,26 +485,45 @@ class IcebergSink:
         except NoSuchTableError:
             if schema is None:
                 raise ConnectorError(_missing_table(self.catalog, self.identifier)) from None
+        missing = [c for _, c, _ in self.partition_spec if schema.get_field_index(c) < 0]
+        if missing:
+            raise ConnectorError(
+                f"iceberg table {self.name}: partition_by names {', '.join(missing)}, which "
+                f"the rows lack (columns: {', '.join(schema.names)})"
+            )
         try:
             self.catalog.create_namespace_if_not_exists(self.identifier[:-1])
-            table = self.catalog.create_table(self.identifier, schema=schema)
+            if not self.partition_spec:
+                return self.catalog.create_table(self.identifier, schema=schema)
+            # the table and its partition spec in one commit: a spec that cannot apply leaves
+            # no (unpartitioned) table behind for the next run to write into (pyiceberg stages
+            # tables of one-level namespaces only: a deeper one gets the spec right after)
+            if len(self.identifier) == 2:
+                tx: Any = self.catalog.create_table_transaction(self.identifier, schema=schema)
+            else:
+                tx = self.catalog.create_table(self.identifier, schema=schema).transaction()
+            try:
+                with tx.update_spec() as spec:
+                    for transform, column, width in self.partition_spec:
+                        suffix = "" if transform == "identity" else f"_{transform}"
+                        field = f"{column}{suffix}"
+                        spec.add_field(column, _transform(transform, width), field)
+            except ValueError as exc:  # pyiceberg: the transform does not fit the type
+                text = ", ".join(
+                    f"{t}({c})" if w is None else f"{t}({w}, {c})"
+                    for t, c, w in self.partition_spec
+                )
+                raise ConnectorError(
+                    f"iceberg table {self.name}: partition_by {text} cannot apply: {exc}"
+                ) from exc
+            created: Table = tx.commit_transaction()
+            return created
         except TableAlreadyExistsError:  # another writer created it first
             return self.catalog.load_table(self.identifier)
+        except ConnectorError:
+            raise
         except Exception as exc:
             raise ConnectorError(f"iceberg table {self.name}: cannot create it: {exc}") from exc
-        if self.partition_spec:
-            missing = [c for _, c, _ in self.partition_spec if schema.get_field_index(c) < 0]
-            if missing:
-                raise ConnectorError(
-                    f"iceberg table {self.name}: partition_by names {', '.join(missing)}, which "
-                    f"the rows lack (columns: {', '.join(schema.names)})"
-                )
-            with table.update_spec() as spec:
-                for transform, column, width in self.partition_spec:
-                    suffix = "" if transform == "identity" else f"_{transform}"
-                    spec.add_field(column, _transform(transform, width), f"{column}{suffix}")
-            table = self.catalog.load_table(self.identifier)
-        return table
 
     def _check_columns(self, table: Table, data: pa.Table) -> bool:
         """Whether the data has columns the table lacks and they may be added."""
