@@ -1171,3 +1171,23 @@ def test_a_partition_spec_that_cannot_apply_creates_no_table(tmp_path: Path) -> 
         ("t_day", "day"),
         ("k", "identity"),
     ]
+
+
+def test_partition_by_differing_from_an_existing_tables_spec_is_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """partition_by applies to a table the sink creates; an existing table keeps its own spec
+    (as Flink's CREATE TABLE IF NOT EXISTS does), and a differing partition_by is not silent:
+    one WARNING per sink names both specs."""
+    catalog = new_catalog(tmp_path)
+    rows = [batch(k=["a"], t=pa.array([0], UTC_US))]
+    IcebergSink(catalog, "ops.p", writer="w", run="r").commit(1, rows)  # unpartitioned
+    sink = IcebergSink(catalog, "ops.p", writer="w", run="r", partition_by="day(t)")
+    with caplog.at_level(logging.WARNING, logger="flight_serve.connectors.iceberg"):
+        sink.commit(2, rows)
+        sink.commit(3, rows)
+    assert [r.getMessage() for r in caplog.records] == [
+        "iceberg sink ops.p: partition_by day(t) is not the existing table's partition spec "
+        "(unpartitioned) and is ignored: it applies to a table the sink creates"
+    ]
+    assert catalog.load_table("ops.p").spec().fields == ()

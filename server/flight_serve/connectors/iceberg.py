@@ -440,6 +440,7 @@ class IcebergSink:
         self.backoff_s = backoff_s
         self.property_key = MARKER_PROPERTY_PREFIX + writer
         self.conflicts = 0  # over the sink's life
+        self._spec_warned = False
         self.unknown = 0
 
     # --- markers ----------------------------------------------------------------------------
@@ -481,10 +482,13 @@ class IcebergSink:
         from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
         try:
-            return self.catalog.load_table(self.identifier)
+            found = self.catalog.load_table(self.identifier)
         except NoSuchTableError:
             if schema is None:
                 raise ConnectorError(_missing_table(self.catalog, self.identifier)) from None
+        else:
+            self._check_spec(found)
+            return found
         missing = [c for _, c, _ in self.partition_spec if schema.get_field_index(c) < 0]
         if missing:
             raise ConnectorError(
@@ -509,12 +513,9 @@ class IcebergSink:
                         field = f"{column}{suffix}"
                         spec.add_field(column, _transform(transform, width), field)
             except ValueError as exc:  # pyiceberg: the transform does not fit the type
-                text = ", ".join(
-                    f"{t}({c})" if w is None else f"{t}({w}, {c})"
-                    for t, c, w in self.partition_spec
-                )
                 raise ConnectorError(
-                    f"iceberg table {self.name}: partition_by {text} cannot apply: {exc}"
+                    f"iceberg table {self.name}: partition_by {self._spec_text()} cannot "
+                    f"apply: {exc}"
                 ) from exc
             created: Table = tx.commit_transaction()
             return created
@@ -524,6 +525,32 @@ class IcebergSink:
             raise
         except Exception as exc:
             raise ConnectorError(f"iceberg table {self.name}: cannot create it: {exc}") from exc
+
+    def _spec_text(self) -> str:
+        return ", ".join(
+            f"{t}({c})" if w is None else f"{t}({w}, {c})" for t, c, w in self.partition_spec
+        )
+
+    def _check_spec(self, table: Table) -> None:
+        """Warn once if ``partition_by`` differs from an existing table's spec (it is ignored)."""
+        if not self.partition_spec or self._spec_warned:
+            return
+        names = {f.field_id: f.name for f in table.schema().fields}
+        have = [
+            (str(f.transform), names.get(f.source_id, "?")) for f in table.spec().fields
+        ]
+        want = [(t if w is None else f"{t}[{w}]", c) for t, c, w in self.partition_spec]
+        if have == want:
+            return
+        self._spec_warned = True
+        current = ", ".join(f"{t}({c})" for t, c in have) or "unpartitioned"
+        log.warning(
+            "iceberg sink %s: partition_by %s is not the existing table's partition spec (%s) "
+            "and is ignored: it applies to a table the sink creates",
+            self.name,
+            self._spec_text(),
+            current,
+        )
 
     def _check_columns(self, table: Table, data: pa.Table) -> bool:
         """Whether the data has columns the table lacks and they may be added."""
