@@ -568,3 +568,25 @@ def test_an_unreachable_servers_error_does_not_show_the_urls_password() -> None:
         "(connect): "
     )
     assert "s3cret-pw" not in message
+
+
+def test_a_nan_or_infinite_key_is_refused_naming_the_column(
+    falkordb_url: str, graph: tuple[str, Any]
+) -> None:
+    """A float key column holding NaN or ±inf: the value would be converted to null (or, under
+    non_finite = 'reject', refused as a property), and FalkorDB then refused the MERGE with a
+    message that names no column ("Cannot merge node using null property value"). Refused
+    before any query, like a null key, naming the column and the count; nothing is written."""
+    name, handle = graph
+    table = pa.table({"k": [1.0, math.nan, math.inf], "v": [1, 2, 3]})
+    sink = _sink(falkordb_url, name, table.schema, node_label="V", node_key="k")
+    try:
+        with pytest.raises(ConnectorError) as caught:
+            sink.write(table)
+    finally:
+        sink.close()
+    assert str(caught.value) == (
+        "sink s: key column 'k' is NaN or infinite in 2 row(s); MERGE cannot match on them: "
+        "filter them in the query"
+    )
+    assert _rows(handle, "MATCH (n) RETURN count(n)") == [[0]]

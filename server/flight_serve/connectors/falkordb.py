@@ -786,6 +786,14 @@ class FalkorDBSink:
                     f"sink {self.name}: key column {column!r} is null in {nulls} row(s); MERGE "
                     "cannot match on null: filter them (WHERE … IS NOT NULL) in the query"
                 )
+            values = table.column(column)
+            if pa.types.is_floating(values.type):
+                bad = int(pc.sum(pc.cast(pc.invert(pc.is_finite(values)), pa.int64())).as_py() or 0)
+                if bad:  # converted to null (non_finite) they would fail the MERGE
+                    raise ConnectorError(
+                        f"sink {self.name}: key column {column!r} is NaN or infinite in {bad} "
+                        "row(s); MERGE cannot match on them: filter them in the query"
+                    )
         if table.num_rows < 2:
             return table
         indexed = table.append_column("__row", pa.array(range(table.num_rows), pa.int64()))
