@@ -1191,3 +1191,49 @@ def test_partition_by_differing_from_an_existing_tables_spec_is_logged_once(
         "(unpartitioned) and is ignored: it applies to a table the sink creates"
     ]
     assert catalog.load_table("ops.p").spec().fields == ()
+
+
+@pytest.mark.integration
+def test_a_query_over_an_iceberg_table_reserves_its_data_in_the_memory_budget(
+    tmp_path: Path,
+) -> None:
+    """DoGet loads an Iceberg table's current snapshot into memory, as it loads a stream; a
+    stream's query reserves its on-disk bytes in --memory-budget, and an Iceberg table's now
+    reserves its data files' bytes (the snapshot summary's total-files-size): a table larger
+    than the whole budget is refused with the budget named, instead of being loaded anyway."""
+    import pyarrow.flight as flight
+    from flight_serve.flight.limits import MemoryBudget
+    from flight_serve.flight.server import start_server
+
+    catalog = new_catalog(tmp_path / "iceberg")
+    sink = IcebergSink(catalog, "ops.big", writer="w", run="r")
+    sink.commit(1, [batch(k=[f"key-{i:06d}-{'x' * 40}" for i in range(20_000)])])
+    summary = catalog.load_table("ops.big").current_snapshot().summary  # type: ignore[union-attr]
+    files_bytes = int(summary.additional_properties["total-files-size"])  # type: ignore[union-attr]
+    work = 1 << 16
+    budget = MemoryBudget(files_bytes + work - 1, wait_s=0.1)
+    with (
+        start_server(tmp_path, pipelines=False, memory_budget=budget, query_work_bytes=work)
+        as service,
+        flight.FlightClient(service.location) as client,
+    ):
+        info = client.get_flight_info(
+            flight.FlightDescriptor.for_command("SELECT count(*) AS n FROM ops.big")
+        )
+        with pytest.raises(pa.ArrowInvalid) as caught:  # INVALID_ARGUMENT
+            client.do_get(info.endpoints[0].ticket).read_all()
+        assert (
+            f"this query needs {files_bytes + work} bytes of memory, more than the server's "
+            f"whole memory budget of {files_bytes + work - 1} bytes (--memory-budget)"
+        ) in str(caught.value)
+        assert budget.in_use() == {}
+    enough = MemoryBudget(files_bytes + work, wait_s=0.1)
+    with (
+        start_server(tmp_path, pipelines=False, memory_budget=enough, query_work_bytes=work)
+        as service,
+        flight.FlightClient(service.location) as client,
+    ):
+        info = client.get_flight_info(
+            flight.FlightDescriptor.for_command("SELECT count(*) AS n FROM ops.big")
+        )
+        assert client.do_get(info.endpoints[0].ticket).read_all().to_pylist() == [{"n": 20_000}]

@@ -529,7 +529,9 @@ class SqlEngine:
             OverloadError: the memory budget has no room (UNAVAILABLE, retryable).
         """
         started = time.monotonic()
-        reservation = reserve_input(self.limits, self.store, ticket.pins, "this query")
+        reservation = reserve_input(
+            self.limits, self.store, ticket.pins, "this query", ticket.sql
+        )
         try:
             ctx = self._data_context(ticket.pins)
             register_iceberg_tables(ctx, ticket.sql, self.store.data_dir, data=True)
@@ -624,7 +626,7 @@ class SqlEngine:
     ) -> int:
         started = time.monotonic()
         pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in self._streams_for(sql)]
-        reservation = reserve_input(self.limits, self.store, pins, "this INSERT")
+        reservation = reserve_input(self.limits, self.store, pins, "this INSERT", sql)
         try:
             return self._insert_reserved(sql, values, is_cancelled, rows_table, started)
         finally:

@@ -32,7 +32,13 @@ from sqlglot import exp
 from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
 from flight_serve.errors import QueryError
 
-__all__ = ["iceberg_namespaces", "iceberg_references", "iceberg_tables", "register_iceberg_tables"]
+__all__ = [
+    "iceberg_input_bytes",
+    "iceberg_namespaces",
+    "iceberg_references",
+    "iceberg_tables",
+    "register_iceberg_tables",
+]
 
 _DEFAULT_SCHEMA = "public"
 _CATALOG = "datafusion"  # DataFusion's default catalog: the one Flight SQL lists
@@ -172,3 +178,32 @@ def iceberg_tables(data_dir: Path, *, with_schemas: bool) -> list[tuple[str, str
         except Exception as exc:  # pyiceberg raises many kinds
             raise QueryError(f"iceberg namespace {namespace}: cannot list it: {exc}") from exc
     return found
+
+
+def iceberg_input_bytes(sql: str, data_dir: Path) -> int:
+    """The data-file bytes (the current snapshot summary's ``total-files-size``) of the Iceberg
+    tables ``sql`` names: what a query reserves in the memory budget for them, as it reserves a
+    stream's on-disk bytes. A name the catalog does not hold, or a table without a snapshot,
+    counts 0.
+
+    Raises:
+        QueryError: a table exists but its metadata cannot be read (pyiceberg's message).
+    """
+    refs = iceberg_references(sql)
+    catalog = _embedded_catalog(data_dir) if refs else None
+    if catalog is None:
+        return 0
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    total = 0
+    for namespace, name in refs:
+        try:
+            snapshot = catalog.load_table((namespace, name)).current_snapshot()
+        except (NoSuchTableError, NoSuchNamespaceError):
+            continue
+        except Exception as exc:  # pyiceberg raises many kinds
+            raise QueryError(f"iceberg table {namespace}.{name}: cannot read it: {exc}") from exc
+        summary = snapshot.summary if snapshot is not None else None
+        size = summary.additional_properties.get("total-files-size", "0") if summary else "0"
+        total += int(size) if size.isdigit() else 0
+    return total

@@ -51,7 +51,7 @@ import sqlglot
 from sqlglot import exp
 
 from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
-from flight_serve.flight.iceberg_tables import register_iceberg_tables
+from flight_serve.flight.iceberg_tables import iceberg_input_bytes, register_iceberg_tables
 from flight_serve.flight.limits import QueryLimits, Reservation
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore, rewrite_type
@@ -238,10 +238,16 @@ _new_context = new_context
 
 
 def reserve_input(
-    limits: QueryLimits | None, store: StreamStore, pins: Iterable[StreamPin], what: str
+    limits: QueryLimits | None,
+    store: StreamStore,
+    pins: Iterable[StreamPin],
+    what: str,
+    sql: str | None = None,
 ) -> Reservation | None:
     """Reserve, in ``limits.budget``, the on-disk bytes of the streams ``pins`` name (what
-    loading them takes, about) plus ``limits.work_bytes``; ``None`` without a budget.
+    loading them takes, about), the data-file bytes of the Iceberg tables ``sql`` names
+    (:func:`~flight_serve.flight.iceberg_tables.iceberg_input_bytes`), plus
+    ``limits.work_bytes``; ``None`` without a budget.
 
     Raises:
         OverloadError: no room within the budget's wait (UNAVAILABLE, retryable).
@@ -253,6 +259,8 @@ def reserve_input(
     for pin in pins:
         with contextlib.suppress(StreamNotFoundError):  # a stale ticket, reported later
             nbytes += store.info(pin.stream).num_bytes
+    if sql is not None:
+        nbytes += iceberg_input_bytes(sql, store.data_dir)
     return limits.budget.reserve(nbytes, "query", what)
 
 
@@ -419,7 +427,7 @@ def execute(
             client cancels / the statement timeout passes.
     """
     started = time.monotonic()
-    reservation = reserve_input(limits, store, ticket.pins, "this query")
+    reservation = reserve_input(limits, store, ticket.pins, "this query", ticket.sql)
     try:
         ctx = new_context(limits)
         for pin in ticket.pins:
