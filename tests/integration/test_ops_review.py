@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -393,3 +394,103 @@ def test_deeply_nested_sql_and_huge_names_get_a_clear_invalid_argument(tmp_path:
         assert len(first_line) < 3000
         assert "more characters)" in first_line
         assert [i.descriptor.path for i in c.list_flights()] == []  # still serving
+
+
+def test_sql_text_above_one_mebibyte_is_refused_before_parsing(tmp_path: Path) -> None:
+    """Before: 30 MB of SQL kept a request thread parsing for ~40 s and took gigabytes (a
+    MemoryError under an 8 GB address-space limit; the OOM killer without one)."""
+    from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+    from flight_serve.flight.flightsql import pack
+
+    big = "SELECT " + "1+" * (1 << 20) + "1"  # 2 MiB + 8 characters
+    with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
+        calls: dict[str, Callable[[], object]] = {
+            "sql": lambda: c.get_flight_info(flight.FlightDescriptor.for_command(big.encode())),
+            "flight sql": lambda: c.get_flight_info(
+                flight.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=big)))
+            ),
+            "prepare": lambda: list(
+                c.do_action(
+                    flight.Action(
+                        "CreatePreparedStatement",
+                        pack(sql_pb2.ActionCreatePreparedStatementRequest(query=big)),
+                    )
+                )
+            ),
+            "submit": lambda: list(
+                c.do_action(flight.Action("pipeline.submit", json.dumps({"sql": big}).encode()))
+            ),
+        }
+        for what, call in calls.items():
+            started = time.monotonic()
+            with pytest.raises(pa.ArrowInvalid, match=r"2097160 characters; the limit is 1048576"):
+                call()
+            assert time.monotonic() - started < 5.0, what
+
+
+def test_a_deeply_nested_expression_is_refused_instead_of_crashing_the_server(
+    tmp_path: Path,
+) -> None:
+    """Before: ``SELECT 1+1+…+1`` with 12,000 terms (24 KB) overflowed DataFusion's stack while
+    planning: a segmentation fault that ended ``flight-serve serve``. The server runs as its own
+    process here, so a crash fails the test instead of ending pytest."""
+    from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+    from flight_serve.flight.flightsql import pack
+
+    proc = subprocess.Popen(
+        [str(CLI), "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    location = proc.stdout.readline().strip()
+    try:
+        deep = "SELECT " + "1+" * 12000 + "1 AS x"
+        where = " OR ".join(f"v = {i}" for i in range(12000))
+        with flight.FlightClient(location) as c:
+            writer, reader = c.do_put(flight.FlightDescriptor.for_path("events"), EVENTS)
+            writer.write_batch(
+                pa.RecordBatch.from_pylist(
+                    [{"k": "a", "t": pa.scalar(1, pa.timestamp("s")).as_py(), "v": 7}],
+                    schema=EVENTS,
+                )
+            )
+            writer.done_writing()
+            reader.read()
+            writer.close()
+            calls: dict[str, Callable[[], object]] = {
+                "sql": lambda: c.get_flight_info(
+                    flight.FlightDescriptor.for_command(deep.encode())
+                ),
+                "flight sql": lambda: c.get_flight_info(
+                    flight.FlightDescriptor.for_command(
+                        pack(sql_pb2.CommandStatementQuery(query=deep))
+                    )
+                ),
+                "where": lambda: c.get_flight_info(
+                    flight.FlightDescriptor.for_command(
+                        f"SELECT k FROM events WHERE {where}".encode()
+                    )
+                ),
+            }
+            for what, call in calls.items():
+                with pytest.raises(pa.ArrowInvalid, match="nests expressions about 12000 deep"):
+                    call()
+                assert proc.poll() is None, f"the server died on {what}"
+            # a long flat list and a chain within the limit still run
+            sql = (
+                "SELECT k, v FROM events WHERE v IN ("
+                + ", ".join(str(i) for i in range(20000))
+                + ") AND ("
+                + " OR ".join(f"v = {i}" for i in range(1500))
+                + ")"
+            )
+            info = c.get_flight_info(flight.FlightDescriptor.for_command(sql.encode()))
+            assert c.do_get(info.endpoints[0].ticket).read_all().to_pylist() == [
+                {"k": "a", "v": 7}
+            ]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        proc.stdout.close()

@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_serve.engine.aggregate import AggregateCall, quote_ident
+from flight_serve.engine.sqlguard import check_sql
 from flight_serve.engine.watermark import WatermarkTracker
 from flight_serve.engine.windows import (
     CumulateWindow,
@@ -313,6 +314,7 @@ class WindowOperator:
         self.input_schema = input_schema
         self.metrics = OperatorMetrics()
         self._ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
+        self._checked_sql: set[str] = set()  # SQL texts check_sql passed
         self._validate()
         ts_type = input_schema.field(config.time_column).type
         self.time_type: pa.TimestampType = ts_type
@@ -425,6 +427,9 @@ class WindowOperator:
                 )
 
     def _sql(self, sql: str, tables: dict[str, Sequence[pa.RecordBatch]]) -> pa.Table:
+        if sql not in self._checked_sql:  # DataFusion would crash on a deeply nested expression
+            check_sql(sql)
+            self._checked_sql.add(sql)
         for name, batches in tables.items():
             self._ctx.register_record_batches(name, [list(batches)])
         try:

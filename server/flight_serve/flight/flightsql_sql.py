@@ -810,3 +810,6 @@ class SqlEngine:
         if not exists:
             self.store.create(name, plain_schema(schema))
         return self._append_all(name, batches, is_cancelled)
+from flight_serve.engine.sqlguard import check_sql, check_sql_size
+    check_sql_size(sql)  # every statement passes here first, before sqlglot reads it
+        check_sql(sql)  # DataFusion would crash on a deeply nested expression (engine/sqlguard.py)

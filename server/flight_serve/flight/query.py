@@ -464,3 +464,6 @@ def _run(
         if batch.num_rows == 0:
             continue
         yield from split_batch(_conform_batch(batch, schema), max_batch_bytes)
+from flight_serve.engine.sqlguard import check_sql, check_sql_size
+    check_sql(sql)  # DataFusion would crash on a deeply nested expression (engine/sqlguard.py)
+    check_sql_size(sql)  # before sqlglot reads it

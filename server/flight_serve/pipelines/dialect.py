@@ -12,6 +12,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.risingwave import RisingWave
 
+from flight_serve.engine.sqlguard import check_sql_size
 from flight_serve.errors import PipelineSQLError
 
 
@@ -42,6 +43,7 @@ def parse_statements(sql: str) -> list[exp.Expression]:
     Raises:
         PipelineSQLError: the parser's message with the line and column of the offending token.
     """
+    check_sql_size(sql)  # before sqlglot reads it
     try:
         statements = sqlglot.parse(sql, read=FlightServeSQL)
     except sqlglot.errors.ParseError as exc:

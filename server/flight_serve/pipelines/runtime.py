@@ -55,6 +55,7 @@ from flight_serve.connectors.flight import (
 from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import Emission, WindowOperator
+from flight_serve.engine.sqlguard import check_sql
 from flight_serve.engine.windows import (
     CalendarWindow,
     CumulateWindow,
@@ -407,6 +408,7 @@ class _RowNode(_Node):
             batches = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
             self.ctx.register_record_batches(_table_name(name), [batches])
         self.sql = _row_sql(query, input.name)
+        check_sql(self.sql)  # DataFusion would crash on a deeply nested expression
         self.label = query.label
         empty = pa.RecordBatch.from_pylist([], input.schema)
         try:
