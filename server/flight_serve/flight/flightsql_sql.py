@@ -46,6 +46,7 @@ import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
 
+from flight_serve.engine.sqlguard import check_sql, check_sql_size
 from flight_serve.errors import (
     AlreadyExistsError,
     QueryError,
@@ -144,6 +145,7 @@ def rewrite_placeholders(sql: str) -> str:
     >>> rewrite_placeholders("SELECT '?', \\"a?\\" FROM t WHERE x = ? AND y > ? -- ?")
     'SELECT \\'?\\', "a?" FROM t WHERE x = $1 AND y > $2 -- ?'
     """
+    check_sql_size(sql)  # every statement passes here first, before sqlglot reads it
     counter = 0
 
     def replace(match: re.Match[str]) -> str:
@@ -419,6 +421,7 @@ class SqlEngine:
         options: datafusion.SQLOptions,
         values: dict[str, Any] | None = None,
     ) -> Any:
+        check_sql(sql)  # DataFusion would crash on a deeply nested expression (engine/sqlguard.py)
         try:
             return ctx.sql(sql, options=options, param_values=values)
         except Exception as exc:  # DataFusion raises bare Exception / ValueError
@@ -810,6 +813,3 @@ class SqlEngine:
         if not exists:
             self.store.create(name, plain_schema(schema))
         return self._append_all(name, batches, is_cancelled)
-from flight_serve.engine.sqlguard import check_sql, check_sql_size
-    check_sql_size(sql)  # every statement passes here first, before sqlglot reads it
-        check_sql(sql)  # DataFusion would crash on a deeply nested expression (engine/sqlguard.py)

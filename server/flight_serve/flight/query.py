@@ -50,6 +50,7 @@ import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
 
+from flight_serve.engine.sqlguard import check_sql, check_sql_size
 from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
 from flight_serve.flight.iceberg_tables import iceberg_input_bytes, register_iceberg_tables
 from flight_serve.flight.limits import QueryLimits, Reservation
@@ -367,6 +368,7 @@ def _register(
 
 
 def _dataframe(ctx: datafusion.SessionContext, sql: str) -> Any:
+    check_sql(sql)  # DataFusion would crash on a deeply nested expression (engine/sqlguard.py)
     try:
         return ctx.sql_with_options(sql, _sql_options())
     except Exception as exc:  # DataFusion raises bare Exception / ValueError
@@ -393,6 +395,7 @@ def plan(sql: str, store: StreamStore) -> tuple[pa.Schema, QueryTicket]:
     """
     if not sql.strip():
         raise QueryError("empty SQL query")
+    check_sql_size(sql)  # before sqlglot reads it
     wanted = referenced_tables(sql)
     infos = [info for info in store.list_streams() if wanted is None or info.name in wanted]
     ctx = _new_context()
@@ -464,6 +467,3 @@ def _run(
         if batch.num_rows == 0:
             continue
         yield from split_batch(_conform_batch(batch, schema), max_batch_bytes)
-from flight_serve.engine.sqlguard import check_sql, check_sql_size
-    check_sql(sql)  # DataFusion would crash on a deeply nested expression (engine/sqlguard.py)
-    check_sql_size(sql)  # before sqlglot reads it
