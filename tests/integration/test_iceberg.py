@@ -1237,3 +1237,51 @@ def test_a_query_over_an_iceberg_table_reserves_its_data_in_the_memory_budget(
             flight.FlightDescriptor.for_command("SELECT count(*) AS n FROM ops.big")
         )
         assert client.do_get(info.endpoints[0].ticket).read_all().to_pylist() == [{"n": 20_000}]
+
+
+def test_a_table_dropped_and_recreated_under_a_running_source_fails_or_resets(
+    tmp_path: Path,
+) -> None:
+    """The live form of the case above: the source has read rows 0-2 when ops.s is dropped and
+    created again with row 100. It used to fail with pyiceberg's "Table UUID does not match"
+    (after a restart: wait forever). Now the same choice as for a checkpoint: fail naming both
+    uuids, or with expired_snapshot = 'reset' read the new table from its start, gap reported."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+
+    def fresh_table() -> str:
+        if catalog.table_exists("ops.s"):
+            catalog.drop_table("ops.s")
+        table = catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())]))
+        for i in range(3):
+            table.append(pa.table({"id": [i]}))
+        return str(table.metadata.table_uuid)
+
+    for mode in ("fail", "reset"):
+        old_uuid = fresh_table()
+        gaps: list[str] = []
+        source = IcebergSource(
+            catalog, "ops.s", name="s", expired_snapshot=mode, on_gap=gaps.append  # type: ignore[arg-type]
+        )
+        assert drain_live(source) == [0, 1, 2]
+        last = source.snapshot_id
+        catalog.drop_table("ops.s")
+        created = catalog.create_table("ops.s", schema=pa.schema([("id", pa.int64())]))
+        created.append(pa.table({"id": [100]}))
+        new_uuid = str(created.metadata.table_uuid)
+        source._next_check = 0.0  # the monitor interval is not what this test waits for
+        message = (
+            f"source s (iceberg table ops.s): the table was dropped and created again while the "
+            f"source read it (table uuid {old_uuid}, now {new_uuid}): its snapshot {last} is not "
+            "in the new table's history"
+        )
+        if mode == "fail":
+            with pytest.raises(SnapshotExpiredError) as caught:
+                source.poll(0.0)
+            assert str(caught.value).startswith(message + ". Start over (--fresh)")
+        else:
+            assert drain_live(source) == [100]
+            assert gaps == [
+                message + "; reading the new table from its oldest snapshot "
+                "(expired_snapshot = 'reset')"
+            ]

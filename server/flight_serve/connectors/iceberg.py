@@ -777,6 +777,7 @@ class IcebergSource:
         self.identifier = parse_identifier(table)
         self.stream = ".".join(self.identifier)
         self.what = f"source {name} (iceberg table {self.stream})"
+        self._stop_at = stop_at
         self.table = _load_table(catalog, self.identifier)
         table_schema = self.table.schema().as_arrow()
         plain = pa.schema([pa.field(f.name, _plain(f.type)) for f in table_schema])
@@ -830,7 +831,7 @@ class IcebergSource:
             self._ended = bool(offset.get("ended", False))
             uuid = offset.get("table_uuid")
             if uuid is not None and uuid != self._uuid():
-                self._recreated(uuid, stop_at)
+                self._recreated(uuid, "since the checkpoint")
         else:
             self._start(start_snapshot_id, start_timestamp)
             self._stop_id = self._resolve_stop(stop_at)
@@ -839,14 +840,15 @@ class IcebergSource:
     def _uuid(self) -> str:
         return str(self.table.metadata.table_uuid)
 
-    def _recreated(self, uuid: str, stop_at: str | int | None) -> None:
-        """The checkpoint's table (``uuid``) was dropped and this one created under its name:
-        its snapshot ids and sequence numbers mean nothing here (a restore would otherwise
-        wait for a sequence number the new table may never reach)."""
+    def _recreated(self, uuid: str, when: str) -> None:
+        """The table the offset belongs to (``uuid``) was dropped and this one created under
+        its name (``when``: since the checkpoint, or while the source read it): its snapshot
+        ids and sequence numbers mean nothing here (a restore would otherwise wait for a
+        sequence number the new table may never reach)."""
         message = (
-            f"{self.what}: the table was dropped and created again since the checkpoint (table "
-            f"uuid {uuid}, now {self._uuid()}): its snapshot {self.snapshot_id} is not in the new "
-            "table's history"
+            f"{self.what}: the table was dropped and created again {when} (table uuid {uuid}, "
+            f"now {self._uuid()}): its snapshot {self.snapshot_id} is not in the new table's "
+            "history"
         )
         if self.expired_snapshot != "reset":
             raise SnapshotExpiredError(
@@ -860,7 +862,7 @@ class IcebergSource:
             )
         self.snapshot_id = self._seq = self._first = None
         self._ended = False
-        self._stop_id = self._resolve_stop(stop_at)
+        self._stop_id = self._resolve_stop(self._stop_at)
 
     def _start(self, snapshot_id: int | None, timestamp: datetime | None) -> None:
         current = self.table.current_snapshot()
@@ -948,7 +950,11 @@ class IcebergSource:
         Raises:
             SnapshotExpiredError: the offset expired with no surviving child (``fail``).
         """
-        self.table = self.table.refresh()
+        fresh = self.catalog.load_table(self.identifier)
+        old = self._uuid()
+        self.table = fresh
+        if str(fresh.metadata.table_uuid) != old:
+            self._recreated(old, "while the source read it")
         current = self.table.current_snapshot()
         if self._stop_id is not None:
             stop = self.table.snapshot_by_id(self._stop_id)
