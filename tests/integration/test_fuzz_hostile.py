@@ -187,6 +187,8 @@ sql_text = st.one_of(
 
 @seed(SEED)
 @FUZZ
+@example(sql="SELECT " + "1+" * 12000 + "1")  # DataFusion's stack overflow: a segfault
+@example(sql="SELECT " + "(" * 3000 + "1" + ")" * 3000)  # sqlglot's RecursionError: INTERNAL
 @given(sql=sql_text)
 def test_sql_text(client: flight.FlightClient, sql: str) -> None:
     descriptor = flight.FlightDescriptor.for_command(sql.encode())
