@@ -509,8 +509,8 @@ _UPDATE_SOURCE = """
 CREATE SOURCE f (origin VARCHAR, dest VARCHAR, t TIMESTAMP, WATERMARK FOR t AS t)
   WITH (connector = 'file', path = 'flights.csv');
 CREATE SINK g WITH (connector = 'falkordb', url = 'falkor://127.0.0.1:1', edge_type = 'R',
-    source_label = 'A', source_column = 'origin', target_label = 'A', target_column = 'dest'
-    {accumulate});
+    source_label = 'A', source_column = 'origin', target_label = 'A', target_column = 'dest',
+    source_key = 'id', target_key = 'id'{accumulate});
 """
 _UPDATE_QUERY = (
     "SELECT origin, dest, count(*) AS n FROM TUMBLE(f, t, INTERVAL '1' HOUR{emit}) "
@@ -590,3 +590,31 @@ def test_a_nan_or_infinite_key_is_refused_naming_the_column(
         "filter them in the query"
     )
     assert _rows(handle, "MATCH (n) RETURN count(n)") == [[0]]
+
+
+def test_one_label_at_both_ends_keyed_by_two_defaulted_properties_is_refused() -> None:
+    """source_key and target_key default to their columns: with source_label = target_label =
+    'Airport', source_column 'origin' and target_column 'dest' and no keys given, JFK as an
+    origin became (:Airport {origin: 'JFK'}) and as a destination another node (:Airport
+    {dest: 'JFK'}): two nodes for one airport, silently. Refused at planning, pointing at
+    target_label; explicit keys (equal, or even different on purpose) plan."""
+    base = """
+CREATE SOURCE f (origin VARCHAR, dest VARCHAR) WITH (connector = 'file', path = 'f.csv');
+CREATE SINK g WITH (connector = 'falkordb', url = 'falkor://127.0.0.1:1', edge_type = 'ROUTE',
+    source_label = 'Airport', source_column = 'origin',
+    target_label = 'Airport', target_column = 'dest'{keys});
+INSERT INTO g SELECT origin, dest FROM f;
+"""
+    from flight_serve.pipelines.graph_io import graph_sink_options
+
+    with pytest.raises(PipelineSQLError) as caught:
+        graph_sink_options(parse_pipeline(base.format(keys="")).sinks["g"])
+    assert str(caught.value) == (
+        "option target_label: both ends of the edges are Airport nodes, but keyed by two "
+        "properties (origin, dest: source_key and target_key default to their columns), so one "
+        "Airport would become two nodes; set source_key and target_key (e.g. both 'id') "
+        "(line 5, column 20)"
+    )
+    for keys in (", source_key = 'faa', target_key = 'faa'", ", source_key = 'a', target_key = 'b'"):
+        plan = parse_pipeline(base.format(keys=keys))
+        assert graph_sink_options(plan.sinks["g"])["edge_type"] == "ROUTE"
