@@ -607,14 +607,14 @@ INSERT INTO g SELECT origin, dest FROM f;
 """
     from flight_serve.pipelines.graph_io import graph_sink_options
 
-    with pytest.raises(PipelineSQLError) as caught:
-        graph_sink_options(parse_pipeline(base.format(keys="")).sinks["g"])
-    assert str(caught.value) == (
-        "option target_label: both ends of the edges are Airport nodes, but keyed by two "
-        "properties (origin, dest: source_key and target_key default to their columns), so one "
-        "Airport would become two nodes; set source_key and target_key (e.g. both 'id') "
-        "(line 5, column 20)"
-    )
+    for keys, pair in [("", "origin, dest"), (", source_key = 'faa'", "faa, dest")]:
+        with pytest.raises(PipelineSQLError) as caught:
+            graph_sink_options(parse_pipeline(base.format(keys=keys)).sinks["g"])
+        assert str(caught.value) == (
+            f"option target_label: both ends of the edges are Airport nodes, but keyed by two "
+            f"properties ({pair}: a key not given defaults to its column), so one Airport would "
+            "become two nodes; set source_key and target_key (e.g. both 'id') (line 5, column 20)"
+        )
     for keys in (", source_key = 'faa', target_key = 'faa'", ", source_key = 'a', target_key = 'b'"):
         plan = parse_pipeline(base.format(keys=keys))
         assert graph_sink_options(plan.sinks["g"])["edge_type"] == "ROUTE"

@@ -221,16 +221,16 @@ class GraphMapping:
             key = options.get(f"{end}_key", "").strip() or column
             ends.append((label, column, key))
         (source_label, _, source_key), (target_label, _, target_key) = ends
-        defaulted = not options.get("source_key", "").strip() and not options.get(
+        defaulted = not options.get("source_key", "").strip() or not options.get(
             "target_key", ""
         ).strip()
         if source_label == target_label and source_key != target_key and defaulted:
             raise FalkorDBOptionError(
                 "target_label",
                 f"both ends of the edges are {source_label} nodes, but keyed by two properties "
-                f"({source_key}, {target_key}: source_key and target_key default to their "
-                f"columns), so one {source_label} would become two nodes; set source_key and "
-                "target_key (e.g. both 'id')",
+                f"({source_key}, {target_key}: a key not given defaults to its column), so one "
+                f"{source_label} would become two nodes; set source_key and target_key (e.g. "
+                "both 'id')",
             )
         return cls(
             "edge",
