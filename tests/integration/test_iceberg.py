@@ -1285,3 +1285,22 @@ def test_a_table_dropped_and_recreated_under_a_running_source_fails_or_resets(
                 message + "; reading the new table from its oldest snapshot "
                 "(expired_snapshot = 'reset')"
             ]
+
+
+def test_a_timestamp_zoned_other_than_utc_lands_as_the_same_instants(tmp_path: Path) -> None:
+    """Iceberg's timestamptz holds UTC instants and pyiceberg takes only UTC-zoned Arrow
+    timestamps: a column zoned America/New_York (a source file's zone, kept by the query)
+    failed with "unsupported type". Arrow stores instants whatever the zone, so the column is
+    written as the same instants in UTC."""
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(catalog, "ops.tz", writer="p", run="r")
+    ny = pa.array([0, 3_600 * 10**9 + 7], pa.timestamp("ns", tz="America/New_York"))
+    assert sink.commit(1, [batch(k=["a", "b"], t=ny)]).committed
+    table = catalog.load_table("ops.tz")
+    assert [(f.name, str(f.field_type)) for f in table.schema().fields] == [
+        ("k", "string"),
+        ("t", "timestamptz"),
+    ]
+    got = table.scan().to_arrow().sort_by("k")
+    assert got.column("t").type == UTC_US
+    assert got.column("t").cast(pa.int64()).to_pylist() == [0, 3_600 * 10**6]  # µs, same instants

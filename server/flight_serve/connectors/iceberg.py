@@ -239,8 +239,8 @@ def _missing_table(catalog: Catalog, identifier: tuple[str, ...]) -> str:
 
 
 def _iceberg_type(name: str, t: pa.DataType) -> pa.DataType:
-    if pa.types.is_timestamp(t):
-        return pa.timestamp("us", tz=t.tz)
+    if pa.types.is_timestamp(t):  # a zoned one holds instants: Iceberg's timestamptz is UTC
+        return pa.timestamp("us", tz="UTC" if t.tz else None)
     if pa.types.is_uint8(t) or pa.types.is_uint16(t):
         return pa.int32()
     if pa.types.is_uint32(t) or pa.types.is_uint64(t):
@@ -257,8 +257,8 @@ def _iceberg_type(name: str, t: pa.DataType) -> pa.DataType:
 
 
 def conform_for_iceberg(table: pa.Table) -> pa.Table:
-    """``table`` with the types Iceberg stores: timestamps (any unit, tz kept) to microseconds
-    (sub-microsecond digits truncated), ``int8``/``int16``/``uint8``/``uint16`` to ``int32``,
+    """``table`` with the types Iceberg stores: timestamps (any unit) to microseconds
+    (sub-microsecond digits truncated; a zoned one to UTC, the same instants), ``int8``/``int16``/``uint8``/``uint16`` to ``int32``,
     ``uint32``/``uint64`` to ``int64``, ``string_view``/``binary_view`` to plain types,
     ``time64[ns]`` to ``time64[us]``; other columns unchanged.
 
