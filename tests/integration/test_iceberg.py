@@ -1304,3 +1304,27 @@ def test_a_timestamp_zoned_other_than_utc_lands_as_the_same_instants(tmp_path: P
     got = table.scan().to_arrow().sort_by("k")
     assert got.column("t").type == UTC_US
     assert got.column("t").cast(pa.int64()).to_pylist() == [0, 3_600 * 10**6]  # µs, same instants
+
+
+def test_date64_and_time32_columns_are_cast_to_the_types_iceberg_stores(tmp_path: Path) -> None:
+    """date64 (ms since the epoch, whole days) and time32 have no Iceberg type of their own;
+    they failed with "unsupported type" and are now written as date32 and time64[us]."""
+    from datetime import date, time
+
+    catalog = new_catalog(tmp_path)
+    sink = IcebergSink(catalog, "ops.dt", writer="p", run="r")
+    rows = batch(
+        d=pa.array([date(2024, 2, 29)], pa.date64()),
+        s=pa.array([3_725], pa.time32("s")),
+        m=pa.array([3_725_250], pa.time32("ms")),
+    )
+    assert sink.commit(1, [rows]).committed
+    table = catalog.load_table("ops.dt")
+    assert [(f.name, str(f.field_type)) for f in table.schema().fields] == [
+        ("d", "date"),
+        ("s", "time"),
+        ("m", "time"),
+    ]
+    assert table.scan().to_arrow().to_pylist() == [
+        {"d": date(2024, 2, 29), "s": time(1, 2, 5), "m": time(1, 2, 5, 250_000)}
+    ]

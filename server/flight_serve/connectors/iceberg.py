@@ -251,8 +251,10 @@ def _iceberg_type(name: str, t: pa.DataType) -> pa.DataType:
         return pa.string()
     if pa.types.is_binary_view(t):
         return pa.binary()
-    if pa.types.is_time64(t) and t.unit == "ns":
+    if (pa.types.is_time64(t) and t.unit == "ns") or pa.types.is_time32(t):
         return pa.time64("us")
+    if pa.types.is_date64(t):
+        return pa.date32()
     return t
 
 
@@ -260,7 +262,8 @@ def conform_for_iceberg(table: pa.Table) -> pa.Table:
     """``table`` with the types Iceberg stores: timestamps (any unit) to microseconds
     (sub-microsecond digits truncated; a zoned one to UTC, the same instants), ``int8``/``int16``/``uint8``/``uint16`` to ``int32``,
     ``uint32``/``uint64`` to ``int64``, ``string_view``/``binary_view`` to plain types,
-    ``time64[ns]`` to ``time64[us]``; other columns unchanged.
+    ``time64[ns]`` and ``time32`` to ``time64[us]``, ``date64`` to ``date32``; other columns
+    unchanged.
 
     Raises:
         ConnectorError: a ``uint64`` value above the ``int64`` range (the column is named).
