@@ -494,3 +494,26 @@ def test_a_deeply_nested_expression_is_refused_instead_of_crashing_the_server(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         proc.stdout.close()
+
+
+def test_action_bodies_with_non_finite_or_huge_numbers_are_invalid_argument(
+    tmp_path: Path,
+) -> None:
+    """Before: ``"wait_s": Infinity`` and ``"after": 10**23`` were INTERNAL (OverflowError), and
+    NaN waits were accepted (``NaN``/``Infinity`` are not JSON; Python's parser takes them)."""
+    with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
+        pid = act(c, "pipeline.submit", {"sql": COUNTS.format(source="connector = 'flight'", sink="o")})[
+            "id"
+        ]
+        cases = [
+            ("pipeline.checkpoint", f'{{"id": "{pid}", "wait_s": Infinity}}', "not UTF-8 JSON"),
+            ("pipeline.checkpoint", f'{{"id": "{pid}", "wait_s": NaN}}', "not UTF-8 JSON"),
+            ("pipeline.checkpoint", f'{{"id": "{pid}", "wait_s": 1e400}}', "not UTF-8 JSON"),
+            ("pipeline.logs", f'{{"id": "{pid}", "after": 99999999999999999999999}}', "after"),
+            ("stream.writer_wait", '{"stream": "s", "writer": "", "timeout_s": NaN}', "not UTF-8 JSON"),
+            ("stream.tail", '{"stream": "s", "offset": -Infinity}', "not UTF-8 JSON"),
+        ]
+        for action, body, says in cases:
+            with pytest.raises(pa.ArrowInvalid, match=says):
+                list(c.do_action(flight.Action(action, body.encode())))
+        assert act(c, "pipeline.logs", {"id": pid, "after": 2**63 - 1}) == {"lines": []}

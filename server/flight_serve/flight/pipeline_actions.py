@@ -32,20 +32,14 @@ from typing import Any
 import pyarrow.flight as flight
 
 from flight_serve.errors import ActionError
-from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.service import FlightServeService, json_action_body
 from flight_serve.pipelines.manager import PipelineManager
 
 __all__ = ["register_pipeline_actions"]
 
 
 def _body(raw: bytes, action: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw.decode("utf-8")) if raw else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ActionError(f"{action}: the body is not UTF-8 JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ActionError(f"{action}: the body must be a JSON object")
-    return value
+    return json_action_body(raw, action)  # strict: no NaN, Infinity or 1e400
 
 
 def _text(body: dict[str, Any], key: str, action: str, required: bool = True) -> str | None:
@@ -105,8 +99,8 @@ def register_pipeline_actions(service: FlightServeService, manager: PipelineMana
         pid = _text(body, "id", "pipeline.logs")
         assert pid is not None
         after = body.get("after", 0)
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise ActionError('pipeline.logs: "after" must be an integer >= 0')
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+            raise ActionError('pipeline.logs: "after" must be an integer from 0 to 2**63-1')
         lines = manager.logs(pid, after)
         return _result({"lines": [vars(line) for line in lines]})
 

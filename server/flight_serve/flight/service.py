@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import queue
 import re
 import threading
@@ -80,7 +81,7 @@ from flight_serve.flight.tickets import (
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.store import PendingAppend, StreamInfo, StreamStore, validate_stream_name
 
-__all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService"]
+__all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService", "json_action_body"]
 
 log = logging.getLogger("flight_serve.flight")
 
@@ -106,10 +107,31 @@ def _fail(exc: BaseException, rpc: str) -> NoReturn:
     raise to_flight_error(exc, rpc=rpc) from None
 
 
-def _json_body(body: bytes, action: str) -> dict[str, Any]:
+def _not_json(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond a double")
+    return value
+
+
+def json_action_body(body: bytes, action: str) -> dict[str, Any]:
+    """An action's body as a JSON object: strict JSON (``NaN``, ``Infinity`` and numbers beyond
+    a double, which Python's parser would take, are refused).
+
+    Raises:
+        ActionError: the body is not UTF-8 JSON, or not an object (INVALID_ARGUMENT).
+    """
     try:
-        value = json.loads(body.decode("utf-8")) if body else {}
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        value = (
+            json.loads(body.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
+            if body
+            else {}
+        )
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise ActionError(f"{action}: the body is not UTF-8 JSON ({exc})") from None
     if not isinstance(value, dict):
         raise ActionError(f"{action}: the body must be a JSON object")
@@ -719,7 +741,7 @@ class FlightServeService(flight.FlightServerBase):
         ]
 
     def _action_stream_drop(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
-        name = _body_stream(_json_body(body, "stream.drop"), "stream.drop")
+        name = _body_stream(json_action_body(body, "stream.drop"), "stream.drop")
         self.store.drop(name)
         return [json.dumps({"dropped": name}).encode()]
 
@@ -727,7 +749,7 @@ class FlightServeService(flight.FlightServerBase):
         """Wait (up to ``timeout_s`` seconds, at most 30) until no DoPut of the writer is in
         progress: a producer that lost its connection calls it before it reads back what
         landed, so that no batch of its old call is written after the read."""
-        parsed = _json_body(body, "stream.writer_wait")
+        parsed = json_action_body(body, "stream.writer_wait")
         name = _body_stream(parsed, "stream.writer_wait")
         writer = parsed.get("writer")
         if not isinstance(writer, str):
@@ -743,7 +765,7 @@ class FlightServeService(flight.FlightServerBase):
         return [json.dumps({"active": active}).encode()]
 
     def _action_stream_tail(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
-        parsed = _json_body(body, "stream.tail")
+        parsed = json_action_body(body, "stream.tail")
         name = _body_stream(parsed, "stream.tail")
         offset = parsed.get("offset", 0)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
