@@ -517,3 +517,20 @@ def test_action_bodies_with_non_finite_or_huge_numbers_are_invalid_argument(
             with pytest.raises(pa.ArrowInvalid, match=says):
                 list(c.do_action(flight.Action(action, body.encode())))
         assert act(c, "pipeline.logs", {"id": pid, "after": 2**63 - 1}) == {"lines": []}
+
+
+def test_a_watermark_marker_beyond_int64_is_invalid_argument(tmp_path: Path) -> None:
+    """Before: ``{"watermark_ns": 10**25}`` in a DoPut marker was INTERNAL (struct.error while
+    storing it); a DoExchange got the same input."""
+    from flight_serve.flight.markers import parse_marker
+
+    schema = pa.schema([("t", pa.timestamp("ns")), ("x", pa.int64())])
+    with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
+        for value in (2**63, -(2**63) - 1, 10**25):
+            writer, reader = c.do_put(flight.FlightDescriptor.for_path("s", "w"), schema)
+            writer.write_metadata(pa.py_buffer(json.dumps({"watermark_ns": value}).encode()))
+            writer.done_writing()
+            with pytest.raises(pa.ArrowInvalid, match="signed 64-bit"):
+                reader.read()
+                writer.close()
+    assert parse_marker(json.dumps({"watermark_ns": 2**63 - 1}).encode()).watermark_ns == 2**63 - 1

@@ -43,7 +43,8 @@ def parse_marker(metadata: bytes, *, rpc: str = "DoPut", allow_end: bool = True)
             whose client ends its input by finishing its write side).
 
     Raises:
-        InvalidInputError: anything else, naming the accepted forms.
+        InvalidInputError: anything else (also a ``watermark_ns`` beyond a signed 64-bit
+            integer), naming the accepted forms.
 
     >>> parse_marker(b'{"watermark": "1970-01-01T00:00:01Z"}')
     Marker(watermark_ns=1000000000, end_of_input=False)
@@ -63,6 +64,10 @@ def parse_marker(metadata: bytes, *, rpc: str = "DoPut", allow_end: bool = True)
         raise InvalidInputError(f"{expected}; got keys {sorted(message)}")
     value = message[kinds[0]]
     if kinds[0] == "watermark_ns" and isinstance(value, int) and not isinstance(value, bool):
+        if not -(2**63) <= value < 2**63:
+            raise InvalidInputError(
+                f"{expected}; watermark_ns {value} does not fit a signed 64-bit integer"
+            )
         return Marker(watermark_ns=value)
     if kinds[0] == "watermark" and isinstance(value, str):
         try:
