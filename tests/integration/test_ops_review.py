@@ -510,6 +510,7 @@ def test_action_bodies_with_non_finite_or_huge_numbers_are_invalid_argument(
             ("pipeline.checkpoint", f'{{"id": "{pid}", "wait_s": NaN}}', "not UTF-8 JSON"),
             ("pipeline.checkpoint", f'{{"id": "{pid}", "wait_s": 1e400}}', "not UTF-8 JSON"),
             ("pipeline.logs", f'{{"id": "{pid}", "after": 99999999999999999999999}}', "after"),
+            ("pipeline.checkpoint", f'{{"id": "{pid}", "wait_s": 1e12}}', "at most 3600"),
             ("stream.writer_wait", '{"stream": "s", "writer": "", "timeout_s": NaN}', "not UTF-8 JSON"),
             ("stream.tail", '{"stream": "s", "offset": -Infinity}', "not UTF-8 JSON"),
         ]
@@ -526,11 +527,15 @@ def test_a_watermark_marker_beyond_int64_is_invalid_argument(tmp_path: Path) -> 
 
     schema = pa.schema([("t", pa.timestamp("ns")), ("x", pa.int64())])
     with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
-        for value in (2**63, -(2**63) - 1, 10**25):
+
+        def mark(value: int) -> None:
             writer, reader = c.do_put(flight.FlightDescriptor.for_path("s", "w"), schema)
             writer.write_metadata(pa.py_buffer(json.dumps({"watermark_ns": value}).encode()))
             writer.done_writing()
+            reader.read()
+            writer.close()  # the call's status arrives here at the latest
+
+        for value in (2**63, -(2**63) - 1, 10**25):
             with pytest.raises(pa.ArrowInvalid, match="signed 64-bit"):
-                reader.read()
-                writer.close()
+                mark(value)
     assert parse_marker(json.dumps({"watermark_ns": 2**63 - 1}).encode()).watermark_ns == 2**63 - 1

@@ -90,8 +90,10 @@ def register_pipeline_actions(service: FlightServeService, manager: PipelineMana
         pid = _text(body, "id", "pipeline.checkpoint")
         assert pid is not None
         wait_s = body.get("wait_s", 30.0)
-        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or wait_s < 0:
-            raise ActionError('pipeline.checkpoint: "wait_s" must be a number of seconds >= 0')
+        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
+            raise ActionError(
+                'pipeline.checkpoint: "wait_s" must be a number of seconds >= 0 and at most 3600'
+            )
         return _result(manager.checkpoint(pid, float(wait_s)))
 
     def logs(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
