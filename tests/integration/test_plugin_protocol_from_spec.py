@@ -439,3 +439,33 @@ def test_two_instances_of_one_name_with_different_outputs_only_the_fitting_one_i
         finally:
             fit.close()
             misfit.close()
+
+
+def test_a_big_input_batch_reaches_a_client_with_grpc_s_default_4_mib_limit_in_slices(
+    server: FlightServeService,
+) -> None:
+    # one DoPut batch of 4,000 rows of ~2 KB (≈ 8 MB): sent whole it exceeded the 4 MiB a
+    # gRPC client takes by default (grpcio, tonic, grpc-java, grpc-go) and the plugin's call
+    # broke (RESOURCE_EXHAUSTED); the server now sends it in row slices of at most 3 MiB
+    rows = [{"k": f"{i:04d}" + "x" * 2000, "v": i} for i in range(4000)]
+    with flight.connect(server.location) as c:
+        writer, _ = c.do_put(flight.FlightDescriptor.for_path("events", "w"), IN)
+        writer.write_batch(pa.RecordBatch.from_pylist(rows, schema=IN))
+        writer.close()
+    sizes: list[int] = []
+
+    def measured(n: int, batch: pa.RecordBatch, seq: int) -> list[bytes]:
+        sizes.append(batch.num_rows)
+        assert batch.nbytes <= 3 * 1024 * 1024
+        return answer_upper(n, batch, seq)
+
+    with flight.connect(server.location) as client:
+        pid = act(client, "pipeline.submit", {"sql": PIPELINE})["id"]
+        plugin = GrpcPlugin(server.location, answer=measured)
+        try:
+            assert out_rows(client, 4000, pid) == expected_out(rows)
+            assert plugin.ended is None
+            assert sum(sizes) == 4000
+            assert len(sizes) == 3  # ≈ 8.05 MB in slices of at most 3 MiB
+        finally:
+            plugin.close()

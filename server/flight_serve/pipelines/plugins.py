@@ -52,12 +52,14 @@ __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
     "DEFAULT_TIMEOUT",
     "MAX_IN_FLIGHT_LIMIT",
+    "MAX_SEND_BYTES",
     "PROTOCOL_VERSION",
     "PluginDeclaration",
     "PluginHub",
     "PluginInstance",
     "PluginStage",
     "schema_difference",
+    "send_slices",
 ]
 
 #: The plugin protocol version this server speaks (the hello's ``protocol``).
@@ -72,6 +74,10 @@ DEFAULT_TIMEOUT = timedelta(seconds=30)
 _POLL_S = 0.05
 #: Round-trip latencies kept per plugin name (:meth:`PluginHub.latencies_s`).
 _LATENCIES = 10_000
+#: The largest input batch (``nbytes``) sent to a plugin in one message: bigger ones go as row
+#: slices, so every message fits gRPC's default 4 MiB receive limit (grpcio, tonic, grpc-java,
+#: grpc-go clients) with room for the IPC framing.
+MAX_SEND_BYTES = 3 * 1024 * 1024
 
 
 def schema_difference(got: pa.Schema, expected: pa.Schema) -> str:
@@ -98,6 +104,30 @@ def schema_difference(got: pa.Schema, expected: pa.Schema) -> str:
     if not parts:
         parts.append(f"order {', '.join(got.names)} (expected {', '.join(expected.names)})")
     return "; ".join(parts)
+
+
+def send_slices(batch: pa.RecordBatch, max_bytes: int = MAX_SEND_BYTES) -> list[pa.RecordBatch]:
+    """``batch`` as zero-copy row slices of at most ``max_bytes`` (``nbytes``) each, in row
+    order (a single row above it goes alone): what a plugin is sent, one slice per ``seq``.
+
+    >>> b = pa.record_batch({"x": pa.array(range(1000), pa.int64())})
+    >>> [s.num_rows for s in send_slices(b, 3000)]
+    [334, 334, 332]
+    """
+    if batch.nbytes <= max_bytes or batch.num_rows <= 1:
+        return [batch]
+    parts = -(-batch.nbytes // max_bytes)
+    step = max(1, -(-batch.num_rows // parts))
+    out: list[pa.RecordBatch] = []
+    for start in range(0, batch.num_rows, step):
+        piece = batch.slice(start, step)
+        if piece.nbytes <= max_bytes or piece.num_rows <= 1:
+            out.append(piece)
+        else:  # skewed rows: halve until it fits
+            half = piece.num_rows // 2
+            out += send_slices(piece.slice(0, half), max_bytes)
+            out += send_slices(piece.slice(half), max_bytes)
+    return out
 
 
 def _schema_field(payload: dict[str, Any], key: str) -> pa.Schema:

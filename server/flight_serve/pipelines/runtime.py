@@ -84,7 +84,7 @@ from flight_serve.pipelines.pipeline import (
     RelationDef,
     SinkDef,
 )
-from flight_serve.pipelines.plugins import PluginHub
+from flight_serve.pipelines.plugins import PluginHub, send_slices
 from flight_serve.pipelines.query import QueryOptions
 from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
 
@@ -486,9 +486,10 @@ class _PluginNode(_Node):
     def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
             return
-        while self.stage.outstanding >= self.function.max_in_flight:  # backpressure
-            self.pump(block=True)
-        self.events.append(self.stage.submit(batch, partition))
+        for piece in send_slices(batch):  # each message under gRPC's default 4 MiB
+            while self.stage.outstanding >= self.function.max_in_flight:  # backpressure
+                self.pump(block=True)
+            self.events.append(self.stage.submit(piece, partition))
         self.pump(block=False)
 
     def later(self, event: Callable[[], None]) -> None:
