@@ -469,3 +469,29 @@ def test_a_big_input_batch_reaches_a_client_with_grpc_s_default_4_mib_limit_in_s
             assert len(sizes) == 3  # ≈ 8.05 MB in slices of at most 3 MiB
         finally:
             plugin.close()
+
+
+def test_the_python_client_s_attach_plugin_returns_when_the_server_stops(tmp_path: Path) -> None:
+    from flight_serve_client import FlightServeClient
+
+    outcome: list[object] = []
+    with start_server(tmp_path / "data") as service:
+        fs = FlightServeClient(service.location)
+
+        def attach() -> None:
+            try:
+                outcome.append(fs.attach_plugin("up", upper, IN, OUT))
+            except Exception as exc:  # the test reports it
+                outcome.append(exc)
+
+        thread = threading.Thread(target=attach)
+        thread.start()
+        wait_until(lambda: "up" in service.plugins.describe()["instances"], "the instance")
+        started = time.monotonic()
+    thread.join(10)
+    fs.close()
+    assert time.monotonic() - started < 5.0  # not CLOSE_WAIT_S: the client left on "closing"
+    assert len(outcome) == 1
+    stats = outcome[0]
+    assert not isinstance(stats, Exception), stats
+    assert (stats.instance, stats.batches) == (1, 0)  # type: ignore[attr-defined]

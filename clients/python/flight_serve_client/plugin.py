@@ -89,8 +89,9 @@ def serve_plugin(
     stop: threading.Event | None = None,
     options: flight.FlightCallOptions | None = None,
 ) -> PluginStats:
-    """Attach as plugin ``name`` and answer batches until the server ends the exchange or
-    ``stop`` is set (checked between messages; the server sends a heartbeat every second).
+    """Attach as plugin ``name`` and answer batches until the server ends the exchange (or
+    says ``{"closing": true}``: it stops) or ``stop`` is set (checked between messages; the
+    server sends a heartbeat every second).
 
     Args:
         client: a connected Flight client.
