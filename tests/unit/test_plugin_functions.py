@@ -210,7 +210,10 @@ def test_a_timed_out_batch_is_sent_again_and_the_late_answer_dropped() -> None:
     assert not hub.complete(slow, sent[0], answer(sent[1]))  # late: dropped
     assert hub.complete(fast, again[0], answer(again[1]))
     assert [b["v2"].to_pylist() for _, _, b in stage.ready()] == [[14]]
-    assert "no result for batch 0 within 0.05 s; sent again" in (stage.error or "")
+    assert stage.error == (
+        f"plugin p instance {slow.id}: no result for seq {sent[0]} (batch 0 of plugin p) "
+        "within 0.05 s; sent again"
+    )
 
 
 def test_an_instance_that_does_not_fit_is_refused_with_the_fields() -> None:

@@ -603,14 +603,15 @@ class PluginStage:
             if instance is None or request.result is not None or now < request.deadline:
                 continue
             assert request.wire is not None
-            instance.in_flight.pop(request.wire, None)
+            wire = request.wire
+            instance.in_flight.pop(wire, None)
             instance.timeouts += 1
             request.timed_out_on = instance.id
             request.instance = None
             request.wire = None
             self.error = (
-                f"plugin {self.name} instance {instance.id}: no result for batch {request.seq} "
-                f"within {self.timeout_s:g} s; sent again"
+                f"plugin {self.name} instance {instance.id}: no result for seq {wire} (batch "
+                f"{request.seq} of {self.label}) within {self.timeout_s:g} s; sent again"
             )
             self.requeue(request)
         self.hub._dispatch(self.name)
