@@ -566,20 +566,45 @@ class IcebergSink:
             )
         return bool(new)
 
-    def _check_types(self, schema: Schema, data: pa.Table, epoch: int) -> None:
-        """Refuse rows whose columns the table's types cannot take (pyiceberg's own rule, per
-        column: a table's ``int`` column takes no ``int64`` rows, nor ``timestamp`` a zoned
-        one), naming every such column in one line. With ``allow_schema_evolution`` the
-        table's types are widened instead (``int`` to ``long``, ``float`` to ``double``)."""
+    def _fit(self, schema: Schema, data: pa.Table, epoch: int) -> pa.Table:
+        """``data`` as the table's columns take it, or a :class:`ConnectorError` naming every
+        column that does not fit, in one line: a required (NOT NULL) column takes rows without
+        nulls (their fields are marked non-nullable: DataFusion's never are), and each column
+        must fit the table's type by pyiceberg's own rule (a table's ``int`` column takes no
+        ``int64`` rows, nor ``timestamp`` a zoned one). With ``allow_schema_evolution`` the
+        table's types were widened before (``int`` to ``long``, ``float`` to ``double``)."""
+        import contextlib
+        import io
+
         from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
 
         have = {f.name: f for f in schema.fields}
-        wrong = []
+        nulls = []
+        fields = []
         for field in data.schema:
+            target = have.get(field.name)
+            if target is not None and target.required and field.nullable:
+                count = data.column(field.name).null_count
+                if count:
+                    nulls.append(
+                        f"column {field.name!r} is required (NOT NULL) in the table and null in "
+                        f"{count} row(s)"
+                    )
+                field = field.with_nullable(False)
+            fields.append(field)
+        if nulls:
+            raise ConnectorError(
+                f"iceberg table {self.name}: epoch {epoch} does not fit the table's columns: "
+                f"{'; '.join(nulls)} (filter or coalesce them in the query)"
+            )
+        fitted = data.cast(pa.schema(fields)).replace_schema_metadata(data.schema.metadata)
+        wrong = []
+        for field in fitted.schema:
             if field.name not in have:
                 continue
-            try:
-                _check_pyarrow_schema_compatible(schema.select(field.name), pa.schema([field]))
+            try:  # pyiceberg prints its table of fields on stdout before raising: not ours
+                with contextlib.redirect_stdout(io.StringIO()):
+                    _check_pyarrow_schema_compatible(schema.select(field.name), pa.schema([field]))
             except ValueError:
                 wrong.append(
                     f"column {field.name!r} is {have[field.name].field_type} in the table, "
@@ -590,6 +615,7 @@ class IcebergSink:
                 f"iceberg table {self.name}: epoch {epoch} does not fit the table's columns: "
                 f"{'; '.join(wrong)} (CAST them in the query, or write to a new table)"
             )
+        return fitted
 
     def _dedupe(self, data: pa.Table) -> pa.Table:
         assert self.upsert_keys is not None
@@ -651,7 +677,7 @@ class IcebergSink:
                 if self.allow_schema_evolution:  # new columns, and int -> long, float -> double
                     with tx.update_schema() as update:
                         update.union_by_name(data.schema)
-                self._check_types(tx.table_metadata.schema(), data, epoch)
+                data = self._fit(tx.table_metadata.schema(), data, epoch)
                 if self.upsert_keys:
                     tx.upsert(data, join_cols=list(self.upsert_keys), snapshot_properties=marker)
                 else:
