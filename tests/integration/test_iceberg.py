@@ -150,6 +150,70 @@ def test_two_writer_threads_racing_lose_nothing_and_double_nothing(tmp_path: Pat
     assert sinks[0].conflicts + sinks[1].conflicts >= 1  # they did race
 
 
+def test_two_instances_of_one_sink_racing_on_one_epoch_write_it_once(tmp_path: Path) -> None:
+    """Two instances of the SAME sink (one pipeline, one sink name, one run: a zombie and its
+    replacement after a failover) commit the SAME epoch with the same rows.
+
+    Timeline: A loads the table (no marker for epoch 2) -> B commits epoch 2 -> A's commit
+    reaches the catalog and fails (CommitFailedException) -> A reloads, finds its writer's
+    marker for epoch 2 and writes nothing. Without the marker re-check after the conflict,
+    A would append epoch 2's rows a second time."""
+    cat_a, cat_b = new_catalog(tmp_path), new_catalog(tmp_path)
+    sink_a = IcebergSink(cat_a, "ops.t", writer="p/out", run="r1", backoff_s=0.001)
+    sink_b = IcebergSink(cat_b, "ops.t", writer="p/out", run="r1", backoff_s=0.001)
+    rows = [batch(k=["a", "b"], v=[1, 2])]
+    assert sink_b.commit(1, [batch(k=["z"], v=[0])]).committed  # creates the table
+    landed: list[bool] = []
+    fail_commit_after(cat_a, lambda: landed.append(sink_b.commit(2, rows).committed))
+    result = sink_a.commit(2, rows)
+    assert landed == [True]
+    assert (result.committed, result.conflicts, result.attempts) == (False, 1, 1)
+    table = cat_a.load_table("ops.t")
+    assert marker_epochs(table, "p/out") == [1, 2]
+    assert len(table.metadata.snapshots) == 2
+    assert rows_of(table, "k") == [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "z", "v": 0}]
+    assert table.properties["flight-serve.epoch.p/out"] == "r1:2"
+
+
+def test_two_threads_of_one_sink_racing_on_each_epoch_write_each_once(tmp_path: Path) -> None:
+    """Two threads, each with its own catalog object and its own instance of the SAME sink
+    (writer ``p/out``, run ``r1``), commit epochs 1..4 with the same rows at the same moments
+    (a barrier before each): each epoch's rows land exactly once, one snapshot per epoch, and
+    for each epoch exactly one instance reports that it wrote it."""
+    catalogs = [new_catalog(tmp_path), new_catalog(tmp_path)]
+    IcebergSink(catalogs[0], "ops.race", writer="setup", run="s").load_or_create(
+        pa.schema([("k", pa.string()), ("epoch", pa.int64())])
+    )
+    gate = threading.Barrier(2)
+    sinks = [
+        IcebergSink(c, "ops.race", writer="p/out", run="r1", backoff_s=0.005) for c in catalogs
+    ]
+    wrote: list[list[bool]] = [[], []]
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            for epoch in range(1, 5):
+                gate.wait(timeout=30)
+                rows = [batch(k=[f"e{epoch}a", f"e{epoch}b"], epoch=[epoch, epoch])]
+                wrote[i].append(sinks[i].commit(epoch, rows).committed)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert [a + b for a, b in zip(wrote[0], wrote[1], strict=True)] == [1, 1, 1, 1]
+    table = catalogs[0].load_table("ops.race")
+    assert marker_epochs(table, "p/out") == [1, 2, 3, 4]
+    assert rows_of(table, "epoch", "k") == [
+        {"k": f"e{e}{s}", "epoch": e} for e in range(1, 5) for s in "ab"
+    ]
+
+
 def test_a_commit_that_lands_then_raises_is_not_duplicated(tmp_path: Path) -> None:
     catalog = new_catalog(tmp_path)
     sink = IcebergSink(catalog, "ops.t", writer="p/out", run="r1", backoff_s=0.001)
