@@ -244,6 +244,53 @@ def test_stdout_sink_prints_csv_jsonl_and_tables() -> None:
         StdoutSink("o", schema, "xml")
 
 
+def test_stdout_sink_prints_list_struct_map_and_binary_cells_as_json_and_hex() -> None:
+    """pyarrow's CSV writer refuses list, struct and map columns (and non-UTF-8 binary): the
+    sink raised ArrowInvalid mid-run. Such a cell is printed as its JSON text (a quoted CSV
+    field), bytes as hex (as in jsonl), a null as an empty field; durations in jsonl are ISO 8601."""
+    schema = pa.schema(
+        [
+            ("k", pa.string()),
+            ("tags", pa.list_(pa.string())),
+            ("pos", pa.struct([("x", pa.int64()), ("at", pa.timestamp("ms", tz="UTC"))])),
+            ("attrs", pa.map_(pa.string(), pa.int64())),
+            ("raw", pa.binary()),
+            ("lag", pa.duration("ms")),
+        ]
+    )
+    at = datetime(2024, 1, 1, 0, 0, 1, tzinfo=UTC)
+    rows = [
+        {
+            "k": "a",
+            "tags": ["x", 'q"t'],
+            "pos": {"x": 1, "at": at},
+            "attrs": [("n", 2)],
+            "raw": b"\xff\x00",
+            "lag": timedelta(seconds=-1, milliseconds=500),
+        },
+        {"k": "b", "tags": None, "pos": None, "attrs": None, "raw": None, "lag": None},
+    ]
+    batch = pa.RecordBatch.from_pylist(rows, schema)
+    printed = {}
+    for fmt in ("csv", "jsonl", "table"):
+        stream = io.StringIO()
+        StdoutSink("o", schema, fmt, stream=stream).write(batch)
+        printed[fmt] = stream.getvalue()
+    assert printed["csv"].splitlines() == [
+        '"k","tags","pos","attrs","raw","lag"',
+        '"a","[""x"", ""q\\""t""]","{""x"": 1, ""at"": ""2024-01-01T00:00:01+00:00""}",'
+        '"[[""n"", 2]]","ff00",-500',
+        '"b",,,,,',
+    ]
+    assert printed["jsonl"].splitlines() == [
+        '{"k": "a", "tags": ["x", "q\\"t"], "pos": {"x": 1, "at": "2024-01-01T00:00:01+00:00"}, '
+        '"attrs": [["n", 2]], "raw": "ff00", "lag": "-PT0.5S"}',
+        '{"k": "b", "tags": null, "pos": null, "attrs": null, "raw": null, "lag": null}',
+    ]
+    assert '["x", "q\\"t"]' in printed["table"]
+    assert '{"x": 1, "at": "2024-01-01T00:00:01+00:00"}' in printed["table"]
+
+
 # --- the embedded API -------------------------------------------------------------------------
 
 

@@ -5,7 +5,11 @@ Formats (option ``format``):
 * ``table`` (default): each batch of results that arrives (the windows one step closed, or the
   rows one input batch produced) is printed as a table (rich), titled with the sink's name;
 * ``csv``: a header once, then one line per row (pyarrow's CSV writer);
-* ``jsonl``: one JSON object per row; timestamps as ISO 8601 strings.
+* ``jsonl``: one JSON object per row; timestamps and durations as ISO 8601 strings.
+
+A list, struct or map cell (which pyarrow's CSV writer refuses) prints as its JSON text, as in
+``jsonl`` (a map as a list of ``[key, value]`` pairs), in a quoted CSV field or a table cell; bytes
+print as hex in every format; a null is an empty CSV field, ``NULL`` in a table.
 
 Nothing is buffered across batches, so a result shows as soon as its window closes. Replay: a rerun
 prints everything again.
@@ -16,9 +20,9 @@ from __future__ import annotations
 import io
 import json
 import sys
-from datetime import date, datetime, time
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -33,6 +37,10 @@ STDOUT_FORMATS: Final = ("table", "csv", "jsonl")
 def _cell(value: object) -> str:
     if value is None:
         return "NULL"
+    if isinstance(value, list | dict):
+        return _json_text(value)
+    if isinstance(value, bytes):
+        return value.hex()
     if isinstance(value, datetime | date | time):
         return value.isoformat(sep=" ") if isinstance(value, datetime) else value.isoformat()
     if isinstance(value, float):
@@ -47,7 +55,59 @@ def _json_value(value: object) -> object:
         return str(value)
     if isinstance(value, bytes):
         return value.hex()
+    if isinstance(value, timedelta):
+        return _iso_duration(value)
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def _iso_duration(value: timedelta) -> str:
+    """``value`` as an ISO 8601 duration in seconds (``PT90.5S``, ``-PT0.001S``)."""
+    sign = "-" if value < timedelta(0) else ""
+    micros = abs(value) // timedelta(microseconds=1)
+    seconds, fraction = divmod(micros, 1_000_000)
+    text = f"{seconds}.{fraction:06d}".rstrip("0").rstrip(".") if fraction else str(seconds)
+    return f"{sign}PT{text}S"
+
+
+def _json_text(value: object) -> str:
+    return json.dumps(value, default=_json_value, ensure_ascii=False)
+
+
+def _needs_text(t: pa.DataType) -> bool:
+    """Whether pyarrow's CSV writer refuses (or may refuse) a column of type ``t``."""
+    if pa.types.is_dictionary(t):
+        return _needs_text(t.value_type)
+    return (
+        pa.types.is_nested(t)
+        or pa.types.is_interval(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_binary_view(t)
+    )
+
+
+def _csv_text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.hex() if isinstance(value, bytes) else _json_text(value)
+
+
+def _csv_ready(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with each list, struct, map, interval or binary column as JSON text (hex for
+    bytes); nulls stay null. Other columns are untouched."""
+    if not any(_needs_text(f.type) for f in batch.schema):
+        return batch
+    columns: list[pa.Array[Any]] = []
+    fields: list[pa.Field[Any]] = []
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        if _needs_text(field.type):
+            texts = [_csv_text(v) for v in column.to_pylist()]
+            column = pa.array(texts, pa.string())
+            field = pa.field(field.name, pa.string())
+        columns.append(column)
+        fields.append(field)
+    return pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
 
 
 class StdoutSink:
@@ -90,7 +150,7 @@ class StdoutSink:
         if self.format == "csv":
             buffer = io.BytesIO()
             options = pacsv.WriteOptions(include_header=not self._header_written)
-            pacsv.write_csv(batch, buffer, write_options=options)
+            pacsv.write_csv(_csv_ready(batch), buffer, write_options=options)
             self._header_written = True
             self.stream.write(buffer.getvalue().decode("utf-8"))
         elif self.format == "jsonl":
