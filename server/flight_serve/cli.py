@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -347,7 +349,42 @@ def _checkpointing(args: argparse.Namespace) -> bool:
     ) or bool(args.from_epoch is not None)
 
 
-def _run_durable(path: Path, args: argparse.Namespace) -> int:
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM during ``flight-serve run``, raised where the main thread is, as Ctrl-C raises
+    ``KeyboardInterrupt``: the run ends the same way, with exit code 143 (128 + 15)."""
+
+
+class _Sigterm:
+    """SIGTERM handling of ``flight-serve run`` (a context manager; the main thread only).
+
+    The first SIGTERM calls :attr:`stop` when set (a checkpointed run's ``request_stop``: it
+    checkpoints at its next barrier, then raises ``PipelineStopped``); otherwise, and on a second
+    SIGTERM, it raises :class:`_Terminated`. The previous handler is restored on exit.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self.stop: Callable[[], None] | None = None
+        self._previous: Any = None
+
+    def __enter__(self) -> _Sigterm:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        first, self.received = not self.received, True
+        if first and self.stop is not None:
+            self.stop()
+            return
+        raise _Terminated
+
+
+def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int:
     from dataclasses import replace
 
     from flight_serve.embedded import Pipeline
@@ -355,6 +392,7 @@ def _run_durable(path: Path, args: argparse.Namespace) -> int:
     from flight_serve.pipelines.dialect import duration_from_text
     from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped, ResumeFrom
 
+    runtime: DurableRuntime | None = None
     try:
         plan = Pipeline.from_sql(path, output_dir=args.output_dir).plan
         options = plan.run_options
@@ -390,20 +428,27 @@ def _run_durable(path: Path, args: argparse.Namespace) -> int:
                 f"({runtime.checkpoints.uri})",
                 file=sys.stderr,
             )
+        sigterm.stop = runtime.request_stop
         for _ in runtime.run():
             pass
-    except PipelineStopped:  # pragma: no cover  (nothing asks an embedded run to stop)
-        return 1
+    except PipelineStopped:  # only SIGTERM asks an embedded run to stop
+        assert runtime is not None
+        print(
+            f"flight-serve: {path}: terminated (SIGTERM) after checkpoint {runtime.epoch}; "
+            "the next run resumes from it",
+            file=sys.stderr,
+        )
+        return 143
     except (FlightServeError, OSError) as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(
-            f"flight-serve: {path}: interrupted; the next run resumes from checkpoint "
-            f"{runtime.epoch}",
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        resumes = ""
+        if runtime is not None:
+            resumes = f"; the next run resumes from checkpoint {runtime.epoch}"
+        print(f"flight-serve: {path}: {what}{resumes}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
     summary = runtime.summary()
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
@@ -426,19 +471,24 @@ def _run_pipeline(
     from flight_serve.errors import FlightServeError
 
     try:
-        pipeline = Pipeline.from_sql(path, output_dir=output_dir)
-        if explain_only:
-            sys.stdout.write(pipeline.explain())
-            return 0
-        if args is not None and (_checkpointing(args) or pipeline.plan.run_options.checkpoints):
-            return _run_durable(path, args)
-        summary = pipeline.run()
+        with _Sigterm() as sigterm:  # SIGTERM ends a run as Ctrl-C does (exit 143, not 130)
+            pipeline = Pipeline.from_sql(path, output_dir=output_dir)
+            if explain_only:
+                sys.stdout.write(pipeline.explain())
+                return 0
+            if args is not None and (
+                _checkpointing(args) or pipeline.plan.run_options.checkpoints
+            ):
+                return _run_durable(path, args, sigterm)
+            summary = pipeline.run()
     except (FlightServeError, OSError) as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # open windows are not flushed: their input did not end
-        print(f"flight-serve: {path}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # open windows are not flushed: their input did not end
+        terminated = isinstance(exc, _Terminated)
+        what = "terminated (SIGTERM)" if terminated else "interrupted"
+        print(f"flight-serve: {path}: {what}", file=sys.stderr)
+        return 143 if terminated else 130
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
     for label, rows in summary.late_rows.items():

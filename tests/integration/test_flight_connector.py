@@ -434,3 +434,52 @@ def test_ctrl_c_stops_a_run_whose_writers_never_end(server: tuple[str, FlightSer
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     assert _windows(client) == []  # [0,10) never closed
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_sigterm_stops_a_run_whose_writers_never_end_like_ctrl_c(
+    server: tuple[str, FlightServeClient], checkpointed: bool
+) -> None:
+    """SIGTERM (a service manager's stop) ends ``flight-serve run`` cleanly: exit 143 (128 + 15)
+    and a one-line message on stderr; a checkpointed run first takes a checkpoint, and the next
+    run resumes from it. (SIGTERM used to kill the process with no message: exit -15.)
+
+    Timeline: writer "forever" puts t=1 (v 1) -> the run reads it ([0,10) open) -> SIGTERM ->
+    [checkpointed] checkpoint 1 holds the open window -> "forever" puts t=2 (v 2) and ends ->
+    the resumed run reads from the checkpoint's offset: [0,10) n 2 total 3, written once."""
+    location, client = server
+    client.put("events", _rows((1, 1)), writer="forever")
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = Path(tmp) / "pipeline.sql"
+        pipeline.write_text(_pipeline(location))
+        flags = ["--checkpoint-interval", "1h"] if checkpointed else []
+        command = [str(CLI), "run", str(pipeline), "--output-dir", tmp, *flags]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait(lambda: "results" in client.list_streams(), "the run to open its sink", 60)
+            time.sleep(0.3)
+            assert proc.poll() is None  # still running: "forever" has not ended
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = proc.communicate(timeout=WAIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143, stderr
+        if not checkpointed:
+            assert stderr.splitlines() == [f"flight-serve: {pipeline}: terminated (SIGTERM)"]
+            assert _windows(client) == []  # [0,10) never closed
+            return
+        assert stderr.splitlines() == [
+            f"flight-serve: {pipeline}: terminated (SIGTERM) after checkpoint 1; "
+            "the next run resumes from it"
+        ]
+        assert _windows(client) == []
+        client.put("events", _rows((2, 2)), writer="forever")
+        client.end_input("events", writer="forever")
+        resumed = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stderr.splitlines()[0] == (
+            f"flight-serve: {pipeline}: resuming from checkpoint 1 "
+            f"({Path(tmp) / 'checkpoints' / 'pipeline'})"
+        )
+    assert _windows(client) == [(0, 10, 2, 3)]
