@@ -291,6 +291,24 @@ def test_stdout_sink_prints_list_struct_map_and_binary_cells_as_json_and_hex() -
     assert '{"x": 1, "at": "2024-01-01T00:00:01+00:00"}' in printed["table"]
 
 
+def test_stdout_sink_tables_print_brackets_in_values_as_they_are() -> None:
+    """rich read square brackets in a cell as markup: ``[red]`` printed as nothing and
+    ``[bold]x[/bold]`` as ``x``. Every value prints as its text."""
+    schema = pa.schema([("[k]", pa.string())])
+    batch = pa.RecordBatch.from_pylist([{"[k]": "[red]"}, {"[k]": "[bold]x[/bold]"}], schema)
+    stream = io.StringIO()
+    StdoutSink("o[1]", schema, "table", stream=stream).write(batch)
+    assert stream.getvalue().splitlines() == [
+        "o[1]",
+        "┏━━━━━━━━━━━━━━━━┓",
+        "┃ [k]            ┃",
+        "┡━━━━━━━━━━━━━━━━┩",
+        "│ [red]          │",
+        "│ [bold]x[/bold] │",
+        "└────────────────┘",
+    ]
+
+
 # --- the embedded API -------------------------------------------------------------------------
 
 

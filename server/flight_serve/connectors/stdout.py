@@ -164,13 +164,15 @@ class StdoutSink:
     def _print_table(self, batch: pa.RecordBatch) -> None:
         from rich.console import Console  # lazily: only runs that print tables pay for rich
         from rich.table import Table
+        from rich.text import Text
 
-        view = Table(title=self.name, title_justify="left")
+        # Text, not str: rich would read square brackets in a value as markup ("[red]" vanished)
+        view = Table(title=Text(self.name), title_justify="left")
         for field in batch.schema:
             numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type)
-            view.add_column(field.name, justify="right" if numeric else "left")
+            view.add_column(Text(field.name), justify="right" if numeric else "left")
         for row in batch.to_pylist():
-            view.add_row(*[_cell(v) for v in row.values()])
+            view.add_row(*[Text(_cell(v)) for v in row.values()])
         stream = self.stream
         # a pipe or file has no width: do not squeeze the table into rich's default 80 columns
         width = None if stream.isatty() else 200
