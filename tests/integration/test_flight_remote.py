@@ -556,3 +556,55 @@ def test_a_read_back_waits_for_an_earlier_doput_of_the_writer(server: str) -> No
         (result,) = client.do_action(flight.Action("stream.writer_wait", body))
         assert json.loads(result.body.to_pybytes()) == {"active": 0}
     target.close()
+
+
+def test_a_resumed_sink_whose_earlier_call_was_still_draining_resends_nothing_that_landed(
+    server: str,
+) -> None:
+    """The sink of a restarted run connects while its dead run's DoPut is still being drained
+    by the server (batch 0 stored, batch 1 still to come). It skips both (the read-back waits
+    for the old call), then appends batch 2 and loses the PutResult after the batch landed
+    (injected after the real read). The retry must find batch 2 and not send it again: it
+    reads from the stream's end after the old call, not from the end seen while it was still
+    writing (offset 1: batch 1 there is not batch 2, so the sink resent batch 2).
+
+    timeline:  old call: b0 ─────────── b1, ends
+               sink:        connects │ read-back (waits) │ append b2 ─ PutResult lost ─ retry
+    """
+    with flight.connect(server) as client:
+        writer, reader = client.do_put(flight.FlightDescriptor.for_path("out", "sink-1"), SCHEMA)
+        writer.write_batch(batch(0, 5))
+        reader.read()
+        target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=20)
+
+        def finish_later() -> None:
+            time.sleep(0.5)
+            writer.write_batch(batch(5, 5))  # the old call's last batch, written late
+            writer.done_writing()
+            writer.close()
+
+        late = threading.Thread(target=finish_later)
+        late.start()
+        try:
+            found = [(offset, b.column("id").to_pylist()) for offset, b in target.entries(0)]
+        finally:
+            late.join()
+    assert found == [(0, [0, 1, 2, 3, 4]), (1, [5, 6, 7, 8, 9])]
+    real = target._acknowledged
+    calls = {"n": 0}
+
+    def lose_first() -> int:
+        offset = real()
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise flight.FlightUnavailableError("PutResult lost (injected)")
+        return offset
+
+    target._acknowledged = lose_first  # type: ignore[method-assign]
+    offsets = target.append_many([batch(10, 5)])
+    target.committed()
+    target.close()
+    assert offsets == [2]
+    rows, metadata = read_stream(server, "out")
+    assert [r["id"] for r in rows] == list(range(15))
+    assert metadata["next_offset"] == 3

@@ -912,14 +912,26 @@ class FlightStreamTarget(_Retrying):
         on a server that is not flight-serve)."""
         if not self.exactly_once:
             return iter(())
-        return iter(self._retry("reading the stream back", lambda: self._read_back(start)))
+        found, end = self._retry("reading the stream back", lambda: self._read_back_to(start))
+        # What was read back is the caller's to account for (a restored sink skips its batches
+        # there): an append's retry looks after it. The end seen when this target was made may
+        # be stale: a dead run's call of the writer may have been drained since (the read-back
+        # waited for it), and a retry reading from there would meet that call's batches first,
+        # take the appended batch for missing and send it again.
+        self._after = max(self._after, end)
+        return iter(found)
 
     def _read_back(self, start: int) -> list[tuple[int, pa.RecordBatch]]:
+        return self._read_back_to(start)[0]
+
+    def _read_back_to(self, start: int) -> tuple[list[tuple[int, pa.RecordBatch]], int]:
+        """This writer's batches from ``start`` to the stream's end (once no earlier DoPut of
+        the writer is in progress), and that end."""
         self._quiesce()
         end = self.next_offset()
         found: list[tuple[int, pa.RecordBatch]] = []
         if start >= end:
-            return found
+            return found, end
         for entry in _tail_entries(self._connect(), self._name, start, timeout_s=CALL_TIMEOUT_S):
             if entry.offset >= end:
                 break
@@ -927,7 +939,7 @@ class FlightStreamTarget(_Retrying):
                 found.append((entry.offset, entry.batch))
             if entry.offset + 1 >= end:
                 break
-        return found
+        return found, end
 
     def append(self, batch: pa.RecordBatch) -> int:
         """Append ``batch`` (durable on the server when this returns, retried as the class
