@@ -5,12 +5,19 @@
 is set (``.ci/run`` starts one server and exports it), the tests use that server instead and
 start none. Each test writes its own graph (a unique name), so tests never see each other's
 nodes.
+
+``pki``: a throw-away certificate authority and a server and a client certificate signed by it
+(``ca.pem``, ``server.pem``/``server.key``, ``client.pem``/``client.key``, valid for 127.0.0.1
+and localhost), made once per module with the openssl command line.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
@@ -25,3 +32,24 @@ def falkordb_url() -> Iterator[str]:
         return
     with start_falkordb() as server:
         yield server.url
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("openssl") is None:  # pragma: no cover
+        pytest.skip("needs the openssl command line")
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem",
+                cwd=d)  # fmt: skip
+    return d

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -219,27 +218,6 @@ def test_cancel_flight_info_ends_a_tail(tmp_path: Path) -> None:
 # --- the command line against a mutual-TLS server -------------------------------------------------
 
 CLI = Path(sys.executable).parent / "flight-serve"
-
-
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:  # pragma: no cover
-        pytest.skip("needs the openssl command line")
-    d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem",
-                cwd=d)  # fmt: skip
-    return d
 
 
 def test_the_command_line_manages_pipelines_over_mutual_tls(pki: Path, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ unprotected. Certificates are made with the openssl command line."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -142,27 +141,6 @@ def test_a_bad_tokens_file_names_the_line(tmp_path: Path) -> None:
 
 
 # --- TLS ---------------------------------------------------------------------------------------
-
-
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:  # pragma: no cover
-        pytest.skip("needs the openssl command line")
-    d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem",
-                cwd=d)  # fmt: skip
-    return d
 
 
 def test_tls_location_and_a_client_without_the_ca_fails(pki: Path, tmp_path: Path) -> None:
