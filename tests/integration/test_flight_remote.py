@@ -43,6 +43,22 @@ def batch(first: int, count: int) -> pa.RecordBatch:
     )
 
 
+def lose_put_result(target: FlightStreamTarget, nth: int, message: str) -> None:
+    """Make the ``nth`` PutResult the sink reads fail after the real read (the batch is stored
+    and acknowledged by the server; the sink sees UNAVAILABLE instead)."""
+    real = target._acknowledged
+    calls = {"n": 0}
+
+    def lose() -> int:
+        offset = real()
+        calls["n"] += 1
+        if calls["n"] == nth:
+            raise flight.FlightUnavailableError(message)
+        return offset
+
+    target._acknowledged = lose  # type: ignore[method-assign]
+
+
 def read_stream(location: str, stream: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     with flight.connect(location) as client:
         info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
@@ -109,17 +125,7 @@ def test_a_lost_put_result_is_looked_up_not_written_again(server: str) -> None:
     reads it (injected after the real read): the retry finds the batch in the writer's entries
     and returns its offset; the stream holds every batch once."""
     target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=10)
-    real = target._acknowledged
-    calls = {"n": 0}
-
-    def lose_second() -> int:
-        offset = real()
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise flight.FlightUnavailableError("PutResult lost (injected)")
-        return offset
-
-    target._acknowledged = lose_second  # type: ignore[method-assign]
+    lose_put_result(target, 2, "PutResult lost (injected)")
     offsets = [target.append(batch(i * 10, 10)) for i in range(3)]
     target.end_input()
     target.end_input()  # once only: the history says the writer ended
@@ -141,17 +147,7 @@ def test_a_pipelined_commit_that_loses_a_put_result_resends_only_what_did_not_la
     too. The read-back counts those that did (a prefix, in order) and sends only the rest; the
     stream holds the 12 batches once, at offsets 0..11, and on_ack ran once per batch."""
     target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=10)
-    real = target._acknowledged
-    calls = {"n": 0}
-
-    def lose_third() -> int:
-        offset = real()
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise flight.FlightUnavailableError("connection lost (injected)")
-        return offset
-
-    target._acknowledged = lose_third  # type: ignore[method-assign]
+    lose_put_result(target, 3, "connection lost (injected)")
     acks: list[int] = []
     offsets = target.append_many([batch(i * 10, 10) for i in range(12)], lambda: acks.append(1))
     target.committed()
@@ -590,17 +586,7 @@ def test_a_resumed_sink_whose_earlier_call_was_still_draining_resends_nothing_th
         finally:
             late.join()
     assert found == [(0, [0, 1, 2, 3, 4]), (1, [5, 6, 7, 8, 9])]
-    real = target._acknowledged
-    calls = {"n": 0}
-
-    def lose_first() -> int:
-        offset = real()
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise flight.FlightUnavailableError("PutResult lost (injected)")
-        return offset
-
-    target._acknowledged = lose_first  # type: ignore[method-assign]
+    lose_put_result(target, 1, "PutResult lost (injected)")
     offsets = target.append_many([batch(10, 5)])
     target.committed()
     target.close()
