@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pyarrow.parquet pulls in pyarrow.fs and ssl: imported when 
     import pyarrow.parquet as pq
 import pyarrow.json as pajson
 
+from flight_serve.connectors.columns import conform
 from flight_serve.errors import ConnectorError
 
 __all__ = ["DEFAULT_BATCH_ROWS", "FORMATS", "FileSink", "FileSource", "format_of", "resolve_paths"]
@@ -235,27 +236,6 @@ class FileSource:
         except (pa.ArrowException, OSError) as exc:
             raise ConnectorError(f"file connector: cannot read {path}: {exc}") from exc
 
-    def _conform(self, batch: pa.RecordBatch, path: Path) -> pa.RecordBatch:
-        schema = self.schema
-        if batch.schema == schema:
-            return batch
-        arrays = []
-        for field in schema:
-            index = batch.schema.get_field_index(field.name)
-            if index < 0:
-                raise ConnectorError(
-                    f"file connector: {path} has no column {field.name!r}; its columns: "
-                    f"{', '.join(batch.schema.names)}"
-                )
-            try:
-                arrays.append(batch.column(index).cast(field.type))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise ConnectorError(
-                    f"file connector: column {field.name!r} of {path} does not convert to "
-                    f"{field.type}: {exc}"
-                ) from exc
-        return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
     def read_file(self, index: int) -> Iterator[pa.RecordBatch]:
         """The batches of partition ``index``: exactly ``batch_rows`` rows each (the last may be
         shorter), in :attr:`schema`.
@@ -265,7 +245,7 @@ class FileSource:
         """
         path = self.paths[index]
         for batch in _rechunk(self._read_raw(path), self.batch_rows):
-            yield self._conform(batch, path)
+            yield conform(batch, self.schema, f"file connector: {path}")
 
     def round_robin(self) -> Iterator[tuple[str, pa.RecordBatch | None]]:
         """``(partition, batch)`` one batch per file in turn; ``(partition, None)`` marks the end of

@@ -60,6 +60,7 @@ from typing import Any, Final, Literal, cast
 import pyarrow as pa
 import pyarrow.flight as paflight
 
+from flight_serve.connectors.columns import conform
 from flight_serve.errors import ConnectorError
 
 __all__ = [
@@ -372,7 +373,7 @@ class FlightSource:
             events.append(SourceEvent("partition", writer))
         if entry.batch is not None:
             events.append(
-                SourceEvent("batch", writer, self._conform(entry.batch), offset=entry.offset)
+                SourceEvent("batch", writer, conform(entry.batch, self.schema, self.what), offset=entry.offset)
             )
             self.rows += entry.batch.num_rows
             self.counted(entry.batch)
@@ -399,19 +400,6 @@ class FlightSource:
             events.append(SourceEvent("end", writer))
         self._done = True
         self.close()
-
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        schema = self.schema
-        if batch.schema.equals(schema):
-            return batch
-        try:
-            return pa.RecordBatch.from_arrays(
-                [batch.column(f.name).cast(f.type) for f in schema], schema=schema
-            )
-        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConnectorError(
-                f"{self.what}: a batch does not fit the declared columns: {_message(exc)}"
-            ) from exc
 
     def close(self) -> None:
         """Stop the reading thread and close the connection. Idempotent."""
@@ -1224,21 +1212,9 @@ class FlightTicketSource(_Retrying):
                 break
             offset = self.rows
             self.rows += batch.num_rows
-            events.append(SourceEvent("batch", "", self._conform(batch), offset=offset))
+            events.append(SourceEvent("batch", "", conform(batch, self.schema, self.what), offset=offset))
             self.counted(batch)
         return events
-
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        if batch.schema.equals(self.schema):
-            return batch
-        try:
-            return pa.RecordBatch.from_arrays(
-                [batch.column(f.name).cast(f.type) for f in self.schema], schema=self.schema
-            )
-        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConnectorError(
-                f"{self.what}: a batch does not fit the declared columns: {_message(exc)}"
-            ) from exc
 
     def close(self) -> None:
         """Cancel the DoGet and close the connection. Idempotent."""

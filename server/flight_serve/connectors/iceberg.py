@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_serve.connectors.columns import conform
 from flight_serve.connectors.flight import SourceEvent
 from flight_serve.errors import CheckpointError, ConnectorError
 
@@ -1050,19 +1051,9 @@ class IcebergSource:
         for batch in reader:
             if not batch.num_rows:
                 continue
-            conformed = self._conform(batch)
+            conformed = conform(batch, self.schema, self.what)
             for start in range(0, conformed.num_rows, self.batch_rows):
                 yield conformed.slice(start, self.batch_rows)
-
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        try:
-            return pa.RecordBatch.from_arrays(
-                [batch.column(f.name).cast(f.type) for f in self.schema], schema=self.schema
-            )
-        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConnectorError(
-                f"{self.what}: a data file does not fit the declared columns: {exc}"
-            ) from exc
 
     def _check(self, snapshot: Snapshot) -> bool:
         """Whether to read ``snapshot`` (an append); skips are logged, failures raised."""

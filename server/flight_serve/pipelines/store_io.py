@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from flight_serve.connectors.columns import conform
 from flight_serve.connectors.flight import SourceEvent
 from flight_serve.errors import (
     CheckpointError,
@@ -210,7 +211,7 @@ class StoreSource:
                     self._known.add(writer)
                     events.append(SourceEvent("partition", writer))
                 if batch is not None:
-                    events.append(SourceEvent("batch", writer, self._conform(batch), offset=offset))
+                    events.append(SourceEvent("batch", writer, conform(batch, self.schema, self.what), offset=offset))
                     self.rows += batch.num_rows
                     self.counted(batch)
                 elif entry.end_of_input:
@@ -231,18 +232,6 @@ class StoreSource:
             self._backlog = backlog
             events.append(SourceEvent("backlog", backlog=backlog))
         return events
-
-    def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        if batch.schema.equals(self.schema):
-            return batch
-        try:
-            return pa.RecordBatch.from_arrays(
-                [batch.column(f.name).cast(f.type) for f in self.schema], schema=self.schema
-            )
-        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise ConnectorError(
-                f"{self.what}: a batch does not fit the declared columns: {exc}"
-            ) from exc
 
     def close(self) -> None:
         """Nothing to close."""

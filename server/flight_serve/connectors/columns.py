@@ -1,0 +1,57 @@
+"""Fitting a source's batches to the columns its ``CREATE SOURCE`` declared.
+
+Every source (file, flight tail, flight ticket, iceberg, a server stream) hands the pipeline
+batches with exactly the declared columns: picked by name, in the declared order, each cast to
+the declared type. Extra columns are dropped.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from flight_serve.errors import ConnectorError
+
+__all__ = ["conform"]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema, what: str) -> pa.RecordBatch:
+    """``batch`` with the columns of ``schema``: by name, in its order, cast to its types.
+
+    Args:
+        batch: the batch read (any columns, any order).
+        schema: the declared columns.
+        what: names the source and where the batch came from, for errors (``"file connector:
+            /data/a.csv"``, ``"flight source (server …, stream 'x')"``).
+
+    Returns:
+        ``batch`` itself when its schema already equals ``schema``, else a new batch of schema
+        ``schema`` with the same rows.
+
+    Raises:
+        ConnectorError: the batch has no column of a declared name (the error lists the columns
+            it has), or a column does not convert to its declared type (the error names the
+            column and the type).
+    """
+    if batch.schema.equals(schema):
+        return batch
+    arrays = []
+    for field in schema:
+        index = batch.schema.get_field_index(field.name)
+        if index < 0:
+            raise ConnectorError(
+                f"{what}: a batch does not fit the declared columns: it has no column "
+                f"{field.name!r}; its columns: {', '.join(batch.schema.names)}"
+            )
+        try:
+            arrays.append(batch.column(index).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ConnectorError(
+                f"{what}: a batch does not fit the declared columns: column {field.name!r} "
+                f"does not convert to {field.type}: {_first_line(exc)}"
+            ) from exc
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
