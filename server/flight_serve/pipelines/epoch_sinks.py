@@ -45,6 +45,7 @@ import re
 import shutil
 import signal
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,7 +55,14 @@ import pyarrow as pa
 from flight_serve.connectors.file import FileSink
 from flight_serve.errors import CheckpointError, ConnectorError
 
-__all__ = ["EpochFileSink", "EpochStreamSink", "StreamTarget", "read_ipc", "to_ipc"]
+__all__ = [
+    "EpochFileSink",
+    "EpochStreamSink",
+    "StagedEpochSink",
+    "StreamTarget",
+    "read_ipc",
+    "to_ipc",
+]
 
 _PART = re.compile(r"(\d{10})\.arrow(\.pending)?")
 
@@ -409,3 +417,65 @@ class EpochStreamSink:
         self._buffer = []
         self._staged = []
         self.target.close()
+
+
+class StagedEpochSink(ABC):
+    """The epoch protocol of a sink into an outside system that marks its own commits (an
+    Iceberg table, a FalkorDB graph): an epoch's batches are held in memory, staged in the
+    checkpoint at prepare (``sink-<name>.arrow``, Arrow IPC), and written out at commit by
+    :meth:`apply`, which must be idempotent per epoch (the outside system's marker).
+
+    Subclasses give :meth:`apply`, :meth:`mark` (their fields of the commit mark) and recovery.
+    """
+
+    def __init__(self, name: str, rows: int = 0) -> None:
+        self.name = name
+        self.file = f"sink-{name}.arrow"
+        self.rows = rows
+        self._buffer: list[pa.RecordBatch] = []
+        self._staged: list[pa.RecordBatch] = []
+        self._staged_epoch = 0
+
+    @abstractmethod
+    def apply(self, epoch: int, batches: list[pa.RecordBatch]) -> None:
+        """Write ``batches`` (not empty) as epoch ``epoch``; a no-op if that epoch is there."""
+
+    @abstractmethod
+    def mark(self) -> dict[str, Any]:
+        """The sink's own fields of the commit mark (``kind`` and where it writes)."""
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether rows wait for the next checkpoint."""
+        return bool(self._buffer)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Hold ``batch`` for the current epoch."""
+        if batch.num_rows:
+            self._buffer.append(batch)
+
+    def prepare(self, epoch: int, files: dict[str, bytes]) -> dict[str, Any]:
+        """Stage the epoch's batches in the checkpoint (``files``); return the commit mark:
+        :meth:`mark`, the rows so far and the staged file (``None`` without rows)."""
+        self._staged, self._buffer = self._buffer, []
+        self._staged_epoch = epoch
+        self.rows += sum(b.num_rows for b in self._staged)
+        entry: dict[str, Any] = {**self.mark(), "rows": self.rows, "staged": None}
+        if self._staged:
+            files[self.file] = to_ipc(self._staged[0].schema, self._staged)
+            entry["staged"] = self.file
+        return entry
+
+    def commit(self, epoch: int) -> None:
+        """Epoch ``epoch`` is in a complete checkpoint: write its staged batches out."""
+        if self._staged:
+            self.apply(epoch, self._staged)
+        self._staged = []
+
+    def end_input(self) -> None:  # noqa: B027 - a no-op for every subclass
+        """Nothing to mark: a table or a graph has no end of input."""
+
+    def close(self) -> None:
+        """Drop what was not committed (it is replayed from the last checkpoint)."""
+        self._buffer = []
+        self._staged = []

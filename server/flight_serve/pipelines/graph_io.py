@@ -36,7 +36,7 @@ from flight_serve.connectors.falkordb import (
     FalkorDBSink,
     GraphMapping,
 )
-from flight_serve.pipelines.epoch_sinks import to_ipc
+from flight_serve.pipelines.epoch_sinks import StagedEpochSink
 from flight_serve.pipelines.pipeline import SinkDef
 
 __all__ = ["EpochGraphSink", "graph_sink_options"]
@@ -65,7 +65,7 @@ def graph_sink_options(sink: SinkDef) -> dict[str, str]:
     return options
 
 
-class EpochGraphSink:
+class EpochGraphSink(StagedEpochSink):
     """The ``falkordb`` sink of a checkpointed run (see the module docstring).
 
     Args:
@@ -78,21 +78,11 @@ class EpochGraphSink:
     def __init__(
         self, name: str, sink: FalkorDBSink, *, restored_epoch: int | None, rows: int = 0
     ) -> None:
-        self.name = name
+        super().__init__(name, rows)
         self.sink = sink
-        self.rows = rows
-        self.file = f"sink-{name}.arrow"
         self.restored_epoch = restored_epoch
-        self._buffer: list[pa.RecordBatch] = []
-        self._staged: list[pa.RecordBatch] = []
-        self._staged_epoch = 0
         if restored_epoch is None:
             sink.reset_marker(0)
-
-    @property
-    def has_pending(self) -> bool:
-        """Whether rows wait for the next checkpoint."""
-        return bool(self._buffer)
 
     def recover(self, staged: list[pa.RecordBatch]) -> None:
         """Redo the commit of the checkpoint resumed from (its staged batches), then move the
@@ -102,38 +92,14 @@ class EpochGraphSink:
             self.sink.write(pa.Table.from_batches(staged), epoch=self.restored_epoch)
         self.sink.reset_marker(self.restored_epoch)
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Hold ``batch`` for the current epoch."""
-        if batch.num_rows:
-            self._buffer.append(batch)
+    def apply(self, epoch: int, batches: list[pa.RecordBatch]) -> None:
+        """Write the epoch's rows to the graph (the marker skips an epoch already there)."""
+        self.sink.write(pa.Table.from_batches(batches), epoch=epoch)
 
-    def prepare(self, epoch: int, files: dict[str, bytes]) -> dict[str, Any]:
-        """Stage the epoch's batches in the checkpoint (``files``); return the commit mark."""
-        self._staged, self._buffer = self._buffer, []
-        self._staged_epoch = epoch
-        self.rows += sum(b.num_rows for b in self._staged)
-        entry: dict[str, Any] = {
-            "kind": "falkordb",
-            "graph": self.sink.graph_name,
-            "rows": self.rows,
-            "staged": None,
-        }
-        if self._staged:
-            files[self.file] = to_ipc(self._staged[0].schema, self._staged)
-            entry["staged"] = self.file
-        return entry
-
-    def commit(self, epoch: int) -> None:
-        """Epoch ``epoch`` is in a complete checkpoint: write its rows to the graph."""
-        if self._staged:
-            self.sink.write(pa.Table.from_batches(self._staged), epoch=epoch)
-        self._staged = []
-
-    def end_input(self) -> None:
-        """The input ended (nothing to mark in a graph)."""
+    def mark(self) -> dict[str, Any]:
+        return {"kind": "falkordb", "graph": self.sink.graph_name}
 
     def close(self) -> None:
         """Drop what was not committed (it is replayed) and close the connection."""
-        self._buffer = []
-        self._staged = []
+        super().close()
         self.sink.close()

@@ -38,7 +38,7 @@ from flight_serve.connectors.iceberg import (
 )
 from flight_serve.errors import CheckpointError, ConnectorError
 from flight_serve.pipelines.dialect import sql_error
-from flight_serve.pipelines.epoch_sinks import to_ipc
+from flight_serve.pipelines.epoch_sinks import StagedEpochSink
 from flight_serve.pipelines.pipeline import Option, RelationDef, SinkDef
 from flight_serve.pipelines.query import option_duration
 
@@ -380,7 +380,7 @@ class IcebergRunSink:
         self.flush()
 
 
-class EpochIcebergSink:
+class EpochIcebergSink(StagedEpochSink):
     """The Iceberg sink of a checkpointed run (the prepare / commit protocol of
     :mod:`flight_serve.pipelines.epoch_sinks`).
 
@@ -410,20 +410,10 @@ class EpochIcebergSink:
         *,
         mark: dict[str, Any] | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(name, int(mark.get("rows", 0)) if mark is not None else 0)
         self.schema = schema
-        self.file = f"sink-{name}.arrow"
         run = str(mark["run"]) if mark is not None and mark.get("run") else uuid.uuid4().hex
         self.sink = spec.open(writer, run)
-        self.rows = int(mark.get("rows", 0)) if mark is not None else 0
-        self._buffer: list[pa.RecordBatch] = []
-        self._staged: list[pa.RecordBatch] = []
-        self._staged_epoch = 0
-
-    @property
-    def has_pending(self) -> bool:
-        """Whether rows wait for the next checkpoint."""
-        return bool(self._buffer)
 
     def recover(self, epoch: int, staged: list[pa.RecordBatch]) -> None:
         """Redo the commit of checkpoint ``epoch`` (its staged batches).
@@ -446,38 +436,10 @@ class EpochIcebergSink:
         self._staged, self._staged_epoch = staged, epoch
         self.commit(epoch)
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        """Hold ``batch`` for the current epoch."""
-        if batch.num_rows:
-            self._buffer.append(batch)
+    def apply(self, epoch: int, batches: list[pa.RecordBatch]) -> None:
+        """Commit the epoch to the table (:meth:`IcebergSink.commit`: its markers make it
+        idempotent)."""
+        self.sink.commit(epoch, batches)
 
-    def prepare(self, epoch: int, files: dict[str, bytes]) -> dict[str, Any]:
-        """Stage the epoch's batches in the checkpoint (``files``); return the commit mark."""
-        self._staged, self._buffer = self._buffer, []
-        self._staged_epoch = epoch
-        self.rows += sum(b.num_rows for b in self._staged)
-        entry: dict[str, Any] = {
-            "kind": "iceberg",
-            "table": self.sink.name,
-            "run": self.sink.run,
-            "rows": self.rows,
-            "staged": None,
-        }
-        if self._staged:
-            files[self.file] = to_ipc(self.schema, self._staged)
-            entry["staged"] = self.file
-        return entry
-
-    def commit(self, epoch: int) -> None:
-        """Epoch ``epoch`` is in a complete checkpoint: commit it to the table (idempotent)."""
-        if self._staged:
-            self.sink.commit(epoch, self._staged)
-        self._staged = []
-
-    def end_input(self) -> None:
-        """Nothing to mark: the table has no end of input."""
-
-    def close(self) -> None:
-        """Drop what was not committed (it is replayed from the last checkpoint)."""
-        self._buffer = []
-        self._staged = []
+    def mark(self) -> dict[str, Any]:
+        return {"kind": "iceberg", "table": self.sink.name, "run": self.sink.run}
