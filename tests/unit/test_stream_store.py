@@ -458,6 +458,43 @@ def test_a_failed_write_discards_what_was_not_durable_and_the_stream_goes_on(
     assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [3]]
 
 
+def test_a_writer_stages_nothing_after_its_batch_a_failed_write_discarded(
+    store: StreamStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``write(after=)``: a caller's frames land as a prefix of what it wrote. Writer w1 has
+    batch [0] durable; another writer's failed write discards w1's staged [1]; w1's next batch
+    (after [1]) is refused, not staged at offset 1 with a gap before it, while a batch after
+    the durable [0] (which no discard touched) is still taken.
+
+    offsets:  0 [0] w1 durable │ 1 [1] w1 staged ─ w2's write fails: 1.. discarded, epoch 1
+              w1 write [2] after [1] → refused │ w1 write [3] after [0] → offset 1
+    """
+    durable = store.write("t", _batch([0]), writer="w1")
+    store.commit(durable)
+    staged = store.write("t", _batch([1]), writer="w1", after=durable)
+    real_pwrite = os.pwrite
+    calls = 0
+
+    def full_disk(fd: int, data: Any, position: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # the second frame of the drain (w2's)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, position)
+
+    other = store.write("t", _batch([9]), writer="w2")
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    with pytest.raises(StorageError, match="No space left"):
+        store.commit(other)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    with pytest.raises(StorageError, match="the batch at offset 1 before this one was discarded"):
+        store.write("t", _batch([2]), writer="w1", after=staged)
+    with pytest.raises(StorageError, match="batch 1 of stream 't' was discarded"):
+        store.commit(staged)
+    assert store.commit(store.write("t", _batch([3]), writer="w1", after=durable)) == 1
+    assert [b.to_pydict()["x"] for b in store.batches("t")] == [[0], [3]]
+
+
 def test_a_failed_sync_makes_the_stream_refuse_writes_until_reopened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

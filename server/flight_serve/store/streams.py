@@ -872,7 +872,14 @@ class StreamStore:
         """
         return self.commit(self.write(name, batch, writer=writer))
 
-    def write(self, name: str, batch: pa.RecordBatch, *, writer: str = "") -> PendingAppend:
+    def write(
+        self,
+        name: str,
+        batch: pa.RecordBatch,
+        *,
+        writer: str = "",
+        after: PendingAppend | None = None,
+    ) -> PendingAppend:
         """Reserve the next offset of stream ``name`` for ``batch`` without waiting for the disk.
 
         Like :meth:`append` (same stream creation, schema rule and errors), but with
@@ -881,8 +888,16 @@ class StreamStore:
         ``fsync="never"`` the frame is in the file and visible when this returns. Offsets are
         assigned in call order. ``writer`` is recorded with the batch (see the module docstring).
 
+        A staged frame is made durable by the stream's next commit, whoever calls it: a caller
+        that stages several frames must not give up on them. ``after`` (the caller's previous
+        pending append to this stream) keeps a caller's frames a prefix of what it wrote: the
+        frame is staged only if no failed write discarded ``after`` since (a discard starts a
+        new epoch of reserved offsets, see :meth:`commit`), so nothing of the caller's lands
+        after a gap.
+
         Raises:
             InvalidInputError: an invalid writer name (and what :meth:`append` raises).
+            StorageError: ``after`` was discarded by a failed write (nothing is staged).
         """
         validate_stream_name(name)
         validate_writer_name(writer)
@@ -893,14 +908,16 @@ class StreamStore:
             writer_id = self._writer_id(stream, writer)
             if self.direct_io and self.fsync == "batch" and conformed.nbytes >= _DIRECT_MIN_BYTES:
                 size = pa.ipc.get_record_batch_size(conformed)
-                reserved = self._reserve(stream, size, conformed.num_rows, None, 0, writer_id)
+                reserved = self._reserve(
+                    stream, size, conformed.num_rows, None, 0, writer_id, after=after
+                )
                 if reserved is not None:
                     self._fill(stream, reserved[1], conformed, size, writer_id)
             else:
                 body = conformed.serialize()
                 crc = zlib.crc32(memoryview(body))  # outside the lock (releases the GIL)
                 reserved = self._reserve(
-                    stream, body.size, conformed.num_rows, body, crc, writer_id
+                    stream, body.size, conformed.num_rows, body, crc, writer_id, after=after
                 )
             pending = self._staged(stream, reserved)
             if pending is not None:
@@ -913,15 +930,16 @@ class StreamStore:
         *,
         watermark_ns: int | None = None,
         end_of_input: bool = False,
+        after: PendingAppend | None = None,
     ) -> PendingAppend:
         """Reserve the next offset of stream ``name`` for a marker of ``writer`` (an entry with
         no rows): a watermark (``watermark_ns``) or the writer's end of input; durable and
-        visible once :meth:`commit` returns for it (see :meth:`write`).
+        visible once :meth:`commit` returns for it (see :meth:`write`, also for ``after``).
 
         Raises:
             StreamNotFoundError: the stream does not exist.
             InvalidInputError: an invalid writer name, or not exactly one kind of marker.
-            StorageError: as :meth:`append`.
+            StorageError: as :meth:`append`; ``after`` was discarded by a failed write.
         """
         validate_writer_name(writer)
         if (watermark_ns is None) == (not end_of_input):
@@ -936,7 +954,9 @@ class StreamStore:
         while True:
             stream = self._get(name)
             writer_id = self._writer_id(stream, writer)
-            reserved = self._reserve(stream, body.size, 0, body, crc, writer_id, kind, value)
+            reserved = self._reserve(
+                stream, body.size, 0, body, crc, writer_id, kind, value, after=after
+            )
             pending = self._staged(stream, reserved)
             if pending is not None:
                 return pending
@@ -1009,10 +1029,13 @@ class StreamStore:
         writer_id: int = 0,
         kind: int = _BATCH,
         value: int = 0,
+        *,
+        after: PendingAppend | None = None,
     ) -> tuple[PendingAppend, _Staged, bool] | None:
         """Reserve an offset and a file position in ``stream`` for an IPC message of ``size``
         bytes, rolling the segment if needed, and stage the frame: ``body`` with its ``crc``,
-        or (``body=None``) a direct frame that the caller must :meth:`_fill`.
+        or (``body=None``) a direct frame that the caller must :meth:`_fill`; refused if
+        ``after`` was discarded (see :meth:`write`).
 
         Returns the pending append, the staged frame and whether the caller should drain now
         (``fsync="never"``, or too much staged); ``None`` if the stream was dropped.
@@ -1023,6 +1046,18 @@ class StreamStore:
                 return None
             if stream.failed is not None:
                 raise StorageError(stream.failed)
+            if after is not None and (
+                after._handle is not stream
+                or (
+                    after._epoch != stream.epoch
+                    and after.offset >= stream.epoch_ends[after._epoch]
+                )
+            ):
+                raise StorageError(
+                    f"stream {stream.name!r}: the batch at offset {after.offset} before this one "
+                    "was discarded (a failed write, or the stream was dropped); nothing after "
+                    "it is written"
+                )
             segment = stream.segments[-1]
             if segment.size > 0 and segment.size + frame_bytes > self.segment_bytes:
                 first = stream.written_offset  # roll: the next drain creates the file
