@@ -681,7 +681,7 @@ class SqlEngine:
             while (batch := pending.get()) is not None:
                 if state["error"] is None:
                     try:
-                        state["last"] = self.store.write(name, batch)
+                        state["last"] = self.store.write(name, batch, after=state["last"])
                     except BaseException as exc:
                         state["error"] = exc
 

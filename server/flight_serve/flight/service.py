@@ -172,11 +172,17 @@ class _PutPipeline:
     batch while a client may wait for PutResults before it writes more.
 
     After a failure no further batch is written; the batches written before it are still
-    committed and acknowledged, and :meth:`check` / :meth:`finish` raise the first error. A
-    failure of the writing or acknowledging thread is also told to the client at once, by a
-    last PutResult ``{"error": <message>}``: the handler thread may be blocked reading the
-    next batch while the client waits for PutResults before it writes more, so the call can
-    only end (with the error's status) once the client writes again or finishes writing.
+    committed (and acknowledged while the client can still be sent PutResults), and
+    :meth:`check` / :meth:`finish` raise the first error. Every staged batch is committed
+    before :meth:`finish` returns even when a PutResult could not be sent (the client is gone):
+    its offset is reserved, so the next commit of the stream by any writer would make it
+    durable and visible anyway, and it must be there before the call ends (a producer that lost
+    the call reads back what landed once no call of its writer is in progress:
+    ``stream.writer_wait``). A failure of the writing or acknowledging thread is also told to
+    the client at once, by a last PutResult ``{"error": <message>}``: the handler thread may be
+    blocked reading the next batch while the client waits for PutResults before it writes
+    more, so the call can only end (with the error's status) once the client writes again or
+    finishes writing.
     """
 
     def __init__(
@@ -242,6 +248,7 @@ class _PutPipeline:
             self._writer.write(pa.py_buffer(json.dumps({"error": str(exc)}).encode()))
 
     def _write(self) -> None:
+        last: PendingAppend | None = None  # the call's batches land as a prefix of what it sent
         try:
             while (item := self._batches.get()) is not None:
                 batch, held = item
@@ -250,16 +257,19 @@ class _PutPipeline:
                 if self._error is None:  # after a failure, only drain the queue
                     try:
                         if isinstance(batch, Marker):
-                            marker = self._store.write_marker(
+                            last = self._store.write_marker(
                                 self._name,
                                 self._writer_name,
                                 watermark_ns=batch.watermark_ns,
                                 end_of_input=batch.end_of_input,
+                                after=last,
                             )
-                            self._pending.put((marker, batch, held))
+                            self._pending.put((last, batch, held))
                         else:
-                            written = self._store.write(self._name, batch, writer=self._writer_name)
-                            self._pending.put((written, None, held))
+                            last = self._store.write(
+                                self._name, batch, writer=self._writer_name, after=last
+                            )
+                            self._pending.put((last, None, held))
                     except BaseException as exc:
                         if held is not None:
                             held.release()
@@ -269,27 +279,32 @@ class _PutPipeline:
             self._pending.put(None)
 
     def _acknowledge(self) -> None:
-        failed = False
+        failed = False  # no PutResult after a failed commit or send
         while (item := self._pending.get()) is not None:
             pending, marker, held = item
-            if failed:
-                if held is not None:
-                    held.release()
-                continue  # no PutResult after a failed commit or send
             try:
+                # Committed even after a failure: a staged frame's offset is reserved, and the
+                # stream's next commit by any writer would publish it after this call ended.
                 offset = self._store.commit(pending)
-                result = (
-                    {"offset": offset, "rows": pending.rows}
-                    if marker is None
-                    else _marker_ack(offset, marker)
-                )
-                ack = json.dumps(result).encode()
-                if held is not None:
-                    held.release()  # durable on disk: no longer held in memory
-                self._writer.write(pa.py_buffer(ack))
             except BaseException as exc:
+                if not failed:
+                    failed = True
+                    self._fail(exc)
+                    self._report(exc)
+                continue
+            finally:
                 if held is not None:
-                    held.release()
+                    held.release()  # durable on disk (or failed): no longer held in memory
+            if failed:
+                continue
+            result = (
+                {"offset": offset, "rows": pending.rows}
+                if marker is None
+                else _marker_ack(offset, marker)
+            )
+            try:
+                self._writer.write(pa.py_buffer(json.dumps(result).encode()))
+            except BaseException as exc:
                 failed = True
                 self._fail(exc)
                 self._report(exc)
