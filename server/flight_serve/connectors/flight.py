@@ -1040,19 +1040,20 @@ class FlightStreamTarget(_Retrying):
     def committed(self) -> None:
         """The commit's appends are done: finish the DoPut, so no call stays open between
         commits (a server draining for shutdown waits for open calls). The partition stays
-        open; the next append opens a new DoPut."""
+        open; the next append opens a new DoPut.
+
+        Every batch of the call is acknowledged already, so a call that cannot be finished
+        (the server or the connection is gone) is dropped at once, not retried: nothing is
+        lost, and the next read-back waits (``stream.writer_wait``) until the server has
+        ended it."""
         put, self._put = self._put, None
         if put is None:
             return
-
-        def finish() -> None:
+        try:
             put[0].done_writing()
             put[0].close()
-
-        try:
-            self._retry("finishing the DoPut", finish)
-        except ConnectorError:
-            self._drop()  # every batch is acknowledged already: nothing is lost
+        except (*_RETRYABLE, pa.ArrowException, OSError):
+            self._drop()
 
     def close(self) -> None:
         """Finish the DoPut (the partition stays open unless :meth:`end_input` was called) and
