@@ -7,11 +7,13 @@ the declared type. Extra columns are dropped.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 from flight_serve.errors import ConnectorError
 
-__all__ = ["conform"]
+__all__ = ["conform", "same_rows"]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -55,3 +57,26 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, what: str) -> pa.RecordBat
                 f"does not convert to {field.type}: {_first_line(exc)}"
             ) from exc
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _decoded(array: pa.Array[Any]) -> pa.Array[Any]:
+    return array.dictionary_decode() if isinstance(array, pa.DictionaryArray) else array
+
+
+def same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
+    """Whether ``a`` and ``b`` hold the same rows: as many rows, the same column names in any
+    order, and each column's values equal by name (a dictionary-encoded column compared by its
+    values). A stream stores a batch in the stream's column order with dictionaries decoded
+    (``store.streams``), so a batch read back from a stream is compared with the batch that
+    was sent this way; a batch with duplicate column names only matches in the same order.
+    """
+    names = a.schema.names
+    if a.num_rows != b.num_rows or sorted(names) != sorted(b.schema.names):
+        return False
+    if len(set(names)) != len(names):
+        if names != b.schema.names:
+            return False
+        pairs = list(zip(a.columns, b.columns, strict=True))
+    else:
+        pairs = [(a.column(name), b.column(name)) for name in names]
+    return all(_decoded(x).equals(_decoded(y)) for x, y in pairs)

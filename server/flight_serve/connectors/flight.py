@@ -61,6 +61,7 @@ import pyarrow as pa
 import pyarrow.flight as paflight
 
 from flight_serve.connectors.columns import conform
+from flight_serve.connectors.columns import same_rows as _same_rows
 from flight_serve.errors import ConnectorError
 
 __all__ = [
@@ -662,12 +663,6 @@ _RETRYABLE: Final = (
     paflight.FlightCancelledError,
     _Lost,
 )
-
-
-def _same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
-    if a.num_rows != b.num_rows or a.schema.names != b.schema.names:
-        return False
-    return all(x.equals(y) for x, y in zip(a.columns, b.columns, strict=True))
 
 
 class _Retrying:

@@ -52,6 +52,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from flight_serve.connectors.columns import same_rows as _same_rows
 from flight_serve.connectors.file import FileSink
 from flight_serve.errors import CheckpointError, ConnectorError
 
@@ -283,12 +284,6 @@ def _crash_after_append() -> None:
     if os.environ.get("FLIGHT_SERVE_CRASH_AT") == f"append:{_appends}":
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)  # pragma: no cover  (the signal is delivered asynchronously)
-
-
-def _same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
-    if a.num_rows != b.num_rows or a.schema.names != b.schema.names:
-        return False
-    return all(x.equals(y) for x, y in zip(a.columns, b.columns, strict=True))
 
 
 class EpochStreamSink:

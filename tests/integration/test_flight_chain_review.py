@@ -1,0 +1,168 @@
+"""Attacks on the exactly-once remote Flight sink between two flight-serve servers (issue 7
+item 3, review).
+
+Server B is a real ``flight-serve serve`` process (``kill -9``ed and restarted where a test
+says so); the sink side is the checkpointed run's :class:`EpochStreamSink` over a
+:class:`FlightStreamTarget`, driven epoch by epoch (prepare, commit, then a "crash": a new
+target and sink restored from the checkpoint's commit mark, as ``pipelines/durable.py`` does).
+The process helpers are those of ``test_flight_chain.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from flight_serve.connectors.flight import FlightStreamTarget
+from flight_serve.pipelines.epoch_sinks import EpochStreamSink, read_ipc
+
+pytestmark = [pytest.mark.integration]
+
+_spec = importlib.util.spec_from_file_location(
+    "_flight_chain_helpers", Path(__file__).with_name("test_flight_chain.py")
+)
+assert _spec is not None
+assert _spec.loader is not None
+_chain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_chain)
+Server = _chain.Server
+SCHEMA: pa.Schema = _chain.SCHEMA
+batches = _chain.batches
+free_port = _chain.free_port
+stream_rows = _chain.stream_rows
+
+
+@pytest.fixture
+def servers() -> Iterator[dict[str, Any]]:
+    running: dict[str, Any] = {}
+    try:
+        yield running
+    finally:
+        for server in running.values():
+            server.close()
+
+
+def restored(
+    location: str, entry: dict[str, Any], files: dict[str, bytes], writer: str = "from-a"
+) -> EpochStreamSink:
+    """The sink of a run resumed from the checkpoint whose commit mark is ``entry`` and staged
+    files ``files``: a new target, the mark and incarnation restored, the staged epoch's commit
+    redone (``recover``), as ``pipelines/durable.py`` restores a stream sink."""
+    target = FlightStreamTarget(location, "relay", SCHEMA, writer)
+    sink = EpochStreamSink(
+        "relay",
+        target,
+        SCHEMA,
+        mark=entry["mark"],
+        incarnation=entry["incarnation"],
+        rows=entry["rows"],
+    )
+    staged = files.get(entry["staged"]) if entry["staged"] else None
+    sink.recover(read_ipc(staged) if staged is not None else [])
+    return sink
+
+
+def test_a_restored_sink_skips_its_batches_in_a_stream_whose_columns_are_in_another_order(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    """B's stream ``relay`` was made by another producer with the same columns in another
+    order (``k, id, t, v``); B takes the sink's batches (``id, k, t, v``) and stores them in the
+    stream's order. The run crashes after its epoch-1 commit landed, before checkpoint 2:
+    the restore redoes the commit of checkpoint 1 and must find the three batches there.
+
+    timeline:  other writer makes relay (k, id, t, v) ─ epoch 1: ids 1..30 prepared, committed
+               ─ crash ─ restore from checkpoint 1: recover(ids 1..30) ─ epoch 2: ids 31..40
+    """
+    b = servers["b"] = Server(tmp_path / "b", free_port())
+    reordered = pa.schema([SCHEMA.field(n) for n in ("k", "id", "t", "v")])
+    with flight.connect(b.location) as client:
+        writer, _ = client.do_put(flight.FlightDescriptor.for_path("relay", "other"), reordered)
+        writer.done_writing()
+        writer.close()
+
+    sink = EpochStreamSink("relay", FlightStreamTarget(b.location, "relay", SCHEMA, "from-a"), SCHEMA)
+    for batch in batches(1, 3):
+        sink.write(batch)
+    files: dict[str, bytes] = {}
+    entry = sink.prepare(1, files)
+    sink.commit(1)
+    sink.close()  # the crash: checkpoint 2 was never written
+
+    sink = restored(b.location, entry, files)
+    try:
+        assert sink.skipped == 3  # found in the stream, not appended again
+        for batch in batches(31, 1):
+            sink.write(batch)
+        sink.prepare(2, {})
+        sink.commit(2)
+    finally:
+        sink.close()
+    rows = stream_rows(b.location, "relay")
+    assert [r["id"] for r in rows] == list(range(1, 41))
+
+
+def test_a_restored_sink_into_a_local_stream_with_reordered_columns_skips_its_batches(
+    tmp_path: Path,
+) -> None:
+    """The same rule for a pipeline's sink into a stream of its own server (``StoreTarget``):
+    the stream ``relay`` exists with the columns in the order ``k, id, t, v`` and one
+    dictionary-encoded column sent as plain text; the commit of checkpoint 1 redone after a
+    crash finds ids 1..30 there (they were appended again before: ids 1..30 twice).
+
+    timeline:  relay (k, id, t, v) ─ epoch 1: ids 1..30 committed ─ crash ─ recover ─ ids 31..40
+    """
+    from flight_serve.pipelines.store_io import StoreTarget
+    from flight_serve.store.streams import StreamStore
+
+    reordered = pa.schema([SCHEMA.field(n) for n in ("k", "id", "t", "v")])
+    # the sink's k is dictionary-encoded (the stream stores it decoded)
+    schema = pa.schema(
+        [
+            SCHEMA.field("id"),
+            pa.field("k", pa.dictionary(pa.int32(), pa.string())),
+            SCHEMA.field("t"),
+            SCHEMA.field("v"),
+        ]
+    )
+
+    def encoded(items: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
+        return [
+            pa.RecordBatch.from_arrays(
+                [b.column(0), b.column(1).dictionary_encode(), b.column(2), b.column(3)],
+                schema=schema,
+            )
+            for b in items
+        ]
+
+    with StreamStore(tmp_path / "data") as store:
+        store.create("relay", reordered)
+        sink = EpochStreamSink("relay", StoreTarget(store, "relay", schema, "p"), schema)
+        for batch in encoded(batches(1, 3)):
+            sink.write(batch)
+        files: dict[str, bytes] = {}
+        entry = sink.prepare(1, files)
+        sink.commit(1)
+        sink.close()  # the crash: checkpoint 2 was never written
+
+        sink = EpochStreamSink(
+            "relay",
+            StoreTarget(store, "relay", schema, "p"),
+            schema,
+            mark=entry["mark"],
+            incarnation=entry["incarnation"],
+            rows=entry["rows"],
+        )
+        sink.recover(read_ipc(files[entry["staged"]]))
+        assert sink.skipped == 3
+        for batch in encoded(batches(31, 1)):
+            sink.write(batch)
+        sink.prepare(2, {})
+        sink.commit(2)
+        sink.close()
+        ids = [i for b in store.batches("relay") for i in b.column("id").to_pylist()]
+    assert ids == list(range(1, 41))
