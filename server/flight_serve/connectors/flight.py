@@ -25,7 +25,8 @@ Source (:class:`FlightSource`)
     A dropped connection is retried from the entry it stopped in (no entry is skipped or
     repeated), :data:`RECONNECT_ATTEMPTS` times in a row with doubling pauses (in a checkpointed
     run, for :data:`RETRY_BUDGET_S` seconds: ``reconnect_s``). A stream that
-    does not exist yet is waited for when the columns are declared.
+    does not exist yet is waited for when the columns are declared, and so is a server that is
+    unreachable when the source is made (:attr:`FlightSource.waiting_to_open`).
 
 Sink (:class:`FlightSink`)
     One DoPut (``path = [stream, writer]``) held open for the run: every batch is written and
@@ -62,7 +63,7 @@ import pyarrow.flight as paflight
 
 from flight_serve.connectors.columns import conform
 from flight_serve.connectors.columns import same_rows as _same_rows
-from flight_serve.errors import ConnectorError
+from flight_serve.errors import ConnectorError, FlightServeError
 
 __all__ = [
     "APPEND_WINDOW",
@@ -124,6 +125,18 @@ class WriterHistory:
     ended_at: int | None
 
 
+@dataclass(frozen=True)
+class _Opened:
+    """A source that waited for its server read the stream's FlightInfo: where it reads from
+    and what the stream's history says (the reading thread to the pipeline's)."""
+
+    start: int
+    partitions: tuple[str, ...]
+    initial_watermarks: dict[str, int]
+    end_offset: int
+    incarnation: str | None
+
+
 @dataclass
 class _Entry:
     """One complete entry read from the tail (pieces of a split batch joined)."""
@@ -144,6 +157,21 @@ def _message(exc: BaseException) -> str:
     text = str(exc).strip()
     # pyarrow appends gRPC details after the message: keep the first line
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """Whether a failed call is a TLS handshake that failed (gRPC reports it as UNAVAILABLE,
+    with the reason in the message only): not retried."""
+    text = str(exc).lower()
+    return any(m in text for m in ("handshake failed", "certificate verify failed", "ssl_error"))
+
+
+def _unreachable(exc: BaseException | None) -> bool:
+    """Whether a failed call says the server is down or unreachable (UNAVAILABLE, a timeout;
+    not a TLS handshake that failed)."""
+    return isinstance(
+        exc, (paflight.FlightUnavailableError, paflight.FlightTimedOutError)
+    ) and not _tls_failure(exc)
 
 
 def _int_or_none(value: object) -> int | None:
@@ -184,9 +212,19 @@ class FlightSource:
         start_offset: the first offset read (≥ 0).
         stop_at_end: stop after the entries the stream holds now (see the module docstring).
 
+    A server that is unreachable when the source is made (UNAVAILABLE or a timeout, not a
+    TLS handshake that failed) is waited for when the columns are declared: the source is made
+    at once (:attr:`waiting_to_open`) and its reading thread retries GetFlightInfo with doubling
+    pauses (0.05 s to 2 s; :class:`_Retrying`) for ``reconnect_s`` seconds (else
+    :data:`OPEN_RETRY_S`), telling ``on_retry`` why; then the stream's history is read as it
+    would have been (its writers become partitions, ``partition`` events) and
+    ``check_open`` runs. Its failure is raised by :meth:`poll`.
+
     Raises:
-        ConnectorError: the server cannot be reached, the stream does not exist and no columns
-            are declared, or a declared column is missing from the stream.
+        ConnectorError: the URI is bad; the server refused the call or failed the TLS
+            handshake; the server stayed unreachable for :data:`OPEN_RETRY_S` seconds and no
+            columns are declared; the stream does not exist and no columns are declared; or a
+            declared column is missing from the stream.
     """
 
     def __init__(
@@ -205,27 +243,24 @@ class FlightSource:
         self.start_offset = start_offset
         self.stop_at_end = stop_at_end
         self.what = f"flight connector (server {server}, stream {stream!r})"
+        self._declared = schema
+        #: told, from the reading thread, why the source waits for its server (``"<source>:
+        #: <call>: the server is unreachable for N s, retrying …"``), and ``None`` once through
+        #: (a pipeline shows it as its status' ``waiting``); what it raises is ignored
+        self.on_retry: Callable[[str | None], None] | None = None
+        #: called, on the reading thread, with the source once a source that waited for its
+        #: server has read the stream's FlightInfo: returns another start offset, or ``None``;
+        #: what it raises fails the source (a checkpointed run's restore checks)
+        self.check_open: Callable[[FlightSource], int | None] | None = None
+        self._closing = threading.Event()
         self._client = self._connect()
-        info = self._info()
+        info = self._first_info()
         if info is None and schema is None:
             raise ConnectorError(
                 f"{self.what}: the stream does not exist yet; declare the source's columns to "
                 "wait for it"
             )
-        stream_schema: pa.Schema | None = info[0] if info is not None else None
-        self.stream_schema = stream_schema
-        self.schema: pa.Schema = schema if schema is not None else stream_schema  # type: ignore[assignment]
-        if stream_schema is not None and schema is not None:
-            missing = [n for n in schema.names if stream_schema.get_field_index(n) < 0]
-            if missing:
-                raise ConnectorError(
-                    f"{self.what}: the stream has no column {', '.join(map(repr, missing))}; its "
-                    f"columns: {', '.join(stream_schema.names)}"
-                )
-        metadata = info[1] if info is not None else {}
-        incarnation = metadata.get("incarnation")
-        #: the stream's incarnation when the source was opened (``None``: no stream yet)
-        self.incarnation: str | None = incarnation if isinstance(incarnation, str) else None
+        self.schema: pa.Schema = schema if schema is not None else info[0]  # type: ignore[index]
         #: rows handed out (from a checkpoint on, when a checkpointed run sets it)
         self.rows = 0
         #: called before each poll (a checkpointed run's barrier: every event polled before
@@ -234,36 +269,17 @@ class FlightSource:
         #: called with each batch handed out
         self.counted: Any = lambda batch: None
         #: ``None``: give up after :data:`RECONNECT_ATTEMPTS` failed reconnections in a row;
-        #: else after this many seconds of them (checkpointed runs: :data:`RETRY_BUDGET_S`)
+        #: else after this many seconds of them (checkpointed runs: :data:`RETRY_BUDGET_S`;
+        #: also the wait of a source whose server was unreachable when it was made)
         self.reconnect_s: float | None = None
-        #: the stream's oldest retained offset when the source was opened
-        self.first_offset = _int_or_none(metadata.get("first_offset")) or 0
-        #: the stream's end when the source was opened (``stop_at_end`` stops there)
-        self.end_offset = _int_or_none(metadata.get("next_offset")) or 0
-        self.history = _writers(metadata)
-        #: writers that are partitions from the start (ended before ``start_offset``: left out)
-        self.partitions: tuple[str, ...] = tuple(
-            h.name
-            for h in self.history.values()
-            if (h.ended_at is None or h.ended_at >= start_offset)
-            and (not stop_at_end or h.first_offset < self.end_offset)
-        )
-        #: explicit watermarks of writers whose every entry lies before ``start_offset``
-        self.initial_watermarks: dict[str, int] = {
-            h.name: h.watermark_ns
-            for h in self.history.values()
-            if h.name in self.partitions
-            and h.watermark_ns is not None
-            and h.last_offset < start_offset
-        }
+        self._from_info(info, start_offset)
         self._known: set[str] = set(self.partitions)
         self._ended: set[str] = set()
         self._position = start_offset  # the next offset the pipeline has not polled
         self._server_end = self.end_offset  # the stream's next_offset as last reported
         self._backlog = self._server_end > start_offset
-        self._done = stop_at_end and start_offset >= self.end_offset
-        self._queue: queue.Queue[_Entry | BaseException] = queue.Queue(_QUEUE_ENTRIES)
-        self._closing = threading.Event()
+        self._done = stop_at_end and start_offset >= self.end_offset and not self.waiting_to_open
+        self._queue: queue.Queue[_Entry | _Opened | BaseException] = queue.Queue(_QUEUE_ENTRIES)
         self._reader: paflight.FlightStreamReader | None = None
         self._thread: threading.Thread | None = None
 
@@ -275,20 +291,95 @@ class FlightSource:
         except (pa.ArrowException, OSError) as exc:
             raise ConnectorError(f"{self.what}: cannot connect: {_message(exc)}") from exc
 
-    def _info(self) -> tuple[pa.Schema, dict[str, Any]] | None:
-        """The stream's schema and FlightInfo metadata, or ``None`` if it does not exist."""
+    def _fetch_info(self) -> tuple[pa.Schema, dict[str, Any]] | None:
+        """The stream's schema and FlightInfo metadata, or ``None`` if it does not exist;
+        raises what the call raises."""
         try:
-            info = self._client.get_flight_info(paflight.FlightDescriptor.for_path(self.stream))
+            info = self._client.get_flight_info(
+                paflight.FlightDescriptor.for_path(self.stream),
+                options=paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S),
+            )
         except pa.ArrowKeyError:
             return None
-        except (pa.ArrowException, OSError) as exc:
-            raise ConnectorError(f"{self.what}: {_message(exc)}") from exc
         raw = info.app_metadata
         try:
             metadata = json.loads(raw.decode() if isinstance(raw, bytes) else raw or "{}")
         except (UnicodeDecodeError, json.JSONDecodeError):
             metadata = {}
         return info.schema, metadata if isinstance(metadata, dict) else {}
+
+    def _info(self) -> tuple[pa.Schema, dict[str, Any]] | None:
+        """The stream's schema and FlightInfo metadata, or ``None`` if it does not exist."""
+        try:
+            return self._fetch_info()
+        except (pa.ArrowException, OSError) as exc:
+            raise ConnectorError(f"{self.what}: {_message(exc)}") from exc
+
+    def _first_info(self) -> tuple[pa.Schema, dict[str, Any]] | None:
+        """The FlightInfo when the source is made. An unreachable server (UNAVAILABLE, a
+        timeout; not a TLS handshake) leaves a source with declared columns waiting to open
+        (:attr:`waiting_to_open`: its reading thread waits for the server); without columns
+        it is retried for :data:`OPEN_RETRY_S` seconds, then refused."""
+        #: the server was unreachable when the source was made: the reading thread opens it
+        self.waiting_to_open = False
+        try:
+            return self._info()
+        except ConnectorError as exc:
+            if not _unreachable(exc.__cause__):
+                raise
+        if self._declared is not None:
+            self.waiting_to_open = True
+            return None
+        try:
+            return cast(
+                "tuple[pa.Schema, dict[str, Any]] | None",
+                _SourceOpener(self, OPEN_RETRY_S)._retry(
+                    "reading the stream's FlightInfo", self._fetch_info
+                ),
+            )
+        except ConnectorError as exc:
+            raise ConnectorError(
+                f"{exc}; declare the source's columns to let the pipeline wait for the server"
+            ) from exc.__cause__
+
+    def _from_info(self, info: tuple[pa.Schema, dict[str, Any]] | None, start: int) -> None:
+        """Set what the stream's FlightInfo says (``None``: no stream yet) for a read from
+        offset ``start``.
+
+        Raises:
+            ConnectorError: a declared column is missing from the stream.
+        """
+        stream_schema: pa.Schema | None = info[0] if info is not None else None
+        self.stream_schema = stream_schema
+        if stream_schema is not None and self._declared is not None:
+            missing = [n for n in self._declared.names if stream_schema.get_field_index(n) < 0]
+            if missing:
+                raise ConnectorError(
+                    f"{self.what}: the stream has no column {', '.join(map(repr, missing))}; its "
+                    f"columns: {', '.join(stream_schema.names)}"
+                )
+        metadata = info[1] if info is not None else {}
+        incarnation = metadata.get("incarnation")
+        #: the stream's incarnation when the source was opened (``None``: no stream yet)
+        self.incarnation: str | None = incarnation if isinstance(incarnation, str) else None
+        #: the stream's oldest retained offset when the source was opened
+        self.first_offset = _int_or_none(metadata.get("first_offset")) or 0
+        #: the stream's end when the source was opened (``stop_at_end`` stops there)
+        self.end_offset = _int_or_none(metadata.get("next_offset")) or 0
+        self.history = _writers(metadata)
+        #: writers that are partitions from the start (ended before ``start``: left out)
+        self.partitions: tuple[str, ...] = tuple(
+            h.name
+            for h in self.history.values()
+            if (h.ended_at is None or h.ended_at >= start)
+            and (not self.stop_at_end or h.first_offset < self.end_offset)
+        )
+        #: explicit watermarks of writers whose every entry lies before ``start``
+        self.initial_watermarks: dict[str, int] = {
+            h.name: h.watermark_ns
+            for h in self.history.values()
+            if h.name in self.partitions and h.watermark_ns is not None and h.last_offset < start
+        }
 
     # --- the pipeline's side ----------------------------------------------------------------
 
@@ -332,7 +423,9 @@ class FlightSource:
 
         Raises:
             ConnectorError: the tail failed (the stream was dropped, the server is gone after
-                every reconnection attempt, a batch does not fit the declared columns).
+                every reconnection attempt, a batch does not fit the declared columns), or a
+                source that waited for its server failed to open (see the class docstring).
+            FlightServeError: what ``check_open`` raised (a restore's ``CheckpointError``).
         """
         if self._done:
             return []
@@ -346,7 +439,10 @@ class FlightSource:
         while True:
             if isinstance(item, BaseException):
                 raise item
-            self._take(item, events)
+            if isinstance(item, _Opened):
+                self._opened(item, events)
+            else:
+                self._take(item, events)
             if self._done or len(events) >= max_entries:
                 break
             try:
@@ -361,6 +457,21 @@ class FlightSource:
             self._backlog = backlog
             events.append(SourceEvent("backlog", backlog=backlog))
         return events
+
+    def _opened(self, opened: _Opened, events: list[SourceEvent]) -> None:
+        """A source that waited for its server opened: its history's writers become
+        partitions (``partition`` events), with their explicit watermarks."""
+        self._position = opened.start
+        self.incarnation = opened.incarnation
+        self._server_end = max(self._server_end, opened.end_offset)
+        for writer in opened.partitions:
+            if writer not in self._known:
+                self._known.add(writer)
+                events.append(SourceEvent("partition", writer))
+        for writer, watermark_ns in opened.initial_watermarks.items():
+            events.append(SourceEvent("watermark", writer, watermark_ns=watermark_ns))
+        if self.stop_at_end and self._position >= opened.end_offset:
+            self._stop(events)
 
     def _take(self, entry: _Entry, events: list[SourceEvent]) -> None:
         if self.stop_at_end and entry.offset >= self.end_offset:
@@ -419,7 +530,7 @@ class FlightSource:
 
     # --- the reading thread -----------------------------------------------------------------
 
-    def _offer(self, item: _Entry | BaseException) -> None:
+    def _offer(self, item: _Entry | _Opened | BaseException) -> None:
         while not self._closing.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
@@ -434,6 +545,10 @@ class FlightSource:
         down_since = 0.0  # when the failures in a row began
         incarnation: str | None = None
         try:
+            if self.waiting_to_open:
+                position = self._open_late()
+                if self.stop_at_end and position >= self.end_offset:
+                    return
             while not self._closing.is_set():
                 try:
                     info = self._info()
@@ -480,11 +595,42 @@ class FlightSource:
                 return
             error = (
                 exc
-                if isinstance(exc, ConnectorError)
+                if isinstance(exc, FlightServeError)
                 else ConnectorError(f"{self.what}: the tail failed: {_message(exc)}")
             )
             with contextlib.suppress(_Closed):
                 self._offer(error)
+
+    def _open_late(self) -> int:
+        """Wait for the server of a source that could not reach it when it was made (retried
+        as :class:`_Retrying` does, for ``reconnect_s`` seconds, else :data:`OPEN_RETRY_S`),
+        read the stream's FlightInfo, run :attr:`check_open` and tell the pipeline's thread
+        (an :class:`_Opened` item); return the offset to read from.
+
+        Raises:
+            ConnectorError: the server stayed unreachable, refused the call, or the stream has
+                not a declared column.
+            _Closed: the source was closed meanwhile.
+        """
+        budget = self.reconnect_s if self.reconnect_s is not None else OPEN_RETRY_S
+        info = _SourceOpener(self, budget)._retry("reading the stream's FlightInfo", self._fetch_info)
+        start = self.start_offset
+        self._from_info(info, start)
+        moved = self.check_open(self) if self.check_open is not None else None
+        if moved is not None and moved != start:
+            start = moved
+            self._from_info(info, start)
+        self.start_offset = start
+        self._offer(
+            _Opened(
+                start,
+                self.partitions,
+                dict(self.initial_watermarks),
+                self.end_offset,
+                self.incarnation,
+            )
+        )
+        return start
 
     def _tail(self, position: int) -> Iterator[_Entry]:
         """The complete entries of one tail call from ``position``."""
@@ -678,6 +824,10 @@ class _Retrying:
     def _drop(self) -> None:
         """Forget the open calls (the connection broke)."""
 
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` between attempts (it may raise to stop the retrying)."""
+        time.sleep(seconds)
+
     def _retried(self, failures: int, why: str | None) -> None:
         if self.on_retry is not None and (failures or why is not None):
             self.on_retry(why)
@@ -709,6 +859,8 @@ class _Retrying:
             except _RETRYABLE as exc:
                 self._drop()
                 uncertain = True
+                if _tls_failure(exc):
+                    raise ConnectorError(f"{self.what}: {action} failed: {_message(exc)}") from exc
                 if time.monotonic() >= deadline:
                     self._retried(failures, None)
                     raise ConnectorError(
@@ -721,11 +873,40 @@ class _Retrying:
                     f"{time.monotonic() - started:.0f} s, retrying ({failures + 1} attempts "
                     f"of up to {self.retry_s:g} s): {_message(exc)}",
                 )
-                time.sleep(min(_BACKOFF_S[0] * 2**failures, _BACKOFF_S[1]))
+                self._pause(min(_BACKOFF_S[0] * 2**failures, _BACKOFF_S[1]))
                 failures += 1
             except (pa.ArrowException, OSError) as exc:
                 self._drop()
                 raise ConnectorError(f"{self.what}: {action} failed: {_message(exc)}") from exc
+
+
+class _SourceOpener(_Retrying):
+    """Retries a :class:`FlightSource`'s calls while its server is unreachable: a new
+    connection after each failure (a gRPC channel that failed waits out its own backoff), the
+    source's ``on_retry`` told why (what it raises is ignored), and a pause that a
+    :meth:`FlightSource.close` ends at once."""
+
+    def __init__(self, source: FlightSource, retry_s: float) -> None:
+        self.source = source
+        self.what = source.what
+        self.retry_s = retry_s
+        self.on_retry = self._tell
+
+    def _tell(self, why: str | None) -> None:
+        tell = self.source.on_retry
+        if tell is not None:
+            with contextlib.suppress(Exception):  # a pipeline asked to stop: its barrier stops
+                tell(why)
+
+    def _drop(self) -> None:
+        source = self.source
+        with contextlib.suppress(pa.ArrowException, OSError):
+            source._client.close()
+        source._client = source._connect()
+
+    def _pause(self, seconds: float) -> None:
+        if self.source._closing.wait(seconds):
+            raise _Closed
 
 
 class FlightStreamTarget(_Retrying):

@@ -502,6 +502,37 @@ class DurableRuntime(PipelineRuntime):
         start = int(state["offset"]) if "offset" in state else None
         source = super()._flight_source(relation, start_offset=start)
         assert isinstance(source, FlightSource)
+        if source.waiting_to_open:
+            # its server is unreachable now: the checks run once the source has reached it
+            source.check_open = lambda opened: self._check_resume(relation, state, opened)
+        else:
+            try:
+                first = self._check_resume(relation, state, source)
+            except CheckpointError:
+                source.close()
+                raise
+            if first is not None:
+                source.close()
+                source = super()._flight_source(relation, start_offset=first)
+                assert isinstance(source, FlightSource)
+        source.rows = int(state.get("rows", 0))
+        source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
+        source.barrier = self.barrier
+        source.counted = self.count_event
+        return source
+
+    def _check_resume(
+        self, relation: RelationDef, state: dict[str, Any], source: FlightSource
+    ) -> int | None:
+        """Whether a remote tail source can resume from the checkpoint's offset: ``None`` if
+        it can; the oldest offset there is when the stream was re-created or the offset is gone
+        and ``offset_reset = 'earliest'`` (the gap is reported).
+
+        Raises:
+            CheckpointError: the stream was dropped or re-created since the checkpoint, or the
+                checkpoint's offset is gone (retention), without ``offset_reset = 'earliest'``.
+        """
+        start = int(state["offset"]) if "offset" in state else None
         known = state.get("incarnation")
         what = f"source {relation.name} (stream {source.stream!r} on {source.server})"
         message = None
@@ -521,20 +552,13 @@ class DurableRuntime(PipelineRuntime):
             )
             fix = f"SET offset_reset = 'earliest' to go on from {source.first_offset} (the gap "
             fix += "is reported), or start over"
-        if message is not None:
-            if self.options.offset_reset != "earliest":
-                source.close()
-                raise CheckpointError(f"{message}. {fix}")
-            first = source.first_offset
-            source.close()
-            self.report_gap(f"{message}; resuming at {first} (offset_reset = 'earliest')")
-            source = super()._flight_source(relation, start_offset=first)
-            assert isinstance(source, FlightSource)
-        source.rows = int(state.get("rows", 0))
-        source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
-        source.barrier = self.barrier
-        source.counted = self.count_event
-        return source
+        if message is None:
+            return None
+        if self.options.offset_reset != "earliest":
+            raise CheckpointError(f"{message}. {fix}")
+        first = source.first_offset
+        self.report_gap(f"{message}; resuming at {first} (offset_reset = 'earliest')")
+        return first
 
     def _store_sources(self) -> dict[str, StoreSource]:
         return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}

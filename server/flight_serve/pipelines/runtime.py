@@ -807,6 +807,7 @@ class PipelineRuntime:
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
+        source.on_retry = self.connector_wait  # its wait for its server shows in the status
         if (
             relation.time_column is not None
             and source.schema.get_field_index(relation.time_column) < 0

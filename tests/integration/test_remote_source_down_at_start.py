@@ -1,0 +1,321 @@
+"""A remote ``flight`` tail source whose server is down when the pipeline starts (review of issue
+7): the submit returns, the pipeline says in ``pipeline.status`` (``waiting``) that its source
+waits for the server, and once the server comes up every row arrives exactly once. The same when
+the pipeline's own server restarts (it resumes from its checkpoint) while the source's is down.
+The wait is bounded (the retry budget; then the run fails naming the server), a cancel ends it
+at once, and what is not "unreachable" (no columns to wait with, a TLS handshake) fails at once.
+
+B is the source's server (a real flight-serve, in-process, started late on a reserved port);
+A runs the pipeline and keeps its output in its own stream ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pyarrow.parquet as pq
+import pytest
+from flight_serve.connectors.flight import FlightSource
+from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.flight.server import start_server
+from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve_client import FlightServeClient
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
+
+
+def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
+    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
+    return json.loads(results[0].body.to_pybytes())
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def rows(first: int, count: int) -> pa.Table:
+    ids = list(range(first, first + count))
+    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def out_ids(client: flight.FlightClient) -> list[int]:
+    """The ids in A's stream ``out``, in stream order ([] before it exists)."""
+    try:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path("out"))
+    except pa.ArrowKeyError:
+        return []
+    return list(client.do_get(info.endpoints[0].ticket).read_all()["id"].to_pylist())
+
+
+def pipeline_sql(port: int) -> str:
+    return f"""SET checkpoint_interval = '200ms';
+CREATE SOURCE events (id BIGINT, t TIMESTAMP(3), WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}', stream = 'events');
+CREATE SINK out WITH (connector = 'flight', stream = 'out', writer = 'p');
+INSERT INTO out SELECT id, t FROM events;"""
+
+
+def waiting_prefix(port: int) -> str:
+    return (
+        f"flight connector (server grpc://127.0.0.1:{port}, stream 'events'): reading the "
+        "stream's FlightInfo: the server is unreachable for "
+    )
+
+
+def status(client: flight.FlightClient, pid: str) -> dict[str, Any]:
+    return dict(act(client, "pipeline.status", {"id": pid}))
+
+
+def test_a_submitted_pipeline_waits_for_its_source_server_and_reads_every_row_once(
+    tmp_path: Path,
+) -> None:
+    # 0 s   A: submit (source -> B's port, nothing listening): returns at once, state running
+    # ~0.1s A's status: waiting = "flight connector (server …, stream 'events'): reading the
+    #       stream's FlightInfo: the server is unreachable for N s, retrying …"
+    # ~0.5s B starts on that port; ids 0..49, then 50..99 into B's events (writer w)
+    #       A's out: ids 0..99 once, in order; A's status: waiting = None
+    port = free_port()
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        started = time.monotonic()
+        pid = act(client, "pipeline.submit", {"sql": pipeline_sql(port)})["id"]
+        assert time.monotonic() - started < 5.0  # the submit did not wait for B
+        wait_until(
+            lambda: (status(client, pid)["waiting"] or "").startswith(waiting_prefix(port)),
+            "the status to say what the source waits for",
+        )
+        now = status(client, pid)
+        assert (now["state"], now["last_error"]) == ("running", None)
+        assert "s, retrying (" in now["waiting"]
+        assert "of up to 60 s): " in now["waiting"]  # the checkpointed run's budget
+        with start_server(tmp_path / "b", port=port) as b:
+            with FlightServeClient(b.location) as fs:
+                fs.put("events", rows(0, 50), writer="w")
+                fs.put("events", rows(50, 50), writer="w")
+            wait_until(lambda: len(out_ids(client)) >= 100, "100 rows in A's out")
+            assert act(client, "pipeline.checkpoint", {"id": pid})["completed"] is True
+            assert out_ids(client) == list(range(100))  # every row once, in order
+            now = status(client, pid)
+            assert (now["state"], now["waiting"], now["last_error"]) == ("running", None, None)
+
+
+def test_a_pipeline_resumed_while_its_source_server_is_down_waits_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    # A1: B up; submit; ids 0..49 in B -> A's out 0..49; checkpoint; B stops; A stops
+    # A2: A restarts, resumes from its checkpoint with B down: waiting (the source's server)
+    #     B restarts on the same port (same data); ids 50..99 into B
+    #     A's out: ids 0..99 once, in order
+    port = free_port()
+    with start_server(tmp_path / "b", port=port) as b:
+        with FlightServeClient(b.location) as fs:
+            fs.put("events", rows(0, 50), writer="w")
+        with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+            pid = act(client, "pipeline.submit", {"sql": pipeline_sql(port)})["id"]
+            wait_until(lambda: len(out_ids(client)) >= 50, "50 rows in A's out")
+            assert act(client, "pipeline.checkpoint", {"id": pid})["completed"] is True
+            assert out_ids(client) == list(range(50))
+    # both servers are down; A comes back first
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        wait_until(
+            lambda: (status(client, pid)["waiting"] or "").startswith(waiting_prefix(port)),
+            "the resumed pipeline to say what its source waits for",
+        )
+        now = status(client, pid)
+        assert (now["state"], now["last_error"]) == ("running", None)
+        with start_server(tmp_path / "b", port=port) as b:
+            with FlightServeClient(b.location) as fs:
+                fs.put("events", rows(50, 50), writer="w")
+            wait_until(lambda: len(out_ids(client)) >= 100, "100 rows in A's out")
+            assert act(client, "pipeline.checkpoint", {"id": pid})["completed"] is True
+            assert out_ids(client) == list(range(100))  # 0..49 not read twice
+            now = status(client, pid)
+            assert (now["state"], now["waiting"], now["last_error"]) == ("running", None, None)
+
+
+def test_the_wait_for_a_source_server_is_bounded_and_names_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the retry budget made 1 s: 0 s submit (B never starts); ~1 s the run fails, naming B
+    import flight_serve.pipelines.durable as durable
+
+    monkeypatch.setattr(durable, "RETRY_BUDGET_S", 1.0)
+    port = free_port()
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        pid = act(client, "pipeline.submit", {"sql": pipeline_sql(port)})["id"]
+        wait_until(lambda: status(client, pid)["state"] == "failed", "the run to fail")
+        now = status(client, pid)
+        assert now["waiting"] is None
+        assert now["last_error"].startswith(
+            f"flight connector (server grpc://127.0.0.1:{port}, stream 'events'): reading the "
+            "stream's FlightInfo failed: the server stayed unreachable for 1 s ("
+        )
+        assert "Connection refused" in now["last_error"]
+
+
+def test_a_pipeline_waiting_for_its_source_server_is_cancelled_at_once(tmp_path: Path) -> None:
+    # 0 s submit (B down); waiting; cancel: done within a poll, not after the 60 s budget
+    port = free_port()
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        pid = act(client, "pipeline.submit", {"sql": pipeline_sql(port)})["id"]
+        wait_until(lambda: status(client, pid)["waiting"] is not None, "the source's wait")
+        started = time.monotonic()
+        assert act(client, "pipeline.cancel", {"id": pid}) == {"id": pid, "state": "cancelled"}
+        assert time.monotonic() - started < 3.0
+        assert status(client, pid)["waiting"] is None
+
+
+def test_a_source_without_columns_is_refused_when_its_server_stays_down() -> None:
+    # no declared columns: the pipeline cannot be planned without the stream's schema; the
+    # server gets OPEN_RETRY_S (5 s), then the source is refused saying what to do
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(ConnectorError) as caught:
+        FlightSource(f"grpc://127.0.0.1:{port}", "events")
+    assert 4.5 < time.monotonic() - started < 15.0
+    message = str(caught.value)
+    assert message.startswith(
+        f"flight connector (server grpc://127.0.0.1:{port}, stream 'events'): reading the "
+        "stream's FlightInfo failed: the server stayed unreachable for 5 s ("
+    )
+    assert message.endswith(
+        "; declare the source's columns to let the pipeline wait for the server"
+    )
+
+
+def test_a_tls_handshake_failure_is_not_waited_for() -> None:
+    # grpc+tls to a server without TLS: gRPC says UNAVAILABLE, but it is no outage
+    server = flight.FlightServerBase("grpc://127.0.0.1:0")
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConnectorError) as caught:
+            FlightSource(f"grpc+tls://127.0.0.1:{server.port}", "events", schema=SCHEMA)
+        assert time.monotonic() - started < 3.0
+        message = str(caught.value)
+        assert message.startswith(
+            f"flight connector (server grpc+tls://127.0.0.1:{server.port}, stream 'events'): "
+        )
+        assert "handshake failed" in message.lower()
+    finally:
+        server.shutdown()
+
+
+TAIL_PIPELINE = """
+SET checkpoint_every = 1;
+CREATE SOURCE src (id BIGINT, t TIMESTAMP(3), WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}', stream = 'src');
+CREATE SINK out WITH (connector = 'file', path = '{path}');
+INSERT INTO out SELECT id FROM src;
+"""
+
+
+def put(location: str, *tables: pa.Table, end: bool = False) -> None:
+    with FlightServeClient(location) as fs:
+        for table in tables:
+            fs.put("src", table, writer="w1", end_input=end and table is tables[-1])
+
+
+def run_in_thread(runtime: Any) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            list(runtime.run())
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=main)
+    thread.start()
+    return thread, errors
+
+
+def test_a_resume_checked_once_the_source_server_is_back(tmp_path: Path) -> None:
+    """The restore checks of a remote tail (the stream's incarnation, the offset kept) run once
+    the source reaches its server when it was down at the resume.
+
+    B up: src = ids 0..29 (3 entries, writer w1); run 1 stops after 3 batches (offset 3).
+    B: src dropped and re-created (ids 100..119, end of input); B stops.
+    run 2 (B down): made at once, waits; B starts: the run fails (re-created stream).
+    run 3 (B down, offset_reset = 'earliest'): waits (connector_waiting says why); B starts:
+    the new stream from offset 0, the gap reported; out = 0..29 then 100..119."""
+    port = free_port()
+    data = tmp_path / "b"
+    sql = TAIL_PIPELINE.format(port=port, path=tmp_path / "out.parquet")
+    state = str(tmp_path / "state")
+    with start_server(data, port=port, pipelines=False) as b:
+        put(b.location, rows(0, 10), rows(10, 10), rows(20, 10))
+        first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
+        source = first.flight_sources["src"]
+        seen = {"n": 0}
+        counted = source.counted  # type: ignore[attr-defined]
+
+        def stop_after_three(batch: pa.RecordBatch | None) -> None:
+            counted(batch)
+            seen["n"] += 1
+            if seen["n"] == 3:
+                first.request_stop()
+
+        source.counted = stop_after_three  # type: ignore[attr-defined]
+        with pytest.raises(PipelineStopped):
+            list(first.run())
+        with flight.connect(b.location) as client:
+            list(client.do_action(flight.Action("stream.drop", b'{"stream": "src"}')))
+        put(b.location, rows(100, 10), rows(110, 10), end=True)
+    manifest = first.checkpoints.latest()
+    assert manifest is not None
+    assert manifest.sources["src"]["offset"] == 3
+
+    second = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state)
+    thread, errors = run_in_thread(second)
+    wait_until(lambda: second.connector_waiting is not None, "run 2 to wait for B")
+    with start_server(data, port=port, pipelines=False):
+        thread.join(30)
+    assert not thread.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], CheckpointError)
+    assert str(errors[0]).startswith(
+        f"source src (stream 'src' on grpc://127.0.0.1:{port}): the stream was dropped or "
+        "re-created since the checkpoint (incarnation "
+    )
+
+    plan = parse_pipeline(sql)
+    options = replace(plan.run_options, offset_reset="earliest")
+    third = DurableRuntime(plan, name="tail", state_root=state, options=options)
+    thread, errors = run_in_thread(third)
+    wait_until(
+        lambda: (third.connector_waiting or "").startswith(
+            f"flight connector (server grpc://127.0.0.1:{port}, stream 'src'): reading the "
+            "stream's FlightInfo: the server is unreachable for "
+        ),
+        "run 3 to wait for B",
+    )
+    with start_server(data, port=port, pipelines=False):
+        thread.join(30)
+    assert not thread.is_alive()
+    assert errors == []
+    assert third.resumed_from == manifest.epoch
+    assert third.connector_waiting is None
+    assert len(third.gaps) == 1
+    assert "resuming at 0 (offset_reset = 'earliest')" in third.gaps[0]
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == list(range(30)) + list(range(100, 120))
