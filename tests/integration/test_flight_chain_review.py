@@ -10,7 +10,9 @@ The process helpers are those of ``test_flight_chain.py``.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,3 +168,45 @@ def test_a_restored_sink_into_a_local_stream_with_reordered_columns_skips_its_ba
         sink.close()
         ids = [i for b in store.batches("relay") for i in b.column("id").to_pylist()]
     assert ids == list(range(1, 41))
+
+
+def test_a_write_that_fails_on_the_receiving_server_fails_the_sink_with_its_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's disk is full when it writes the sink's 2nd batch (fault injection: ``os.pwrite``
+    fails with ENOSPC in the server's process, this one; the real store discards the staged
+    frame and raises its StorageError). B answers the batch with its last PutResult
+    ``{"error": <message>}`` and ends the call: the sink fails with a ConnectorError carrying
+    B's message (no retry: B refused; the run's ``on_failure`` decides), not a KeyError
+    ``'offset'`` from reading the error PutResult as an acknowledgement. The 1st batch stays.
+
+    timeline:  ids 1..10 appended, acked ─ disk full ─ ids 11..20: B's write fails ─ sink fails
+    """
+    from flight_serve.errors import ConnectorError
+    from flight_serve.flight.server import start_server
+
+    def full_disk(fd: int, data: Any, position: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with start_server(tmp_path / "b", pipelines=False) as service:
+        retries: list[str | None] = []
+        target = FlightStreamTarget(
+            service.location, "relay", SCHEMA, "from-a", on_retry=retries.append
+        )
+        first, second = batches(1, 2)
+        try:
+            assert target.append(first) == 0
+            with monkeypatch.context() as patch:
+                patch.setattr(os, "pwrite", full_disk)
+                with pytest.raises(ConnectorError) as failed:
+                    target.append(second)
+        finally:
+            target.close()
+        assert retries == []  # B refused: not retried
+        message = str(failed.value)
+        assert message == (
+            f"flight sink (server {service.location}, stream 'relay', writer 'from-a'): the "
+            "server failed the DoPut: cannot append to stream 'relay': [Errno 28] No space "
+            "left on device"
+        )
+        assert [r["id"] for r in stream_rows(service.location, "relay")] == list(range(1, 11))

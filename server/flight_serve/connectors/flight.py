@@ -1056,7 +1056,13 @@ class FlightStreamTarget(_Retrying):
             writer, self._put = self._put[0], None
             writer.close()
             raise _Lost("the server ended the DoPut without a PutResult")
-        return int(json.loads(buffer.to_pybytes())["offset"])
+        result = json.loads(buffer.to_pybytes())
+        if "offset" not in result:  # the call's last PutResult: {"error": <message>}
+            self._drop()
+            raise ConnectorError(
+                f"{self.what}: the server failed the DoPut: {result.get('error', result)}"
+            )
+        return int(result["offset"])
 
     # --- StreamTarget ---------------------------------------------------------------------
 
