@@ -155,8 +155,9 @@ def _location(server: str) -> str:
 
 def _message(exc: BaseException) -> str:
     text = str(exc).strip()
-    # pyarrow appends gRPC details after the message: keep the first line
-    return text.splitlines()[0] if text else type(exc).__name__
+    # pyarrow appends gRPC details after the message: keep the first line, without the
+    # server's ". Detail: Python exception: Traceback ..." tail
+    return text.splitlines()[0].split(". Detail: ")[0] if text else type(exc).__name__
 
 
 def _tls_failure(exc: BaseException) -> bool:
@@ -248,6 +249,8 @@ class FlightSource:
         #: <call>: the server is unreachable for N s, retrying …"``), and ``None`` once through
         #: (a pipeline shows it as its status' ``waiting``); what it raises is ignored
         self.on_retry: Callable[[str | None], None] | None = None
+        self._told = False  # on_retry was told of a wait and not yet that it is over
+        self._tail_open = False  # the current tail call's DoGet was opened
         #: called, on the reading thread, with the source once a source that waited for its
         #: server has read the stream's FlightInfo: returns another start offset, or ``None``;
         #: what it raises fails the source (a checkpointed run's restore checks)
@@ -530,6 +533,15 @@ class FlightSource:
 
     # --- the reading thread -----------------------------------------------------------------
 
+    def _tell(self, why: str | None) -> None:
+        """Tell ``on_retry`` why the source waits for its server (``None``: it does not);
+        what it raises is ignored (a pipeline asked to stop stops at its barrier)."""
+        tell = self.on_retry
+        if tell is not None and (why is not None or self._told):
+            self._told = why is not None
+            with contextlib.suppress(Exception):
+                tell(why)
+
     def _offer(self, item: _Entry | _Opened | BaseException) -> None:
         while not self._closing.is_set():
             try:
@@ -563,28 +575,43 @@ class FlightSource:
                     incarnation = current if isinstance(current, str) else None
                     if self.incarnation is None:
                         self.incarnation = incarnation  # the stream appeared
+                    self._tail_open = False
                     for entry in self._tail(position):
                         failures = 0
                         self._offer(entry)
                         position = entry.offset + 1
+                    if self._tail_open:  # it was reached: a later outage starts a new count
+                        failures = 0
                     # the server ended the tail (shut down, or the stream was dropped): look again
                     if self._closing.wait(_WAIT_FOR_STREAM_S):
                         return
                 except (paflight.FlightUnavailableError, ConnectorError) as exc:
-                    if isinstance(exc, ConnectorError) and not isinstance(
-                        exc.__cause__, paflight.FlightUnavailableError
-                    ):
+                    cause = exc.__cause__ if isinstance(exc, ConnectorError) else exc
+                    if not _unreachable(cause):
                         raise
+                    if self._tail_open:  # the tail was open: this outage starts a new count
+                        failures, self._tail_open = 0, False
                     down_since = down_since if failures else time.monotonic()
+                    budget = (
+                        f"{RECONNECT_ATTEMPTS}"
+                        if self.reconnect_s is None
+                        else f"{self.reconnect_s:g} s"
+                    )
                     if (
                         failures >= RECONNECT_ATTEMPTS
                         if self.reconnect_s is None
                         else time.monotonic() - down_since > self.reconnect_s
                     ):
+                        self._tell(None)
                         raise ConnectorError(
                             f"{self.what}: the server is unreachable after {failures} "
                             f"reconnection attempts: {_message(exc)}"
                         ) from exc
+                    self._tell(
+                        f"{self.what}: reading the tail: the server is unreachable for "
+                        f"{time.monotonic() - down_since:.0f} s, retrying ({failures + 1} "
+                        f"attempts of up to {budget}): {_message(cause or exc)}"
+                    )
                     if self._closing.wait(min(_BACKOFF_S[0] * 2**failures, _BACKOFF_S[1])):
                         return
                     failures += 1
@@ -637,6 +664,9 @@ class FlightSource:
 
         def hold(reader: paflight.FlightStreamReader | None) -> bool:
             self._reader = reader
+            if reader is not None and not self._tail_open:
+                self._tail_open = True
+                self._tell(None)  # through, if it waited
             return self._closing.is_set()
 
         yield from _tail_entries(self._client, self.stream, position, hold)
@@ -893,10 +923,7 @@ class _SourceOpener(_Retrying):
         self.on_retry = self._tell
 
     def _tell(self, why: str | None) -> None:
-        tell = self.source.on_retry
-        if tell is not None:
-            with contextlib.suppress(Exception):  # a pipeline asked to stop: its barrier stops
-                tell(why)
+        self.source._tell(why)
 
     def _drop(self) -> None:
         source = self.source
@@ -972,8 +999,9 @@ class FlightStreamTarget(_Retrying):
         #: sink is at-least-once
         self.exactly_once = self._retry("listing the server's actions", self._is_flight_serve)
         if self.exactly_once:
-            self._retry("opening the DoPut", self._open)  # creates the stream
-            self.committed()  # no call of ours stays open while we read back
+            # creates the stream; a refusal (other columns, a bad writer name, permissions)
+            # fails the sink now, not at its first commit after a checkpoint was written
+            self._retry("opening the DoPut", self._open_and_finish)
         #: entries before this offset are accounted for (an append's retry looks from here)
         self._after = self.next_offset()
 
@@ -1048,6 +1076,16 @@ class FlightStreamTarget(_Retrying):
             writer, reader = self._connect().do_put(descriptor, self.schema, options=self._options)
             self._put = writer, cast(paflight.FlightMetadataReader, reader)
         return self._put
+
+    def _open_and_finish(self) -> None:
+        """Open a DoPut and finish it at once (no call of ours stays open while we read
+        back); raises what the server answered (e.g. INVALID_ARGUMENT for other columns)."""
+        writer = self._open()[0]
+        self._put = None
+        try:
+            writer.done_writing()
+        finally:
+            writer.close()
 
     def _acknowledged(self) -> int:
         assert self._put is not None

@@ -1,0 +1,111 @@
+"""A remote ``flight`` tail source whose server goes away mid-run (review of issue 7): each
+outage gets the whole reconnection budget (an earlier outage, followed by a quiet stream, does not
+use it up), the wait shows in ``on_retry`` (a pipeline's ``pipeline.status`` ``waiting``), and a close
+ends it at once.
+
+B is a real flight-serve (in-process, restarted on the same port and data directory).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from flight_serve.connectors.flight import FlightSource, SourceEvent
+from flight_serve.flight.server import start_server
+from flight_serve_client import FlightServeClient
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
+
+
+def rows(first: int, count: int) -> pa.Table:
+    ids = list(range(first, first + count))
+    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def put(location: str, table: pa.Table) -> None:
+    with FlightServeClient(location) as fs:
+        fs.put("events", table, writer="w")
+
+
+def poll_ids(source: FlightSource, want: int, timeout_s: float = 30.0) -> list[int]:
+    """Poll until ``want`` rows were handed out; their ids (a failure of the source raises)."""
+    ids: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while len(ids) < want:
+        assert time.monotonic() < deadline, f"timed out with ids {ids}"
+        events: list[SourceEvent] = source.poll(0.05)
+        for event in events:
+            if event.kind == "batch":
+                assert event.batch is not None
+                ids += event.batch.column("id").to_pylist()
+    return ids
+
+
+def idle(source: FlightSource, seconds: float) -> None:
+    """Poll for ``seconds`` expecting no rows (a failure of the source raises)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert [e for e in source.poll(0.05) if e.kind == "batch"] == []
+
+
+def test_each_outage_gets_the_whole_reconnection_budget(tmp_path: Path) -> None:
+    # budget 3 s of failures in a row (a checkpointed run's is 60 s)
+    # 0 s    B up, ids 0..9 read
+    # ~0 s   B down 2 s, up again (the tail reconnects; no new rows: the stream is quiet)
+    # ~2 s   quiet 3 s
+    # ~5 s   B down 2 s, up again; ids 10..19 read. Both outages were shorter than the budget:
+    #        the source must not fail (it counted the second from the first outage's start)
+    port = free_port()
+    data = tmp_path / "b"
+    told: list[str | None] = []
+    with start_server(data, port=port, pipelines=False) as b:
+        put(b.location, rows(0, 10))
+        source = FlightSource(b.location, "events", schema=SCHEMA)
+        source.reconnect_s = 3.0
+        source.on_retry = told.append
+        assert poll_ids(source, 10) == list(range(10))
+    try:
+        time.sleep(2.0)
+        with start_server(data, port=port, pipelines=False):
+            idle(source, 3.0)
+        time.sleep(2.0)
+        with start_server(data, port=port, pipelines=False) as b:
+            put(b.location, rows(10, 10))
+            assert poll_ids(source, 10) == list(range(10, 20))
+    finally:
+        source.close()
+    # the waits were told, and that they were over
+    waits = [w for w in told if w is not None]
+    assert waits
+    assert waits[0].startswith(
+        f"flight connector (server {b.location}, stream 'events'): reading the tail: the server "
+        "is unreachable for 0 s, retrying (1 attempts of up to 3 s): "
+    )
+    assert told[-1] is None
+
+
+def test_a_closed_source_stops_waiting_at_once(tmp_path: Path) -> None:
+    # B down; the source waits (reconnect budget 60 s); close() returns within a second
+    port = free_port()
+    with start_server(tmp_path / "b", port=port, pipelines=False) as b:
+        put(b.location, rows(0, 10))
+        source = FlightSource(b.location, "events", schema=SCHEMA)
+        source.reconnect_s = 60.0
+        assert poll_ids(source, 10) == list(range(10))
+    idle(source, 1.0)
+    started = time.monotonic()
+    source.close()
+    assert time.monotonic() - started < 1.0
+
