@@ -210,3 +210,23 @@ def test_a_write_that_fails_on_the_receiving_server_fails_the_sink_with_its_mess
             "left on device"
         )
         assert [r["id"] for r in stream_rows(service.location, "relay")] == list(range(1, 11))
+
+
+def test_a_remote_sink_the_receiving_server_refuses_fails_when_it_opens(tmp_path: Path) -> None:
+    """B's stream ``relay`` has ``id`` as text; a sink with ``id BIGINT`` is refused when it
+    opens (its first DoPut, which also creates a missing stream), as a sink into a local
+    stream is: not at its first commit, after the run had written a checkpoint holding an
+    epoch B can never take. The message is B's, without gRPC's detail tail."""
+    from flight_serve.errors import ConnectorError
+    from flight_serve.flight.server import start_server
+
+    with start_server(tmp_path / "b", pipelines=False) as service:
+        service.store.create("relay", pa.schema([("id", pa.string())]))
+        with pytest.raises(ConnectorError) as failed:
+            FlightStreamTarget(service.location, "relay", SCHEMA, "from-a", retry_s=30)
+        assert str(failed.value) == (
+            f"flight sink (server {service.location}, stream 'relay', writer 'from-a'): opening "
+            "the DoPut failed: batch schema does not match stream 'relay': unexpected field 'k' "
+            "(string), 't' (timestamp[ms]), 'v' (int64); retyped field 'id' (stream has "
+            "string, batch has int64)"
+        )
