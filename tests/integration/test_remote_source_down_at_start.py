@@ -319,3 +319,96 @@ def test_a_resume_checked_once_the_source_server_is_back(tmp_path: Path) -> None
     assert "resuming at 0 (offset_reset = 'earliest')" in third.gaps[0]
     ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
     assert ids == list(range(30)) + list(range(100, 120))
+
+
+def test_a_checkpoint_taken_while_the_source_waits_keeps_the_streams_incarnation(
+    tmp_path: Path,
+) -> None:
+    # run 1 (B up): ids 0..9, stopped: its checkpoint holds offset 1 and src's incarnation X
+    # run 2 (B down): resumed, waits; stopped while waiting: its checkpoint holds offset 1 and
+    #   X still (with no incarnation a later restore could not see that src was re-created)
+    port = free_port()
+    sql = TAIL_PIPELINE.format(port=port, path=tmp_path / "out.parquet")
+    state = str(tmp_path / "state")
+    with start_server(tmp_path / "b", port=port, pipelines=False) as b:
+        put(b.location, rows(0, 10))
+        first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
+        source = first.flight_sources["src"]
+        counted = source.counted  # type: ignore[attr-defined]
+
+        def stop_after_one(batch: pa.RecordBatch | None) -> None:
+            counted(batch)
+            first.request_stop()
+
+        source.counted = stop_after_one  # type: ignore[attr-defined]
+        with pytest.raises(PipelineStopped):
+            list(first.run())
+    before = first.checkpoints.latest()
+    assert before is not None
+    incarnation = before.sources["src"]["incarnation"]
+    assert isinstance(incarnation, str)
+    assert before.sources["src"]["offset"] == 1
+
+    second = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state)
+    thread, errors = run_in_thread(second)
+    wait_until(lambda: second.connector_waiting is not None, "run 2 to wait for B")
+    second.request_stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], PipelineStopped)
+    after = second.checkpoints.latest()
+    assert after is not None
+    assert after.epoch > before.epoch
+    assert after.sources["src"]["offset"] == 1
+    assert after.sources["src"]["incarnation"] == incarnation
+
+
+def test_a_missing_column_found_after_the_wait_fails_the_run_with_its_message(
+    tmp_path: Path,
+) -> None:
+    # 0 s submit (B down; the source declares k, which B's events will not have); B starts
+    # with events (id, t): the run fails with the message a submit with B up gets at once
+    port = free_port()
+    sql = f"""SET checkpoint_interval = '200ms';
+CREATE SOURCE events (id BIGINT, t TIMESTAMP(3), k VARCHAR)
+WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}', stream = 'events');
+CREATE SINK out WITH (connector = 'flight', stream = 'out', writer = 'p');
+INSERT INTO out SELECT id, t, k FROM events;"""
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        pid = act(client, "pipeline.submit", {"sql": sql})["id"]
+        wait_until(lambda: status(client, pid)["waiting"] is not None, "the source's wait")
+        with start_server(tmp_path / "b", port=port) as b:
+            put_events = FlightServeClient(b.location)
+            put_events.put("events", rows(0, 10), writer="w")
+            put_events.close()
+            wait_until(lambda: status(client, pid)["state"] == "failed", "the run to fail")
+        now = status(client, pid)
+        assert now["last_error"] == (
+            f"flight connector (server grpc://127.0.0.1:{port}, stream 'events'): the stream "
+            "has no column 'k'; its columns: id, t"
+        )
+        assert now["waiting"] is None
+        assert out_ids(client) == []
+
+
+def test_explain_says_the_source_server_is_unreachable_now() -> None:
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    port = free_port()
+    sql = f"""CREATE SOURCE events (id BIGINT, t TIMESTAMP(3), WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}', stream = 'events');
+CREATE SINK out WITH (connector = 'stdout');
+INSERT INTO out SELECT id, t FROM events;"""
+    runtime = PipelineRuntime(parse_pipeline(sql), load_tables=False)
+    try:
+        lines = runtime.explain().splitlines()
+    finally:
+        for source in runtime.flight_sources.values():
+            source.close()
+    at = lines.index("SOURCE events  (line 1)")
+    assert lines[at + 2 : at + 4] == [
+        "  partitions: one per DoPut writer; known now (0): none",
+        "  the server is unreachable now: the run waits for it (the stream's writers are read "
+        "then)",
+    ]

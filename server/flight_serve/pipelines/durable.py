@@ -505,6 +505,8 @@ class DurableRuntime(PipelineRuntime):
         if source.waiting_to_open:
             # its server is unreachable now: the checks run once the source has reached it
             source.check_open = lambda opened: self._check_resume(relation, state, opened)
+            known = state.get("incarnation")  # what a checkpoint taken while it waits records
+            source.incarnation = known if isinstance(known, str) else None
         else:
             try:
                 first = self._check_resume(relation, state, source)

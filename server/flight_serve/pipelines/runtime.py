@@ -1229,6 +1229,10 @@ class PipelineRuntime:
                         f"stop_at_end: reads up to offset {live.end_offset} (the stream's end "
                         "now), then every writer ends"
                         if live.stop_at_end
+                        and not (isinstance(live, FlightSource) and live.waiting_to_open)
+                        else "stop_at_end: reads up to the stream's end when the run reaches the "
+                        "server, then every writer ends"
+                        if live.stop_at_end
                         else "runs until every writer it knows has sent end_of_input"
                     )
                 )
@@ -1236,6 +1240,11 @@ class PipelineRuntime:
                     f"  partitions: one per DoPut writer; known now ({len(stream.partitions)}): "
                     + (", ".join(stream.partitions) or "none")
                 )
+                if isinstance(live, FlightSource) and live.waiting_to_open:
+                    out.append(
+                        "  the server is unreachable now: the run waits for it (the stream's "
+                        "writers are read then)"
+                    )
             out.append(f"  columns: {_columns_text(stream.schema)}")
             if relation.time_column is not None:
                 bound = _duration(relation.options.max_out_of_orderness)
