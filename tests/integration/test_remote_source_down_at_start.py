@@ -412,3 +412,45 @@ INSERT INTO out SELECT id, t FROM events;"""
         "  the server is unreachable now: the run waits for it (the stream's writers are read "
         "then)",
     ]
+
+
+def test_a_source_that_waited_reads_the_streams_history_as_if_its_server_had_been_up(
+    tmp_path: Path,
+) -> None:
+    # B: events = ids 0..9 (writer a), ids 10..19 (writer b); B stops
+    # the source (stop_at_end) is made while B is down: no partitions yet, not done
+    # B starts again: the history's writers become partitions before any row, then the rows,
+    # then (stop_at_end) both writers end
+    port = free_port()
+    data = tmp_path / "b"
+    with start_server(data, port=port, pipelines=False) as b, FlightServeClient(b.location) as fs:
+        fs.put("events", rows(0, 10), writer="a")
+        fs.put("events", rows(10, 10), writer="b")
+    source = FlightSource(
+        f"grpc://127.0.0.1:{port}", "events", schema=SCHEMA, stop_at_end=True
+    )
+    try:
+        assert source.waiting_to_open
+        assert (source.partitions, source.done) == ((), False)
+        assert source.poll(0.2) == []
+        with start_server(data, port=port, pipelines=False):
+            events = []
+            deadline = time.monotonic() + 20
+            while not source.done:
+                assert time.monotonic() < deadline
+                events += source.poll(0.1)
+    finally:
+        source.close()
+    assert [
+        (e.kind, e.partition, e.batch["id"].to_pylist() if e.batch is not None else None)
+        for e in events
+        if e.kind != "backlog"
+    ] == [
+        ("partition", "a", None),
+        ("partition", "b", None),
+        ("batch", "a", list(range(10))),
+        ("batch", "b", list(range(10, 20))),
+        ("end", "a", None),
+        ("end", "b", None),
+    ]
+    assert (source.end_offset, source.incarnation is not None) == (2, True)
