@@ -87,7 +87,9 @@ def test_a_restored_sink_skips_its_batches_in_a_stream_whose_columns_are_in_anot
         writer.done_writing()
         writer.close()
 
-    sink = EpochStreamSink("relay", FlightStreamTarget(b.location, "relay", SCHEMA, "from-a"), SCHEMA)
+    sink = EpochStreamSink(
+        "relay", FlightStreamTarget(b.location, "relay", SCHEMA, "from-a"), SCHEMA
+    )
     for batch in batches(1, 3):
         sink.write(batch)
     files: dict[str, bytes] = {}
@@ -230,3 +232,102 @@ def test_a_remote_sink_the_receiving_server_refuses_fails_when_it_opens(tmp_path
             "(string), 't' (timestamp[ms]), 'v' (int64); retyped field 'id' (stream has "
             "string, batch has int64)"
         )
+
+
+FLOATS = pa.schema([("id", pa.int64()), ("ratio", pa.float64())])
+
+
+def nan_batches(first_id: int, count: int) -> list[pa.RecordBatch]:
+    """``count`` batches of 10 rows, ids from ``first_id``; ``ratio`` is NaN for every id
+    divisible by 4 (what ``0.0 / 0.0`` gives in SQL), ``id / 10`` otherwise."""
+    out = []
+    for b in range(count):
+        ids = list(range(first_id + b * 10, first_id + b * 10 + 10))
+        ratios = [float("nan") if i % 4 == 0 else i / 10 for i in ids]
+        out.append(pa.RecordBatch.from_pydict({"id": ids, "ratio": ratios}, schema=FLOATS))
+    return out
+
+
+def test_a_restored_sink_skips_its_batches_that_hold_nan(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    """Arrow's comparison says NaN differs from NaN, so a committed batch holding a NaN was
+    never recognized in the read-back: the restore appended it again. Epoch 1 (ids 1..30, NaN
+    at 4, 8, ... 28) is committed, the run crashes before checkpoint 2, the restore redoes the
+    commit of checkpoint 1: every batch is found and skipped; a NaN is still told apart from a
+    number (a batch whose NaN became 0.0 is appended).
+
+    timeline:  epoch 1: ids 1..30 committed ─ crash ─ recover(ids 1..30) ─ epoch 2: ids 31..40
+    """
+    b = servers["b"] = Server(tmp_path / "b", free_port())
+
+    def target() -> FlightStreamTarget:
+        return FlightStreamTarget(b.location, "floats", FLOATS, "from-a")
+
+    sink = EpochStreamSink("floats", target(), FLOATS)
+    for batch in nan_batches(1, 3):
+        sink.write(batch)
+    files: dict[str, bytes] = {}
+    entry = sink.prepare(1, files)
+    sink.commit(1)
+    sink.close()  # the crash: checkpoint 2 was never written
+
+    sink = EpochStreamSink(
+        "floats", target(), FLOATS, mark=entry["mark"], incarnation=entry["incarnation"]
+    )
+    zeroed = nan_batches(31, 1)[0]
+    zeroed = zeroed.set_column(
+        1, "ratio", pa.array([0.0 if i % 4 == 0 else i / 10 for i in range(31, 41)])
+    )
+    try:
+        sink.recover(read_ipc(files[entry["staged"]]))
+        assert sink.skipped == 3
+        sink.write(zeroed)
+        sink.prepare(2, {})
+        sink.commit(2)
+    finally:
+        sink.close()
+    with flight.connect(b.location) as client:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path("floats"))
+        table = client.do_get(info.endpoints[0].ticket).read_all()
+    assert table.column("id").to_pylist() == list(range(1, 41))
+    ratios = table.column("ratio").to_pylist()
+    assert [i for i, r in zip(range(1, 41), ratios, strict=True) if r != r] == [
+        4,
+        8,
+        12,
+        16,
+        20,
+        24,
+        28,
+    ]
+    assert ratios[31] == 0.0  # id 32: the epoch-2 batch, appended
+
+
+def test_same_rows_takes_nan_for_nan_at_any_depth_and_nothing_else() -> None:
+    """The read-back comparison of the stream sinks (``connectors.columns.same_rows``)."""
+    from flight_serve.connectors.columns import same_rows
+
+    nan = float("nan")
+
+    def one(column: pa.Array[Any], other: pa.Array[Any] | None = None) -> bool:
+        x = pa.record_batch({"id": [1, 2], "c": column})
+        y = pa.record_batch({"id": [1, 2], "c": column if other is None else other})
+        return same_rows(x, y)
+
+    floats = pa.array([nan, 1.5])
+    nested = pa.array([[nan, 1.0], None], pa.list_(pa.float32()))
+    structs = pa.array([{"f": nan, "s": "a"}, {"f": 2.0, "s": None}])
+    maps = pa.array([[("a", nan)], [("b", 1.0)]], pa.map_(pa.string(), pa.float64()))
+    assert [one(c) for c in (floats, nested, structs, maps)] == [True] * 4
+    assert not one(floats, pa.array([0.0, 1.5]))  # NaN is not 0.0
+    assert not one(floats, pa.array([None, 1.5], pa.float64()))  # nor null
+    assert not one(nested, pa.array([[nan, 1.0], []], pa.list_(pa.float32())))
+    assert not one(structs, pa.array([{"f": nan, "s": "b"}, {"f": 2.0, "s": None}]))
+    assert not one(floats, pa.array([nan, 1.5], pa.float32()))  # another type
+    # by column name; a dictionary-encoded column by its values
+    text = pa.array(["x", "y"])
+    left = pa.record_batch({"id": [1, 2], "k": text.dictionary_encode(), "r": floats})
+    right = pa.record_batch({"r": floats, "id": [1, 2], "k": text})
+    assert same_rows(left, right)
+    assert not same_rows(left, pa.record_batch({"r": floats, "id": [1, 3], "k": text}))
