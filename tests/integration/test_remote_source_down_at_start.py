@@ -454,3 +454,31 @@ def test_a_source_that_waited_reads_the_streams_history_as_if_its_server_had_bee
         ("end", "b", None),
     ]
     assert (source.end_offset, source.incarnation is not None) == (2, True)
+
+
+def test_a_submit_does_not_wait_long_for_a_source_server_that_does_not_answer(
+    tmp_path: Path,
+) -> None:
+    # B's port accepts TCP connections and never answers (a hung server): gRPC would wait
+    # about 20 s for its connection; the submit gives the first call OPEN_RETRY_S (5 s), then
+    # returns with the pipeline waiting (the status says so at once)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+            started = time.monotonic()
+            pid = act(client, "pipeline.submit", {"sql": pipeline_sql(port)})["id"]
+            assert time.monotonic() - started < 8.0
+            wait_until(
+                lambda: (status(client, pid)["waiting"] or "").startswith(waiting_prefix(port)),
+                "the status to say what the source waits for",
+                timeout_s=2.0,
+            )
+            now = status(client, pid)
+            assert now["state"] == "running"
+            assert now["waiting"].endswith(
+                "s, retrying (1 attempts of up to 60 s): Flight returned timeout error, with "
+                "message: Deadline Exceeded"
+            )
+            assert act(client, "pipeline.cancel", {"id": pid})["state"] == "cancelled"

@@ -251,6 +251,8 @@ class FlightSource:
         self.on_retry: Callable[[str | None], None] | None = None
         self._told = False  # on_retry was told of a wait and not yet that it is over
         self._tail_open = False  # the current tail call's DoGet was opened
+        #: when the first call failed because the server was unreachable, and how
+        self._unreachable: tuple[float, BaseException] | None = None
         #: called, on the reading thread, with the source once a source that waited for its
         #: server has read the stream's FlightInfo: returns another start offset, or ``None``;
         #: what it raises fails the source (a checkpointed run's restore checks)
@@ -294,13 +296,15 @@ class FlightSource:
         except (pa.ArrowException, OSError) as exc:
             raise ConnectorError(f"{self.what}: cannot connect: {_message(exc)}") from exc
 
-    def _fetch_info(self) -> tuple[pa.Schema, dict[str, Any]] | None:
+    def _fetch_info(self, timeout_s: float | None = None) -> tuple[pa.Schema, dict[str, Any]] | None:
         """The stream's schema and FlightInfo metadata, or ``None`` if it does not exist;
-        raises what the call raises."""
+        raises what the call raises (FlightTimedOutError after ``timeout_s`` seconds, default
+        :data:`CALL_TIMEOUT_S`)."""
+        timeout = timeout_s if timeout_s is not None else CALL_TIMEOUT_S
         try:
             info = self._client.get_flight_info(
                 paflight.FlightDescriptor.for_path(self.stream),
-                options=paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S),
+                options=paflight.FlightCallOptions(timeout=timeout),
             )
         except pa.ArrowKeyError:
             return None
@@ -311,10 +315,10 @@ class FlightSource:
             metadata = {}
         return info.schema, metadata if isinstance(metadata, dict) else {}
 
-    def _info(self) -> tuple[pa.Schema, dict[str, Any]] | None:
+    def _info(self, timeout_s: float | None = None) -> tuple[pa.Schema, dict[str, Any]] | None:
         """The stream's schema and FlightInfo metadata, or ``None`` if it does not exist."""
         try:
-            return self._fetch_info()
+            return self._fetch_info(timeout_s)
         except (pa.ArrowException, OSError) as exc:
             raise ConnectorError(f"{self.what}: {_message(exc)}") from exc
 
@@ -325,11 +329,15 @@ class FlightSource:
         it is retried for :data:`OPEN_RETRY_S` seconds, then refused."""
         #: the server was unreachable when the source was made: the reading thread opens it
         self.waiting_to_open = False
+        # a submit waits for this call: a server that does not answer gets OPEN_RETRY_S
+        started = time.monotonic()
         try:
-            return self._info()
+            return self._info(OPEN_RETRY_S)
         except ConnectorError as exc:
-            if not _unreachable(exc.__cause__):
+            cause = exc.__cause__
+            if cause is None or not _unreachable(cause):
                 raise
+            self._unreachable = (started, cause)
         if self._declared is not None:
             self.waiting_to_open = True
             return None
@@ -337,7 +345,9 @@ class FlightSource:
             return cast(
                 "tuple[pa.Schema, dict[str, Any]] | None",
                 _SourceOpener(self, OPEN_RETRY_S)._retry(
-                    "reading the stream's FlightInfo", self._fetch_info
+                    "reading the stream's FlightInfo",
+                    lambda: self._fetch_info(OPEN_RETRY_S),
+                    failed=self._unreachable,
                 ),
             )
         except ConnectorError as exc:
@@ -640,7 +650,10 @@ class FlightSource:
             _Closed: the source was closed meanwhile.
         """
         budget = self.reconnect_s if self.reconnect_s is not None else OPEN_RETRY_S
-        info = _SourceOpener(self, budget)._retry("reading the stream's FlightInfo", self._fetch_info)
+        info = _SourceOpener(self, budget)._retry(
+            "reading the stream's FlightInfo", self._fetch_info, failed=self._unreachable
+        )
+        self._tell(None)  # through (also when the stream does not exist yet)
         start = self.start_offset
         self._from_info(info, start)
         moved = self.check_open(self) if self.check_open is not None else None
@@ -862,19 +875,35 @@ class _Retrying:
         if self.on_retry is not None and (failures or why is not None):
             self.on_retry(why)
 
-    def _retry(self, action: str, call: Any, landed: Any = None) -> Any:
+    def _retry(
+        self,
+        action: str,
+        call: Any,
+        landed: Any = None,
+        *,
+        failed: tuple[float, BaseException] | None = None,
+    ) -> Any:
         """``call()``, retried; after a failed attempt ``landed()`` (if given) is asked first
         whether the failed attempt took effect after all (its result is returned then, or
-        ``None``: call again).
+        ``None``: call again). ``failed``: an attempt made before (its ``time.monotonic()``
+        and failure), which the budget and the messages count.
 
         Raises:
             ConnectorError: a failure that is not retryable, or the server stayed unreachable
                 for ``retry_s`` seconds.
         """
-        started = time.monotonic()
+        started = time.monotonic() if failed is None else failed[0]
         deadline = started + self.retry_s
         failures = 0
         uncertain = False
+        if failed is not None:
+            self._retried(
+                1,
+                f"{self.what}: {action}: the server is unreachable for "
+                f"{time.monotonic() - started:.0f} s, retrying (1 attempts of up to "
+                f"{self.retry_s:g} s): {_message(failed[1])}",
+            )
+            failures = 1
         while True:
             try:
                 if uncertain and landed is not None:
@@ -1244,6 +1273,9 @@ class FlightStreamTarget(_Retrying):
             return
 
         def ended() -> bool | None:
+            # only once no earlier call of the writer is in progress: a marker that reached
+            # the server without its PutResult (a cut connection) may still be committed
+            self._quiesce()
             writers = self._metadata().get("writers")
             item = writers.get(self.writer) if isinstance(writers, dict) else None
             return True if isinstance(item, dict) and item.get("ended_at") is not None else None
