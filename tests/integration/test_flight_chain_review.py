@@ -10,9 +10,13 @@ The process helpers are those of ``test_flight_chain.py``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -331,3 +335,108 @@ def test_same_rows_takes_nan_for_nan_at_any_depth_and_nothing_else() -> None:
     right = pa.record_batch({"r": floats, "id": [1, 2], "k": text})
     assert same_rows(left, right)
     assert not same_rows(left, pa.record_batch({"r": floats, "id": [1, 3], "k": text}))
+
+
+class CuttableProxy:
+    """A TCP proxy on loopback in front of ``target`` (``host:port``) whose connections can be
+    cut at once (:meth:`cut`: both sides closed), as a network partition cuts them while both
+    processes live on; later connections are proxied again."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.location = f"grpc://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            far = socket.create_connection(self.target)
+            with self.lock:
+                self.sockets += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        with self.lock:
+            cut, self.sockets = self.sockets, []
+        for s in cut:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+        self.cut()
+
+
+def test_an_end_of_input_whose_putresult_was_lost_is_not_sent_twice(tmp_path: Path) -> None:
+    """The sink's end-of-input marker reaches B, whose disk is slow (fault injection: the
+    real store's commit of the marker waits 1 s); then the network between them is cut (a
+    proxy closes the connection; both processes live on) before the PutResult. The retry must
+    first wait until B has ended the old call (``stream.writer_wait``), then see that the
+    writer ended, and not send a second end-of-input marker.
+
+    timeline:  ids 1..10 (offset 0) ─ marker staged on B (offset 1) ─ connection cut ─ retry:
+               writer_wait (B commits the marker, 1 s) ─ FlightInfo: ended at 1 ─ nothing sent
+    """
+    from flight_serve.flight.server import start_server
+
+    with start_server(tmp_path / "b", pipelines=False) as service:
+        store = service.store
+        real_marker, real_commit = store.write_marker, store.commit
+        markers: list[Any] = []
+
+        def write_marker(*args: Any, **kwargs: Any) -> Any:
+            pending = real_marker(*args, **kwargs)
+            markers.append(pending)
+            return pending
+
+        def slow_commit(pending: Any) -> int:
+            if any(pending is m for m in markers):
+                time.sleep(1.0)
+            return int(real_commit(pending))
+
+        store.write_marker = write_marker  # type: ignore[method-assign]
+        store.commit = slow_commit  # type: ignore[method-assign]
+        proxy = CuttableProxy(("127.0.0.1", service.port))
+        target = FlightStreamTarget(proxy.location, "relay", SCHEMA, "from-a")
+        try:
+            assert target.append_many(batches(1, 1)) == [0]
+            target.committed()
+            real_ack = target._acknowledged
+
+            def cut_first() -> int:
+                if not markers:  # the first marker: B has it, then the network is cut
+                    deadline = time.monotonic() + 10
+                    while not markers and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    assert markers, "B did not receive the marker"
+                    proxy.cut()
+                return int(real_ack())
+
+            target._acknowledged = cut_first  # type: ignore[method-assign]
+            target.end_input()
+        finally:
+            target.close()
+            proxy.close()
+        time.sleep(1.5)  # a second marker, if sent, is committed by now
+        ends = [e.offset for e in store.entries("relay", 0) if e.end_of_input]
+        assert ends == [1]
+        assert store.writers("relay")["from-a"].ended_at == 1
