@@ -8,6 +8,7 @@ B is a real flight-serve (in-process, restarted on the same port and data direct
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from flight_serve.connectors.flight import FlightSource, SourceEvent
+from flight_serve.errors import ConnectorError
 from flight_serve.flight.server import start_server
 from flight_serve_client import FlightServeClient
 
@@ -109,3 +111,33 @@ def test_a_closed_source_stops_waiting_at_once(tmp_path: Path) -> None:
     source.close()
     assert time.monotonic() - started < 1.0
 
+
+
+def test_an_outage_longer_than_the_budget_fails_the_source_naming_the_server(
+    tmp_path: Path,
+) -> None:
+    # budget 1 s; B goes down for good: the next poll after ~1 s raises, naming B
+    port = free_port()
+    told: list[str | None] = []
+    with start_server(tmp_path / "b", port=port, pipelines=False) as b:
+        put(b.location, rows(0, 10))
+        source = FlightSource(b.location, "events", schema=SCHEMA)
+        source.reconnect_s = 1.0
+        source.on_retry = told.append
+        assert poll_ids(source, 10) == list(range(10))
+    try:
+        with pytest.raises(ConnectorError) as caught:
+            idle(source, 15.0)
+    finally:
+        source.close()
+    message = str(caught.value)
+    assert re.fullmatch(
+        re.escape(
+            f"flight connector (server {b.location}, stream 'events'): reading the tail failed: "
+            "the server stayed unreachable for "
+        )
+        + r"[1-3] s \([0-9]+ attempts of up to 1 s\): Flight returned unavailable error, with "
+        r"message: failed to connect to all addresses; .*Connection refused",
+        message,
+    ), message
+    assert told[-1] is None  # the wait is over

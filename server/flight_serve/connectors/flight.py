@@ -614,8 +614,9 @@ class FlightSource:
                     ):
                         self._tell(None)
                         raise ConnectorError(
-                            f"{self.what}: the server is unreachable after {failures} "
-                            f"reconnection attempts: {_message(exc)}"
+                            f"{self.what}: reading the tail failed: the server stayed unreachable "
+                            f"for {time.monotonic() - down_since:.0f} s ({failures + 1} attempts "
+                            f"of up to {budget}): {_message(cause or exc)}"
                         ) from exc
                     self._tell(
                         f"{self.what}: reading the tail: the server is unreachable for "
