@@ -482,3 +482,43 @@ def test_a_submit_does_not_wait_long_for_a_source_server_that_does_not_answer(
                 "message: Deadline Exceeded"
             )
             assert act(client, "pipeline.cancel", {"id": pid})["state"] == "cancelled"
+
+
+class _TicketServer(flight.FlightServerBase):
+    """A plain Flight server: ticket ``events`` is ids 0..99 in batches of 10."""
+
+    def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
+        table = pa.Table.from_batches(rows(0, 100).to_batches(max_chunksize=10))
+        return flight.RecordBatchStream(table)
+
+
+def test_a_ticket_source_with_columns_waits_for_its_server_too(tmp_path: Path) -> None:
+    # 0 s   A: submit (ticket source -> B's port, nothing listening): returns at once
+    # ~0.1s A's status: waiting = "source events (server …, ticket 'events'): opening the
+    #       DoGet: the server is unreachable for N s, retrying …"
+    # ~0.5s B (a plain Flight server) starts on that port: A's out = ids 0..99 once, finished
+    port = free_port()
+    sql = f"""SET checkpoint_interval = '200ms';
+CREATE SOURCE events (id BIGINT, t TIMESTAMP(3))
+WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}', ticket = 'events');
+CREATE SINK out WITH (connector = 'flight', stream = 'out', writer = 'p');
+INSERT INTO out SELECT id, t FROM events;"""
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        started = time.monotonic()
+        pid = act(client, "pipeline.submit", {"sql": sql})["id"]
+        assert time.monotonic() - started < 3.0  # not the 5 s a source without columns gets
+        wait_until(
+            lambda: (status(client, pid)["waiting"] or "").startswith(
+                f"source events (server grpc://127.0.0.1:{port}, ticket 'events'): opening the "
+                "DoGet: the server is unreachable for "
+            ),
+            "the status to say what the ticket source waits for",
+        )
+        b = _TicketServer(f"grpc://127.0.0.1:{port}")
+        try:
+            wait_until(lambda: status(client, pid)["state"] == "finished", "the run to finish")
+        finally:
+            b.shutdown()
+        assert out_ids(client) == list(range(100))
+        now = status(client, pid)
+        assert (now["waiting"], now["last_error"]) == (None, None)

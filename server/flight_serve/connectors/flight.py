@@ -1337,11 +1337,12 @@ class FlightTicketSource(_Retrying):
             for the DoGet's schema.
         start_rows: rows to skip (a checkpoint's offset).
         retry_s: seconds to keep retrying while the server is unreachable (when the source is
-            opened: at most :data:`OPEN_RETRY_S`).
+            opened without declared columns: at most :data:`OPEN_RETRY_S`; with them, an
+            unreachable server is waited for by the first :meth:`poll`, ``waiting_to_open``).
 
     Raises:
-        ConnectorError: the server stayed unreachable, refused the ticket, or the DoGet lacks a
-            declared column.
+        ConnectorError: the server stayed unreachable (no columns declared), refused the
+            ticket or failed the TLS handshake, or the DoGet lacks a declared column.
     """
 
     stop_at_end = True
@@ -1373,20 +1374,34 @@ class FlightTicketSource(_Retrying):
         self._options = paflight.FlightCallOptions(timeout=CALL_TIMEOUT_S)
         self._client: paflight.FlightClient | None = None
         self._reader: paflight.FlightStreamReader | None = None
-        # planning (a submit waits for it) gives an unreachable server a few seconds only;
-        # reading, once the run started, retries for ``retry_s``
-        self.retry_s = min(retry_s, OPEN_RETRY_S)
-        reader = self._retry("opening the DoGet", self._open)
-        self.retry_s = retry_s
-        self.ticket_schema: pa.Schema = reader.schema
-        self.schema: pa.Schema = schema if schema is not None else reader.schema
-        missing = [n for n in self.schema.names if reader.schema.get_field_index(n) < 0]
-        if missing:
-            self.close()
-            raise ConnectorError(
-                f"{self.what}: the DoGet has no column {', '.join(map(repr, missing))}; its "
-                f"columns: {', '.join(reader.schema.names)}"
-            )
+        #: the server was unreachable when the source was made (its columns declared): the
+        #: first :meth:`poll` opens the DoGet, retrying for ``retry_s``
+        self.waiting_to_open = False
+        self._unreachable: tuple[float, BaseException] | None = None
+        started = time.monotonic()
+        if schema is not None:
+            try:
+                self._open()
+            except (paflight.FlightUnavailableError, paflight.FlightTimedOutError) as exc:
+                self._drop()
+                if not _unreachable(exc):
+                    raise ConnectorError(
+                        f"{self.what}: opening the DoGet failed: {_message(exc)}"
+                    ) from exc
+                self._unreachable = (started, exc)
+                self.waiting_to_open = True
+            except (pa.ArrowException, OSError) as exc:
+                self._drop()
+                raise ConnectorError(f"{self.what}: opening the DoGet failed: {_message(exc)}") from exc
+        self.schema: pa.Schema = schema  # type: ignore[assignment]
+        if not self.waiting_to_open:
+            # planning (a submit waits for it) gives an unreachable server a few seconds only;
+            # reading, once the run started, retries for ``retry_s``
+            self.retry_s = min(retry_s, OPEN_RETRY_S)
+            reader = self._retry("opening the DoGet", self._open)
+            self.retry_s = retry_s
+            self.schema = schema if schema is not None else reader.schema
+            self._check_columns(reader.schema)
         #: called before each poll: a checkpointed run's barrier
         self.barrier: Any = lambda: None
         #: called with each batch handed out
@@ -1408,6 +1423,16 @@ class FlightTicketSource(_Retrying):
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON: rows handed out, and whether the DoGet ended."""
         return {"kind": "ticket", "server": self.server, "rows": self.rows, "done": self._done}
+
+    def _check_columns(self, ticket_schema: pa.Schema) -> None:
+        """Refuse a DoGet without a declared column (closing the source)."""
+        missing = [n for n in self.schema.names if ticket_schema.get_field_index(n) < 0]
+        if missing:
+            self.close()
+            raise ConnectorError(
+                f"{self.what}: the DoGet has no column {', '.join(map(repr, missing))}; its "
+                f"columns: {', '.join(ticket_schema.names)}"
+            )
 
     def _drop(self) -> None:
         reader, self._reader = self._reader, None
@@ -1455,6 +1480,10 @@ class FlightTicketSource(_Retrying):
         if self._done:
             return []
         self.barrier()
+        if self.waiting_to_open:  # the server was unreachable when the pipeline was planned
+            reader = self._retry("opening the DoGet", self._open, failed=self._unreachable)
+            self.waiting_to_open = False
+            self._check_columns(reader.schema)
         events: list[SourceEvent] = []
         for _ in range(max_entries):
             batch = self._retry("reading the DoGet", self._next)
