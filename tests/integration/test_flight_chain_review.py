@@ -440,3 +440,57 @@ def test_an_end_of_input_whose_putresult_was_lost_is_not_sent_twice(tmp_path: Pa
         ends = [e.offset for e in store.entries("relay", 0) if e.end_of_input]
         assert ends == [1]
         assert store.writers("relay")["from-a"].ended_at == 1
+
+
+def test_a_receiving_server_killed_mid_commit_of_direct_io_batches_gets_each_once(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    """An epoch of 12 batches of 40,000 rows (1.1 MiB each: B writes them with O_DIRECT), up
+    to 8 sent ahead of their PutResults; B is ``kill -9``ed right after the 5th PutResult and
+    restarted 0.3 s later on the same port and dir. The sink retries, reads back which of
+    the batches in flight landed, sends only the others; then the run crashes after epoch 2's
+    commit and the restore skips both epochs' batches there.
+
+    timeline:  epoch 1: ids 1..480,000 ─ 5 acked ─ kill -9 B ─ restart B ─ the rest ─
+               epoch 2: ids 480,001..560,000 ─ crash ─ recover(epoch 2) ─ nothing appended
+    """
+    b = servers["b"] = Server(tmp_path / "b", free_port())
+    target = FlightStreamTarget(b.location, "relay", SCHEMA, "from-a")
+    real = target.append_many
+    acks = {"n": 0}
+
+    def kill_b_after_the_5th(items: list[pa.RecordBatch], on_ack: Any = None) -> list[int]:
+        def acked() -> None:
+            acks["n"] += 1
+            if acks["n"] == 5:
+                b.kill()
+
+                def restart() -> None:
+                    time.sleep(0.3)
+                    servers["b"] = Server(b.data, b.port)
+
+                threading.Thread(target=restart).start()
+            if on_ack is not None:
+                on_ack()
+
+        return list(real(items, acked))
+
+    target.append_many = kill_b_after_the_5th  # type: ignore[method-assign]
+    sink = EpochStreamSink("relay", target, SCHEMA)
+    for batch in batches(1, 12, rows=40_000):
+        sink.write(batch)
+    sink.prepare(1, {})
+    sink.commit(1)
+    for batch in batches(480_001, 2, rows=40_000):
+        sink.write(batch)
+    files: dict[str, bytes] = {}
+    entry = sink.prepare(2, files)
+    sink.commit(2)
+    sink.close()  # the crash: checkpoint 3 was never written
+    assert acks["n"] == 14
+
+    sink = restored(servers["b"].location, entry, files)
+    sink.close()
+    assert sink.skipped == 2
+    ids = [r["id"] for r in stream_rows(servers["b"].location, "relay")]
+    assert ids == list(range(1, 560_001))
