@@ -429,6 +429,10 @@ def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int
                 file=sys.stderr,
             )
         sigterm.stop = runtime.request_stop
+        runtime.on_wait = lambda why: print(  # a remote source or sink waits for its server
+            f"flight-serve: {path}: waiting: {why}" if why else f"flight-serve: {path}: going on",
+            file=sys.stderr,
+        )
         for _ in runtime.run():
             pass
     except PipelineStopped:  # only SIGTERM asks an embedded run to stop

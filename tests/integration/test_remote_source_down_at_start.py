@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -522,3 +524,43 @@ INSERT INTO out SELECT id, t FROM events;"""
         assert out_ids(client) == list(range(100))
         now = status(client, pid)
         assert (now["waiting"], now["last_error"]) == (None, None)
+
+
+def test_flight_serve_run_says_what_it_waits_for(tmp_path: Path) -> None:
+    # flight-serve run (checkpointed), the source's server B down: stderr says the run waits
+    # for B; B starts, ids 0..19 (writer w) then its end: the run says it goes on, writes the
+    # 20 rows and exits 0
+    port = free_port()
+    pipeline = tmp_path / "tail.sql"
+    pipeline.write_text(
+        TAIL_PIPELINE.format(port=port, path=tmp_path / "out.parquet").replace(
+            "SET checkpoint_every = 1;", "SET checkpoint_interval = '1s';"
+        )
+    )
+    cli = Path(sys.executable).with_name("flight-serve")
+    proc = subprocess.Popen(
+        [str(cli), "run", str(pipeline), "--output-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # blocks until the run says something
+        assert first.startswith(
+            f"flight-serve: {pipeline}: waiting: flight connector (server "
+            f"grpc://127.0.0.1:{port}, stream 'src'): reading the stream's FlightInfo: the "
+            "server is unreachable for "
+        ), first
+        with start_server(tmp_path / "b", port=port, pipelines=False) as b:
+            put(b.location, rows(0, 10), rows(10, 10), end=True)
+            _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert err.splitlines()[0] == f"flight-serve: {pipeline}: going on"
+    assert "sink out: 20 rows" in err
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == list(range(20))

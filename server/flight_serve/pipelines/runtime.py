@@ -623,6 +623,9 @@ class PipelineRuntime:
         self.waiting: str | None = None
         #: why a connector retries its server now (a remote sink's server down), else None
         self.connector_waiting: str | None = None
+        #: told when a connector starts waiting for its server (why) and when no connector
+        #: waits any more (``None``); called from the connector's thread (the CLI prints it)
+        self.on_wait: Callable[[str | None], None] | None = None
         self.output_dir = output_dir if output_dir is not None else Path.cwd()
         self.streams: dict[str, _Stream] = {}
         self.sources: dict[str, FileSource] = {}
@@ -943,7 +946,9 @@ class PipelineRuntime:
 
     def connector_wait(self, waiting: str | None) -> None:
         """A connector retries its server (``waiting``: why, or ``None`` once through)."""
-        self.connector_waiting = waiting
+        previous, self.connector_waiting = self.connector_waiting, waiting
+        if self.on_wait is not None and (previous is None) != (waiting is None):
+            self.on_wait(waiting)
 
     def plugin_waiting(self) -> str | None:
         """``waiting for plugin <name>`` while a plugin stage has batches and no instance that
