@@ -55,7 +55,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
 import pyarrow as pa
@@ -72,6 +72,7 @@ __all__ = [
     "OPEN_RETRY_S",
     "RECONNECT_ATTEMPTS",
     "RETRY_BUDGET_S",
+    "FlightClientAuth",
     "FlightSink",
     "FlightSource",
     "FlightStreamTarget",
@@ -151,6 +152,57 @@ class _Entry:
 
 def _location(server: str) -> str:
     return server if "://" in server else f"grpc+tcp://{server}"
+
+
+@dataclass(frozen=True)
+class FlightClientAuth:
+    """How a ``flight`` connector authenticates to another server (``grpc+tls://`` for TLS).
+
+    Attributes:
+        tls_ca: PEM text of the CA(s) the server's certificate must chain to (``None``: the
+            system's roots).
+        tls_cert: PEM text of the client's certificate chain (mutual TLS), with ``tls_key``.
+        tls_key: PEM text of the client's private key.
+        token: a bearer token, sent as ``authorization: Bearer <token>`` on every call.
+    """
+
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+
+
+class _BearerFactory(paflight.ClientMiddlewareFactory):
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self._header: dict[str, list[str] | list[bytes]] = {
+            "authorization": [f"Bearer {token}"]
+        }
+
+    def start_call(self, info: Any) -> paflight.ClientMiddleware:
+        return _Bearer(self._header)
+
+
+class _Bearer(paflight.ClientMiddleware):
+    def __init__(self, header: dict[str, list[str] | list[bytes]]) -> None:
+        super().__init__()
+        self._header = header
+
+    def sending_headers(self) -> dict[str, list[str] | list[bytes]]:
+        return self._header
+
+
+def _client(server: str, auth: FlightClientAuth | None) -> paflight.FlightClient:
+    """A client of ``server`` (a Flight URI, or ``host:port``) with ``auth``."""
+    if auth is None:
+        return paflight.FlightClient(_location(server))
+    return paflight.FlightClient(
+        _location(server),
+        tls_root_certs=auth.tls_ca,
+        cert_chain=auth.tls_cert,
+        private_key=auth.tls_key,
+        middleware=[_BearerFactory(auth.token)] if auth.token else None,
+    )
 
 
 def _message(exc: BaseException) -> str:
@@ -236,7 +288,9 @@ class FlightSource:
         schema: pa.Schema | None = None,
         start_offset: int = 0,
         stop_at_end: bool = False,
+        auth: FlightClientAuth | None = None,
     ) -> None:
+        self.auth = auth
         if start_offset < 0:
             raise ConnectorError(f"flight connector: start_offset must be >= 0, got {start_offset}")
         self.server = server
@@ -292,7 +346,7 @@ class FlightSource:
 
     def _connect(self) -> paflight.FlightClient:
         try:
-            return paflight.FlightClient(_location(self.server))
+            return _client(self.server, self.auth)
         except (pa.ArrowException, OSError) as exc:
             raise ConnectorError(f"{self.what}: cannot connect: {_message(exc)}") from exc
 
@@ -758,7 +812,15 @@ class FlightSink:
         ConnectorError: the server cannot be reached, or the stream has another schema.
     """
 
-    def __init__(self, server: str, stream: str, schema: pa.Schema, writer: str) -> None:
+    def __init__(
+        self,
+        server: str,
+        stream: str,
+        schema: pa.Schema,
+        writer: str,
+        *,
+        auth: FlightClientAuth | None = None,
+    ) -> None:
         self.server = server
         self.stream = stream
         self.schema = schema
@@ -767,7 +829,7 @@ class FlightSink:
         self.rows = 0
         self.last_offset = -1
         try:
-            self._client = paflight.FlightClient(_location(server))
+            self._client = _client(server, auth)
             descriptor = paflight.FlightDescriptor.for_path(stream, writer)
             writer_, reader = self._client.do_put(descriptor, schema)
         except (pa.ArrowException, OSError) as exc:
@@ -1013,8 +1075,10 @@ class FlightStreamTarget(_Retrying):
         *,
         retry_s: float = RETRY_BUDGET_S,
         on_retry: Callable[[str | None], None] | None = None,
+        auth: FlightClientAuth | None = None,
     ) -> None:
         self.server = server
+        self.auth = auth
         self.on_retry = on_retry
         self._name = stream
         self.schema = schema
@@ -1044,7 +1108,7 @@ class FlightStreamTarget(_Retrying):
 
     def _connect(self) -> paflight.FlightClient:
         if self._client is None:
-            self._client = paflight.FlightClient(_location(self.server))
+            self._client = _client(self.server, self.auth)
         return self._client
 
     def _drop(self) -> None:
@@ -1275,7 +1339,9 @@ class FlightStreamTarget(_Retrying):
 
         def ended() -> bool | None:
             # only once no earlier call of the writer is in progress: a marker that reached
-            # the server without its PutResult (a cut connection) may still be committed
+            # the server without its PutResult (a cut connection) may still be committed;
+            # our own open call (every batch acknowledged) is finished first
+            self.committed()
             self._quiesce()
             writers = self._metadata().get("writers")
             item = writers.get(self.writer) if isinstance(writers, dict) else None
@@ -1356,8 +1422,10 @@ class FlightTicketSource(_Retrying):
         schema: pa.Schema | None = None,
         start_rows: int = 0,
         retry_s: float = RETRY_BUDGET_S,
+        auth: FlightClientAuth | None = None,
     ) -> None:
         self.server = server
+        self.auth = auth
         self.ticket = ticket
         shown = ticket[:60].decode("utf-8", "replace")
         self.stream = f"ticket {shown!r}"
@@ -1447,7 +1515,7 @@ class FlightTicketSource(_Retrying):
     def _open(self) -> paflight.FlightStreamReader:
         if self._reader is None:
             if self._client is None:
-                self._client = paflight.FlightClient(_location(self.server))
+                self._client = _client(self.server, self.auth)
             self._reader = self._client.do_get(paflight.Ticket(self.ticket), options=self._options)
             self._skip = self.rows  # a new DoGet starts over: skip what was handed out
         return self._reader

@@ -658,7 +658,12 @@ class DurableRuntime(PipelineRuntime):
                     target: StoreTarget | FlightStreamTarget
                     if "server" in slot.definition.connector or self.store is None:
                         target = FlightStreamTarget(
-                            server, stream, slot.schema, writer, on_retry=self.connector_wait
+                            server,
+                            stream,
+                            slot.schema,
+                            writer,
+                            on_retry=self.connector_wait,
+                            auth=slot.flight_auth,
                         )
                     else:
                         target = StoreTarget(self.store, stream, slot.schema, writer)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -47,6 +48,7 @@ from flight_serve.connectors.falkordb import FALKORDB_OPTIONS, FalkorDBSink
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
 from flight_serve.connectors.flight import (
     DEFAULT_SERVER,
+    FlightClientAuth,
     FlightSink,
     FlightSource,
     FlightTicketSource,
@@ -90,6 +92,8 @@ from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
 
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
 
+#: Options of a ``flight`` connector with a ``server``: TLS trust and identity, bearer token.
+FLIGHT_AUTH_OPTIONS: tuple[str, ...] = ("tls_ca", "tls_cert", "tls_key", "token_env")
 #: Connectors of embedded runs and the options each takes, by role.
 CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
     "source": {
@@ -102,6 +106,7 @@ CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
             "stop_at_end",
             "ticket",
             "ticket_base64",
+            *FLIGHT_AUTH_OPTIONS,
         ),
         "iceberg": ICEBERG_SOURCE_OPTIONS,
     },
@@ -110,7 +115,7 @@ CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
         "file": ("connector", "path", "format"),
         "stdout": ("connector", "format"),
         "falkordb": FALKORDB_OPTIONS,
-        "flight": ("connector", "server", "stream", "writer"),
+        "flight": ("connector", "server", "stream", "writer", *FLIGHT_AUTH_OPTIONS),
         "iceberg": ICEBERG_SINK_OPTIONS,
     },
 }
@@ -281,8 +286,9 @@ class _Sink:
     fed_by: list[str] = field(default_factory=list)
     writer: FileSink | StdoutSink | FlightSink | IcebergRunSink | None = None
     rows: int = 0
-    #: flight sinks: (server, stream, writer)
+    #: flight sinks: (server, stream, writer), and how to authenticate there
     flight: tuple[str, str, str] | None = None
+    flight_auth: FlightClientAuth | None = None
     #: iceberg sinks: the checked options
     iceberg: IcebergSinkSpec | None = None
 
@@ -735,6 +741,45 @@ class PipelineRuntime:
         except ConnectorError as exc:
             raise sql_error(f"{what}: {exc}", relation.node.this) from exc
 
+    def flight_auth(self, options: dict[str, Option]) -> FlightClientAuth | None:
+        """The ``tls_ca``, ``tls_cert`` / ``tls_key`` (PEM files; relative paths start at the
+        pipeline's directory) and ``token_env`` (the name of an environment variable of the
+        process running the pipeline that holds a bearer token) options of a ``flight``
+        connector; ``None`` if none is given.
+
+        Raises:
+            PipelineSQLError: such an option without ``server``, ``tls_cert`` without
+                ``tls_key`` (or the reverse), a file that cannot be read, an unset variable.
+        """
+        given = [key for key in FLIGHT_AUTH_OPTIONS if key in options]
+        if not given:
+            return None
+        if "server" not in options:
+            raise options[given[0]].error(
+                f"{given[0]} is for another server: give its server = 'grpc+tls://host:port' too"
+            )
+        if ("tls_cert" in options) != ("tls_key" in options):
+            key = "tls_cert" if "tls_cert" in options else "tls_key"
+            raise options[key].error("tls_cert and tls_key go together (mutual TLS)")
+        pem: dict[str, str] = {}
+        for key in ("tls_ca", "tls_cert", "tls_key"):
+            if key in options:
+                path = Path(options[key].text).expanduser()
+                path = path if path.is_absolute() else self.plan.base_dir / path
+                try:
+                    pem[key] = path.read_text()
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise options[key].error(f"cannot read {path}: {exc}") from None
+        token = None
+        if "token_env" in options:
+            name = options["token_env"].text
+            token = os.environ.get(name)
+            if not token:
+                raise options["token_env"].error(
+                    f"the environment variable {name} (the bearer token) is not set or empty"
+                )
+        return FlightClientAuth(pem.get("tls_ca"), pem.get("tls_cert"), pem.get("tls_key"), token)
+
     def _ticket(self, relation: RelationDef) -> bytes | None:
         """The ``ticket`` (UTF-8 text) or ``ticket_base64`` option of a flight source."""
         options = relation.connector
@@ -758,7 +803,12 @@ class PipelineRuntime:
         server = options["server"].text if "server" in options else DEFAULT_SERVER
         try:
             source = FlightTicketSource(
-                server, ticket, name=relation.name, schema=relation.columns, start_rows=rows
+                server,
+                ticket,
+                name=relation.name,
+                schema=relation.columns,
+                start_rows=rows,
+                auth=self.flight_auth(options),
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
@@ -807,6 +857,7 @@ class PipelineRuntime:
                 schema=relation.columns,
                 start_offset=start_offset if resume_at is None else resume_at,
                 stop_at_end=stop_at_end,
+                auth=self.flight_auth(options),
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
@@ -845,7 +896,14 @@ class PipelineRuntime:
             server = options["server"].text if "server" in options else DEFAULT_SERVER
             stream = options["stream"].text if "stream" in options else sink.name
             writer = options["writer"].text if "writer" in options else sink.name
-            return _Sink(sink, connector, "arrow", None, flight=(server, stream, writer))
+            return _Sink(
+                sink,
+                connector,
+                "arrow",
+                None,
+                flight=(server, stream, writer),
+                flight_auth=self.flight_auth(options),
+            )
         if "path" in options:
             path = Path(options["path"].text).expanduser()
             path = path if path.is_absolute() else self.output_dir / path
@@ -1061,7 +1119,9 @@ class PipelineRuntime:
                         slot.definition.name, slot.graph, slot.schema, pipeline=stem
                     )
                 elif slot.flight is not None:
-                    slot.writer = FlightSink(*slot.flight[:2], slot.schema, slot.flight[2])
+                    slot.writer = FlightSink(
+                        *slot.flight[:2], slot.schema, slot.flight[2], auth=slot.flight_auth
+                    )
                 elif slot.iceberg is not None:
                     stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
                     writer = f"{stem}/{slot.definition.name}"
