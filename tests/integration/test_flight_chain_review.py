@@ -494,3 +494,55 @@ def test_a_receiving_server_killed_mid_commit_of_direct_io_batches_gets_each_onc
     assert sink.skipped == 2
     ids = [r["id"] for r in stream_rows(servers["b"].location, "relay")]
     assert ids == list(range(1, 560_001))
+
+
+def test_a_read_back_longer_than_one_call_timeout_goes_on_from_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the sink's run was down, another writer (``c``) wrote 60 batches to the same
+    stream of B; the restore reads everything after the commit mark back (every writer's
+    entries, keeping its own), and that takes longer than one call's timeout (here 0.5 s for
+    30 s: B is slow, 20 ms per entry). Each timed-out read goes on from the entry it stopped
+    at: it started over from the mark every time, never finished, and the restore failed once
+    its retry budget ran out (the run could never resume).
+
+    offsets:  0..2 ids 1..30 (from-a, committed) │ 3..62 writer c │ crash ─ restore: read 0..62
+    """
+    import flight_serve.connectors.flight as flight_connector
+    from flight_serve.flight.server import start_server
+
+    monkeypatch.setattr(flight_connector, "CALL_TIMEOUT_S", 0.5)
+    with start_server(tmp_path / "b", pipelines=False) as service:
+        store = service.store
+
+        def target() -> FlightStreamTarget:
+            return FlightStreamTarget(service.location, "relay", SCHEMA, "from-a", retry_s=8)
+
+        sink = EpochStreamSink("relay", target(), SCHEMA)
+        for batch in batches(1, 3):
+            sink.write(batch)
+        files: dict[str, bytes] = {}
+        entry = sink.prepare(1, files)
+        sink.commit(1)
+        sink.close()  # the crash: checkpoint 2 was never written
+        for batch in batches(1001, 60):
+            store.append("relay", batch, writer="c")
+        real_entries = store.entries
+
+        def slow_entries(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            for item in real_entries(*args, **kwargs):
+                time.sleep(0.02)
+                yield item
+
+        store.entries = slow_entries  # type: ignore[method-assign]
+        sink = EpochStreamSink(
+            "relay", target(), SCHEMA, mark=entry["mark"], incarnation=entry["incarnation"]
+        )
+        try:
+            sink.recover(read_ipc(files[entry["staged"]]))
+            assert sink.skipped == 3
+        finally:
+            sink.close()
+        store.entries = real_entries  # type: ignore[method-assign]
+        rows = stream_rows(service.location, "relay")
+        assert [r["id"] for r in rows] == list(range(1, 31)) + list(range(1001, 1601))

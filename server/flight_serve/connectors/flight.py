@@ -1228,19 +1228,35 @@ class FlightStreamTarget(_Retrying):
 
     def _read_back_to(self, start: int) -> tuple[list[tuple[int, pa.RecordBatch]], int]:
         """This writer's batches from ``start`` to the stream's end (once no earlier DoPut of
-        the writer is in progress), and that end."""
+        the writer is in progress), and that end.
+
+        Every writer's entries are read (the writer's are kept); a tail call that times out
+        (:data:`CALL_TIMEOUT_S`) after reading some goes on from the next entry, so a long
+        read-back finishes. A tail that ends before the end (the server is shutting down) is
+        retried (:class:`_Lost`): a partial read-back would take a landed batch for missing.
+        """
         self._quiesce()
         end = self.next_offset()
         found: list[tuple[int, pa.RecordBatch]] = []
-        if start >= end:
-            return found, end
-        for entry in _tail_entries(self._connect(), self._name, start, timeout_s=CALL_TIMEOUT_S):
-            if entry.offset >= end:
-                break
-            if entry.writer == self.writer and entry.batch is not None:
-                found.append((entry.offset, entry.batch))
-            if entry.offset + 1 >= end:
-                break
+        position = start
+        while position < end:
+            before = position
+            try:
+                for entry in _tail_entries(
+                    self._connect(), self._name, position, timeout_s=CALL_TIMEOUT_S
+                ):
+                    if entry.offset >= end:
+                        return found, end
+                    if entry.writer == self.writer and entry.batch is not None:
+                        found.append((entry.offset, entry.batch))
+                    position = entry.offset + 1
+                    if position >= end:
+                        return found, end
+            except paflight.FlightTimedOutError:
+                if position == before:
+                    raise  # no progress: the call is retried as a whole
+                continue
+            raise _Lost(f"the read-back ended at offset {position}, before the end {end}")
         return found, end
 
     def append(self, batch: pa.RecordBatch) -> int:
