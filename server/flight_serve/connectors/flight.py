@@ -1021,6 +1021,8 @@ class _SourceOpener(_Retrying):
         source = self.source
         with contextlib.suppress(pa.ArrowException, OSError):
             source._client.close()
+        if source._closing.is_set():  # closed meanwhile: no new connection to leak
+            raise _Closed
         source._client = source._connect()
 
     def _pause(self, seconds: float) -> None:
