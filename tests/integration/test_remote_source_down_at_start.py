@@ -564,3 +564,40 @@ def test_flight_serve_run_says_what_it_waits_for(tmp_path: Path) -> None:
     assert "sink out: 20 rows" in err
     ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
     assert ids == list(range(20))
+
+
+def test_a_source_without_columns_resumes_while_its_server_is_down(tmp_path: Path) -> None:
+    # no declared columns (the stream's schema is taken): run 1 (B up) reads ids 0..9 (1 entry)
+    # and stops; its checkpoint records the columns read. run 2 is made while B is down (no
+    # columns to plan with but the checkpoint's): it waits; B starts with ids 10..19 and the
+    # end: out = 0..19, each once
+    port = free_port()
+    data = tmp_path / "b"
+    sql = TAIL_PIPELINE.format(port=port, path=tmp_path / "out.parquet").replace(
+        "CREATE SOURCE src (id BIGINT, t TIMESTAMP(3), WATERMARK FOR t AS t)", "CREATE SOURCE src"
+    )
+    state = str(tmp_path / "state")
+    with start_server(data, port=port, pipelines=False) as b:
+        put(b.location, rows(0, 10))
+        first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
+        source = first.flight_sources["src"]
+        counted = source.counted  # type: ignore[attr-defined]
+
+        def stop_after_one(batch: pa.RecordBatch | None) -> None:
+            counted(batch)
+            first.request_stop()
+
+        source.counted = stop_after_one  # type: ignore[attr-defined]
+        with pytest.raises(PipelineStopped):
+            list(first.run())
+    second = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state)
+    assert second.flight_sources["src"].schema == SCHEMA
+    thread, errors = run_in_thread(second)
+    wait_until(lambda: second.connector_waiting is not None, "run 2 to wait for B")
+    with start_server(data, port=port, pipelines=False) as b:
+        put(b.location, rows(10, 10), end=True)
+        thread.join(30)
+    assert not thread.is_alive()
+    assert errors == []
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == list(range(20))

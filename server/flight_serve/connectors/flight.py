@@ -49,6 +49,7 @@ Errors: :class:`~flight_serve.errors.ConnectorError` naming the server and strea
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import queue
@@ -466,7 +467,9 @@ class FlightSource:
         return max(self._server_end - self._position, 0)
 
     def position_state(self) -> dict[str, object]:
-        """The offset as checkpoint JSON: the next entry not handed out, and the incarnation."""
+        """The offset as checkpoint JSON: the next entry not handed out, the incarnation, and
+        the columns read (``schema``: the Arrow IPC schema in base64; a resumed run whose
+        source declares no columns reads these, so it can wait for a server that is down)."""
         return {
             "kind": "flight",
             "server": self.server,
@@ -474,6 +477,7 @@ class FlightSource:
             "incarnation": self.incarnation,
             "offset": self._position,
             "rows": self.rows,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
         }
 
     def start(self) -> None:

@@ -38,13 +38,14 @@ what the embedded runtime raises.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -97,6 +98,14 @@ CRASH_ENV = "FLIGHT_SERVE_CRASH_AT"
 
 #: ``"latest"`` (resume the newest unfinished checkpoint, else start), ``"fresh"`` or an epoch.
 ResumeFrom = Literal["latest", "fresh"] | int
+
+
+def _schema_of(text: str) -> pa.Schema | None:
+    """A schema a checkpoint recorded (Arrow IPC, base64), or ``None`` if it does not read."""
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+    except (ValueError, pa.ArrowException):
+        return None
 
 
 class PipelineStopped(Exception):
@@ -500,6 +509,9 @@ class DurableRuntime(PipelineRuntime):
             ticket_source.counted = self.count_event
             return ticket_source
         start = int(state["offset"]) if "offset" in state else None
+        if relation.columns is None and isinstance(state.get("schema"), str):
+            # the columns the checkpointed run read: enough to wait for a server that is down
+            relation = replace(relation, columns=_schema_of(state["schema"]))
         source = super()._flight_source(relation, start_offset=start)
         assert isinstance(source, FlightSource)
         if source.waiting_to_open:
