@@ -601,3 +601,52 @@ def test_a_source_without_columns_resumes_while_its_server_is_down(tmp_path: Pat
     assert errors == []
     ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
     assert ids == list(range(20))
+
+
+def test_a_ticket_source_without_columns_resumes_while_its_server_is_down(tmp_path: Path) -> None:
+    # B: a plain Flight server, ticket 'events' = ids 0..99 in batches of 10; no columns
+    # declared. run 1 reads 3 batches and stops (rows 30, the columns recorded); B stops.
+    # run 2 is made while B is down: it waits; B starts again: out = 0..99, each once
+    port = free_port()
+    sql = f"""SET checkpoint_every = 1;
+CREATE SOURCE events WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}',
+    ticket = 'events');
+CREATE SINK out WITH (connector = 'file', path = '{tmp_path / "out.parquet"}');
+INSERT INTO out SELECT id FROM events;"""
+    state = str(tmp_path / "state")
+    b = _TicketServer(f"grpc://127.0.0.1:{port}")
+    try:
+        first = DurableRuntime(parse_pipeline(sql), name="t", state_root=state, resume="fresh")
+        source = first.flight_sources["events"]
+        seen = {"n": 0}
+        counted = source.counted  # type: ignore[attr-defined]
+
+        def stop_after_three(batch: pa.RecordBatch | None) -> None:
+            counted(batch)
+            seen["n"] += 1
+            if seen["n"] == 3:
+                first.request_stop()
+
+        source.counted = stop_after_three  # type: ignore[attr-defined]
+        real_poll = source.poll
+        # one batch per poll (the runtime passes only the timeout): a barrier after each batch
+        source.poll = lambda timeout_s, max_entries=64: real_poll(timeout_s, 1)  # type: ignore[method-assign]
+        with pytest.raises(PipelineStopped):
+            list(first.run())
+    finally:
+        b.shutdown()
+    manifest = first.checkpoints.latest()
+    assert manifest is not None
+    assert manifest.sources["events"]["rows"] == 30
+    second = DurableRuntime(parse_pipeline(sql), name="t", state_root=state)
+    thread, errors = run_in_thread(second)
+    wait_until(lambda: second.connector_waiting is not None, "run 2 to wait for B")
+    b = _TicketServer(f"grpc://127.0.0.1:{port}")
+    try:
+        thread.join(30)
+    finally:
+        b.shutdown()
+    assert not thread.is_alive()
+    assert errors == []
+    ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
+    assert ids == list(range(100))

@@ -1511,8 +1511,15 @@ class FlightTicketSource(_Retrying):
         """Nothing to start: reads happen in :meth:`poll`."""
 
     def position_state(self) -> dict[str, object]:
-        """The offset as checkpoint JSON: rows handed out, and whether the DoGet ended."""
-        return {"kind": "ticket", "server": self.server, "rows": self.rows, "done": self._done}
+        """The offset as checkpoint JSON: rows handed out, whether the DoGet ended, and the
+        columns read (``schema``, as :meth:`FlightSource.position_state`)."""
+        return {
+            "kind": "ticket",
+            "server": self.server,
+            "rows": self.rows,
+            "done": self._done,
+            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+        }
 
     def _check_columns(self, ticket_schema: pa.Schema) -> None:
         """Refuse a DoGet without a declared column (closing the source)."""

@@ -501,6 +501,9 @@ class DurableRuntime(PipelineRuntime):
     def _remote_source(self, relation: RelationDef, state: dict[str, Any]) -> LiveSource:
         """A source on another Flight server: a ticket's DoGet, or a stream's tail, resumed
         from the checkpoint's offset (rows of the ticket, or the stream offset)."""
+        if relation.columns is None and isinstance(state.get("schema"), str):
+            # the columns the checkpointed run read: enough to wait for a server that is down
+            relation = replace(relation, columns=_schema_of(state["schema"]))
         ticket = self._ticket(relation)
         if ticket is not None:
             ticket_source = self._ticket_source(relation, ticket, int(state.get("rows", 0)))
@@ -509,9 +512,6 @@ class DurableRuntime(PipelineRuntime):
             ticket_source.counted = self.count_event
             return ticket_source
         start = int(state["offset"]) if "offset" in state else None
-        if relation.columns is None and isinstance(state.get("schema"), str):
-            # the columns the checkpointed run read: enough to wait for a server that is down
-            relation = replace(relation, columns=_schema_of(state["schema"]))
         source = super()._flight_source(relation, start_offset=start)
         assert isinstance(source, FlightSource)
         if source.waiting_to_open:
