@@ -306,6 +306,7 @@ class FlightSource:
         self.on_retry: Callable[[str | None], None] | None = None
         self._told = False  # on_retry was told of a wait and not yet that it is over
         self._tail_open = False  # the current tail call's DoGet was opened
+        self._opening = False  # the reading thread waits for the server (open_late)
         #: when the first call failed because the server was unreachable, and how
         self._unreachable: tuple[float, BaseException] | None = None
         #: called, on the reading thread, with the source once a source that waited for its
@@ -594,7 +595,9 @@ class FlightSource:
             with contextlib.suppress(pa.ArrowException):
                 reader.cancel()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        # a thread waiting for the server may be in a call that takes CALL_TIMEOUT_S (a server
+        # that does not answer): not waited for, it stops on its own when the call ends
+        if thread is not None and thread is not threading.current_thread() and not self._opening:
             thread.join(timeout=5)
         with contextlib.suppress(pa.ArrowException, OSError):
             self._client.close()
@@ -709,9 +712,13 @@ class FlightSource:
             _Closed: the source was closed meanwhile.
         """
         budget = self.reconnect_s if self.reconnect_s is not None else OPEN_RETRY_S
-        info = _SourceOpener(self, budget)._retry(
-            "reading the stream's FlightInfo", self._fetch_info, failed=self._unreachable
-        )
+        self._opening = True
+        try:
+            info = _SourceOpener(self, budget)._retry(
+                "reading the stream's FlightInfo", self._fetch_info, failed=self._unreachable
+            )
+        finally:
+            self._opening = False
         self._tell(None)  # through (also when the stream does not exist yet)
         start = self.start_offset
         self._from_info(info, start)
