@@ -119,6 +119,13 @@ def test_a_submitted_pipeline_waits_for_its_source_server_and_reads_every_row_on
             assert out_ids(client) == list(range(100))  # every row once, in order
             now = status(client, pid)
             assert (now["state"], now["waiting"], now["last_error"]) == ("running", None, None)
+        # pipeline.logs: the wait began once and ended once
+        lines = act(client, "pipeline.logs", {"id": pid})["lines"]
+        waits = [(m["level"], m["message"]) for m in lines if m["message"] != "submitted"]
+        assert len(waits) == 2
+        assert waits[0][0] == "warning"
+        assert waits[0][1].startswith("waiting: " + waiting_prefix(port))
+        assert waits[1] == ("info", "going on")
 
 
 def test_a_pipeline_resumed_while_its_source_server_is_down_waits_and_goes_on(

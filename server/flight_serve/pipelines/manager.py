@@ -102,6 +102,9 @@ class _Run:
                         manager.resumed(pid, runtime)
                     for gap in runtime.gaps:
                         registry.log(pid, "warning", f"gap: {gap}")
+                runtime.on_wait = lambda why: registry.log(  # a connector's server is down
+                    pid, "warning" if why else "info", f"waiting: {why}" if why else "going on"
+                )
                 if self.stopping.is_set() or self.cancelled.is_set():
                     runtime.request_stop()
                 for _ in runtime.run():
