@@ -9,6 +9,7 @@ stream ``events`` (ids 0..19, writer w, ended) and write its stream ``copy``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,3 +146,27 @@ def test_auth_options_are_checked(b: str, pki: Path, monkeypatch: pytest.MonkeyP
             PipelineRuntime(parse_pipeline(text))
         assert expected in str(caught.value), (expected, str(caught.value))
 
+
+
+def test_a_tls_handshake_failure_is_not_retried_by_a_sink_or_a_ticket_source(b: str) -> None:
+    # B speaks mutual TLS; a client without a certificate fails the handshake (gRPC says
+    # UNAVAILABLE): the sink and the ticket source fail at once, not after the 60 s budget
+    from flight_serve.connectors.flight import FlightStreamTarget, FlightTicketSource
+    from flight_serve.errors import ConnectorError
+
+    started = time.monotonic()
+    with pytest.raises(ConnectorError) as sink_error:
+        FlightStreamTarget(b, "copy", SCHEMA, "p")  # no CA: B's certificate is not trusted
+    with pytest.raises(ConnectorError) as ticket_error:
+        FlightTicketSource(b, b"events", name="s", schema=SCHEMA)
+    assert time.monotonic() - started < 5.0
+    assert str(sink_error.value).startswith(
+        f"flight sink (server {b}, stream 'copy', writer 'p'): listing the server's actions "
+        "failed: "
+    )
+    assert str(ticket_error.value).startswith(
+        f"source s (server {b}, ticket 'events'): opening the DoGet failed: "
+    )
+    for error in (sink_error, ticket_error):
+        assert "Ssl handshake failed" in str(error.value)
+        assert "certificate verify failed" in str(error.value)
