@@ -27,6 +27,8 @@ pytestmark = pytest.mark.integration
 
 SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
 TOKEN = "tok-b-0123456789"
+SOURCE_TOKEN = "tok-source-0123"
+SINK_TOKEN = "tok-sink-0123"
 
 
 def rows(first: int, count: int) -> pa.RecordBatch:
@@ -49,7 +51,10 @@ BEARER = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN}".
 @pytest.fixture
 def b(pki: Path, tmp_path: Path) -> Iterator[str]:
     tokens = tmp_path / "tokens.txt"
-    tokens.write_text(f"{TOKEN} read,write,admin b-test\n")
+    # the roles the docs say each needs: a source read, a sink read and write
+    tokens.write_text(
+        f"{TOKEN} read,write,admin b-test\n{SOURCE_TOKEN} read src\n{SINK_TOKEN} read,write sink\n"
+    )
     tls = TlsFiles(pki / "server.pem", pki / "server.key", client_ca=pki / "ca.pem")
     with start_server(
         tmp_path / "b", tls=tls, tokens=load_tokens_file(tokens), pipelines=False
@@ -82,11 +87,12 @@ def sql(location: str, pki: Path, checkpoint: str = "", **extra: str) -> str:
         **extra,
     }
     options = ", ".join(f"{k} = '{v}'" for k, v in auth.items() if v)
+    sink_options = options.replace("token_env = 'B_TOKEN'", "token_env = 'B_SINK_TOKEN'")
     return f"""{checkpoint}
 CREATE SOURCE events (id BIGINT, t TIMESTAMP(3))
 WITH (connector = 'flight', server = '{location}', stream = 'events', {options});
 CREATE SINK copy WITH (connector = 'flight', server = '{location}', stream = 'copy',
-    writer = 'p', {options});
+    writer = 'p', {sink_options});
 INSERT INTO copy SELECT id, t FROM events;"""
 
 
@@ -94,7 +100,8 @@ def test_a_checkpointed_run_reads_and_writes_a_server_with_mtls_and_a_token(
     b: str, pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # source: B's events (tail, until w's end); sink: B's copy, exactly-once target
-    monkeypatch.setenv("B_TOKEN", TOKEN)
+    monkeypatch.setenv("B_TOKEN", SOURCE_TOKEN)
+    monkeypatch.setenv("B_SINK_TOKEN", SINK_TOKEN)
     text = sql(b, pki, "SET checkpoint_interval = '200ms';")
     runtime = DurableRuntime(
         parse_pipeline(text), name="auth", state_root=str(tmp_path / "state"), resume="fresh"
@@ -106,7 +113,8 @@ def test_a_checkpointed_run_reads_and_writes_a_server_with_mtls_and_a_token(
 def test_a_run_without_checkpoints_reads_and_writes_a_server_with_mtls_and_a_token(
     b: str, pki: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("B_TOKEN", TOKEN)
+    monkeypatch.setenv("B_TOKEN", SOURCE_TOKEN)
+    monkeypatch.setenv("B_SINK_TOKEN", SINK_TOKEN)
     runtime = PipelineRuntime(parse_pipeline(sql(b, pki)))
     list(runtime.run())
     assert copy_ids(b, pki) == list(range(20))
