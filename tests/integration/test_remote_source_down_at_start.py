@@ -421,6 +421,19 @@ INSERT INTO out SELECT id, t FROM events;"""
         "  the server is unreachable now: the run waits for it (the stream's writers are read "
         "then)",
     ]
+    ticket = PipelineRuntime(
+        parse_pipeline(sql.replace("stream = 'events'", "ticket = 'events'")), load_tables=False
+    )
+    try:
+        lines = ticket.explain().splitlines()
+    finally:
+        for source in ticket.flight_sources.values():
+            source.close()
+    at = lines.index("SOURCE events  (line 1)")
+    assert lines[at + 2 : at + 4] == [
+        "  partitions: one, ended when the DoGet ends",
+        "  the server is unreachable now: the run waits for it",
+    ]
 
 
 def test_a_source_that_waited_reads_the_streams_history_as_if_its_server_had_been_up(

@@ -1286,6 +1286,8 @@ class PipelineRuntime:
                     "offset = rows handed out (a cut DoGet is opened again and they are skipped)"
                 )
                 out.append("  partitions: one, ended when the DoGet ends")
+                if live.waiting_to_open:
+                    out.append("  the server is unreachable now: the run waits for it")
             else:
                 out.append(
                     f"  connector flight, server {live.server}, stream {live.stream}, from offset "
