@@ -546,3 +546,66 @@ def test_a_read_back_longer_than_one_call_timeout_goes_on_from_where_it_stopped(
         store.entries = real_entries  # type: ignore[method-assign]
         rows = stream_rows(service.location, "relay")
         assert [r["id"] for r in rows] == list(range(1, 31)) + list(range(1001, 1601))
+
+
+def test_a_fresh_sink_whose_writer_has_a_call_still_drained_sends_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    """A run (``--fresh``, or a pipeline submitted again) starts while B still writes the
+    batches of the previous run's call of the same writer (the network to it was cut; B is
+    slow, 0.2 s per batch). Its first commit loses the 1st PutResult (injected after the real
+    read) and reads back which batches landed: it must look after the old call's batches,
+    not from the stream end it saw when it started (it met the old call's ids 1..10 first,
+    took its own batch for missing and sent ids 101..110 again).
+
+    timeline:  old call: ids 1..50 sent, cut ─ fresh target (B has written 1 batch) ─ B writes
+               those it received (a prefix) ─ ids 101..130: 1st PutResult lost ─ read back ─
+               nothing resent
+    """
+    from flight_serve.flight.server import start_server
+
+    with start_server(tmp_path / "b", pipelines=False) as service:
+        store = service.store
+        real_write = store.write
+
+        def slow_write(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.2)
+            return real_write(*args, **kwargs)
+
+        store.write = slow_write  # type: ignore[method-assign]
+        proxy = CuttableProxy(("127.0.0.1", service.port))
+        old = FlightStreamTarget(proxy.location, "relay", SCHEMA, "from-a")
+        writer = old._open()[0]
+        for batch in batches(1, 5):
+            writer.write_batch(batch)
+        deadline = time.monotonic() + 10
+        while store.info("relay").next_offset < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proxy.cut()  # the old run is gone; B goes on writing what it received
+        visible_at_cut = store.info("relay").next_offset
+        old._drop()
+
+        fresh = FlightStreamTarget(service.location, "relay", SCHEMA, "from-a")
+        lose_first = {"done": False}
+        real_ack = fresh._acknowledged
+
+        def lose() -> int:
+            offset = int(real_ack())
+            if not lose_first["done"]:
+                lose_first["done"] = True
+                raise flight.FlightUnavailableError("PutResult lost (injected)")
+            return offset
+
+        fresh._acknowledged = lose  # type: ignore[method-assign]
+        try:
+            offsets = fresh.append_many(batches(101, 3))
+            fresh.committed()
+        finally:
+            fresh.close()
+            proxy.close()
+        store.write = real_write  # type: ignore[method-assign]
+        ids = [r["id"] for r in stream_rows(service.location, "relay")]
+        landed = sum(1 for i in ids if i < 100) // 10  # the old call's batches B wrote
+        assert visible_at_cut < landed  # B was still writing them when the fresh run began
+        assert offsets == [landed, landed + 1, landed + 2]
+        assert ids == list(range(1, 10 * landed + 1)) + list(range(101, 131))

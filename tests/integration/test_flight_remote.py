@@ -534,7 +534,6 @@ def test_a_read_back_waits_for_an_earlier_doput_of_the_writer(server: str) -> No
         body = json.dumps({"stream": "out", "writer": "sink-1", "timeout_s": 0.2}).encode()
         (result,) = client.do_action(flight.Action("stream.writer_wait", body))
         assert json.loads(result.body.to_pybytes()) == {"active": 1}
-        target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=20)
 
         def finish_later() -> None:
             time.sleep(0.5)
@@ -545,6 +544,8 @@ def test_a_read_back_waits_for_an_earlier_doput_of_the_writer(server: str) -> No
         late = threading.Thread(target=finish_later)
         late.start()
         started = time.monotonic()
+        # the sink waits from the start (its first stream end is read after the old call)
+        target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=20)
         found = [(offset, b.column("id").to_pylist()) for offset, b in target.entries(0)]
         late.join()
         assert time.monotonic() - started >= 0.4
@@ -571,7 +572,6 @@ def test_a_resumed_sink_whose_earlier_call_was_still_draining_resends_nothing_th
         writer, reader = client.do_put(flight.FlightDescriptor.for_path("out", "sink-1"), SCHEMA)
         writer.write_batch(batch(0, 5))
         reader.read()
-        target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=20)
 
         def finish_later() -> None:
             time.sleep(0.5)
@@ -582,6 +582,8 @@ def test_a_resumed_sink_whose_earlier_call_was_still_draining_resends_nothing_th
         late = threading.Thread(target=finish_later)
         late.start()
         try:
+            # the sink connects while the old call is in progress (it waits for it)
+            target = FlightStreamTarget(server, "out", SCHEMA, "sink-1", retry_s=20)
             found = [(offset, b.column("id").to_pylist()) for offset, b in target.entries(0)]
         finally:
             late.join()

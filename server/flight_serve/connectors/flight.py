@@ -1109,8 +1109,10 @@ class FlightStreamTarget(_Retrying):
             # creates the stream; a refusal (other columns, a bad writer name, permissions)
             # fails the sink now, not at its first commit after a checkpoint was written
             self._retry("opening the DoPut", self._open_and_finish)
-        #: entries before this offset are accounted for (an append's retry looks from here)
-        self._after = self.next_offset()
+        #: entries before this offset are accounted for (an append's retry looks from here);
+        #: read once no earlier call of the writer is in progress (a dead run's call that the
+        #: server still writes out would land after it, and a retry would meet it first)
+        self._after = self._retry("waiting for the writer's earlier calls", self._settled_end)
 
     @property
     def name(self) -> str:
@@ -1183,6 +1185,11 @@ class FlightStreamTarget(_Retrying):
             writer, reader = self._connect().do_put(descriptor, self.schema, options=self._options)
             self._put = writer, cast(paflight.FlightMetadataReader, reader)
         return self._put
+
+    def _settled_end(self) -> int:
+        """The stream's next offset once no DoPut of the writer is in progress."""
+        self._quiesce()
+        return self.next_offset()
 
     def _open_and_finish(self) -> None:
         """Open a DoPut and finish it at once (no call of ours stays open while we read
