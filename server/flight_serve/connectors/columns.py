@@ -94,9 +94,10 @@ def _same_values(x: pa.Array[Any], y: pa.Array[Any]) -> bool:
 def same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
     """Whether ``a`` and ``b`` hold the same rows: as many rows, the same column names in any
     order, and each column's values equal by name (a dictionary-encoded column compared by its
-    values; a NaN equal to a NaN, which Arrow's own comparison denies). A stream stores a batch in the stream's column order with dictionaries decoded
-    (``store.streams``), so a batch read back from a stream is compared with the batch that
-    was sent this way; a batch with duplicate column names only matches in the same order.
+    values; a NaN equal to a NaN, which Arrow's own comparison denies). A stream stores a
+    batch in the stream's column order with dictionaries decoded (``store.streams``), so a
+    batch read back from a stream is compared with the batch that was sent this way; a batch
+    with duplicate column names only matches in the same order.
     """
     names = a.schema.names
     if a.num_rows != b.num_rows or sorted(names) != sorted(b.schema.names):
