@@ -658,6 +658,12 @@ class PendingAppend:
     _epoch: int = dataclass_field(default=0, repr=False, compare=False)
 
 
+def _discarded(stream: _Stream, pending: PendingAppend) -> bool:
+    """Whether a failed write discarded ``pending`` (cond held): it was reserved in an earlier
+    epoch at or after the offset where that epoch ended."""
+    return pending._epoch != stream.epoch and pending.offset >= stream.epoch_ends[pending._epoch]
+
+
 def _schema_message_bytes(schema: pa.Schema) -> int:
     """Length of the schema message an IPC stream writer puts before the first batch."""
     sink = pa.BufferOutputStream()
@@ -1046,13 +1052,7 @@ class StreamStore:
                 return None
             if stream.failed is not None:
                 raise StorageError(stream.failed)
-            if after is not None and (
-                after._handle is not stream
-                or (
-                    after._epoch != stream.epoch
-                    and after.offset >= stream.epoch_ends[after._epoch]
-                )
-            ):
+            if after is not None and (after._handle is not stream or _discarded(stream, after)):
                 raise StorageError(
                     f"stream {stream.name!r}: the batch at offset {after.offset} before this one "
                     "was discarded (a failed write, or the stream was dropped); nothing after "
@@ -1249,7 +1249,7 @@ class StreamStore:
     @staticmethod
     def _committed(stream: _Stream, pending: PendingAppend) -> bool:
         """Whether ``pending`` is durable and visible (cond held); raise if it never will be."""
-        if pending._epoch != stream.epoch and pending.offset >= stream.epoch_ends[pending._epoch]:
+        if _discarded(stream, pending):
             raise StorageError(
                 f"batch {pending.offset} of stream {stream.name!r} was discarded: "
                 "a write to the stream failed before it was durable"
