@@ -206,6 +206,12 @@ def _client(server: str, auth: FlightClientAuth | None) -> paflight.FlightClient
     )
 
 
+def _schema_text(schema: pa.Schema) -> str:
+    """``schema`` as checkpoint JSON text: its Arrow IPC schema message in base64 (read back by
+    a resumed run that declares no columns)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
 def _message(exc: BaseException) -> str:
     text = str(exc).strip()
     # pyarrow appends gRPC details after the message: keep the first line, without the
@@ -478,7 +484,7 @@ class FlightSource:
             "incarnation": self.incarnation,
             "offset": self._position,
             "rows": self.rows,
-            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "schema": _schema_text(self.schema),
         }
 
     def start(self) -> None:
@@ -1532,7 +1538,7 @@ class FlightTicketSource(_Retrying):
             "server": self.server,
             "rows": self.rows,
             "done": self._done,
-            "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode(),
+            "schema": _schema_text(self.schema),
         }
 
     def _check_columns(self, ticket_schema: pa.Schema) -> None:
