@@ -6,6 +6,9 @@ is set (``.ci/run`` starts one server and exports it), the tests use that server
 start none. Each test writes its own graph (a unique name), so tests never see each other's
 nodes.
 
+``stop_after``: ``stop_after(runtime, source, n)`` asks a run to stop once its source has handed
+out ``n`` batches (a resumable cut in the middle of a stream).
+
 ``pki``: a throw-away certificate authority and a server and a client certificate signed by it
 (``ca.pem``, ``server.pem``/``server.key``, ``client.pem``/``client.key``, valid for 127.0.0.1
 and localhost), made once per module with the openssl command line.
@@ -16,8 +19,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
@@ -32,6 +36,28 @@ def falkordb_url() -> Iterator[str]:
         return
     with start_falkordb() as server:
         yield server.url
+
+
+@pytest.fixture
+def stop_after() -> Callable[[Any, Any, int], None]:
+    """``stop_after(runtime, source, n)``: ``runtime.request_stop()`` once ``source`` (a live
+    source of the run) has handed out its ``n``-th batch (its ``counted`` hook, which still
+    counts)."""
+
+    def arm(runtime: Any, source: Any, n: int) -> None:
+        counted = source.counted
+        seen = 0
+
+        def count(batch: Any) -> None:
+            nonlocal seen
+            counted(batch)
+            seen += 1
+            if seen == n:
+                runtime.request_stop()
+
+        source.counted = count
+
+    return arm
 
 
 def openssl(*args: str, cwd: Path) -> None:

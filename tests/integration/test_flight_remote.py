@@ -337,7 +337,7 @@ def test_a_ticket_source_reads_a_plain_servers_doget_and_survives_a_cut(
 
 
 def test_a_ticket_source_takes_a_flight_serve_ticket_in_base64_and_resumes_from_its_rows(
-    server: str, tmp_path: Path
+    server: str, tmp_path: Path, stop_after: Any
 ) -> None:
     """A flight-serve stream-range ticket (GetFlightInfo's endpoint), given as ticket_base64, in
     a checkpointed run that checkpoints after every batch and is stopped after the third: the
@@ -363,16 +363,7 @@ def test_a_ticket_source_takes_a_flight_serve_ticket_in_base64_and_resumes_from_
     source = first.flight_sources["events"]
     assert isinstance(source, FlightTicketSource)
     assert "one DoGet, bounded; offset = rows handed out" in first.explain()
-    stop_after = {"n": 0}
-    counted = source.counted
-
-    def count_then_stop(b: pa.RecordBatch | None) -> None:
-        counted(b)
-        stop_after["n"] += 1
-        if stop_after["n"] == 3:
-            first.request_stop()
-
-    source.counted = count_then_stop
+    stop_after(first, source, 3)
     real_poll = source.poll
     # one batch per poll (the runtime passes only the timeout), so a barrier follows each batch
     source.poll = lambda timeout_s, max_entries=64: real_poll(timeout_s, 1)  # type: ignore[method-assign]
@@ -479,7 +470,7 @@ def put(location: str, stream: str, *items: pa.RecordBatch, end: bool = False) -
 
 
 def test_a_remote_tail_resumes_from_its_offset_and_a_recreated_stream_is_refused_or_reset(
-    server: str, tmp_path: Path
+    server: str, tmp_path: Path, stop_after: Any
 ) -> None:
     """A checkpointed run tails stream ``src`` of another server (ids 0..29, 3 entries) and is
     stopped after 3 batches (its checkpoint holds offset 3 and the stream's incarnation). The
@@ -491,16 +482,7 @@ def test_a_remote_tail_resumes_from_its_offset_and_a_recreated_stream_is_refused
     state = str(tmp_path / "state")
     first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
     source = first.flight_sources["src"]
-    seen = {"n": 0}
-    counted = source.counted
-
-    def stop_after_three(b: pa.RecordBatch | None) -> None:
-        counted(b)
-        seen["n"] += 1
-        if seen["n"] == 3:
-            first.request_stop()
-
-    source.counted = stop_after_three
+    stop_after(first, source, 3)
     with pytest.raises(PipelineStopped):
         list(first.run())
     manifest = first.checkpoints.latest()

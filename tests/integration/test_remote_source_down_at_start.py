@@ -258,7 +258,9 @@ def run_in_thread(runtime: Any) -> tuple[threading.Thread, list[BaseException]]:
     return thread, errors
 
 
-def test_a_resume_checked_once_the_source_server_is_back(tmp_path: Path) -> None:
+def test_a_resume_checked_once_the_source_server_is_back(
+    tmp_path: Path, stop_after: Any
+) -> None:
     """The restore checks of a remote tail (the stream's incarnation, the offset kept) run once
     the source reaches its server when it was down at the resume.
 
@@ -275,16 +277,7 @@ def test_a_resume_checked_once_the_source_server_is_back(tmp_path: Path) -> None
         put(b.location, rows(0, 10), rows(10, 10), rows(20, 10))
         first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
         source = first.flight_sources["src"]
-        seen = {"n": 0}
-        counted = source.counted  # type: ignore[attr-defined]
-
-        def stop_after_three(batch: pa.RecordBatch | None) -> None:
-            counted(batch)
-            seen["n"] += 1
-            if seen["n"] == 3:
-                first.request_stop()
-
-        source.counted = stop_after_three  # type: ignore[attr-defined]
+        stop_after(first, source, 3)
         with pytest.raises(PipelineStopped):
             list(first.run())
         with flight.connect(b.location) as client:
@@ -332,6 +325,7 @@ def test_a_resume_checked_once_the_source_server_is_back(tmp_path: Path) -> None
 
 def test_a_checkpoint_taken_while_the_source_waits_keeps_the_streams_incarnation(
     tmp_path: Path,
+    stop_after: Any,
 ) -> None:
     # run 1 (B up): ids 0..9, stopped: its checkpoint holds offset 1 and src's incarnation X
     # run 2 (B down): resumed, waits; stopped while waiting: its checkpoint holds offset 1 and
@@ -343,13 +337,7 @@ def test_a_checkpoint_taken_while_the_source_waits_keeps_the_streams_incarnation
         put(b.location, rows(0, 10))
         first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
         source = first.flight_sources["src"]
-        counted = source.counted  # type: ignore[attr-defined]
-
-        def stop_after_one(batch: pa.RecordBatch | None) -> None:
-            counted(batch)
-            first.request_stop()
-
-        source.counted = stop_after_one  # type: ignore[attr-defined]
+        stop_after(first, source, 1)
         with pytest.raises(PipelineStopped):
             list(first.run())
     before = first.checkpoints.latest()
@@ -588,7 +576,9 @@ def test_flight_serve_run_says_what_it_waits_for(tmp_path: Path) -> None:
     assert ids == list(range(20))
 
 
-def test_a_source_without_columns_resumes_while_its_server_is_down(tmp_path: Path) -> None:
+def test_a_source_without_columns_resumes_while_its_server_is_down(
+    tmp_path: Path, stop_after: Any
+) -> None:
     # no declared columns (the stream's schema is taken): run 1 (B up) reads ids 0..9 (1 entry)
     # and stops; its checkpoint records the columns read. run 2 is made while B is down (no
     # columns to plan with but the checkpoint's): it waits; B starts with ids 10..19 and the
@@ -603,13 +593,7 @@ def test_a_source_without_columns_resumes_while_its_server_is_down(tmp_path: Pat
         put(b.location, rows(0, 10))
         first = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state, resume="fresh")
         source = first.flight_sources["src"]
-        counted = source.counted  # type: ignore[attr-defined]
-
-        def stop_after_one(batch: pa.RecordBatch | None) -> None:
-            counted(batch)
-            first.request_stop()
-
-        source.counted = stop_after_one  # type: ignore[attr-defined]
+        stop_after(first, source, 1)
         with pytest.raises(PipelineStopped):
             list(first.run())
     second = DurableRuntime(parse_pipeline(sql), name="tail", state_root=state)
@@ -625,7 +609,9 @@ def test_a_source_without_columns_resumes_while_its_server_is_down(tmp_path: Pat
     assert ids == list(range(20))
 
 
-def test_a_ticket_source_without_columns_resumes_while_its_server_is_down(tmp_path: Path) -> None:
+def test_a_ticket_source_without_columns_resumes_while_its_server_is_down(
+    tmp_path: Path, stop_after: Any
+) -> None:
     # B: a plain Flight server, ticket 'events' = ids 0..99 in batches of 10; no columns
     # declared. run 1 reads 3 batches and stops (rows 30, the columns recorded); B stops.
     # run 2 is made while B is down: it waits; B starts again: out = 0..99, each once
@@ -640,16 +626,7 @@ INSERT INTO out SELECT id FROM events;"""
     try:
         first = DurableRuntime(parse_pipeline(sql), name="t", state_root=state, resume="fresh")
         source = first.flight_sources["events"]
-        seen = {"n": 0}
-        counted = source.counted  # type: ignore[attr-defined]
-
-        def stop_after_three(batch: pa.RecordBatch | None) -> None:
-            counted(batch)
-            seen["n"] += 1
-            if seen["n"] == 3:
-                first.request_stop()
-
-        source.counted = stop_after_three  # type: ignore[attr-defined]
+        stop_after(first, source, 3)
         real_poll = source.poll
         # one batch per poll (the runtime passes only the timeout): a barrier after each batch
         source.poll = lambda timeout_s, max_entries=64: real_poll(timeout_s, 1)  # type: ignore[method-assign]
