@@ -53,6 +53,20 @@ def servers() -> Iterator[dict[str, Any]]:
             server.close()
 
 
+def commit_then_crash(
+    sink: EpochStreamSink, items: list[pa.RecordBatch], epoch: int = 1
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Write ``items``, checkpoint them as epoch ``epoch`` and commit it, then drop the sink as a
+    crash before the next checkpoint would: the checkpoint's sink entry and staged files."""
+    for batch in items:
+        sink.write(batch)
+    files: dict[str, bytes] = {}
+    entry = sink.prepare(epoch, files)
+    sink.commit(epoch)
+    sink.close()  # the crash: the next checkpoint was never written
+    return entry, files
+
+
 def restored(
     location: str, entry: dict[str, Any], files: dict[str, bytes], writer: str = "from-a"
 ) -> EpochStreamSink:
@@ -94,12 +108,7 @@ def test_a_restored_sink_skips_its_batches_in_a_stream_whose_columns_are_in_anot
     sink = EpochStreamSink(
         "relay", FlightStreamTarget(b.location, "relay", SCHEMA, "from-a"), SCHEMA
     )
-    for batch in batches(1, 3):
-        sink.write(batch)
-    files: dict[str, bytes] = {}
-    entry = sink.prepare(1, files)
-    sink.commit(1)
-    sink.close()  # the crash: checkpoint 2 was never written
+    entry, files = commit_then_crash(sink, batches(1, 3))
 
     sink = restored(b.location, entry, files)
     try:
@@ -150,12 +159,7 @@ def test_a_restored_sink_into_a_local_stream_with_reordered_columns_skips_its_ba
     with StreamStore(tmp_path / "data") as store:
         store.create("relay", reordered)
         sink = EpochStreamSink("relay", StoreTarget(store, "relay", schema, "p"), schema)
-        for batch in encoded(batches(1, 3)):
-            sink.write(batch)
-        files: dict[str, bytes] = {}
-        entry = sink.prepare(1, files)
-        sink.commit(1)
-        sink.close()  # the crash: checkpoint 2 was never written
+        entry, files = commit_then_crash(sink, encoded(batches(1, 3)))
 
         sink = EpochStreamSink(
             "relay",
@@ -269,12 +273,7 @@ def test_a_restored_sink_skips_its_batches_that_hold_nan(
         return FlightStreamTarget(b.location, "floats", FLOATS, "from-a")
 
     sink = EpochStreamSink("floats", target(), FLOATS)
-    for batch in nan_batches(1, 3):
-        sink.write(batch)
-    files: dict[str, bytes] = {}
-    entry = sink.prepare(1, files)
-    sink.commit(1)
-    sink.close()  # the crash: checkpoint 2 was never written
+    entry, files = commit_then_crash(sink, nan_batches(1, 3))
 
     sink = EpochStreamSink(
         "floats", target(), FLOATS, mark=entry["mark"], incarnation=entry["incarnation"]
@@ -481,12 +480,7 @@ def test_a_receiving_server_killed_mid_commit_of_direct_io_batches_gets_each_onc
         sink.write(batch)
     sink.prepare(1, {})
     sink.commit(1)
-    for batch in batches(480_001, 2, rows=40_000):
-        sink.write(batch)
-    files: dict[str, bytes] = {}
-    entry = sink.prepare(2, files)
-    sink.commit(2)
-    sink.close()  # the crash: checkpoint 3 was never written
+    entry, files = commit_then_crash(sink, batches(480_001, 2, rows=40_000), 2)
     assert acks["n"] == 14
 
     sink = restored(servers["b"].location, entry, files)
@@ -519,12 +513,7 @@ def test_a_read_back_longer_than_one_call_timeout_goes_on_from_where_it_stopped(
             return FlightStreamTarget(service.location, "relay", SCHEMA, "from-a", retry_s=8)
 
         sink = EpochStreamSink("relay", target(), SCHEMA)
-        for batch in batches(1, 3):
-            sink.write(batch)
-        files: dict[str, bytes] = {}
-        entry = sink.prepare(1, files)
-        sink.commit(1)
-        sink.close()  # the crash: checkpoint 2 was never written
+        entry, files = commit_then_crash(sink, batches(1, 3))
         for batch in batches(1001, 60):
             store.append("relay", batch, writer="c")
         real_entries = store.entries
