@@ -738,8 +738,11 @@ class WindowOperator:
                     hit, _, _ = self._overlaps(batch, rows, starts, ends, ~alive, self._state)
                     alive[hit] = True
                 n = batch.num_rows
+                # a row already sent out above (it hits an emitted session) has no pair left:
+                # only rows with pairs here and none of them alive are late now
+                pairs = np.bincount(rows, minlength=n)
                 live_count = np.bincount(rows[alive], minlength=n)
-                late_rows = np.flatnonzero(live_count == 0)
+                late_rows = np.flatnonzero((live_count == 0) & (pairs > 0))
                 if len(late_rows):
                     # the first assignment of each row is its latest window (see assign_ns)
                     first = np.searchsorted(rows, late_rows)
