@@ -69,6 +69,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_serve.connectors.columns import floor_timestamps
 from flight_serve.errors import ConnectorError
 
 __all__ = [
@@ -314,9 +315,10 @@ def _float_literals(arr: _Arr, column: str, non_finite: str) -> _Arr:
 
 def _timestamp_literals(arr: _Arr, timestamps: str) -> _Arr:
     tz = "UTC" if arr.type.tz is not None else None  # naive timestamps are taken as UTC
+    arr = arr.cast(pa.timestamp(arr.type.unit, tz))
     if timestamps == "epoch_ms":
-        return arr.cast(pa.timestamp("ms", tz), safe=False).cast(pa.int64()).cast(pa.string())
-    us = arr.cast(pa.timestamp("us", tz), safe=False)  # nanoseconds are truncated
+        return floor_timestamps(arr, "ms").cast(pa.int64()).cast(pa.string())
+    us = floor_timestamps(arr, "us")  # nanoseconds are floored toward the past
     text = pc.strftime(us, format="%Y-%m-%dT%H:%M:%S", locale="C")  # with .ffffff
     return pc.binary_join_element_wise('"', text, 'Z"', "")
 

@@ -30,8 +30,6 @@ from __future__ import annotations
 import glob
 import json
 from collections.abc import Iterator
-from datetime import date, datetime, time
-from decimal import Decimal
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
@@ -42,7 +40,7 @@ if TYPE_CHECKING:  # pyarrow.parquet pulls in pyarrow.fs and ssl: imported when 
     import pyarrow.parquet as pq
 import pyarrow.json as pajson
 
-from flight_serve.connectors.columns import conform
+from flight_serve.connectors.columns import conform, json_value
 from flight_serve.errors import ConnectorError
 
 __all__ = ["DEFAULT_BATCH_ROWS", "FORMATS", "FileSink", "FileSource", "format_of", "resolve_paths"]
@@ -266,16 +264,6 @@ class FileSource:
         return pa.Table.from_batches(batches, schema=self.schema)
 
 
-def _json_value(value: object) -> object:
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
-
-
 class FileSink:
     """Writes one file per run (see the module docstring).
 
@@ -320,7 +308,7 @@ class FileSink:
             self._csv.write_batch(batch)
         elif self._text is not None:
             lines = (
-                json.dumps(row, default=_json_value, ensure_ascii=False, separators=(",", ":"))
+                json.dumps(row, default=json_value, ensure_ascii=False, separators=(",", ":"))
                 for row in batch.to_pylist()
             )
             self._text.write("".join(line + "\n" for line in lines))

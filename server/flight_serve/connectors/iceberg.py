@@ -46,7 +46,7 @@ writer committed first) is retried after a backoff (``backoff_s`` doubling, with
 ``max_retries``); an unknown outcome (any other error out of the commit call, e.g. the commit landed
 and the connection dropped) is never re-appended blindly: the table is reloaded and the markers
 decide. Rows are conformed before the write: timestamps to microseconds (Iceberg's unit;
-sub-microsecond digits are truncated), unsigned integers to signed ones wide enough (``uint64``
+sub-microsecond digits are floored toward the past), unsigned integers to signed ones wide enough (``uint64``
 above the ``int64`` range is an error naming the column), view types to plain ones. A column the
 table lacks is added (schema evolution by name) only with ``allow_schema_evolution``; otherwise the
 commit fails naming it. With ``upsert_keys`` the epoch is written with pyiceberg's ``upsert`` (rows
@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flight_serve.connectors.columns import conform
+from flight_serve.connectors.columns import conform, floor_timestamps
 from flight_serve.connectors.flight import SourceEvent
 from flight_serve.errors import CheckpointError, ConnectorError
 
@@ -261,7 +261,7 @@ def _iceberg_type(name: str, t: pa.DataType) -> pa.DataType:
 
 def conform_for_iceberg(table: pa.Table) -> pa.Table:
     """``table`` with the types Iceberg stores: timestamps (any unit) to microseconds
-    (sub-microsecond digits truncated; a zoned one to UTC, the same instants), ``int8``/``int16``/``uint8``/``uint16`` to ``int32``,
+    (sub-microsecond digits floored toward the past; a zoned one to UTC, the same instants), ``int8``/``int16``/``uint8``/``uint16`` to ``int32``,
     ``uint32``/``uint64`` to ``int64``, ``string_view``/``binary_view`` to plain types,
     ``time64[ns]`` and ``time32`` to ``time64[us]``, ``date64`` to ``date32``; other columns
     unchanged.
@@ -274,8 +274,10 @@ def conform_for_iceberg(table: pa.Table) -> pa.Table:
     for field, column in zip(table.schema, table.columns, strict=True):
         target = _iceberg_type(field.name, field.type)
         if target != field.type:
-            safe = not (pa.types.is_timestamp(field.type) or pa.types.is_time64(field.type))
+            safe = not pa.types.is_time64(field.type)  # a time of day is never negative
             try:
+                if pa.types.is_timestamp(field.type):  # floored toward the past
+                    column = floor_timestamps(column, "us")
                 column = pc.cast(column, target, safe=safe)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise ConnectorError(

@@ -20,13 +20,13 @@ from __future__ import annotations
 import io
 import json
 import sys
-from datetime import date, datetime, time, timedelta
-from decimal import Decimal
+from datetime import date, datetime, time
 from typing import Any, Final, TextIO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from flight_serve.connectors.columns import json_value
 from flight_serve.errors import ConnectorError
 
 __all__ = ["STDOUT_FORMATS", "StdoutSink"]
@@ -48,29 +48,8 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def _json_value(value: object) -> object:
-    if isinstance(value, datetime | date | time):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, timedelta):
-        return _iso_duration(value)
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
-
-
-def _iso_duration(value: timedelta) -> str:
-    """``value`` as an ISO 8601 duration in seconds (``PT90.5S``, ``-PT0.001S``)."""
-    sign = "-" if value < timedelta(0) else ""
-    micros = abs(value) // timedelta(microseconds=1)
-    seconds, fraction = divmod(micros, 1_000_000)
-    text = f"{seconds}.{fraction:06d}".rstrip("0").rstrip(".") if fraction else str(seconds)
-    return f"{sign}PT{text}S"
-
-
 def _json_text(value: object) -> str:
-    return json.dumps(value, default=_json_value, ensure_ascii=False)
+    return json.dumps(value, default=json_value, ensure_ascii=False)
 
 
 def _needs_text(t: pa.DataType) -> bool:
@@ -155,7 +134,7 @@ class StdoutSink:
             self.stream.write(buffer.getvalue().decode("utf-8"))
         elif self.format == "jsonl":
             for row in batch.to_pylist():
-                line = json.dumps(row, default=_json_value, ensure_ascii=False)
+                line = json.dumps(row, default=json_value, ensure_ascii=False)
                 self.stream.write(line + "\n")
         else:
             self._print_table(batch)
