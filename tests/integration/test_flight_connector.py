@@ -276,6 +276,40 @@ def test_an_idle_writer_stops_holding_windows_and_its_old_rows_go_late(
     ]
 
 
+def test_a_silent_writer_is_idle_at_its_last_row_plus_idle_timeout(
+    server: tuple[str, FlightServeClient],
+) -> None:
+    """idle_timeout 2 s (the periodic tick is 0.5 s), TUMBLE 10 s, B = 0, real time::
+
+        a (1,1), b (12,2)     read at the start      W = min(1, 12) = 1
+        +1 s: b (13,4)        b active               W = 1
+        a's row + 2 s         a idle, b not          W = 13: [0,10) fires
+
+    ``a`` must be idle 2 s after the run took its row, within 50 ms (not up to a tick later)."""
+    location, client = server
+    client.put("events", _rows((1, 1)), writer="a")
+    client.put("events", _rows((12, 2)), writer="b")
+    run = Run(_pipeline(location, idle_timeout="2s"))
+    deadline = time.monotonic() + WAIT_S
+    while run.watermark_s() != 1:  # tight: W is 1 the instant the run took both rows
+        assert time.monotonic() < deadline, "the run did not read the first rows"
+        time.sleep(0.001)
+    taken = time.monotonic()
+    time.sleep(1.0)
+    client.put("events", _rows((13, 4)), writer="b")
+    while run.watermark_s() != 13:
+        assert time.monotonic() < deadline, "a never went idle"
+        time.sleep(0.001)
+    idle_after = time.monotonic() - taken
+    assert 2.0 - 0.05 <= idle_after <= 2.0 + 0.05, f"a went idle {idle_after:.3f} s after its row"
+    _wait(lambda: len(_windows(client)) == 1, "[0,10) to reach the results stream")
+    assert _windows(client) == [(0, 10, 1, 1)]
+    client.end_input("events", writer="a")
+    client.end_input("events", writer="b")
+    run.join()
+    assert _windows(client) == [(0, 10, 1, 1), (10, 20, 2, 6)]
+
+
 def _ts(second: int) -> Any:
     return pa.scalar(second, pa.timestamp("s")).as_py()
 

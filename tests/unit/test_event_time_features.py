@@ -438,6 +438,56 @@ def test_when_every_partition_is_idle_the_watermark_holds() -> None:
     assert idle.output.num_rows == 0
 
 
+def test_the_next_idle_instant_is_the_last_row_plus_idle_timeout() -> None:
+    clock = FakeClock()
+    op = idle_30s_op(clock)
+    #  p1, p2 registered at 0 s; p1 sends (a,5) at 4 s and (a,12) at 7.25 s; p2 stays silent
+    #  p2 is due idle at 0 + 30 s, p1 at 7.25 + 30 s; an idle or backlogged one has no instant
+    assert op.next_idle_ns() == clock.origin_ns + 30 * SECOND_NS
+    clock.set_seconds(4)
+    op.process(batch_of([("a", 5, 0)]), partition="p1")
+    clock.set_seconds(7, ns=250_000_000)
+    op.process(batch_of([("a", 12, 0)]), partition="p1")
+    op.set_backlog("p2", True)
+    assert op.next_idle_ns() == clock.origin_ns + 37_250_000_000
+    op.set_backlog("p2", False)
+    assert op.next_idle_ns() == clock.origin_ns + 30 * SECOND_NS
+    clock.set_seconds(30)
+    assert tuples(op.tick().output) == [("a", at(0), at(10), 1)]  # p2 idle: W = 12
+    assert op.next_idle_ns() == clock.origin_ns + 37_250_000_000  # p1 only
+    clock.set_seconds(38)
+    assert op.next_idle_ns() is None  # both idle
+
+
+def test_the_run_loop_wakes_at_the_instant_a_partition_goes_idle() -> None:
+    """A live source's partition silent since 100 s with idle_timeout 5 s: the run loop's next
+    wake-up is at 105 s exactly, not at its next periodic tick (a quarter of the timeout, 0.5 s
+    at most, after the previous one); without a partition that can go idle it is the tick."""
+    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.runtime import PipelineRuntime, _WindowNode
+
+    clock = FakeClock(origin_s=100)
+    plan = parse_pipeline(
+        "CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), WATERMARK FOR t AS t) WITH (connector ="
+        " 'flight', server = 'grpc://127.0.0.1:9', stream = 'events', idle_timeout = '5s');\n"
+        "CREATE SINK out WITH (connector = 'stdout');\n"
+        "INSERT INTO out SELECT k, window_start, window_end, count(*) AS n\n"
+        "FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;"
+    )
+    runtime = PipelineRuntime(plan, clock_ns=clock)
+    node = runtime.nodes[0]
+    assert isinstance(node, _WindowNode)
+    assert runtime._tick_s() == 0.5
+    tick_at = clock.origin_ns + 4_800_000_000 + 500_000_000  # a tick at 104.8 s, the next 105.3 s
+    assert runtime._wake_ns(tick_at) == tick_at  # no partition yet
+    node.op.add_partition("writer-a")  # silent from 100 s
+    clock.set_seconds(4, ns=800_000_000)
+    assert runtime._wake_ns(tick_at) == clock.origin_ns + 5 * SECOND_NS
+    clock.set_seconds(5)
+    node.op.tick()
+    assert runtime._wake_ns(tick_at) == tick_at  # idle now: nothing more to wait for
+
+
 # --- 3. max_future_skew -----------------------------------------------------------------------
 
 

@@ -607,6 +607,12 @@ class WindowOperator:
         output = self._fire(watermark) if self._may_fire(watermark) else None
         return self._emission(output, [])
 
+    def next_idle_ns(self) -> int | None:
+        """When (``clock_ns``, monotonic ns) a partition goes idle if no row comes: call
+        :meth:`tick` then (see :meth:`.WatermarkTracker.next_idle_ns`); ``None``: no partition
+        can go idle."""
+        return self._tracker.next_idle_ns()
+
     def tick(self) -> Emission:
         """Re-evaluate idle partitions at the current processing time and fire what closes.
 

@@ -130,6 +130,24 @@ class WatermarkTracker:
         """Re-evaluate idleness at the current processing time; return the watermark."""
         return self._advance()
 
+    def next_idle_ns(self) -> int | None:
+        """The processing-time instant (``clock_ns``) at which the first partition that is not
+        idle now becomes idle if it stays silent: its last row (or registration) plus
+        ``idle_timeout``. ``None`` when none can (no ``idle_timeout``; every partition finished,
+        backlogged or idle already). A runtime re-checks idleness (:meth:`refresh`) at this
+        instant, so a partition is idle at ``last row + idle_timeout``, not a polling interval
+        later."""
+        timeout = self.idle_timeout_ns
+        if timeout is None:
+            return None
+        now = self.clock_ns()
+        due = [
+            p.last_active_ns + timeout
+            for p in self._parts.values()
+            if not p.finished and not p.backlog and not self._idle(p, now)
+        ]
+        return min(due) if due else None
+
     def is_idle(self, partition: str) -> bool:
         """Whether ``partition`` is idle now (see the module docstring)."""
         part = self._parts[partition]

@@ -602,7 +602,12 @@ class DurableRuntime(PipelineRuntime):
                 self.checkpoints.read(manifest.epoch, str(entry["file"]))
             )
             try:
-                node.op = node.query.window.build(node.input.schema, restore=snapshot)  # type: ignore[union-attr]
+                node.op = node.query.window.build(  # type: ignore[union-attr]
+                    node.input.schema,
+                    restore=snapshot,
+                    clock_ns=self.clock_ns,
+                    wall_clock_ns=self.wall_clock_ns,
+                )
             except CheckpointError as exc:
                 raise CheckpointError(f"{node.query.label}: {exc}") from exc
             node.finished = node.op.watermark_ns == MAX_WATERMARK_NS

@@ -158,11 +158,19 @@ class WindowQuery:
     aggregation: WindowAggregation
 
     def build(
-        self, input_schema: pa.Schema, *, restore: OperatorSnapshot | None = None
+        self,
+        input_schema: pa.Schema,
+        *,
+        restore: OperatorSnapshot | None = None,
+        clock_ns: Callable[[], int] | None = None,
+        wall_clock_ns: Callable[[], int] | None = None,
     ) -> WindowOperator:
         """The running operator for input batches of ``input_schema``, resumed from ``restore``
-        when given (see :meth:`WindowAggregation.build` for the errors)."""
-        return self.aggregation.build(input_schema, restore=restore)
+        when given, with the processing-time clocks given (see :meth:`WindowAggregation.build`
+        for the clocks and the errors)."""
+        return self.aggregation.build(
+            input_schema, restore=restore, clock_ns=clock_ns, wall_clock_ns=wall_clock_ns
+        )
 
 
 def _column_name(node: exp.Expression) -> str:

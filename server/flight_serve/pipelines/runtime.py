@@ -616,8 +616,14 @@ class PipelineRuntime:
         load_tables: bool = True,
         plugins: PluginHub | None = None,
         data_dir: Path | None = None,
+        clock_ns: Callable[[], int] | None = None,
+        wall_clock_ns: Callable[[], int] | None = None,
     ) -> None:
         self.plan = plan
+        #: processing time (monotonic ns) of the run loop and of every windowed query's idle
+        #: timeouts, and wall-clock time (ns since the epoch); injectable for tests
+        self.clock_ns: Callable[[], int] = clock_ns or time.monotonic_ns
+        self.wall_clock_ns: Callable[[], int] = wall_clock_ns or time.time_ns
         #: where the embedded Iceberg catalog lives (``<output_dir>/flight-data`` by default)
         self.data_dir = (
             data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
@@ -945,7 +951,9 @@ class PipelineRuntime:
         node: _Node
         if query.window is not None:
             try:
-                op = query.window.build(input.schema)
+                op = query.window.build(
+                    input.schema, clock_ns=self.clock_ns, wall_clock_ns=self.wall_clock_ns
+                )
             except FlightServeError as exc:
                 func = query.select.args["from_"].this.this
                 raise sql_error(f"{query.label}: {exc}", func) from exc
@@ -1084,6 +1092,17 @@ class PipelineRuntime:
             for partition in stream.partitions:
                 self.set_backlog(stream, partition, event.backlog)
 
+    def _wake_ns(self, next_tick_ns: int) -> int:
+        """When (``clock_ns``) the run loop re-checks its windowed queries next: the periodic
+        tick, or earlier the instant a partition reaches ``last row + idle_timeout``."""
+        wake = next_tick_ns
+        for node in self.nodes:
+            if isinstance(node, _WindowNode) and not node.finished:
+                due = node.op.next_idle_ns()
+                if due is not None and due < wake:
+                    wake = due
+        return wake
+
     def _tick_s(self) -> float:
         timeouts = [
             n.op.config.idle_timeout.total_seconds()
@@ -1171,9 +1190,11 @@ class PipelineRuntime:
                 for name, source in self.sources.items()
                 if self.streams[name].consumers
             ]
-            tick_s = self._tick_s()
-            next_tick = time.monotonic() + tick_s
+            tick_ns = round(self._tick_s() * 1e9)
+            clock = self.clock_ns
+            next_tick = clock() + tick_ns
             while readers or live:
+                wake = self._wake_ns(next_tick)
                 still = []
                 for stream, reader in readers:
                     event = next(reader, None)
@@ -1190,21 +1211,25 @@ class PipelineRuntime:
                 readers = still
                 for stream, source in live:
                     # a live source waits for its next entries only when no file is left to read
-                    wait = 0.0 if readers else max(next_tick - time.monotonic(), 0.0) / len(live)
+                    wait = 0.0 if readers else max(wake - clock(), 0) / 1e9 / len(live)
                     for live_event in source.poll(wait):
                         self._live_event(stream, live_event)
                         while self._pending:
                             yield self._pending.popleft()
                 live = [(stream, source) for stream, source in live if not source.done]
-                if time.monotonic() >= next_tick:
+                now = clock()
+                # a tick is due, or a partition has reached its last row + idle_timeout (``wake``
+                # from before the wait: once the partition is idle it has no instant left)
+                if now >= wake:
                     for node in self.nodes:
                         if isinstance(node, _WindowNode):
                             node.tick()
-                        elif isinstance(node, _PluginNode):
+                        elif isinstance(node, _PluginNode) and now >= next_tick:
                             node.pump(block=False)
                     while self._pending:
                         yield self._pending.popleft()
-                    next_tick = time.monotonic() + tick_s
+                    if now >= next_tick:
+                        next_tick = clock() + tick_ns
             self._drain_plugins()
             for node in self.nodes:
                 if isinstance(node, _WindowNode):
