@@ -488,6 +488,90 @@ def test_the_run_loop_wakes_at_the_instant_a_partition_goes_idle() -> None:
     assert runtime._wake_ns(tick_at) == tick_at  # idle now: nothing more to wait for
 
 
+class Clocks:
+    """Processing time (monotonic, origin 1000 s) and wall-clock time (ns since the epoch, at
+    ``wall_origin_s`` when processing time is 0), moved together."""
+
+    def __init__(self, wall_origin_s: int) -> None:
+        self.proc = FakeClock()
+        self.wall = FakeClock(origin_s=wall_origin_s)
+
+    def set_seconds(self, s: int, ns: int = 0) -> None:
+        self.proc.set_seconds(s, ns)
+        self.wall.set_seconds(s, ns)
+
+
+def idle_advance_op(clocks: Clocks) -> WindowOperator:
+    """TUMBLE 10 s count, B = 0, idle_timeout 5 s, idle_watermark_advance 30 s, partition p1."""
+    sql = source(0, idle_timeout="5s", idle_watermark_advance="30s") + select(TUMBLE_10)
+    q = parse_window_query(sql)
+    assert q.aggregation.idle_watermark_advance == timedelta(seconds=30)
+    op = q.aggregation.build(INPUT, clock_ns=clocks.proc, wall_clock_ns=clocks.wall)
+    op.add_partition("p1")
+    return op
+
+
+def test_idle_watermark_advance_closes_a_quiet_window_d_after_its_end_by_the_wall_clock() -> None:
+    clocks = Clocks(wall_origin_s=100)
+    op = idle_advance_op(clocks)
+    #  processing s   wall s        p1                    W     fires
+    #  0              100           (a,101) (a,105) (b,108)  108
+    #  5              105           idle: W = max(108, 105 - 30)   108
+    #  next wake: wall 140 = end 110 + L 0 + D 30, i.e. processing 40 s
+    #  40 - 1 ns      140 - 1 ns    tick                  108
+    #  40             140           tick: W = 140 - 30    110   [100,110) a 2, b 1
+    #  41             141           (a,109) late, (a,115)  115
+    #  end                                                +∞    [110,120) a 1
+    step = op.process(batch_of([("a", 101, 0), ("a", 105, 0), ("b", 108, 0)]), partition="p1")
+    assert seconds(step.watermark_ns) == 108
+    assert op.next_wake_ns() == clocks.proc.origin_ns + 5 * SECOND_NS  # p1 goes idle
+    clocks.set_seconds(5)
+    quiet = op.tick()
+    assert (seconds(quiet.watermark_ns), quiet.output.num_rows) == (108, 0)
+    assert op.next_wake_ns() == clocks.proc.origin_ns + 40 * SECOND_NS
+    clocks.set_seconds(40, ns=-1)
+    assert op.tick().output.num_rows == 0
+    clocks.set_seconds(40)
+    fired = op.tick()
+    assert seconds(fired.watermark_ns) == 110
+    assert tuples(fired.output) == [("a", at(100), at(110), 2), ("b", at(100), at(110), 1)]
+    clocks.set_seconds(41)
+    back = op.process(batch_of([("a", 109, 7), ("a", 115, 0)]), partition="p1")
+    assert tuples(back.late) == [("a", at(109), 7, "late", at(100), at(110))]
+    assert seconds(back.watermark_ns) == 115
+    assert tuples(op.finish().output) == [("a", at(110), at(120), 1)]
+
+
+def test_idle_watermark_advance_waits_for_every_partition_and_never_moves_w_back() -> None:
+    clocks = Clocks(wall_origin_s=100)
+    op = idle_advance_op(clocks)
+    op.add_partition("p2")
+    #  p1 (a,101) at 0 s, p2 (b,150) at 3 s: W = 101. At 5 s p1 is idle, p2 not: W = 150 is
+    #  p2's (not the wall clock's). At 8 s both idle: wall 108 - 30 = 78 < 150, W holds at 150.
+    #  At 200 s (wall 300): W = 270 — [100,110) and [150,160) fired at 5 s and 200 s.
+    op.process(batch_of([("a", 101, 0)]), partition="p1")
+    clocks.set_seconds(3)
+    assert seconds(op.process(batch_of([("b", 150, 0)]), partition="p2").watermark_ns) == 101
+    clocks.set_seconds(5)
+    p1_idle = op.tick()
+    assert seconds(p1_idle.watermark_ns) == 150
+    assert tuples(p1_idle.output) == [("a", at(100), at(110), 1)]
+    clocks.set_seconds(8)
+    assert seconds(op.tick().watermark_ns) == 150
+    assert op.next_wake_ns() == clocks.proc.origin_ns + 90 * SECOND_NS  # wall 190 = 160 + 30
+    clocks.set_seconds(200)
+    late = op.tick()
+    assert seconds(late.watermark_ns) == 270
+    assert tuples(late.output) == [("b", at(150), at(160), 1)]
+
+
+def test_idle_watermark_advance_without_idle_timeout_is_refused_naming_both() -> None:
+    from flight_serve.errors import PipelineSQLError
+
+    with pytest.raises(PipelineSQLError, match="idle_watermark_advance needs idle_timeout"):
+        parse_window_query(source(0, idle_watermark_advance="30s") + select(TUMBLE_10))
+
+
 # --- 3. max_future_skew -----------------------------------------------------------------------
 
 

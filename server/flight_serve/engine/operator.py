@@ -103,6 +103,10 @@ class WindowAggregation:
             ``W ≥ window_end + L``. Update mode adds an int64 ``_revision`` output column.
         idle_timeout: processing time without rows after which a partition with no backlog stops
             holding the watermark back (``None``: never).
+        idle_watermark_advance: opt-in ``D``: while every input partition is idle, the
+            watermark follows the wall clock, ``W = max(W, now - D)`` (``now``:
+            ``wall_clock_ns``), so a window closes ``D`` after its end even when no row follows
+            (``None``: ``W`` holds until a row or end of input). Needs ``idle_timeout``.
         max_future_skew: a row whose event time is further ahead of processing (wall-clock) time
             than this goes to the late side output with reason ``future`` and does not move the
             watermark (``None``: no limit).
@@ -127,6 +131,7 @@ class WindowAggregation:
     idle_timeout: timedelta | None = None
     max_future_skew: timedelta | None = None
     empty_windows_key_ttl: timedelta | None = None
+    idle_watermark_advance: timedelta | None = None
 
     def build(
         self,
@@ -323,12 +328,18 @@ class WindowOperator:
         if config.emit not in ("final", "update"):
             raise InvalidInputError(f"emit must be 'final' or 'update', got {config.emit!r}")
         self._update = config.emit == "update"
-        self._tracker = WatermarkTracker(
-            timedelta_to_ns(config.max_out_of_orderness),
-            None if config.idle_timeout is None else timedelta_to_ns(config.idle_timeout),
-            clock_ns or time.monotonic_ns,
-        )
         self._wall_clock_ns = wall_clock_ns or time.time_ns
+        advance = config.idle_watermark_advance
+        try:
+            self._tracker = WatermarkTracker(
+                timedelta_to_ns(config.max_out_of_orderness),
+                None if config.idle_timeout is None else timedelta_to_ns(config.idle_timeout),
+                clock_ns or time.monotonic_ns,
+                None if advance is None else timedelta_to_ns(advance),
+                self._wall_clock_ns,
+            )
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from exc
         self._future_skew_ns = (
             None if config.max_future_skew is None else timedelta_to_ns(config.max_future_skew)
         )
@@ -612,6 +623,24 @@ class WindowOperator:
         :meth:`tick` then (see :meth:`.WatermarkTracker.next_idle_ns`); ``None``: no partition
         can go idle."""
         return self._tracker.next_idle_ns()
+
+    def next_wake_ns(self) -> int | None:
+        """When (``clock_ns``, monotonic ns) :meth:`tick` may change something if no row comes:
+        a partition goes idle, or (``idle_watermark_advance`` ``D``, every partition idle) the
+        wall clock reaches the first open window's ``end + allowed_lateness + D`` (``end + D``
+        for a first ``update`` emission). ``None``: nothing is due."""
+        wake = self._tracker.next_idle_ns()
+        advance = self._tracker.idle_advance_ns
+        if advance is None or not self._tracker.all_idle():
+            return wake
+        ends = [e for e in (self._state_min_end, self._buffer.min_end) if e is not None]
+        if self._update and self._state_min_pending_end is not None:
+            ends.append(self._state_min_pending_end - self._lateness_ns)
+        if not ends:
+            return wake
+        due_wall = min(ends) + self._lateness_ns + advance  # W' = wall - D reaches end + L
+        due = self._tracker.clock_ns() + max(due_wall - self._wall_clock_ns(), 0)
+        return due if wake is None else min(wake, due)
 
     def tick(self) -> Emission:
         """Re-evaluate idle partitions at the current processing time and fire what closes.

@@ -14,7 +14,12 @@ finished nor idle, and it never decreases.
   registers all its partitions before reading any, so one fast file cannot make another's rows late.)
 * **Idle partitions** (processing time): a partition with no rows for ``idle_timeout`` and no unread
   backlog is idle and does not hold ``W`` back. When it produces rows again it counts again, but
-  ``W`` never moves backwards. If every live partition is idle, ``W`` stays where it is.
+  ``W`` never moves backwards. If every live partition is idle, ``W`` stays where it is, unless:
+* **Idle advance** (opt-in, ``idle_advance_ns = D``): while every live partition is idle,
+  ``W = max(W, now - D)`` with ``now`` the wall-clock time (``wall_clock_ns``, event-time
+  domain), so windows of a source that went quiet close ``D`` after their end in wall-clock
+  time instead of waiting for the next row or the end of input. Only for event times that follow
+  the wall clock: a replay of old data would see every window close at once.
 * **Explicit advance**: :meth:`WatermarkTracker.advance` sets a floor for ``W_p`` without rows (a
   client saying "no more rows before t").
 * **End of input**: a finished partition counts as ``+∞``; when every partition has finished, ``W`` is
@@ -52,9 +57,13 @@ class WatermarkTracker:
         idle_timeout_ns: processing time without rows after which a partition without backlog is
             idle; ``None`` never marks partitions idle.
         clock_ns: processing-time clock in ns (monotonic).
+        idle_advance_ns: ``D``: while every live partition is idle, ``W`` rises to
+            ``wall_clock_ns() - D`` (``None``: ``W`` holds; needs ``idle_timeout_ns``).
+        wall_clock_ns: wall-clock time in ns since the epoch (for ``idle_advance_ns``).
 
     Raises:
-        ValueError: if the bound or the timeout is negative.
+        ValueError: if the bound, the timeout or ``D`` is negative, or ``D`` is given without an
+            idle timeout.
 
     >>> w = WatermarkTracker(max_out_of_orderness_ns=10)
     >>> w.observe("a", 100)
@@ -70,6 +79,8 @@ class WatermarkTracker:
     max_out_of_orderness_ns: int = 0
     idle_timeout_ns: int | None = None
     clock_ns: Callable[[], int] = time.monotonic_ns
+    idle_advance_ns: int | None = None
+    wall_clock_ns: Callable[[], int] = time.time_ns
     _parts: dict[str, _Partition] = field(default_factory=dict)
     _watermark_ns: int = MIN_WATERMARK_NS
 
@@ -78,6 +89,14 @@ class WatermarkTracker:
             raise ValueError("max_out_of_orderness must not be negative")
         if self.idle_timeout_ns is not None and self.idle_timeout_ns < 0:
             raise ValueError("idle_timeout must not be negative")
+        if self.idle_advance_ns is not None:
+            if self.idle_advance_ns < 0:
+                raise ValueError("idle_watermark_advance must not be negative")
+            if self.idle_timeout_ns is None:
+                raise ValueError(
+                    "idle_watermark_advance needs idle_timeout: it acts once every partition is "
+                    "idle (for example idle_timeout = '5s', idle_watermark_advance = '30s')"
+                )
 
     @property
     def watermark_ns(self) -> int:
@@ -148,6 +167,12 @@ class WatermarkTracker:
         ]
         return min(due) if due else None
 
+    def all_idle(self) -> bool:
+        """Whether every live (unfinished) partition is idle now, and there is at least one."""
+        now = self.clock_ns()
+        live = [p for p in self._parts.values() if not p.finished]
+        return bool(live) and all(self._idle(p, now) for p in live)
+
     def is_idle(self, partition: str) -> bool:
         """Whether ``partition`` is idle now (see the module docstring)."""
         part = self._parts[partition]
@@ -175,9 +200,12 @@ class WatermarkTracker:
             candidate = MAX_WATERMARK_NS if self._parts else MIN_WATERMARK_NS
         else:
             active = [p for p in live if not self._idle(p, now)]
-            if not active:
-                return self._watermark_ns  # everything idle: hold
-            candidate = min(self._partition_watermark(p) for p in active)
+            if not active:  # everything idle: hold, or follow the wall clock D behind
+                if self.idle_advance_ns is None:
+                    return self._watermark_ns
+                candidate = self.wall_clock_ns() - self.idle_advance_ns
+            else:
+                candidate = min(self._partition_watermark(p) for p in active)
         if candidate > self._watermark_ns:
             self._watermark_ns = candidate
         return self._watermark_ns

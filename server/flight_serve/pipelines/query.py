@@ -227,6 +227,8 @@ class QueryOptions:
 
     Set on ``CREATE SOURCE … WITH (…)`` (durations as ``'5s'``, ``'15 minutes'`` or an INTERVAL):
     ``allowed_lateness``, ``emit`` (``final`` | ``update``), ``idle_timeout``,
+    ``idle_watermark_advance`` (opt-in ``D``: while every partition is idle, ``W`` follows the
+    wall clock ``D`` behind; needs ``idle_timeout``),
     ``max_future_skew``, ``time_zone`` (IANA name, for calendar windows), ``empty_windows``
     (``'true'`` | ``'false'``) with ``key_ttl`` (how long after its last row a key still gets
     empty windows; required with ``empty_windows``). The watermark bound comes from
@@ -239,11 +241,18 @@ class QueryOptions:
     idle_timeout: timedelta | None = None
     max_future_skew: timedelta | None = None
     time_zone: str | None = None
+    idle_watermark_advance: timedelta | None = None
     empty_windows: bool = False
     key_ttl: timedelta | None = None
 
 
-_DURATION_OPTIONS = ("allowed_lateness", "idle_timeout", "max_future_skew", "key_ttl")
+_DURATION_OPTIONS = (
+    "allowed_lateness",
+    "idle_timeout",
+    "idle_watermark_advance",
+    "max_future_skew",
+    "key_ttl",
+)
 OPTION_NAMES = (*_DURATION_OPTIONS, "emit", "time_zone", "empty_windows")
 
 
@@ -253,6 +262,17 @@ def _empty_windows_ttl(options: QueryOptions, node: exp.Expression) -> timedelta
     if options.key_ttl is None:
         raise sql_error("empty_windows = 'true' needs key_ttl (for example key_ttl = '1h')", node)
     return options.key_ttl
+
+
+def _idle_advance(options: QueryOptions, node: exp.Expression) -> timedelta | None:
+    if options.idle_watermark_advance is not None and options.idle_timeout is None:
+        raise sql_error(
+            "idle_watermark_advance needs idle_timeout: the watermark follows the wall clock "
+            "only once every partition is idle (for example idle_timeout = '5s', "
+            "idle_watermark_advance = '30s')",
+            node,
+        )
+    return options.idle_watermark_advance
 
 
 def option_duration(value: exp.Expression) -> timedelta:
@@ -275,6 +295,8 @@ def apply_option(
         return replace(options, allowed_lateness=option_duration(value))
     if key == "idle_timeout":
         return replace(options, idle_timeout=option_duration(value))
+    if key == "idle_watermark_advance":
+        return replace(options, idle_watermark_advance=option_duration(value))
     if key == "max_future_skew":
         return replace(options, max_future_skew=option_duration(value))
     if key == "key_ttl":
@@ -508,6 +530,7 @@ def window_query_from_select(
         allowed_lateness=options.allowed_lateness,
         emit=options.emit,
         idle_timeout=options.idle_timeout,
+        idle_watermark_advance=_idle_advance(options, select),
         max_future_skew=options.max_future_skew,
         empty_windows_key_ttl=_empty_windows_ttl(options, select),
         filter_sql=filter_sql,

@@ -1094,11 +1094,12 @@ class PipelineRuntime:
 
     def _wake_ns(self, next_tick_ns: int) -> int:
         """When (``clock_ns``) the run loop re-checks its windowed queries next: the periodic
-        tick, or earlier the instant a partition reaches ``last row + idle_timeout``."""
+        tick, or earlier the instant a partition reaches ``last row + idle_timeout`` or (with
+        ``idle_watermark_advance``) a window closes by the wall clock."""
         wake = next_tick_ns
         for node in self.nodes:
             if isinstance(node, _WindowNode) and not node.finished:
-                due = node.op.next_idle_ns()
+                due = node.op.next_wake_ns()
                 if due is not None and due < wake:
                     wake = due
         return wake
@@ -1426,6 +1427,12 @@ class PipelineRuntime:
             out.append(
                 f"  idle_timeout {_duration(cfg.idle_timeout)}, max_future_skew "
                 f"{_duration(cfg.max_future_skew)}"
+                + (
+                    ""
+                    if cfg.idle_watermark_advance is None
+                    else f", idle_watermark_advance {_duration(cfg.idle_watermark_advance)} "
+                    "(while every partition is idle, W = max(W, wall clock - it))"
+                )
             )
             out.append(f"  keys: {', '.join(cfg.key_columns) or '(none)'}")
             if cfg.filter_sql is not None:
@@ -1486,4 +1493,9 @@ def _options_text(options: QueryOptions) -> str:
         f"idle_timeout {_duration(options.idle_timeout)}, max_future_skew "
         f"{_duration(options.max_future_skew)}, time_zone {options.time_zone or 'UTC'}, "
         f"max_out_of_orderness {_duration(options.max_out_of_orderness)}"
+        + (
+            ""
+            if options.idle_watermark_advance is None
+            else f", idle_watermark_advance {_duration(options.idle_watermark_advance)}"
+        )
     )
