@@ -310,6 +310,35 @@ def test_a_silent_writer_is_idle_at_its_last_row_plus_idle_timeout(
     assert _windows(client) == [(0, 10, 1, 1), (10, 20, 2, 6)]
 
 
+def test_idle_watermark_advance_fires_a_quiet_window_by_the_wall_clock(
+    server: tuple[str, FlightServeClient],
+) -> None:
+    """TUMBLE 1 s, B = 0, idle_timeout 200 ms, idle_watermark_advance 1 s, real time: one row at
+    the current second s, then silence. [s, s+1) fires once the wall clock reaches s + 2 (W =
+    now - 1 s), with no further row and no end of input; not before."""
+    location, client = server
+    text = f"""
+    CREATE SOURCE events (t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+    WITH (connector = 'flight', server = '{location}', stream = 'events',
+          idle_timeout = '200ms', idle_watermark_advance = '1s');
+    CREATE SINK results WITH (connector = 'flight', server = '{location}', stream = 'results');
+    INSERT INTO results
+    SELECT window_start, window_end, count(*) AS n, sum(v) AS total
+    FROM TUMBLE(events, t, INTERVAL '1' SECOND) GROUP BY window_start, window_end;
+    """
+    second = int(time.time())
+    client.put("events", _rows((second, 5)), writer="a")
+    run = Run(text)
+    _wait(lambda: len(_windows(client)) == 1, "[s, s+1) to fire by the wall clock", 10.0)
+    fired_at = time.time()
+    assert _windows(client) == [(second, second + 1, 1, 5)]
+    assert second + 2 <= fired_at < second + 2 + 1.0, f"fired at s + {fired_at - second:.3f}"
+    assert run.thread.is_alive()  # no end of input
+    client.end_input("events", writer="a")
+    run.join()
+    assert _windows(client) == [(second, second + 1, 1, 5)]
+
+
 def _ts(second: int) -> Any:
     return pa.scalar(second, pa.timestamp("s")).as_py()
 
