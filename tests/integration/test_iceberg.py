@@ -786,6 +786,34 @@ def test_pipeline_sigkilled_by_flight_serve_run_and_resumed_equals_the_straight_
     assert epochs == sorted(set(epochs))
 
 
+def test_a_run_resumed_after_its_table_was_rolled_back_fails_naming_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    """``flight-serve run`` SIGKILLed after commit 2 (its checkpoint holds snapshot 1 as the
+    offset); the table is then rolled back to snapshot 0. The rerun resumes and must not read
+    snapshots 2-5 (the checkpoint's stop_at bound, no longer the table's history): it fails,
+    naming the snapshot and the table."""
+    flights_table(tmp_path)
+    ids = [s.snapshot_id for s in new_catalog(tmp_path).load_table("lake.flights").snapshots()]
+    sql = tmp_path / "sync.sql"
+    sql.write_text(pipeline_text(tmp_path))
+    args = [str(CLI), "run", str(sql), "--output-dir", str(tmp_path / "out")]
+    args += ["--state-root", str(tmp_path / "state")]
+    killed = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FLIGHT_SERVE_CRASH_AT": "commit:2"})  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    table = new_catalog(tmp_path).load_table("lake.flights")
+    table.manage_snapshots().rollback_to_snapshot(ids[0]).commit()
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode != 0, resumed.stderr
+    err = " ".join(resumed.stderr.split())
+    assert "resuming from checkpoint" in err
+    assert (
+        f"source flights (iceberg table lake.flights): the checkpointed snapshot {ids[1]} is "
+        f"not an ancestor of the table's current snapshot {ids[0]}"
+    ) in err
+
+
 def test_emit_update_pipeline_upserts_each_window_row(tmp_path: Path) -> None:
     """emit = 'update' with allowed_lateness 2 h; one snapshot per poll, W = max(t):
 
