@@ -56,8 +56,8 @@ __all__ = [
     "TlsFiles",
     "TokenGrant",
     "UsersAndTokensAuth",
-    "guard_actions",
     "load_tokens_file",
+    "require_action_role",
     "require_role",
 ]
 
@@ -72,7 +72,7 @@ MIDDLEWARE_KEY: Final = "flight_serve_roles"
 METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "Handshake": None,
     "ListActions": None,
-    "DoAction": None,  # checked per action by guard_actions
+    "DoAction": None,  # checked per action by require_action_role
     "ListFlights": "read",
     "GetFlightInfo": "read",
     "GetSchema": "read",
@@ -266,30 +266,15 @@ def _caller_of(context: flight.ServerCallContext) -> Caller | None:
     return middleware if isinstance(middleware, Caller) else None
 
 
-def guard_actions(service: Any) -> None:
-    """Make every action registered on ``service`` (a
-    :class:`~flight_serve.flight.service.FlightServeService`) so far check the role
-    :data:`ACTION_ROLES` gives it (``read`` when not listed) against the caller's token.
-    Without :class:`RoleAuth` among the server's middleware the checks pass."""
-    for action_type, action in list(service._actions.items()):
-        need: Role = ACTION_ROLES.get(action_type, "read")
+def require_action_role(context: flight.ServerCallContext, action_type: str) -> None:
+    """Check that the caller may run ``action_type``: the role :data:`ACTION_ROLES` gives it
+    (``read`` when not listed). Checked when the action is dispatched, so an action registered
+    at any time is guarded from its first call. Passes without :class:`RoleAuth`.
 
-        def guarded(
-            context: flight.ServerCallContext,
-            body: bytes,
-            _handler: Any = action.handler,
-            _need: Role = need,
-            _type: str = action_type,
-        ) -> Any:
-            caller = _caller_of(context)
-            if caller is not None and _need not in caller.roles:
-                raise flight.FlightUnauthorizedError(
-                    f"action {_type} needs the {_need!r} role; this token has "
-                    f"{', '.join(sorted(caller.roles))}"
-                )
-            return _handler(context, body)
-
-        service.register_action(action_type, action.description, guarded)
+    Raises:
+        pyarrow.flight.FlightUnauthorizedError: the token lacks the role (PERMISSION_DENIED).
+    """
+    require_role(context, ACTION_ROLES.get(action_type, "read"), f"action {action_type}")
 
 
 def require_role(context: flight.ServerCallContext, need: str, what: str) -> None:
