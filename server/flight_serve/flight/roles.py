@@ -47,6 +47,7 @@ import pyarrow.flight as flight
 from flight_serve.errors import InvalidInputError
 from flight_serve.flight.auth import BasicBearerAuth
 from flight_serve.flight.metrics import method_name
+from flight_serve.flight.status import with_request_id
 
 __all__ = [
     "ACTION_ROLES",
@@ -225,18 +226,22 @@ class RoleAuth(flight.ServerMiddlewareFactory):
                 if user is not None:
                     caller = Caller(user, _ALL)
             if caller is None:
-                raise flight.FlightUnauthenticatedError("unknown or expired bearer token")
+                raise flight.FlightUnauthenticatedError(
+                    with_request_id("unknown or expired bearer token")
+                )
         elif value[:6].lower() == "basic " and self._users_auth is not None:
             caller = Caller("basic", _ALL)  # BasicBearerAuth checks the password
         else:
             raise flight.FlightUnauthenticatedError(
-                "authentication required: send 'authorization: Bearer <token>'"
+                with_request_id("authentication required: send 'authorization: Bearer <token>'")
             )
         need = METHOD_ROLES.get(method, "read")
         if need is not None and need not in caller.roles:
             raise flight.FlightUnauthorizedError(
-                f"{method} needs the {need!r} role; this token has "
-                f"{', '.join(sorted(caller.roles))}"
+                with_request_id(
+                    f"{method} needs the {need!r} role; this token has "
+                    f"{', '.join(sorted(caller.roles))}"
+                )
             )
         return caller
 
