@@ -222,3 +222,25 @@ def test_the_cli_prints_the_message_and_request_id_only(
     assert_clean(err)
     assert "Detail:" not in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_an_internal_error_in_get_schema_shows_no_traceback(tmp_path: Path) -> None:
+    # pyarrow's GetSchema sends even a FlightError with the handler's traceback
+    from flight_serve.flight.server import start_server
+
+    with (
+        start_server(tmp_path / "data", pipelines=False) as service,
+        flight.FlightClient(service.location) as client,
+    ):
+        writer, _ = client.do_put(flight.FlightDescriptor.for_path("s"), SCHEMA)
+        writer.write_batch(pa.record_batch([pa.array([1], pa.int64())], schema=SCHEMA))
+        writer.close()
+        service.store.close()  # every read now fails: StorageError, an internal error
+        for call in (
+            lambda: client.get_schema(flight.FlightDescriptor.for_path("s")),
+            lambda: client.get_flight_info(flight.FlightDescriptor.for_path("s")),
+        ):
+            with pytest.raises(pa.ArrowException) as info:
+                call()
+            assert_clean(str(info.value))
+            assert "the stream store is closed" in str(info.value)

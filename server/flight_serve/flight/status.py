@@ -60,10 +60,12 @@ import pyarrow.flight as flight
 from flight_serve.errors import FlightServeError, InvalidInputError
 
 __all__ = [
+    "Failed",
     "InvalidArgument",
     "NotFound",
     "Unimplemented",
     "current_request_id",
+    "for_get_schema",
     "log_level",
     "set_current_request_id",
     "to_flight_error",
@@ -130,6 +132,19 @@ class NotFound(_Untraceable, pa.ArrowKeyError):
 
 class Unimplemented(_Untraceable, NotImplementedError):
     """UNIMPLEMENTED, without the server's traceback (pa.ArrowNotImplementedError)."""
+
+
+class Failed(_Untraceable, Exception):
+    """A ``FlightError`` where pyarrow cannot send one: its GetSchema handler turns every
+    exception, ``FlightError`` included, into a status with the traceback. This one arrives as
+    UNKNOWN with the ``FlightError``'s message, without the traceback."""
+
+
+def for_get_schema(error: Exception) -> Exception:
+    """``error`` (from :func:`to_flight_error`) as GetSchema can raise it without leaking the
+    traceback: a ``FlightError`` becomes :class:`Failed` (UNKNOWN; pyarrow's GetSchema has no
+    way to send INTERNAL or UNAVAILABLE), anything else is returned as it is."""
+    return Failed(str(error)) if isinstance(error, flight.FlightError) else error
 
 
 _LEVEL_BY_DOMAIN: Final = {
