@@ -31,10 +31,21 @@ def process_cpu_s() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def ticket(client: flight.FlightClient, flightsql: bool) -> flight.Ticket:
+def flight_info(client: flight.FlightClient, flightsql: bool) -> flight.FlightInfo:
     command = pack(sql_pb2.CommandStatementQuery(query=BLOCKING)) if flightsql else BLOCKING
-    info = client.get_flight_info(flight.FlightDescriptor.for_command(command))
-    return info.endpoints[0].ticket
+    return client.get_flight_info(flight.FlightDescriptor.for_command(command))
+
+
+def cancel_flight_info_body(info: flight.FlightInfo) -> bytes:
+    """``CancelFlightInfoRequest {FlightInfo info = 1}`` (pyarrow has no binding)."""
+    data = info.serialize()
+    length, size = bytearray(), len(data)
+    while True:
+        length.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return b"\x0a" + bytes(length) + data
 
 
 def query_workers() -> int:
@@ -63,7 +74,7 @@ def wait_held(budget: MemoryBudget) -> None:
 
 
 @pytest.mark.parametrize("flightsql", [False, True], ids=["sql", "flightsql"])
-@pytest.mark.parametrize("how", ["client_deadline", "statement_timeout"])
+@pytest.mark.parametrize("how", ["client_deadline", "statement_timeout", "cancel_flight_info"])
 def test_a_cancelled_blocking_aggregate_stops_computing_and_then_releases_its_memory(
     tmp_path: Path, how: str, flightsql: bool
 ) -> None:
@@ -76,13 +87,20 @@ def test_a_cancelled_blocking_aggregate_stops_computing_and_then_releases_its_me
         flight.FlightClient(service.location) as client,
     ):
         options = flight.FlightCallOptions(timeout=1.0 if how == "client_deadline" else 30.0)
-        reader = client.do_get(ticket(client, flightsql), options=options)
+        info = flight_info(client, flightsql)
+        reader = client.do_get(info.endpoints[0].ticket, options=options)
         wait_held(budget)
-        expected: type[Exception] = (
-            flight.FlightTimedOutError
-        )  # DEADLINE_EXCEEDED both ways: the client's own deadline, or the server's timeout
+        if how == "cancel_flight_info":  # Flight's standard action, from another connection
+            with flight.FlightClient(service.location) as other:
+                body = cancel_flight_info_body(info)
+                list(other.do_action(flight.Action("CancelFlightInfo", body)))
+        # DEADLINE_EXCEEDED for the client's own deadline and the server's timeout
+        expected = (
+            flight.FlightCancelledError if how == "cancel_flight_info" else flight.FlightTimedOutError
+        )
         with pytest.raises(expected):
-            reader.read_all()
+            for _chunk in reader:  # read_chunk: read_all would turn CANCELLED into a SIGINT
+                pass
         cpu_s, released_s = after_the_cancel(budget)
         print(f"{how}/{'flightsql' if flightsql else 'sql'}: cpu {cpu_s:.2f} s in the 2 s "
               f"after the cancel; memory released after {released_s:.2f} s")
