@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -122,3 +123,50 @@ def test_a_read_token_can_never_drop_and_pipeline_actions_exist_from_the_first_c
             assert info.total_records == 1
     finally:
         _stop(proc)
+
+
+def _service_with_gate(tmp_path: Path, gate: object) -> object:
+    from flight_serve.flight.service import FlightServeService
+    from flight_serve.store import StreamStore
+
+    return FlightServeService(store=StreamStore(tmp_path / "d"), middleware={"gate": gate})
+
+
+def test_the_gate_holds_calls_until_open_and_a_failed_start_ends_them(tmp_path: Path) -> None:
+    import threading
+
+    from flight_serve.flight.startup import StartupGate
+
+    for ending in ("open", "refuse"):
+        gate = StartupGate(wait_s=30)
+        service: Any = _service_with_gate(tmp_path / ending, gate)
+        outcome: list[str] = []
+
+        def call(service: Any = service, outcome: list[str] = outcome) -> None:
+            with flight.FlightClient(service.location) as client:
+                try:
+                    list(client.do_action(flight.Action("stream.tail", b'{"stream": "none"}')))
+                except flight.FlightUnavailableError as exc:
+                    outcome.append(f"unavailable: {str(exc).split('. Detail')[0]}")
+                except pa.ArrowException as exc:
+                    outcome.append(f"answered: {type(exc).__name__}")
+
+        try:
+            caller = threading.Thread(target=call)
+            started = time.monotonic()
+            caller.start()
+            time.sleep(0.5)
+            assert outcome == []  # held
+            getattr(gate, ending)()
+            caller.join(10)
+            assert time.monotonic() - started < 5
+            expected = (
+                ["answered: ArrowKeyError"]
+                if ending == "open"
+                else ["unavailable: the server failed to start (retryable: try again after a "
+                      "short delay)"]
+            )
+            assert outcome == expected
+        finally:
+            service.shutdown()
+            service.store.close()

@@ -221,6 +221,7 @@ def start_server(
         gate.open()
         yield service
     finally:
+        gate.refuse()  # a start that failed half-way: held calls end now (no-op once open)
         try:
             if manager is not None:
                 manager.stop()

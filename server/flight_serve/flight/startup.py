@@ -31,16 +31,24 @@ class StartupGate(flight.ServerMiddlewareFactory):
 
     def __init__(self, wait_s: float = DEFAULT_STARTUP_WAIT_S) -> None:
         self._open = threading.Event()
+        self._refused = False
         self._wait_s = wait_s
 
     def open(self) -> None:
         """The server is whole: let every call through, from now on."""
         self._open.set()
 
+    def refuse(self) -> None:
+        """The server will not become whole (its start failed): every held and later call
+        fails UNAVAILABLE at once (unless :meth:`open` came first)."""
+        if not self._open.is_set():
+            self._refused = True
+            self._open.set()
+
     @property
     def is_open(self) -> bool:
-        """Whether :meth:`open` was called."""
-        return self._open.is_set()
+        """Whether :meth:`open` was called (and not :meth:`refuse` before it)."""
+        return self._open.is_set() and not self._refused
 
     def start_call(
         self, info: flight.CallInfo, headers: dict[str, list[str] | list[bytes]]
@@ -48,6 +56,11 @@ class StartupGate(flight.ServerMiddlewareFactory):
         if not self._open.wait(self._wait_s):
             raise flight.FlightUnavailableError(
                 "the server is still starting (retryable: try again after a short delay)",
+                json.dumps({"retryable": True}).encode(),
+            )
+        if self._refused:
+            raise flight.FlightUnavailableError(
+                "the server failed to start (retryable: try again after a short delay)",
                 json.dumps({"retryable": True}).encode(),
             )
         return None
