@@ -19,9 +19,11 @@ against pyarrow 26 (``tests/integration/test_flight_streams.py::test_status_code
   hint in the message and ``extra_info`` JSON ``{"retryable": true}``.
 - ``StorageError`` and other ``internal`` errors: INTERNAL; ``flight.FlightInternalError``.
 - a ``pa.ArrowInvalid`` raised by pyarrow itself (e.g. a malformed upload): INVALID_ARGUMENT.
-- any ``flight.FlightError`` (e.g. ``FlightCancelledError``): passed through unchanged.
-- a bug (any other exception): INTERNAL; ``flight.FlightInternalError`` whose message carries an
-  error id that is also in the server log.
+- any ``flight.FlightError`` (e.g. ``FlightCancelledError``): its class, message and
+  ``extra_info`` kept, the request id added.
+- a bug (any other exception): INTERNAL; ``flight.FlightInternalError`` ``"internal error <id>
+  (<class>): <message>"``, the id being the request id (outside a call: an error id of its
+  own) that is also in the server log.
 
 (Raising a bare ``RuntimeError`` from a handler would be UNKNOWN; raising ``FlightServerError``
 is UNKNOWN too -- both are avoided here.)
@@ -257,10 +259,9 @@ def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
         return flight.FlightUnavailableError(
             with_request_id("the server is shutting down; retry elsewhere")
         )
-    error_id = request_id or uuid.uuid4().hex[:12]
+    error_id = request_id or uuid.uuid4().hex[:12]  # outside a call: an id of its own
     fields["error_id"] = error_id
     log.log(level, "request failed: %s", message, extra=fields, exc_info=exc)
     return flight.FlightInternalError(
-        f"internal error {error_id} ({type(exc).__name__}): {message}"
-        + ("" if request_id is None else f" (request id {request_id})")
+        with_request_id(f"internal error {error_id} ({type(exc).__name__}): {message}")
     )
