@@ -562,7 +562,9 @@ def _action(
             )
         raise RuntimeError(f"cannot reach a server at {location}{hint}") from None
     except (flight.FlightError, pa.ArrowException) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # the server's own message and request id; never pyarrow's ". Detail: ..." suffix
+        text = str(exc).strip().split(". Detail: ", 1)[0].strip()
+        message = text.splitlines()[0] if text else type(exc).__name__
         raise RuntimeError(message) from None
     return json.loads(results[0].body.to_pybytes()) if results else None
 

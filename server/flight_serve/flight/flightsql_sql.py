@@ -54,7 +54,7 @@ from flight_serve.errors import (
     TicketError,
 )
 from flight_serve.flight.iceberg_tables import register_iceberg_tables
-from flight_serve.flight.limits import QueryLimits
+from flight_serve.flight.limits import QueryLimits, Reservation
 from flight_serve.flight.query import (
     MAX_RESULT_BATCH_BYTES,
     interruptible_batches,
@@ -551,7 +551,7 @@ class SqlEngine:
                 for i, values in enumerate(rows):
                     _check(is_cancelled)
                     df = first if i == 0 else self._dataframe(ctx, ticket.sql, _options(), values)
-                    yield from self._stream(df, schema, is_cancelled, started)
+                    yield from self._stream(df, schema, is_cancelled, started, reservation)
             finally:
                 if reservation is not None:
                     reservation.release()
@@ -564,12 +564,14 @@ class SqlEngine:
         schema: pa.Schema,
         is_cancelled: IsCancelled | None,
         started: float | None = None,
+        reservation: Reservation | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        pulled = interruptible_batches(
+        pulled = interruptible_batches(  # its worker holds the reservation while it runs
             df,
             limits=self.limits,
             is_cancelled=is_cancelled,
             started=started,
+            reservation=reservation,
             translate=lambda message: _translate(Exception(message)),
         )
         for batch in pulled:
@@ -631,7 +633,9 @@ class SqlEngine:
         pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in self._streams_for(sql)]
         reservation = reserve_input(self.limits, self.store, pins, "this INSERT", sql)
         try:
-            return self._insert_reserved(sql, values, is_cancelled, rows_table, started)
+            return self._insert_reserved(
+                sql, values, is_cancelled, rows_table, started, reservation
+            )
         finally:
             if reservation is not None:
                 reservation.release()
@@ -643,6 +647,7 @@ class SqlEngine:
         is_cancelled: IsCancelled | None,
         rows_table: pa.Table | None,
         started: float,
+        reservation: Reservation | None = None,
     ) -> int:
         ctx = self._live_context(sql)
         if rows_table is not None:
@@ -657,7 +662,7 @@ class SqlEngine:
             raise _translate(exc) from None
         target = self._resolve(target_ref)
         schema = self.store.info(target).schema
-        batches = self._stream(source, self._schema(source), is_cancelled, started)
+        batches = self._stream(source, self._schema(source), is_cancelled, started, reservation)
         return self._append_all(target, (self._to_stream_schema(b, schema) for b in batches))
 
     def _append_all(
