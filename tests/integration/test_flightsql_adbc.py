@@ -316,6 +316,129 @@ def test_ingest_flights_in_each_mode(server: FlightServeService, flights: pa.Tab
     assert fetch(server, "SELECT * FROM fresh ORDER BY sched_dep, flight, carrier").num_rows == 1000
 
 
+# --- view and large types (what polars 2.x sends) ------------------------------------------------
+
+#: The plain stream every view- or large-typed upload below must land in, and what queries return.
+PLAIN = pa.schema(
+    [
+        ("a", pa.int64()),
+        ("s", pa.string()),
+        ("b", pa.binary()),
+        ("l", pa.list_(pa.string())),
+        ("st", pa.struct([("x", pa.string())])),
+    ]
+)
+PLAIN_ROWS = [
+    {"a": 1, "s": "x", "b": b"\x00", "l": ["p", None], "st": {"x": "u"}},
+    {"a": 2, "s": None, "b": None, "l": None, "st": None},
+    {"a": 3, "s": "zz", "b": b"bb", "l": [], "st": {"x": None}},
+]
+VIEW_SCHEMAS = {
+    "views": pa.schema(
+        [
+            ("a", pa.int64()),
+            ("s", pa.string_view()),
+            ("b", pa.binary_view()),
+            ("l", pa.list_view(pa.string_view())),
+            ("st", pa.struct([("x", pa.string_view())])),
+        ]
+    ),
+    "large": pa.schema(
+        [
+            ("a", pa.int64()),
+            ("s", pa.large_string()),
+            ("b", pa.large_binary()),
+            ("l", pa.large_list(pa.large_string())),
+            ("st", pa.struct([("x", pa.large_string())])),
+        ]
+    ),
+}
+
+
+def typed_table(schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(PLAIN_ROWS, schema=schema)
+
+
+def table_rows(service: FlightServeService, table: str) -> tuple[pa.Schema, list[dict[str, Any]]]:
+    result = fetch(service, f"SELECT * FROM {table} ORDER BY a")
+    return result.schema, result.to_pylist()
+
+
+@pytest.mark.parametrize("kind", sorted(VIEW_SCHEMAS))
+def test_ingest_of_view_and_large_typed_columns_into_a_plain_table_in_every_mode(
+    server: FlightServeService, kind: str
+) -> None:
+    upload = typed_table(VIEW_SCHEMAS[kind])
+    with connect(server) as conn, conn.cursor() as cur:
+        for mode, table in (
+            ("append", "plain_append"),
+            ("create_append", "plain_create_append"),
+            ("replace", "plain_replace"),
+        ):
+            server.store.create(table, PLAIN)
+            server.store.append(table, pa.RecordBatch.from_pylist(PLAIN_ROWS, schema=PLAIN))
+            assert cur.adbc_ingest(table, upload, mode=mode) == 3
+            # replace re-creates the table with the upload's types, views made plain
+            expected_schema = PLAIN if mode != "replace" or kind == "views" else upload.schema
+            schema, rows = table_rows(server, table)
+            assert schema == expected_schema, mode
+            expected = PLAIN_ROWS if mode == "replace" else sorted(
+                PLAIN_ROWS * 2, key=lambda r: r["a"]
+            )
+            assert rows == expected, mode
+            assert server.store.info(table).schema == expected_schema, mode
+            assert conn.adbc_get_table_schema(table).remove_metadata() == expected_schema, mode
+
+
+def test_ingest_of_view_typed_columns_creates_a_plain_table(server: FlightServeService) -> None:
+    upload = typed_table(VIEW_SCHEMAS["views"])
+    with connect(server) as conn, conn.cursor() as cur:
+        for mode in ("create", "create_append", "replace"):
+            table = f"new_{mode}"
+            assert cur.adbc_ingest(table, upload, mode=mode) == 3
+            schema, rows = table_rows(server, table)
+            assert (schema, rows) == (PLAIN, PLAIN_ROWS), mode
+            # GetTables' table_schema: the types queries return, never a view type
+            assert conn.adbc_get_table_schema(table).remove_metadata() == PLAIN, mode
+            assert cur.adbc_ingest(table, upload, mode="append") == 3
+            assert len(table_rows(server, table)[1]) == 6
+
+
+def test_a_refused_create_ingest_leaves_no_table_behind(server: FlightServeService) -> None:
+    schema = pa.schema([pa.field("a", pa.int64(), nullable=False)])
+    with_null = pa.Table.from_arrays([pa.array([1, None], pa.int64())], schema=schema)
+    with connect(server) as conn, conn.cursor() as cur:
+        for mode in ("create", "create_append", "replace"):
+            with pytest.raises(ProgrammingError) as refused:
+                cur.adbc_ingest(f"refused_{mode}", with_null, mode=mode)
+            assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+            assert "'a' (not nullable in the stream, batch holds nulls)" in str(refused.value)
+        # a refused replace keeps the table it would have replaced
+        with pytest.raises(ProgrammingError):
+            cur.adbc_ingest("t", with_null.rename_columns(["a"]), mode="replace")
+    assert [i.name for i in server.store.list_streams()] == ["t"]
+    assert fetch(server, "SELECT a, b FROM t ORDER BY a").to_pylist() == [
+        {"a": 1, "b": "x"},
+        {"a": 2, "b": "y"},
+        {"a": 3, "b": "z"},
+    ]
+
+
+def test_plain_flight_do_put_of_string_view_columns(server: FlightServeService) -> None:
+    upload = typed_table(VIEW_SCHEMAS["views"])
+    with flight.connect(server.location) as client:
+        for stream in ("plain_t", "fresh_t"):
+            if stream == "plain_t":
+                server.store.create(stream, PLAIN)
+            writer, _ = client.do_put(flight.FlightDescriptor.for_path(stream), upload.schema)
+            with writer:
+                writer.write_table(upload)
+            assert server.store.info(stream).schema == PLAIN, stream
+            assert table_rows(server, stream) == (PLAIN, PLAIN_ROWS), stream
+    with connect(server) as conn:
+        assert conn.adbc_get_table_schema("fresh_t").remove_metadata() == PLAIN
+
+
 # --- cancellation -------------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+from flight_serve.store import plain_type
 
 __all__ = [
     "CATALOG",
@@ -271,9 +272,11 @@ def tables_table(
 
 def annotated_schema(table: TableEntry) -> pa.Schema:
     """``table.schema`` with the Flight SQL column metadata on every field (catalog, schema and
-    table name, the SQL type name, precision and scale, and the read-only / searchable flags)."""
+    table name, the SQL type name, precision and scale, and the read-only / searchable flags),
+    in the types queries return: view and dictionary types as their plain types."""
     fields = []
     for field in table.schema:
+        field = field.with_type(plain_type(field.type))
         meta: dict[bytes | str, bytes | str] = {}
         column = column_metadata(field.type, table=table.name, db_schema=table.db_schema)
         for source in (field.metadata or {}, column):

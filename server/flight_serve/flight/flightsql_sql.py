@@ -32,6 +32,7 @@ Errors: a statement DataFusion cannot parse or plan is :class:`~flight_serve.err
 
 from __future__ import annotations
 
+import itertools
 import queue
 import re
 import threading
@@ -66,7 +67,7 @@ from flight_serve.flight.query import (
     to_plain,
 )
 from flight_serve.flight.tickets import QueryTicket, StreamPin
-from flight_serve.store import StreamInfo, StreamStore, validate_stream_name
+from flight_serve.store import StreamInfo, StreamStore, check_batch, validate_stream_name
 
 __all__ = [
     "UPDATE_COUNT_SCHEMA",
@@ -793,7 +794,13 @@ class SqlEngine:
         ``mode`` is (if the table does not exist: ``create`` | ``fail``, if it exists:
         ``fail`` | ``append`` | ``replace``); ADBC's modes are create = (create, fail),
         append = (fail, append), replace = (create, replace), create_append = (create, append).
-        Batches appended before a failure stay (there are no transactions).
+        The upload may use view types and ``large_*`` types where the stream has the plain
+        ones (:func:`flight_serve.store.same_values`); they are cast to the stream's types, and
+        a table created here has the plain types. The first batch is checked before a table is
+        replaced or created; a load that fails after creating its table drops that table again
+        (so a refused ``create`` leaves no table behind, and a refused ``replace`` of a first
+        batch keeps the old one). Batches appended to an existing table before a failure stay
+        (there are no transactions).
 
         Raises:
             StreamNotFoundError: the table does not exist and ``mode[0]`` is ``fail``.
@@ -807,9 +814,30 @@ class SqlEngine:
             raise AlreadyExistsError(f"table {name!r} already exists")
         if not exists and if_not_exist == "fail":
             raise StreamNotFoundError(f"table {name!r} does not exist")
+        schema = plain_schema(schema)
+        pending = iter(batches)
+        first = next(pending, None)
+        if first is not None:  # refused before anything is replaced or created
+            if exists and if_exists == "append":
+                self.store.validate(name, first)
+            else:
+                check_batch(name, schema, first)
         if exists and if_exists == "replace":
             self.store.drop(name)
             exists = False
-        if not exists:
-            self.store.create(name, plain_schema(schema))
-        return self._append_all(name, batches, is_cancelled)
+        created = None if exists else self.store.create(name, schema)
+        loaded = pending if first is None else itertools.chain([first], pending)
+        try:
+            return self._append_all(name, loaded, is_cancelled)
+        except BaseException:
+            if created is not None:
+                self._drop_created(name, created.incarnation)
+            raise
+
+    def _drop_created(self, name: str, incarnation: str) -> None:
+        """Drop the stream a failed create (or replace) made, unless it was re-created since."""
+        try:
+            if self.store.info(name).incarnation == incarnation:
+                self.store.drop(name)
+        except StreamNotFoundError:
+            pass
