@@ -157,6 +157,70 @@ def test_execute_with_parameters(server: FlightServeService) -> None:
     assert table.to_pylist() == [{"a": 1}]
 
 
+@pytest.mark.parametrize(
+    ("sql", "parameters", "message"),
+    [
+        ("SELECT ? AS a", (1, 2), "the statement has 1 placeholder; 2 parameters were bound"),
+        ("SELECT 1 AS a", (1,), "the statement has 0 placeholders; 1 parameter was bound"),
+        ("SELECT ? AS a, ? AS b", (1,), "the statement has 2 placeholders; 1 parameter was bound"),
+        ("SELECT $2 AS a", (1,), "the statement has 2 placeholders; 1 parameter was bound"),
+        ("SELECT $1 AS a, $1 + 1 AS b", (1, 2), "the statement has 1 placeholder; 2 parameters"),
+        ("SELECT '?' AS q, ? AS a", (1, 2), "the statement has 1 placeholder; 2 parameters"),
+        ("INSERT INTO t VALUES (?, ?)", (1, "a", 3), "the statement has 2 placeholders; 3 par"),
+        ("INSERT INTO t VALUES (3, 'c')", (1,), "the statement has 0 placeholders; 1 parameter"),
+    ],
+)
+def test_parameters_that_do_not_match_the_placeholders_are_refused_with_both_counts(
+    server: FlightServeService, sql: str, parameters: tuple[Any, ...], message: str
+) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        with pytest.raises(ProgrammingError) as refused:
+            cur.execute(sql, parameters)
+        assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+        assert message in str(refused.value)
+    assert server.store.info("t").num_rows == 3  # nothing was inserted
+
+
+def test_executemany_rows_longer_or_shorter_than_the_placeholders_are_refused(
+    server: FlightServeService,
+) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        for rows, message in (
+            ([(1, "a", 3), (2, "b", 4)], "the statement has 2 placeholders; 3 parameters were"),
+            ([(1,), (2,)], "the statement has 2 placeholders; 1 parameter was bound"),
+        ):
+            with pytest.raises(ProgrammingError) as refused:
+                cur.executemany("INSERT INTO t VALUES (?, ?)", rows)
+            assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+            assert message in str(refused.value)
+        cur.executemany("INSERT INTO t VALUES (?, ?)", [(7, "g")])  # the matching shape runs
+    assert server.store.info("t").num_rows == 4
+
+
+def test_a_query_with_placeholders_run_without_parameters_names_the_counts(
+    server: FlightServeService,
+) -> None:
+    with pytest.raises(ProgrammingError) as refused:
+        fetch(server, "SELECT ? AS a")
+    assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+    assert "the statement has 1 placeholder; 0 parameters were bound" in str(refused.value)
+
+
+def test_the_parameter_schema_lists_every_placeholder_a_statement_binds(
+    server: FlightServeService,
+) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        for sql, fields in (
+            ("SELECT a FROM t WHERE a > ? AND b = ?", [("$1", pa.int64()), ("$2", pa.string())]),
+            ("SELECT a FROM t WHERE a IN (SELECT ?)", [("$1", pa.null())]),
+            ("SELECT $2 AS x", [("$1", pa.null()), ("$2", pa.null())]),
+            ("SELECT a FROM t WHERE b = $who", [("$who", pa.string())]),
+        ):
+            assert cur.adbc_prepare(sql) == pa.schema(fields), sql
+        cur.execute("SELECT a FROM t WHERE a IN (SELECT ?)", (2,))
+        assert cur.fetchall() == [(2,)]
+
+
 def test_executemany_inserts_every_parameter_row_in_order(server: FlightServeService) -> None:
     rows = [(1000 - i, f"r{i}") for i in range(2500)]
     with connect(server) as conn, conn.cursor() as cur:
