@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from adbc_driver_manager import AdbcStatusCode, ProgrammingError
+from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve.connectors.nycflights13 import load_flights
+from flight_serve.flight.flightsql import pack
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 
@@ -501,6 +504,49 @@ def test_plain_flight_do_put_of_string_view_columns(server: FlightServeService) 
             assert table_rows(server, stream) == (PLAIN, PLAIN_ROWS), stream
     with connect(server) as conn:
         assert conn.adbc_get_table_schema("fresh_t").remove_metadata() == PLAIN
+
+
+# --- time zones ---------------------------------------------------------------------------------
+
+TZ_SQL = (
+    "SELECT CAST('2021-03-28T00:15:00Z' AS TIMESTAMPTZ) AS a, "
+    "CAST('2021-03-28T02:15:00+02:00' AS TIMESTAMP WITH TIME ZONE) AS b, "
+    "CAST('2021-03-28T00:15:00' AS TIMESTAMP) AS c"
+)
+TZ_SCHEMA = pa.schema(
+    [
+        pa.field("a", pa.timestamp("ns", tz="UTC"), nullable=False),
+        pa.field("b", pa.timestamp("ns", tz="UTC"), nullable=False),
+        pa.field("c", pa.timestamp("ns"), nullable=False),
+    ]
+)
+
+
+def test_timestamptz_is_utc_zoned_over_flight_sql_and_the_plain_sql_command(
+    server: FlightServeService,
+) -> None:
+    instant = datetime(2021, 3, 28, 0, 15, tzinfo=UTC)
+    expected = [{"a": instant, "b": instant, "c": datetime(2021, 3, 28, 0, 15)}]
+    with flight.connect(server.location) as client:
+        for command in (TZ_SQL.encode(), pack(sql_pb2.CommandStatementQuery(query=TZ_SQL))):
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(command))
+            assert info.schema == TZ_SCHEMA
+            table = client.do_get(info.endpoints[0].ticket).read_all()
+            assert table.schema == TZ_SCHEMA
+            assert table.to_pylist() == expected
+    assert fetch(server, TZ_SQL).to_pylist() == expected
+
+
+def test_a_timestamptz_column_of_create_table_is_utc_zoned(server: FlightServeService) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE z (t TIMESTAMP WITH TIME ZONE, u TIMESTAMP)")
+        cur.execute("INSERT INTO z VALUES ('2021-03-28T02:15:00+02:00', '2021-03-28T00:15:00')")
+    assert server.store.info("z").schema == pa.schema(
+        [("t", pa.timestamp("ns", tz="UTC")), ("u", pa.timestamp("ns"))]
+    )
+    assert fetch(server, "SELECT t, u FROM z").to_pylist() == [
+        {"t": datetime(2021, 3, 28, 0, 15, tzinfo=UTC), "u": datetime(2021, 3, 28, 0, 15)}
+    ]
 
 
 # --- cancellation -------------------------------------------------------------------------------

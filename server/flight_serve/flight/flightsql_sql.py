@@ -438,7 +438,7 @@ class SqlEngine:
         ctx.register_record_batches(f'"{info.name}"', [batches])
 
     def _schema_context(self, sql: str) -> tuple[datafusion.SessionContext, list[StreamInfo]]:
-        ctx = datafusion.SessionContext()
+        ctx = new_context()  # the session settings the query runs with (time zone)
         infos = self._streams_for(sql)
         for info in infos:
             self._register(ctx, info, [])

@@ -57,6 +57,7 @@ from flight_serve.store import StreamStore, plain_type, to_plain
 
 __all__ = [
     "MAX_RESULT_BATCH_BYTES",
+    "SESSION_TIME_ZONE",
     "execute",
     "interruptible_batches",
     "new_context",
@@ -67,6 +68,9 @@ __all__ = [
     "split_batch",
     "to_plain",
 ]
+
+#: The session time zone of every SQL context (``datafusion.execution.time_zone``).
+SESSION_TIME_ZONE: Final = "UTC"
 
 #: Upper bound on ``RecordBatch.nbytes`` of every batch a DoGet sends.
 MAX_RESULT_BATCH_BYTES = 4 * 1024 * 1024
@@ -166,8 +170,17 @@ def _datafusion_message(exc: BaseException) -> str:
 def new_context(
     limits: QueryLimits | None = None, config: datafusion.SessionConfig | None = None
 ) -> datafusion.SessionContext:
-    """A DataFusion context; under a memory budget with a fair spill pool of
-    ``limits.work_bytes``."""
+    """A DataFusion context with the session time zone UTC (:data:`SESSION_TIME_ZONE`); under a
+    memory budget with a fair spill pool of ``limits.work_bytes``.
+
+    The time zone makes ``TIMESTAMPTZ`` / ``TIMESTAMP WITH TIME ZONE`` (casts, DDL), ``now()``
+    and ``to_timestamp(…)`` UTC-zoned (``timestamp[ns, tz=UTC]``), as in PostgreSQL with
+    ``TimeZone = UTC``; DataFusion 55 has no session time zone by default and returns a
+    timestamp without a zone for them. ``TIMESTAMP`` stays without a zone.
+    """
+    config = (config or datafusion.SessionConfig()).set(
+        "datafusion.execution.time_zone", SESSION_TIME_ZONE
+    )
     if limits is None or limits.budget is None:
         return datafusion.SessionContext(config)
     runtime = datafusion.RuntimeEnvBuilder().with_fair_spill_pool(limits.work_bytes)
