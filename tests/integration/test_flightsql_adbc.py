@@ -471,6 +471,33 @@ def test_ingest_of_view_typed_columns_creates_a_plain_table(server: FlightServeS
             assert len(table_rows(server, table)[1]) == 6
 
 
+def test_dictionary_encoded_view_columns_load_as_plain_strings(server: FlightServeService) -> None:
+    upload = pa.table(
+        {
+            "a": pa.array([4, 5], pa.int64()),
+            "b": pa.array(["p", None], pa.string_view()).dictionary_encode(),
+        }
+    )
+    with connect(server) as conn, conn.cursor() as cur:
+        assert cur.adbc_ingest("t", upload, mode="append") == 2
+        assert cur.adbc_ingest("dict_new", upload, mode="create") == 2
+    with flight.connect(server.location) as client:
+        writer, _ = client.do_put(flight.FlightDescriptor.for_path("t"), upload.schema)
+        with writer:
+            writer.write_table(upload)
+    assert server.store.info("dict_new").schema == T_SCHEMA
+    assert fetch(server, "SELECT a, b FROM dict_new ORDER BY a").to_pylist() == [
+        {"a": 4, "b": "p"},
+        {"a": 5, "b": None},
+    ]
+    assert fetch(server, "SELECT a, b FROM t WHERE a > 3 ORDER BY a").to_pylist() == [
+        {"a": 4, "b": "p"},
+        {"a": 4, "b": "p"},
+        {"a": 5, "b": None},
+        {"a": 5, "b": None},
+    ]
+
+
 def test_a_refused_create_ingest_leaves_no_table_behind(server: FlightServeService) -> None:
     schema = pa.schema([pa.field("a", pa.int64(), nullable=False)])
     with_null = pa.Table.from_arrays([pa.array([1, None], pa.int64())], schema=schema)

@@ -319,7 +319,11 @@ def to_plain(array: pa.Array[Any], target: pa.DataType) -> pa.Array[Any]:
         return array
     goal: Any = target
     if pa.types.is_dictionary(source):
-        return to_plain(array.cast(source.value_type), target)
+        # values made plain first: pyarrow 26 can neither cast nor take a dictionary of views
+        encoded: Any = array
+        values = to_plain(encoded.dictionary, plain_type(source.value_type))
+        decoded = pa.DictionaryArray.from_arrays(encoded.indices, values).dictionary_decode()
+        return to_plain(decoded, target)
     if (pa.types.is_list(goal) or pa.types.is_large_list(goal)) and (
         pa.types.is_list(source)
         or pa.types.is_large_list(source)
