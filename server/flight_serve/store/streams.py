@@ -291,16 +291,20 @@ def _small_offsets(data_type: pa.DataType) -> pa.DataType | None:
 
 
 def same_values(a: pa.DataType, b: pa.DataType) -> bool:
-    """Whether plain types ``a`` and ``b`` hold the same values and differ at most in offset
-    width (``string`` / ``large_string``, ``binary`` / ``large_binary``, ``list`` /
-    ``large_list``, at any depth): a batch of one is cast to the other on append.
+    """Whether types ``a`` and ``b`` hold the same values and differ at most in offset width
+    (``string`` / ``large_string``, ``binary`` / ``large_binary``, ``list`` / ``large_list``, at
+    any depth) or in being a view type (:func:`plain_type`): a batch of one is cast to the other
+    on append. (A stream that an earlier flight-serve created with a view type keeps it: plain
+    ``string`` / ``binary`` batches are cast to ``string_view`` / ``binary_view`` for it.)
 
     >>> same_values(pa.list_(pa.large_string()), pa.large_list(pa.string()))
     True
     >>> same_values(pa.string(), pa.binary())
     False
     """
-    return a == b or rewrite_type(a, _small_offsets) == rewrite_type(b, _small_offsets)
+    if a == b:
+        return True
+    return rewrite_type(plain_type(a), _small_offsets) == rewrite_type(plain_type(b), _small_offsets)
 
 
 def to_plain(array: pa.Array[Any], target: pa.DataType) -> pa.Array[Any]:
