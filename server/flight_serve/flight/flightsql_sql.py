@@ -36,6 +36,7 @@ Errors: a statement DataFusion cannot parse or plan is :class:`~flight_serve.err
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import re
@@ -154,6 +155,8 @@ def rewrite_placeholders(sql: str) -> str:
     'SELECT \\'?\\', "a?" FROM t WHERE x = $1 AND y > $2 -- ?'
     """
     check_sql_size(sql)  # every statement passes here first, before sqlglot reads it
+    if "?" not in sql:
+        return sql  # nothing to rewrite: no need to tokenize
     tokens = _tokens(sql)
     if tokens is None:
         return sql
@@ -178,6 +181,14 @@ def placeholder_names(sql: str) -> list[str] | None:
     >>> placeholder_names("SELECT $2, $1 + $2, $who FROM t WHERE s = '$3'")
     ['1', '2', 'who']
     """
+    if "$" not in sql:
+        return []
+    names = _placeholder_names(sql)
+    return None if names is None else list(names)
+
+
+@functools.lru_cache(maxsize=16)  # a statement is checked when bound, planned and run
+def _placeholder_names(sql: str) -> tuple[str, ...] | None:
     tokens = _tokens(sql)
     if tokens is None:
         return None
@@ -186,7 +197,7 @@ def placeholder_names(sql: str) -> list[str] | None:
         for token in tokens
         if token.token_type == TokenType.VAR and token.text.startswith("$") and token.text[1:]
     }
-    return sorted(names, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n))
+    return tuple(sorted(names, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n)))
 
 
 def _plural(count: int, word: str) -> str:
@@ -220,6 +231,18 @@ def check_parameters(sql: str, params: pa.Table | None) -> None:
         )
 
 
+def _first_tokens(sql: str) -> list[Token] | None:
+    """The tokens of a prefix of ``sql`` that holds its first token whole (a prefix twice as long
+    each time, so a long statement is not tokenized whole for its first keyword)."""
+    size = 256
+    while size < len(sql):
+        tokens = _tokens(sql[:size])  # None: the prefix ends inside a comment or literal
+        if tokens and tokens[0].end < size - 1:
+            return tokens[:1]
+        size *= 2
+    return _tokens(sql)
+
+
 def statement_kind(sql: str) -> StatementKind:
     """Classify ``sql`` by its first keyword (comments skipped, sqlglot's tokenizer).
 
@@ -230,7 +253,7 @@ def statement_kind(sql: str) -> StatementKind:
         QueryError: an empty statement, or one flight-serve refuses (``UPDATE``, ``DELETE``,
             transactions, ...; the message says why).
     """
-    tokens = _tokens(sql)
+    tokens = _first_tokens(sql)
     if not tokens:
         if not sql.strip() or tokens == []:
             raise QueryError("empty SQL statement")
