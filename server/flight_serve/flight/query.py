@@ -40,12 +40,10 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import datafusion
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
@@ -55,10 +53,11 @@ from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
 from flight_serve.flight.iceberg_tables import iceberg_input_bytes, register_iceberg_tables
 from flight_serve.flight.limits import QueryLimits, Reservation
 from flight_serve.flight.tickets import QueryTicket, StreamPin
-from flight_serve.store import StreamStore, rewrite_type
+from flight_serve.store import StreamStore, plain_type, to_plain
 
 __all__ = [
     "MAX_RESULT_BATCH_BYTES",
+    "SESSION_TIME_ZONE",
     "execute",
     "interruptible_batches",
     "new_context",
@@ -69,6 +68,9 @@ __all__ = [
     "split_batch",
     "to_plain",
 ]
+
+#: The session time zone of every SQL context (``datafusion.execution.time_zone``).
+SESSION_TIME_ZONE: Final = "UTC"
 
 #: Upper bound on ``RecordBatch.nbytes`` of every batch a DoGet sends.
 MAX_RESULT_BATCH_BYTES = 4 * 1024 * 1024
@@ -117,75 +119,16 @@ def referenced_tables(sql: str) -> set[str] | None:
     return names
 
 
-def _view_to_plain(data_type: pa.DataType) -> pa.DataType | None:
-    t: Any = data_type
-    if pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_binary_view(t):
-        return pa.binary()
-    if pa.types.is_list_view(t):
-        return pa.list_(t.value_field)
-    if pa.types.is_large_list_view(t):
-        return pa.large_list(t.value_field)
-    return None
-
-
 def plain_schema(schema: pa.Schema) -> pa.Schema:
-    """Return ``schema`` with view types replaced by plain ones, at every nesting level.
+    """Return ``schema`` with view (and dictionary) types replaced by plain ones, at every
+    nesting level (:func:`flight_serve.store.plain_type`).
 
     >>> plain_schema(pa.schema([("s", pa.string_view())]))
     s: string
     """
-    fields = [f.with_type(rewrite_type(f.type, _view_to_plain)) for f in schema]
+    fields = [f.with_type(plain_type(f.type)) for f in schema]
     metadata: Any = schema.metadata
     return pa.schema(fields, metadata=metadata)
-
-
-def to_plain(array: pa.Array[Any], target: pa.DataType) -> pa.Array[Any]:
-    """Return ``array`` converted to ``target``, a type from :func:`plain_schema`.
-
-    List views are rebuilt by hand (pyarrow 26's ``list_view`` to ``list`` cast produces an
-    invalid offsets buffer); everything else is an Arrow cast.
-    """
-    source: Any = array.type
-    if source == target:
-        return array
-    goal: Any = target
-    if (pa.types.is_list(goal) or pa.types.is_large_list(goal)) and (
-        pa.types.is_list(source)
-        or pa.types.is_large_list(source)
-        or pa.types.is_list_view(source)
-        or pa.types.is_large_list_view(source)
-    ):
-        values = to_plain(pc.list_flatten(array), goal.value_type)
-        sizes = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
-        offset_type = np.int64 if pa.types.is_large_list(goal) else np.int32
-        offsets = np.zeros(len(array) + 1, dtype=offset_type)
-        np.cumsum(sizes, out=offsets[1:])
-        list_class: Any = pa.LargeListArray if pa.types.is_large_list(goal) else pa.ListArray
-        return cast(
-            "pa.Array[Any]",
-            list_class.from_arrays(
-                pa.array(offsets),
-                values,
-                type=goal,
-                mask=array.is_null() if array.null_count else None,
-            ),
-        )
-    if pa.types.is_struct(goal) and pa.types.is_struct(source):
-        struct_array: Any = array
-        children = [
-            to_plain(child, goal.field(i).type) for i, child in enumerate(struct_array.flatten())
-        ]
-        return cast(
-            "pa.Array[Any]",
-            pa.StructArray.from_arrays(
-                children,
-                fields=[goal.field(i) for i in range(goal.num_fields)],
-                mask=array.is_null() if array.null_count else None,
-            ),
-        )
-    return array.cast(target)
 
 
 def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -227,8 +170,17 @@ def _datafusion_message(exc: BaseException) -> str:
 def new_context(
     limits: QueryLimits | None = None, config: datafusion.SessionConfig | None = None
 ) -> datafusion.SessionContext:
-    """A DataFusion context; under a memory budget with a fair spill pool of
-    ``limits.work_bytes``."""
+    """A DataFusion context with the session time zone UTC (:data:`SESSION_TIME_ZONE`); under a
+    memory budget with a fair spill pool of ``limits.work_bytes``.
+
+    The time zone makes ``TIMESTAMPTZ`` / ``TIMESTAMP WITH TIME ZONE`` (casts, DDL), ``now()``
+    and ``to_timestamp(…)`` UTC-zoned (``timestamp[ns, tz=UTC]``), as in PostgreSQL with
+    ``TimeZone = UTC``; DataFusion 55 has no session time zone by default and returns a
+    timestamp without a zone for them. ``TIMESTAMP`` stays without a zone.
+    """
+    config = (config or datafusion.SessionConfig()).set(
+        "datafusion.execution.time_zone", SESSION_TIME_ZONE
+    )
     if limits is None or limits.budget is None:
         return datafusion.SessionContext(config)
     runtime = datafusion.RuntimeEnvBuilder().with_fair_spill_pool(limits.work_bytes)
