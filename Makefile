@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test bench lint typecheck unit integration proto clean
+.PHONY: demo stream-example test bench lint typecheck unit integration proto clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test
 demo: $(VENV)/.stamp-demo
 	$(BIN)/flight-serve demo
 	$(BIN)/flight-serve demo --sync
+
+## make stream-example: a pipeline submitted to a server, fed the flights, kill -9 of the server
+## halfway, restart, the rest fed; checks every window once (examples/stream_to_stream/).
+stream-example: $(VENV)/.stamp-demo
+	$(BIN)/flight-serve data nycflights13 --out examples/flights.parquet
+	$(PY) examples/stream_to_stream/kill_restart.py --flights examples/flights.parquet --rows 336776
 
 ## make test: set up, lint, type-check, check the import layers, run every test.
 test: $(VENV)/.stamp-test lint typecheck
