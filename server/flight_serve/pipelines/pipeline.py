@@ -28,7 +28,7 @@ Planning opens no file: connector options are kept as written and checked when t
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -45,6 +45,7 @@ from flight_serve.pipelines.query import (
     QueryOptions,
     WindowQuery,
     apply_option,
+    no_time_column,
     option_duration,
     property_items,
     source_options,
@@ -121,6 +122,15 @@ class RelationDef:
     time_column: str | None
     options: QueryOptions
     connector: dict[str, Option]
+
+    def no_time_column(self, columns: Sequence[str], where: str) -> PipelineSQLError:
+        """The error for a ``WATERMARK FOR`` column that ``where`` (the files, the stream) does
+        not have, pointing at the name after ``WATERMARK FOR``."""
+        schema = self.node.this
+        items = schema.expressions if isinstance(schema, exp.Schema) else []
+        watermark = next((i for i in items if isinstance(i, exp.WatermarkColumnConstraint)), None)
+        node = watermark.this if watermark is not None else self.node.this
+        return no_time_column(self.time_column or "", columns, where, node)
 
 
 @dataclass(frozen=True)
@@ -579,10 +589,8 @@ class _Planner:
                 and columns is not None
                 and columns.get_field_index(time_column) < 0
             ):
-                raise sql_error(
-                    f"WATERMARK FOR {time_column}: no such column",
-                    watermark if watermark is not None else create,
-                )
+                assert watermark is not None
+                raise no_time_column(time_column, columns.names, f"source {name}", watermark.this)
         connector = {o.key: o for o in options if o.key not in OPTION_NAMES}
         if "connector" not in connector:
             raise sql_error(f"CREATE {kind.upper()} {name} needs WITH (connector = …)", create.this)
@@ -754,7 +762,14 @@ class _Planner:
                 "count every revision; read it per row, or use emit 'final' upstream",
                 source_node,
             )
-        window = window_query_from_select(query, options, declared_time_column=time_column)
+        relation = self.sources.get(name)
+        declared = relation.columns if relation is not None else None
+        window = window_query_from_select(
+            query,
+            options,
+            declared_time_column=time_column,
+            input_columns=declared.names if declared is not None else None,
+        )
         self._check_accumulate(sink, window.aggregation.emit == "update", query)
         self.queries.append(QueryDef(index, statement, query, view, sink, name, (), window))
         if view is not None:
