@@ -468,6 +468,22 @@ def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int
     return 0
 
 
+def _print_warnings(path: Path, warnings: Sequence[str]) -> None:
+    for warning in warnings:
+        print(f"flight-serve: {path}: warning: {warning}", file=sys.stderr)
+
+
+def _sql_warnings(sql: str) -> tuple[str, ...]:
+    """The warnings of a pipeline's SQL (none when it does not parse: the server says why)."""
+    from flight_serve.errors import FlightServeError
+    from flight_serve.pipelines.pipeline import parse_pipeline
+
+    try:
+        return parse_pipeline(sql).warnings
+    except FlightServeError:
+        return ()
+
+
 def _run_pipeline(
     path: Path, output_dir: Path | None, explain_only: bool, args: argparse.Namespace | None = None
 ) -> int:
@@ -477,6 +493,7 @@ def _run_pipeline(
     try:
         with _Sigterm() as sigterm:  # SIGTERM ends a run as Ctrl-C does (exit 143, not 130)
             pipeline = Pipeline.from_sql(path, output_dir=output_dir)
+            _print_warnings(path, pipeline.plan.warnings)
             if explain_only:
                 sys.stdout.write(pipeline.explain())
                 return 0
@@ -519,6 +536,11 @@ def _action(
     import pyarrow as pa
     import pyarrow.flight as flight
 
+    from flight_serve.connectors.flight import server_uri_problem
+
+    problem = server_uri_problem(server)
+    if problem is not None:
+        raise RuntimeError(f"--server {server}: {problem}")
     location = server if "://" in server else f"grpc://{server}"
     try:
         root_certs = tls_ca.read_text() if tls_ca is not None else None
@@ -563,6 +585,15 @@ def _action(
         raise RuntimeError(f"cannot reach a server at {location}{hint}") from None
     except (flight.FlightError, pa.ArrowException) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, pa.ArrowNotImplementedError):  # a gRPC server, not a Flight one
+            said = message.split("with message: ", 1)[-1]
+            message = f"{location}: {said}"
+            if "health port" not in said:
+                message = (
+                    f"{location} answers gRPC but not Arrow Flight ({said}): is it the health "
+                    "port or another service's? give the Flight port (serve --port, 8815 by "
+                    "default)"
+                )
         raise RuntimeError(message) from None
     return json.loads(results[0].body.to_pybytes()) if results else None
 
@@ -594,6 +625,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
     print(result["id"])
+    _print_warnings(path, _sql_warnings(sql))
     for sink, target in result.get("outputs", {}).items():
         print(f"sink {sink} -> {target}", file=sys.stderr)
     return 0

@@ -185,3 +185,102 @@ def test_a_misspelled_statement_word_is_named_where_it_is(sql: str, message: str
     with pytest.raises(PipelineSQLError) as info:
         parse_pipeline(sql)
     assert str(info.value) == message
+
+
+# --- options ----------------------------------------------------------------------------------
+
+
+def test_a_misspelled_connector_key_is_named_with_connector_suggested() -> None:
+    sql = (
+        SOURCE.replace("(connector = 'file'", "(conector = 'file'")
+        + "INSERT INTO out SELECT k FROM s;"
+    )
+    with pytest.raises(PipelineSQLError) as info:
+        parse_pipeline(sql)
+    assert str(info.value) == (
+        "unknown option conector of CREATE SOURCE s; did you mean connector? (CREATE SOURCE s "
+        "needs WITH (connector = …)) (line 1, column 57)"
+    )
+
+
+def test_a_misspelled_connector_option_suggests_the_nearest(tmp_path: Path) -> None:
+    sql = SOURCE.replace("path = ", "paht = ") + "INSERT INTO out SELECT k FROM s;"
+    assert error(tmp_path, sql) == (
+        "option paht: unknown option of the file connector of SOURCE s (did you mean path?); its "
+        "options: connector, path, format, batch_rows, delimiter (line 1, column 73)"
+    )
+
+
+def test_a_misspelled_connector_name_suggests_the_nearest(tmp_path: Path) -> None:
+    sql = SOURCE.replace("'stdout'", "'stdot'") + "INSERT INTO out SELECT k FROM s;"
+    assert error(tmp_path, sql) == (
+        "option connector: unknown connector 'stdot' for a sink; did you mean stdout? (use "
+        "'file' or 'stdout' or 'falkordb' or 'flight' or 'iceberg') (line 2, column 35)"
+    )
+
+
+def test_a_misspelled_set_option_suggests_the_nearest() -> None:
+    with pytest.raises(PipelineSQLError) as info:
+        parse_pipeline(
+            "SET alowed_lateness = '5s';\n" + SOURCE + "INSERT INTO out SELECT k FROM s;"
+        )
+    assert str(info.value).startswith(
+        "unknown option 'alowed_lateness'; did you mean allowed_lateness?; SET takes "
+    )
+
+
+def test_an_http_server_uri_says_to_use_grpc(tmp_path: Path) -> None:
+    sql = (
+        "CREATE SOURCE s WITH (connector = 'flight', server = 'http://127.0.0.1:8815');\n"
+        "CREATE SINK out WITH (connector = 'stdout');\nINSERT INTO out SELECT * FROM s;"
+    )
+    assert error(tmp_path, sql) == (
+        "option server: http:// is not a Flight scheme: use grpc://127.0.0.1:8815 "
+        "(grpc+tls://127.0.0.1:8815 for TLS) (line 1, column 54)"
+    )
+
+
+# --- input files ------------------------------------------------------------------------------
+
+
+def test_a_missing_relative_input_shows_the_absolute_path(tmp_path: Path) -> None:
+    sql = SOURCE.replace("'in.csv'", "'nope.csv'") + "INSERT INTO out SELECT k FROM s;"
+    assert error(tmp_path, sql) == (
+        f"option path: file connector: no file matches path 'nope.csv' (looked in "
+        f"{tmp_path}/nope.csv; relative paths start at {tmp_path}) (line 1, column 73)"
+    )
+
+
+def test_the_examples_missing_flights_file_says_how_to_write_it(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "examples" / "hourly_departures.sql"
+    (tmp_path / "hourly_departures.sql").write_text(example.read_text())
+    with pytest.raises(PipelineSQLError) as info:
+        Pipeline.from_sql(tmp_path / "hourly_departures.sql").explain()
+    assert str(info.value) == (
+        f"option path: file connector: no file matches path 'flights.parquet' (looked in "
+        f"{tmp_path}/flights.parquet; relative paths start at {tmp_path}); write it with: "
+        f"flight-serve data nycflights13 --out {tmp_path}/flights.parquet (line 12, column 36)"
+    )
+
+
+# --- HOP with the slide larger than the size --------------------------------------------------
+
+
+def test_hop_with_the_slide_larger_than_the_size_warns_and_shows_the_other_order() -> None:
+    sql = SOURCE + (
+        "INSERT INTO out SELECT origin, window_start, window_end, count(*) AS n\n"
+        "FROM HOP(s, t, INTERVAL '10' MINUTE, INTERVAL '1' MINUTE)\n"
+        "GROUP BY origin, window_start, window_end;"
+    )
+    assert parse_pipeline(sql).warnings == (
+        "HOP slide INTERVAL '10' MINUTE is larger than its size INTERVAL '1' MINUTE: the rows "
+        "between two windows fall in none and are dropped; HOP takes the slide first, then the "
+        "size — for INTERVAL '10' MINUTE windows every INTERVAL '1' MINUTE write "
+        "HOP(s, t, INTERVAL '1' MINUTE, INTERVAL '10' MINUTE) (line 4, column 6)",
+    )
+    assert (
+        parse_pipeline(
+            sql.replace("'10' MINUTE, INTERVAL '1'", "'1' MINUTE, INTERVAL '10'")
+        ).warnings
+        == ()
+    )

@@ -45,6 +45,8 @@ from flight_serve.pipelines.query import (
     QueryOptions,
     WindowQuery,
     apply_option,
+    did_you_mean,
+    nearest,
     no_time_column,
     option_duration,
     property_items,
@@ -98,6 +100,39 @@ class Option:
     def error(self, message: str) -> PipelineSQLError:
         """A :class:`PipelineSQLError` pointing at this option's value."""
         return sql_error(f"option {self.key}: {message}", self.value)
+
+    def unknown(self, what: str, known: Sequence[str]) -> PipelineSQLError:
+        """The error for this option's key when ``what`` (e.g. ``the file connector of SOURCE
+        s``) has no such option: it suggests the nearest known key and lists them, pointing at
+        the key."""
+        close = nearest(self.key, known)
+        hint = f" (did you mean {close}?)" if close is not None else ""
+        return sql_error(
+            f"option {self.key}: unknown option of {what}{hint}; its options: {', '.join(known)}",
+            self.where,
+        )
+
+    @property
+    def where(self) -> exp.Expression:
+        """The node an error about the key points at: the key, else (sqlglot records no
+        position for some keys) the value."""
+        key = self.node.this
+        if isinstance(key, exp.Expression) and position(key)[0] is not None:
+            return key
+        return self.value
+
+
+def _missing_connector(kind: str, name: str, options: Sequence[Option], node: exp.Expr) -> None:
+    """``CREATE <kind> <name>`` without a ``connector`` option: name a misspelled one
+    (``conector``), else say that it is needed."""
+    for option in options:
+        if nearest(option.key, ["connector"]) is not None:
+            raise sql_error(
+                f"unknown option {option.key} of CREATE {kind} {name}; did you mean connector? "
+                f"(CREATE {kind} {name} needs WITH (connector = …))",
+                option.where,
+            )
+    raise sql_error(f"CREATE {kind} {name} needs WITH (connector = …)", node)
 
 
 @dataclass(frozen=True)
@@ -218,6 +253,9 @@ class PipelinePlan:
         queries: views and inserts, in file order.
         run_options: how it runs: checkpoints, failures (``SET checkpoint_interval`` …; see
             :mod:`flight_serve.pipelines.run_options`).
+        warnings: what the pipeline does that its author may not mean, each with its line and
+            column (a ``HOP`` with the slide larger than the size drops the rows between
+            windows); ``flight-serve run``, ``explain`` and ``submit`` print them.
     """
 
     text: str
@@ -232,6 +270,7 @@ class PipelinePlan:
     views: dict[str, int] = field(default_factory=dict)
     run_options: RunOptions = field(default_factory=RunOptions)
     functions: dict[str, FunctionDef] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
 # --- types ------------------------------------------------------------------------------------
@@ -365,7 +404,11 @@ def _setting(
         return replace(settings, max_out_of_orderness=option_duration(value)), batch_rows
     if key in OPTION_NAMES:
         return apply_option(settings, key, value, item), batch_rows
-    raise sql_error(f"unknown option {key!r}; SET takes {', '.join(SETTING_NAMES)}", assign.this)
+    raise sql_error(
+        f"unknown option {key!r}{did_you_mean(key, SETTING_NAMES)}; SET takes "
+        f"{', '.join(SETTING_NAMES)}",
+        assign.this,
+    )
 
 
 def _positive_int(option: Option) -> int:
@@ -501,6 +544,7 @@ class _Planner:
             views=dict(self.views),
             run_options=self.run_options,
             functions=dict(self.functions),
+            warnings=tuple(w for q in queries if q.window is not None for w in q.window.warnings),
         )
 
     # --- CREATE -----------------------------------------------------------------------------
@@ -524,7 +568,7 @@ class _Planner:
                 )
             sink = SinkDef(name, create, {o.key: o for o in options})
             if "connector" not in sink.connector:
-                raise sql_error(f"CREATE SINK {name} needs WITH (connector = …)", create.this)
+                _missing_connector("SINK", name, options, create.this)
             self.sinks[name] = sink
             query = create.args.get("expression")
             if query is not None:
@@ -593,7 +637,7 @@ class _Planner:
                 raise no_time_column(time_column, columns.names, f"source {name}", watermark.this)
         connector = {o.key: o for o in options if o.key not in OPTION_NAMES}
         if "connector" not in connector:
-            raise sql_error(f"CREATE {kind.upper()} {name} needs WITH (connector = …)", create.this)
+            _missing_connector(kind.upper(), name, options, create.this)
         relation = RelationDef(kind, name, create, columns, time_column, query_options, connector)
         if kind == "source":
             self.sources[name] = relation
@@ -854,7 +898,7 @@ def _function(create: exp.Create, planner: _Planner) -> FunctionDef:
     known = ("connector", "plugin", "timeout", "max_in_flight")
     for key, option in options.items():
         if key not in known:
-            raise option.error(f"unknown option of a plugin function; its options: {', '.join(known)}")
+            raise option.unknown("a plugin function", known)
     connector = options.get("connector")
     if connector is None or connector.text.lower() != "plugin":
         raise sql_error(

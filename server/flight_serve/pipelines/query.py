@@ -54,6 +54,7 @@ from flight_serve.pipelines.dialect import (
     duration_from_text,
     interval_to_timedelta,
     parse_statements,
+    position,
     sql_error,
 )
 
@@ -232,11 +233,14 @@ class WindowQuery:
         aggregation: the engine configuration; :meth:`build` makes the running operator.
         select: the parsed SELECT, for checking its columns against the input's in
             :meth:`check` (``None``: not checked).
+        warnings: what the query does that the user may not mean (a ``HOP`` whose slide is
+            larger than its size), each with its line and column.
     """
 
     source: str
     aggregation: WindowAggregation
     select: exp.Select | None = field(default=None, compare=False, repr=False)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def check(self, columns: Sequence[str]) -> None:
         """Check the query against its input's ``columns``: every column named exists, and every
@@ -518,7 +522,8 @@ def query_options(func: exp.Anonymous, options: QueryOptions) -> QueryOptions:
             options = apply_option(options, key, value, arg)
         else:
             raise sql_error(
-                f"unknown option {key!r} of {func.name.upper()}; options: "
+                f"unknown option {key!r} of {func.name.upper()}"
+                f"{did_you_mean(key, QUERY_OPTION_NAMES)}; options: "
                 f"{', '.join(QUERY_OPTION_NAMES)}",
                 arg,
             )
@@ -627,7 +632,27 @@ def window_query_from_select(
         columns=tuple(columns) if projection_sql is None else (),
         projection_sql=projection_sql,
     )
-    return WindowQuery(source=source, aggregation=aggregation, select=select)
+    return WindowQuery(
+        source=source, aggregation=aggregation, select=select, warnings=_hop_warnings(func, window)
+    )
+
+
+def _hop_warnings(func: exp.Anonymous, window: WindowSpec) -> tuple[str, ...]:
+    """A ``HOP`` whose slide is larger than its size leaves gaps: rows between two windows are in
+    none, and are dropped (they are not late). Flink and RisingWave take the slide first, so the
+    warning shows the call with the two swapped."""
+    if not isinstance(window, HoppingWindow) or window.slide <= window.size:
+        return ()
+    args = [a for a in func.expressions if not isinstance(a, exp.Kwarg)]
+    swapped = [*args[:2], args[3], args[2], *args[4:]]
+    call = f"{func.name.upper()}({', '.join(a.sql() for a in swapped)})"
+    line, col = position(func)
+    where = f" (line {line}, column {col})" if line is not None else ""
+    return (
+        f"HOP slide {args[2].sql()} is larger than its size {args[3].sql()}: the rows between "
+        f"two windows fall in none and are dropped; HOP takes the slide first, then the size — "
+        f"for {args[2].sql()} windows every {args[3].sql()} write {call}{where}",
+    )
 
 
 def _projection_sql(

@@ -53,6 +53,7 @@ from flight_serve.connectors.flight import (
     FlightSource,
     FlightTicketSource,
     SourceEvent,
+    server_uri_problem,
 )
 from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
@@ -87,7 +88,7 @@ from flight_serve.pipelines.pipeline import (
     SinkDef,
 )
 from flight_serve.pipelines.plugins import PluginHub, send_slices
-from flight_serve.pipelines.query import QueryOptions, unknown_column
+from flight_serve.pipelines.query import QueryOptions, did_you_mean, unknown_column
 from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
 
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
@@ -742,15 +743,12 @@ class PipelineRuntime:
                     f"{' or '.join(repr(c) for c in available)}"
                 )
             raise option.error(
-                f"unknown connector {name!r} for a {role}; use "
-                f"{' or '.join(repr(c) for c in available)}"
+                f"unknown connector {name!r} for a {role}{did_you_mean(name, list(available))} "
+                f"(use {' or '.join(repr(c) for c in available)})"
             )
         for key, extra in options.items():
             if key not in available[name] and not (name == "iceberg" and is_catalog_option(key)):
-                raise extra.error(
-                    f"unknown option of the {name} connector of {what}; its options: "
-                    f"{', '.join(available[name])}"
-                )
+                raise extra.unknown(f"the {name} connector of {what}", available[name])
         return name
 
     def _file_source(self, relation: RelationDef, role: str) -> FileSource:
@@ -823,6 +821,19 @@ class PipelineRuntime:
                 )
         return FlightClientAuth(pem.get("tls_ca"), pem.get("tls_cert"), pem.get("tls_key"), token)
 
+    def _server(self, options: dict[str, Option]) -> str:
+        """The ``server`` option of a flight connector (default :data:`DEFAULT_SERVER`).
+
+        Raises:
+            PipelineSQLError: not a Flight URI (``http://…``), pointing at the value.
+        """
+        if "server" not in options:
+            return DEFAULT_SERVER
+        problem = server_uri_problem(options["server"].text)
+        if problem is not None:
+            raise options["server"].error(problem)
+        return options["server"].text
+
     def _ticket(self, relation: RelationDef) -> bytes | None:
         """The ``ticket`` (UTF-8 text) or ``ticket_base64`` option of a flight source."""
         options = relation.connector
@@ -843,7 +854,7 @@ class PipelineRuntime:
 
     def _ticket_source(self, relation: RelationDef, ticket: bytes, rows: int) -> LiveSource:
         options = relation.connector
-        server = options["server"].text if "server" in options else DEFAULT_SERVER
+        server = self._server(options)
         try:
             source = FlightTicketSource(
                 server,
@@ -872,7 +883,7 @@ class PipelineRuntime:
         if ticket is not None:
             return self._ticket_source(relation, ticket, 0)
         resume_at = start_offset
-        server = options["server"].text if "server" in options else DEFAULT_SERVER
+        server = self._server(options)
         stream = options["stream"].text if "stream" in options else relation.name
         start_offset = 0
         if "start_offset" in options:
@@ -928,7 +939,7 @@ class PipelineRuntime:
         if connector == "stdout":
             return _Sink(sink, connector, fmt or "table", None)
         if connector == "flight":
-            server = options["server"].text if "server" in options else DEFAULT_SERVER
+            server = self._server(options)
             stream = options["stream"].text if "stream" in options else sink.name
             writer = options["writer"].text if "writer" in options else sink.name
             return _Sink(
