@@ -750,6 +750,30 @@ def _write_data(dataset: str, out: Path) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    """``flight-serve demo``: a wrong ``--server`` (``http://``, the health port, nothing there)
+    is one line saying what to do, not a traceback."""
+    import pyarrow as pa
+
+    from flight_serve.connectors.flight import server_uri_problem
+    from flight_serve.demo import run_demo
+
+    if args.server is not None:
+        problem = server_uri_problem(args.server)
+        if problem is not None:
+            print(f"flight-serve: --server {args.server}: {problem}", file=sys.stderr)
+            return 2
+    try:
+        return run_demo(server=args.server, data_dir=args.data_dir, batch_rows=args.batch_rows)
+    except pa.ArrowException as exc:
+        if args.server is None:
+            raise
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"flight-serve: --server {args.server}: {said.split('with message: ', 1)[-1]}",
+              file=sys.stderr)  # fmt: skip
+        return 1
+
+
 def _tls_files(args: argparse.Namespace) -> Any:
     """The TLS files of ``serve`` (None without --tls-cert); exits 2 on an incomplete set."""
     if args.tls_cert is None and args.tls_key is None:
@@ -794,9 +818,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_sync_demo(args.data_dir, falkordb_url=args.falkordb, months=args.months)
     if args.command == "demo":
-        from flight_serve.demo import run_demo
-
-        return run_demo(server=args.server, data_dir=args.data_dir, batch_rows=args.batch_rows)
+        return _demo(args)
     if args.command in ("run", "explain"):
         return _run_pipeline(
             args.pipeline,

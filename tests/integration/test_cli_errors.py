@@ -163,6 +163,8 @@ def test_an_http_server_scheme_says_to_use_grpc(server: str, message: str) -> No
     for args in (("pipelines", "list"), ("pipelines", "status", "p-1")):
         result = cli(*args, "--server", server)
         assert (result.returncode, result.stderr) == (1, f"flight-serve: {message}\n")
+    demo = cli("demo", "--server", server)
+    assert (demo.returncode, demo.stderr) == (2, f"flight-serve: {message}\n")
 
 
 def test_the_health_port_given_as_the_flight_port_names_the_flight_port(tmp_path: Path) -> None:
@@ -178,6 +180,11 @@ def test_the_health_port_given_as_the_flight_port_names_the_flight_port(tmp_path
             assert (result.returncode, result.stderr) == (
                 1,
                 f"flight-serve: {location}: {said}\n",
+            )
+            demo = cli("demo", "--server", location)
+            assert (demo.returncode, demo.stderr) == (
+                1,
+                f"flight-serve: --server {location}: {said}\n",
             )
             with (  # any Flight client reads it too
                 flight.FlightClient(location) as client,
