@@ -76,8 +76,14 @@ def pipeline(tmp_path: Path, sql: str) -> Path:
             "unknown option conector of CREATE SOURCE s; did you mean connector? (CREATE SOURCE "
             "s needs WITH (connector = …)) (line 1, column 57)",
         ),
+        (
+            "CREATE SOURCE s WITH (connector = 'flight', server = 'http://127.0.0.1:8815');\n"
+            "CREATE SINK out WITH (connector = 'stdout');\nINSERT INTO out SELECT * FROM s;\n",
+            "option server: http:// is not a Flight scheme: use grpc://127.0.0.1:8815 "
+            "(grpc+tls://127.0.0.1:8815 for TLS) (line 1, column 54)",
+        ),
     ],
-    ids=["select-column", "group-by-column", "watermark-for", "creat-sink", "conector"],
+    ids=["select-column", "group-by-column", "watermark-for", "creat-sink", "conector", "http"],
 )
 def test_pipeline_errors_say_what_to_do(
     tmp_path: Path, command: str, sql: str, message: str
