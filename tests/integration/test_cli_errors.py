@@ -74,7 +74,7 @@ def pipeline(tmp_path: Path, sql: str) -> Path:
         (
             SOURCE.replace("(connector = 'file', path", "(conector = 'file', path") + COUNTS,
             "unknown option conector of CREATE SOURCE s; did you mean connector? (CREATE SOURCE "
-            "s needs WITH (connector = …)) (line 1, column 57)",
+            "s needs WITH (connector = …)) (line 1, column 46)",
         ),
         (
             "CREATE SOURCE s WITH (connector = 'flight', server = 'http://127.0.0.1:8815');\n"

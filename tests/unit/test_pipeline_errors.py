@@ -199,7 +199,7 @@ def test_a_misspelled_connector_key_is_named_with_connector_suggested() -> None:
         parse_pipeline(sql)
     assert str(info.value) == (
         "unknown option conector of CREATE SOURCE s; did you mean connector? (CREATE SOURCE s "
-        "needs WITH (connector = …)) (line 1, column 57)"
+        "needs WITH (connector = …)) (line 1, column 46)"
     )
 
 
@@ -207,7 +207,7 @@ def test_a_misspelled_connector_option_suggests_the_nearest(tmp_path: Path) -> N
     sql = SOURCE.replace("path = ", "paht = ") + "INSERT INTO out SELECT k FROM s;"
     assert error(tmp_path, sql) == (
         "option paht: unknown option of the file connector of SOURCE s (did you mean path?); its "
-        "options: connector, path, format, batch_rows, delimiter (line 1, column 73)"
+        "options: connector, path, format, batch_rows, delimiter (line 1, column 66)"
     )
 
 

@@ -130,6 +130,26 @@ def _words_hint(words: list[Token]) -> PipelineSQLError | None:
     return None
 
 
+def key_position(sql: str, value: exp.Expr, key: str) -> tuple[int, int] | None:
+    """Line and column of the key of a ``key = value`` whose value is ``value`` in ``sql``
+    (sqlglot records no position for such keys), found with sqlglot's tokenizer; ``None`` when
+    the value has no position or the key is not just before it."""
+    start = value.meta.get("start") if hasattr(value, "meta") else None
+    if start is None:
+        return None
+    try:
+        tokens = [t for t in FlightServeSQL().tokenize(sql) if t.start < int(start)]
+    except sqlglot.errors.TokenError:
+        return None
+    if (
+        len(tokens) >= 2
+        and tokens[-1].token_type == TokenType.EQ
+        and tokens[-2].text.lower() == key.lower()
+    ):
+        return _token_start(tokens[-2])
+    return None
+
+
 class _NoCommandFallback(logging.Filter):
     """Drops sqlglot's "Falling back to parsing as a 'Command'" warning: such statements get a
     clear error of their own (:func:`_statement_hint`, or the planner's)."""

@@ -38,7 +38,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from flight_serve.errors import PipelineSQLError
-from flight_serve.pipelines.dialect import parse_statements, position, sql_error
+from flight_serve.pipelines.dialect import key_position, parse_statements, position, sql_error
 from flight_serve.pipelines.query import (
     OPTION_NAMES,
     QUERY_OPTION_NAMES,
@@ -86,6 +86,7 @@ class Option:
     key: str
     value: exp.Expression
     node: exp.Expression
+    sql: str | None = field(default=None, repr=False, compare=False)  # the pipeline text
 
     @property
     def text(self) -> str:
@@ -107,19 +108,18 @@ class Option:
         the key."""
         close = nearest(self.key, known)
         hint = f" (did you mean {close}?)" if close is not None else ""
-        return sql_error(
-            f"option {self.key}: unknown option of {what}{hint}; its options: {', '.join(known)}",
-            self.where,
+        return self.key_error(
+            f"option {self.key}: unknown option of {what}{hint}; its options: {', '.join(known)}"
         )
 
-    @property
-    def where(self) -> exp.Expression:
-        """The node an error about the key points at: the key, else (sqlglot records no
-        position for some keys) the value."""
+    def key_error(self, message: str) -> PipelineSQLError:
+        """A :class:`PipelineSQLError` pointing at this option's key (at its value when the
+        key's position cannot be found)."""
         key = self.node.this
         if isinstance(key, exp.Expression) and position(key)[0] is not None:
-            return key
-        return self.value
+            return sql_error(message, key)
+        at = key_position(self.sql, self.value, self.key) if self.sql is not None else None
+        return PipelineSQLError(message, *at) if at is not None else sql_error(message, self.value)
 
 
 def _missing_connector(kind: str, name: str, options: Sequence[Option], node: exp.Expr) -> None:
@@ -127,10 +127,9 @@ def _missing_connector(kind: str, name: str, options: Sequence[Option], node: ex
     (``conector``), else say that it is needed."""
     for option in options:
         if nearest(option.key, ["connector"]) is not None:
-            raise sql_error(
+            raise option.key_error(
                 f"unknown option {option.key} of CREATE {kind} {name}; did you mean connector? "
-                f"(CREATE {kind} {name} needs WITH (connector = …))",
-                option.where,
+                f"(CREATE {kind} {name} needs WITH (connector = …))"
             )
     raise sql_error(f"CREATE {kind} {name} needs WITH (connector = …)", node)
 
@@ -356,7 +355,7 @@ def _name(node: exp.Expression) -> str:
     return str(table.this.name)
 
 
-def _options(create: exp.Create) -> list[Option]:
+def _options(create: exp.Create, sql: str | None = None) -> list[Option]:
     items = []
     seen: set[str] = set()
     props = create.args.get("properties")
@@ -367,7 +366,7 @@ def _options(create: exp.Create) -> list[Option]:
         if key in seen:
             raise sql_error(f"option {key} is given twice", node)
         seen.add(key)
-        items.append(Option(key, value, node))
+        items.append(Option(key, value, node, sql))
     return items
 
 
@@ -559,7 +558,7 @@ class _Planner:
         if kind in ("SOURCE", "TABLE"):
             self.relation(create, name, "source" if kind == "SOURCE" else "table")
         elif kind == "SINK":
-            options = _options(create)
+            options = _options(create, self.text)
             window_keys = [o for o in options if o.key in QUERY_OPTION_NAMES]
             if window_keys:
                 raise window_keys[0].error(
@@ -599,7 +598,7 @@ class _Planner:
             )
 
     def relation(self, create: exp.Create, name: str, kind: Literal["source", "table"]) -> None:
-        options = _options(create)
+        options = _options(create, self.text)
         columns = _columns(create)
         schema = create.this
         watermark = next(
@@ -877,7 +876,7 @@ def _function(create: exp.Create, planner: _Planner) -> FunctionDef:
             returns = pa.schema(fields)
         elif isinstance(prop, exp.Property):
             key = prop.name.lower()
-            options[key] = Option(key, prop.args["value"], prop)
+            options[key] = Option(key, prop.args["value"], prop, planner.text)
         else:
             raise sql_error(
                 f"FUNCTION {name}: unsupported clause {prop.sql()[:40]!r}; write "
