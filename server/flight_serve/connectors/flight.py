@@ -159,8 +159,8 @@ def server_uri_problem(server: str) -> str | None:
     """What is wrong with ``server`` as a Flight URI, or ``None``: an ``http://`` or other
     non-Flight scheme (Flight speaks gRPC: ``grpc://host:port``, ``grpc+tls://host:port``).
 
-    >>> server_uri_problem("http://127.0.0.1:8815")
-    "http:// is not a Flight scheme: use grpc://127.0.0.1:8815 (grpc+tls://127.0.0.1:8815 for TLS)"
+    >>> print(server_uri_problem("http://127.0.0.1:8815"))
+    http:// is not a Flight scheme: use grpc://127.0.0.1:8815 (grpc+tls://127.0.0.1:8815 for TLS)
     >>> server_uri_problem("127.0.0.1:8815") is None
     True
     """
