@@ -284,3 +284,11 @@ def test_hop_with_the_slide_larger_than_the_size_warns_and_shows_the_other_order
         ).warnings
         == ()
     )
+
+
+def test_a_per_row_query_datafusion_refuses_is_one_line_labelled_once(tmp_path: Path) -> None:
+    sql = SOURCE + "INSERT INTO out SELECT uppr(k) AS u FROM s;"
+    assert error(tmp_path, sql) == (
+        "INSERT INTO out (line 3): Error during planning: Invalid function 'uppr'. Did you mean "
+        "'upper'? (line 3, column 24)"
+    )

@@ -420,8 +420,9 @@ class _RowNode(_Node):
         empty = pa.RecordBatch.from_pylist([], input.schema)
         try:
             schema = _nullable(self.run_sql(empty).schema)
-        except QueryError as exc:
-            raise sql_error(f"{query.label}: {exc}", query.select) from None
+        except QueryError as exc:  # its message starts with the label already
+            said = " ".join(str(exc).split())  # DataFusion's message is on several lines
+            raise sql_error(said, query.select) from None
         super().__init__(runtime, query, input, schema)
 
     def run_sql(self, batch: pa.RecordBatch) -> pa.Table:
