@@ -222,6 +222,19 @@ def test_pipelines_list_has_a_header_row(tmp_path: Path) -> None:
         assert (lines[2][0], lines[2][3]) == (pid, "p")
         cancelled = cli("pipelines", "cancel", pid, "--server", service.location)
         assert cancelled.returncode == 0, cancelled.stderr
+        hop = tmp_path / "hop.sql"
+        hop.write_text(
+            path.read_text().replace(
+                "TUMBLE(s, t, INTERVAL '10' SECOND)",
+                "HOP(s, t, INTERVAL '10' SECOND, INTERVAL '2' SECOND)",
+            )
+        )
+        warned = cli("submit", str(hop), "--server", service.location)
+        assert warned.returncode == 0, warned.stderr
+        assert warned.stderr.startswith(
+            f"flight-serve: {hop}: warning: HOP slide INTERVAL '10' SECOND is larger than its "
+            "size INTERVAL '2' SECOND: the rows between two windows fall in none and are dropped"
+        )
 
 
 # --- the command line itself ------------------------------------------------------------------
