@@ -12,7 +12,8 @@ $(BIN)/activate:
 	$(PIP) install --upgrade pip
 
 $(VENV)/.stamp-demo: pyproject.toml | $(BIN)/activate
-	$(PIP) install -e '.[demo]'
+	@echo "installing flight-serve and the demo's packages into $(VENV) (a few minutes the first time)"
+	$(PY) -m pip --disable-pip-version-check --progress-bar on install -e '.[demo]'
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/activate

@@ -378,7 +378,7 @@ def serve_forever(
         ) as service:
             if health_port is None:
                 health_port = service.port + 1 if port else 0
-            health = HealthServer(host, health_port, Path(data_dir))
+            health = HealthServer(host, health_port, Path(data_dir), flight_port=service.port)
             if metrics_port is None:
                 metrics_port = service.port + 2 if port else 0
             metrics.serve_http(host, metrics_port)
