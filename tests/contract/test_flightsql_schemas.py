@@ -257,7 +257,7 @@ SPEC_MEMBER = {
         if code != Info.SQL_MAX_ROW_SIZE_INCLUDES_BLOBS
     },
     Info.SQL_MAX_ROW_SIZE_INCLUDES_BLOBS: _B,
-    Info.SQL_DEFAULT_TRANSACTION_ISOLATION: _I,
+    Info.SQL_DEFAULT_TRANSACTION_ISOLATION: _I,  # "Returns a int32 ordinal"; the Java driver: Long
     Info.SQL_TRANSACTIONS_SUPPORTED: _B,
     Info.SQL_SUPPORTED_TRANSACTIONS_ISOLATION_LEVELS: _I,
     Info.SQL_DATA_DEFINITION_CAUSES_TRANSACTION_COMMIT: _B,
@@ -274,6 +274,85 @@ SPEC_MEMBER = {
     Info.SQL_STORED_FUNCTIONS_USING_CALL_SYNTAX_SUPPORTED: _B,
 }
 
+
+# The Java class arrow-java's JDBC driver casts each value it reads to (ArrowDatabaseMetadata.java,
+# getSqlInfoAndCacheIfCacheIsEmpty(SqlInfo.X, Class)): a value in another union member throws a
+# ClassCastException in the DatabaseMetaData getter. Keys the driver never reads are absent.
+JAVA_CAST = {
+    Info.FLIGHT_SQL_SERVER_NAME: "String",
+    Info.FLIGHT_SQL_SERVER_VERSION: "String",
+    Info.FLIGHT_SQL_SERVER_READ_ONLY: "Boolean",
+    Info.SQL_IDENTIFIER_QUOTE_CHAR: "String",
+    Info.SQL_KEYWORDS: "List",
+    Info.SQL_NUMERIC_FUNCTIONS: "List",
+    Info.SQL_STRING_FUNCTIONS: "List",
+    Info.SQL_SYSTEM_FUNCTIONS: "List",
+    Info.SQL_DATETIME_FUNCTIONS: "List",
+    Info.SQL_SEARCH_STRING_ESCAPE: "String",
+    Info.SQL_EXTRA_NAME_CHARACTERS: "String",
+    Info.SQL_SUPPORTS_COLUMN_ALIASING: "Boolean",
+    Info.SQL_NULL_PLUS_NULL_IS_NULL: "Boolean",
+    Info.SQL_SUPPORTS_CONVERT: "Map",
+    Info.SQL_SUPPORTS_TABLE_CORRELATION_NAMES: "Boolean",
+    Info.SQL_SUPPORTS_DIFFERENT_TABLE_CORRELATION_NAMES: "Boolean",
+    Info.SQL_SUPPORTS_EXPRESSIONS_IN_ORDER_BY: "Boolean",
+    Info.SQL_SUPPORTS_ORDER_BY_UNRELATED: "Boolean",
+    Info.SQL_SUPPORTED_GROUP_BY: "Integer",
+    Info.SQL_SUPPORTS_LIKE_ESCAPE_CLAUSE: "Boolean",
+    Info.SQL_SUPPORTS_NON_NULLABLE_COLUMNS: "Boolean",
+    Info.SQL_SUPPORTED_GRAMMAR: "Integer",
+    Info.SQL_ANSI92_SUPPORTED_LEVEL: "Integer",
+    Info.SQL_SUPPORTS_INTEGRITY_ENHANCEMENT_FACILITY: "Boolean",
+    Info.SQL_OUTER_JOINS_SUPPORT_LEVEL: "Integer",
+    Info.SQL_SCHEMA_TERM: "String",
+    Info.SQL_PROCEDURE_TERM: "String",
+    Info.SQL_CATALOG_TERM: "String",
+    Info.SQL_CATALOG_AT_START: "Boolean",
+    Info.SQL_SCHEMAS_SUPPORTED_ACTIONS: "Integer",
+    Info.SQL_CATALOGS_SUPPORTED_ACTIONS: "Integer",
+    Info.SQL_SUPPORTED_POSITIONED_COMMANDS: "Integer",
+    Info.SQL_SELECT_FOR_UPDATE_SUPPORTED: "Boolean",
+    Info.SQL_STORED_PROCEDURES_SUPPORTED: "Boolean",
+    Info.SQL_SUPPORTED_SUBQUERIES: "Integer",
+    Info.SQL_CORRELATED_SUBQUERIES_SUPPORTED: "Boolean",
+    Info.SQL_SUPPORTED_UNIONS: "Integer",
+    **{
+        code: "Long"
+        for code in range(Info.SQL_MAX_BINARY_LITERAL_LENGTH, Info.SQL_MAX_USERNAME_LENGTH + 1)
+        if code != Info.SQL_MAX_ROW_SIZE_INCLUDES_BLOBS
+    },
+    Info.SQL_MAX_ROW_SIZE_INCLUDES_BLOBS: "Boolean",
+    Info.SQL_DEFAULT_TRANSACTION_ISOLATION: "Long",
+    Info.SQL_TRANSACTIONS_SUPPORTED: "Boolean",
+    Info.SQL_SUPPORTED_TRANSACTIONS_ISOLATION_LEVELS: "Integer",
+    Info.SQL_DATA_DEFINITION_CAUSES_TRANSACTION_COMMIT: "Boolean",
+    Info.SQL_DATA_DEFINITIONS_IN_TRANSACTIONS_IGNORED: "Boolean",
+    Info.SQL_SUPPORTED_RESULT_SET_TYPES: "Integer",
+    Info.SQL_BATCH_UPDATES_SUPPORTED: "Boolean",
+    Info.SQL_SAVEPOINTS_SUPPORTED: "Boolean",
+    Info.SQL_NAMED_PARAMETERS_SUPPORTED: "Boolean",
+    Info.SQL_LOCATORS_UPDATE_COPY: "Boolean",
+    Info.SQL_STORED_FUNCTIONS_USING_CALL_SYNTAX_SUPPORTED: "Boolean",
+}
+#: The union member each Java class is read from (arrow-java's dense-union accessor).
+JAVA_MEMBER = {"String": _S, "Boolean": _B, "Long": _L, "Integer": _I, "List": _SL, "Map": _M}
+#: What the server must send: what the Java driver casts to where it reads the key (a Java
+#: driver that throws is worse than a spec comment), else the specification's member.
+WIRE_MEMBER = {
+    code: JAVA_MEMBER[JAVA_CAST[code]] if code in JAVA_CAST else member
+    for code, member in SPEC_MEMBER.items()
+}
+
+
+def test_the_spec_and_the_java_driver_disagree_only_on_the_default_isolation_level() -> None:
+    differing = {
+        Info.Name(code)
+        for code, java in JAVA_CAST.items()
+        if JAVA_MEMBER[java] != SPEC_MEMBER[code]
+    }
+    assert differing == {"SQL_DEFAULT_TRANSACTION_ISOLATION"}
+
+
 VALUES = md.sql_info_values("0.0.0", max_table_name_length=200)
 
 
@@ -285,16 +364,23 @@ def test_every_sql_info_key_of_the_spec_but_substrait_versions_has_a_value() -> 
     }
     assert set(VALUES) == every - substrait
     assert set(SPEC_MEMBER) == every - substrait
+    assert set(JAVA_CAST) <= set(SPEC_MEMBER)
 
 
-def test_each_sql_info_value_is_in_the_union_member_the_spec_gives_it() -> None:
+def _members(table: pa.Table) -> dict[str, str]:
+    """SqlInfo key name -> the union member its value travels in."""
+    union: Any = table.column("value").combine_chunks()
+    return {
+        Info.Name(code): union.type.field(union.type_codes[i].as_py()).name
+        for i, code in enumerate(table.column("info_name").to_pylist())
+    }
+
+
+def test_each_sql_info_value_is_in_the_union_member_the_java_driver_reads() -> None:
     table = md.sql_info_table(VALUES, [])
     table.validate(full=True)
     _same(table.schema, REFERENCE["GetSqlInfo"])
-    union: Any = table.column("value").combine_chunks()
-    for i, code in enumerate(table.column("info_name").to_pylist()):
-        member = union.type.field(union.type_codes[i].as_py()).name
-        assert member == SPEC_MEMBER[code], sql_pb2.SqlInfo.Name(code)
+    assert _members(table) == {Info.Name(c): m for c, m in sorted(WIRE_MEMBER.items())}
 
 
 def test_transactions_are_reported_as_unsupported() -> None:
@@ -410,6 +496,19 @@ def test_flight_info_get_schema_and_do_get_all_announce_the_reference_schema(
         _same(client.get_schema(descriptor).schema, REFERENCE[name])
         table = client.do_get(info.endpoints[0].ticket).read_all()
         _same(table.schema, REFERENCE[name])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("code", sorted(WIRE_MEMBER), ids=Info.Name)
+def test_get_sql_info_over_the_wire_sends_each_key_in_the_member_the_java_driver_reads(
+    server: FlightServeService, code: int
+) -> None:
+    with flight.connect(server.location) as client:
+        for command in (sql_pb2.CommandGetSqlInfo(), sql_pb2.CommandGetSqlInfo(info=[code])):
+            info = client.get_flight_info(_descriptor(command))
+            table = client.do_get(info.endpoints[0].ticket).read_all()
+            table.validate(full=True)
+            assert _members(table)[Info.Name(code)] == WIRE_MEMBER[code]
 
 
 @pytest.mark.integration

@@ -101,7 +101,7 @@ def test_tail_sees_later_appends(tmp_path: Path) -> None:
 
             def follow() -> None:
                 try:
-                    for offset, batch in reader.tail("s", offset=1):
+                    for offset, batch in reader.tail("s", offset=1, follow=True):
                         seen.put((offset, batch.column("k").to_pylist()))
                         if offset == 3:
                             return
@@ -213,7 +213,7 @@ def test_tail_reconnects_after_the_server_is_killed_and_restarted(tmp_path: Path
     try:
         with FlightServeClient(f"grpc://127.0.0.1:{port}") as client:
             client.put("s", _rows(("a", 1, 0), ("b", 2, 1)), batch_rows=1)
-            tail = client.tail("s")
+            tail = client.tail("s", follow=True)
             assert [next(tail)[0], next(tail)[0]] == [0, 1]
             _kill(server)  # no clean shutdown: the tail's connection just drops
             server = _serve(data_dir, port)

@@ -90,6 +90,20 @@ def test_demo_command_runs_the_three_jobs(tmp_path: Path) -> None:
     assert "route_load_3h: 608,926 windows from 336,776 rows" in out
     assert "duty_sessions: 333,095 windows from 336,776 rows" in out
     assert "late rows: 0" in out
+    flat = " ".join(out.split())  # rich wraps lines at 80 columns when not a terminal
+    # which windows the end of input closed, and totals that match the data
+    assert (
+        "2 windows (from 2014-01-01 04:00 to 2014-01-01 05:00) were still open at the end of "
+        "input (watermark 2014-01-01 04:44 UTC): the end of input closed them" in flat
+    )
+    assert "sum(departures) = 336,776 matches the 336,776 rows read" in flat
+    assert "sum(flights) = 1,010,328 matches the 336,776 rows read x 3" in flat
+    assert "sum(legs) = 334,264 matches the 334,264 rows read" in flat
+    # progress a person can see: the upload and each job's exchange, batch by batch
+    assert "DoPut flights" in flat
+    assert "336776/336776" in flat
+    assert "DoExchange duty_sessions" in flat
+    assert "42/42 batches" in flat
 
 
 def stream_table(location: str, stream: str) -> tuple[pa.Table, dict[str, Any]]:

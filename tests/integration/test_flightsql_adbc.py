@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from adbc_driver_manager import AdbcStatusCode, ProgrammingError
+from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve.connectors.nycflights13 import load_flights
+from flight_serve.flight.flightsql import pack
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 
@@ -155,6 +158,70 @@ def test_execute_with_parameters(server: FlightServeService) -> None:
     assert table.to_pylist() == [{"a": 2, "b": "y"}]
     table = fetch(server, "SELECT a FROM t WHERE b = $1", ["x"])
     assert table.to_pylist() == [{"a": 1}]
+
+
+@pytest.mark.parametrize(
+    ("sql", "parameters", "message"),
+    [
+        ("SELECT ? AS a", (1, 2), "the statement has 1 placeholder; 2 parameters were bound"),
+        ("SELECT 1 AS a", (1,), "the statement has 0 placeholders; 1 parameter was bound"),
+        ("SELECT ? AS a, ? AS b", (1,), "the statement has 2 placeholders; 1 parameter was bound"),
+        ("SELECT $2 AS a", (1,), "the statement has 2 placeholders; 1 parameter was bound"),
+        ("SELECT $1 AS a, $1 + 1 AS b", (1, 2), "the statement has 1 placeholder; 2 parameters"),
+        ("SELECT '?' AS q, ? AS a", (1, 2), "the statement has 1 placeholder; 2 parameters"),
+        ("INSERT INTO t VALUES (?, ?)", (1, "a", 3), "the statement has 2 placeholders; 3 par"),
+        ("INSERT INTO t VALUES (3, 'c')", (1,), "the statement has 0 placeholders; 1 parameter"),
+    ],
+)
+def test_parameters_that_do_not_match_the_placeholders_are_refused_with_both_counts(
+    server: FlightServeService, sql: str, parameters: tuple[Any, ...], message: str
+) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        with pytest.raises(ProgrammingError) as refused:
+            cur.execute(sql, parameters)
+        assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+        assert message in str(refused.value)
+    assert server.store.info("t").num_rows == 3  # nothing was inserted
+
+
+def test_executemany_rows_longer_or_shorter_than_the_placeholders_are_refused(
+    server: FlightServeService,
+) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        for rows, message in (
+            ([(1, "a", 3), (2, "b", 4)], "the statement has 2 placeholders; 3 parameters were"),
+            ([(1,), (2,)], "the statement has 2 placeholders; 1 parameter was bound"),
+        ):
+            with pytest.raises(ProgrammingError) as refused:
+                cur.executemany("INSERT INTO t VALUES (?, ?)", rows)
+            assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+            assert message in str(refused.value)
+        cur.executemany("INSERT INTO t VALUES (?, ?)", [(7, "g")])  # the matching shape runs
+    assert server.store.info("t").num_rows == 4
+
+
+def test_a_query_with_placeholders_run_without_parameters_names_the_counts(
+    server: FlightServeService,
+) -> None:
+    with pytest.raises(ProgrammingError) as refused:
+        fetch(server, "SELECT ? AS a")
+    assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+    assert "the statement has 1 placeholder; 0 parameters were bound" in str(refused.value)
+
+
+def test_the_parameter_schema_lists_every_placeholder_a_statement_binds(
+    server: FlightServeService,
+) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        for sql, fields in (
+            ("SELECT a FROM t WHERE a > ? AND b = ?", [("$1", pa.int64()), ("$2", pa.string())]),
+            ("SELECT a FROM t WHERE a IN (SELECT ?)", [("$1", pa.null())]),
+            ("SELECT $2 AS x", [("$1", pa.null()), ("$2", pa.null())]),
+            ("SELECT a FROM t WHERE b = $who", [("$who", pa.string())]),
+        ):
+            assert cur.adbc_prepare(sql) == pa.schema(fields), sql
+        cur.execute("SELECT a FROM t WHERE a IN (SELECT ?)", (2,))
+        assert cur.fetchall() == [(2,)]
 
 
 def test_executemany_inserts_every_parameter_row_in_order(server: FlightServeService) -> None:
@@ -314,6 +381,216 @@ def test_ingest_flights_in_each_mode(server: FlightServeService, flights: pa.Tab
         assert mismatch.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
     assert count("flights") == 2 * n
     assert fetch(server, "SELECT * FROM fresh ORDER BY sched_dep, flight, carrier").num_rows == 1000
+
+
+# --- view and large types (what polars 2.x sends) ------------------------------------------------
+
+#: The plain stream every view- or large-typed upload below must land in, and what queries return.
+PLAIN = pa.schema(
+    [
+        ("a", pa.int64()),
+        ("s", pa.string()),
+        ("b", pa.binary()),
+        ("l", pa.list_(pa.string())),
+        ("st", pa.struct([("x", pa.string())])),
+    ]
+)
+PLAIN_ROWS = [
+    {"a": 1, "s": "x", "b": b"\x00", "l": ["p", None], "st": {"x": "u"}},
+    {"a": 2, "s": None, "b": None, "l": None, "st": None},
+    {"a": 3, "s": "zz", "b": b"bb", "l": [], "st": {"x": None}},
+]
+VIEW_SCHEMAS = {
+    "views": pa.schema(
+        [
+            ("a", pa.int64()),
+            ("s", pa.string_view()),
+            ("b", pa.binary_view()),
+            ("l", pa.list_view(pa.string_view())),
+            ("st", pa.struct([("x", pa.string_view())])),
+        ]
+    ),
+    "large": pa.schema(
+        [
+            ("a", pa.int64()),
+            ("s", pa.large_string()),
+            ("b", pa.large_binary()),
+            ("l", pa.large_list(pa.large_string())),
+            ("st", pa.struct([("x", pa.large_string())])),
+        ]
+    ),
+}
+
+
+def typed_table(schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(PLAIN_ROWS, schema=schema)
+
+
+def table_rows(service: FlightServeService, table: str) -> tuple[pa.Schema, list[dict[str, Any]]]:
+    result = fetch(service, f"SELECT * FROM {table} ORDER BY a")
+    return result.schema, result.to_pylist()
+
+
+@pytest.mark.parametrize("kind", sorted(VIEW_SCHEMAS))
+def test_ingest_of_view_and_large_typed_columns_into_a_plain_table_in_every_mode(
+    server: FlightServeService, kind: str
+) -> None:
+    upload = typed_table(VIEW_SCHEMAS[kind])
+    with connect(server) as conn, conn.cursor() as cur:
+        for mode, table in (
+            ("append", "plain_append"),
+            ("create_append", "plain_create_append"),
+            ("replace", "plain_replace"),
+        ):
+            server.store.create(table, PLAIN)
+            server.store.append(table, pa.RecordBatch.from_pylist(PLAIN_ROWS, schema=PLAIN))
+            assert cur.adbc_ingest(table, upload, mode=mode) == 3
+            # replace re-creates the table with the upload's types, views made plain
+            expected_schema = PLAIN if mode != "replace" or kind == "views" else upload.schema
+            schema, rows = table_rows(server, table)
+            assert schema == expected_schema, mode
+            expected = PLAIN_ROWS if mode == "replace" else sorted(
+                PLAIN_ROWS * 2, key=lambda r: r["a"]
+            )
+            assert rows == expected, mode
+            assert server.store.info(table).schema == expected_schema, mode
+            assert conn.adbc_get_table_schema(table).remove_metadata() == expected_schema, mode
+
+
+def test_ingest_of_view_typed_columns_creates_a_plain_table(server: FlightServeService) -> None:
+    upload = typed_table(VIEW_SCHEMAS["views"])
+    with connect(server) as conn, conn.cursor() as cur:
+        for mode in ("create", "create_append", "replace"):
+            table = f"new_{mode}"
+            assert cur.adbc_ingest(table, upload, mode=mode) == 3
+            schema, rows = table_rows(server, table)
+            assert (schema, rows) == (PLAIN, PLAIN_ROWS), mode
+            # GetTables' table_schema: the types queries return, never a view type
+            assert conn.adbc_get_table_schema(table).remove_metadata() == PLAIN, mode
+            assert cur.adbc_ingest(table, upload, mode="append") == 3
+            assert len(table_rows(server, table)[1]) == 6
+
+
+def test_dictionary_encoded_view_columns_load_as_plain_strings(server: FlightServeService) -> None:
+    upload = pa.table(
+        {
+            "a": pa.array([4, 5], pa.int64()),
+            "b": pa.array(["p", None], pa.string_view()).dictionary_encode(),
+        }
+    )
+    with connect(server) as conn, conn.cursor() as cur:
+        assert cur.adbc_ingest("t", upload, mode="append") == 2
+        assert cur.adbc_ingest("dict_new", upload, mode="create") == 2
+    with flight.connect(server.location) as client:
+        writer, _ = client.do_put(flight.FlightDescriptor.for_path("t"), upload.schema)
+        with writer:
+            writer.write_table(upload)
+    assert server.store.info("dict_new").schema == T_SCHEMA
+    assert fetch(server, "SELECT a, b FROM dict_new ORDER BY a").to_pylist() == [
+        {"a": 4, "b": "p"},
+        {"a": 5, "b": None},
+    ]
+    assert fetch(server, "SELECT a, b FROM t WHERE a > 3 ORDER BY a").to_pylist() == [
+        {"a": 4, "b": "p"},
+        {"a": 4, "b": "p"},
+        {"a": 5, "b": None},
+        {"a": 5, "b": None},
+    ]
+
+
+def test_polars_write_database_over_adbc_in_every_mode(server: FlightServeService) -> None:
+    pl = pytest.importorskip("polars", reason="polars (the [test] extra) is not installed")
+    frame = pl.DataFrame({"a": [1, 2], "s": ["x", None], "b": [b"\x00", None]})
+    with connect(server) as conn:
+        for if_table_exists, rows in (("fail", 2), ("append", 4), ("replace", 2)):
+            assert frame.write_database(
+                "from_polars", connection=conn, engine="adbc", if_table_exists=if_table_exists
+            ) == 2
+            assert server.store.info("from_polars").num_rows == rows, if_table_exists
+        back = pl.read_database("SELECT * FROM from_polars ORDER BY a", connection=conn)
+        assert back.to_dicts() == frame.to_dicts()
+        # polars 2.x sends string_view / binary_view; the table holds the plain types
+        assert conn.adbc_get_table_schema("from_polars").remove_metadata() == pa.schema(
+            [("a", pa.int64()), ("s", pa.string()), ("b", pa.binary())]
+        )
+
+
+def test_a_refused_create_ingest_leaves_no_table_behind(server: FlightServeService) -> None:
+    schema = pa.schema([pa.field("a", pa.int64(), nullable=False)])
+    with_null = pa.Table.from_arrays([pa.array([1, None], pa.int64())], schema=schema)
+    with connect(server) as conn, conn.cursor() as cur:
+        for mode in ("create", "create_append", "replace"):
+            with pytest.raises(ProgrammingError) as refused:
+                cur.adbc_ingest(f"refused_{mode}", with_null, mode=mode)
+            assert refused.value.status_code == AdbcStatusCode.INVALID_ARGUMENT
+            assert "'a' (not nullable in the stream, batch holds nulls)" in str(refused.value)
+        # a refused replace keeps the table it would have replaced
+        with pytest.raises(ProgrammingError):
+            cur.adbc_ingest("t", with_null.rename_columns(["a"]), mode="replace")
+    assert [i.name for i in server.store.list_streams()] == ["t"]
+    assert fetch(server, "SELECT a, b FROM t ORDER BY a").to_pylist() == [
+        {"a": 1, "b": "x"},
+        {"a": 2, "b": "y"},
+        {"a": 3, "b": "z"},
+    ]
+
+
+def test_plain_flight_do_put_of_string_view_columns(server: FlightServeService) -> None:
+    upload = typed_table(VIEW_SCHEMAS["views"])
+    with flight.connect(server.location) as client:
+        for stream in ("plain_t", "fresh_t"):
+            if stream == "plain_t":
+                server.store.create(stream, PLAIN)
+            writer, _ = client.do_put(flight.FlightDescriptor.for_path(stream), upload.schema)
+            with writer:
+                writer.write_table(upload)
+            assert server.store.info(stream).schema == PLAIN, stream
+            assert table_rows(server, stream) == (PLAIN, PLAIN_ROWS), stream
+    with connect(server) as conn:
+        assert conn.adbc_get_table_schema("fresh_t").remove_metadata() == PLAIN
+
+
+# --- time zones ---------------------------------------------------------------------------------
+
+TZ_SQL = (
+    "SELECT CAST('2021-03-28T00:15:00Z' AS TIMESTAMPTZ) AS a, "
+    "CAST('2021-03-28T02:15:00+02:00' AS TIMESTAMP WITH TIME ZONE) AS b, "
+    "CAST('2021-03-28T00:15:00' AS TIMESTAMP) AS c"
+)
+TZ_SCHEMA = pa.schema(
+    [
+        pa.field("a", pa.timestamp("ns", tz="UTC"), nullable=False),
+        pa.field("b", pa.timestamp("ns", tz="UTC"), nullable=False),
+        pa.field("c", pa.timestamp("ns"), nullable=False),
+    ]
+)
+
+
+def test_timestamptz_is_utc_zoned_over_flight_sql_and_the_plain_sql_command(
+    server: FlightServeService,
+) -> None:
+    instant = datetime(2021, 3, 28, 0, 15, tzinfo=UTC)
+    expected = [{"a": instant, "b": instant, "c": datetime(2021, 3, 28, 0, 15)}]
+    with flight.connect(server.location) as client:
+        for command in (TZ_SQL.encode(), pack(sql_pb2.CommandStatementQuery(query=TZ_SQL))):
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(command))
+            assert info.schema == TZ_SCHEMA
+            table = client.do_get(info.endpoints[0].ticket).read_all()
+            assert table.schema == TZ_SCHEMA
+            assert table.to_pylist() == expected
+    assert fetch(server, TZ_SQL).to_pylist() == expected
+
+
+def test_a_timestamptz_column_of_create_table_is_utc_zoned(server: FlightServeService) -> None:
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE z (t TIMESTAMP WITH TIME ZONE, u TIMESTAMP)")
+        cur.execute("INSERT INTO z VALUES ('2021-03-28T02:15:00+02:00', '2021-03-28T00:15:00')")
+    assert server.store.info("z").schema == pa.schema(
+        [("t", pa.timestamp("ns", tz="UTC")), ("u", pa.timestamp("ns"))]
+    )
+    assert fetch(server, "SELECT t, u FROM z").to_pylist() == [
+        {"t": datetime(2021, 3, 28, 0, 15, tzinfo=UTC), "u": datetime(2021, 3, 28, 0, 15)}
+    ]
 
 
 # --- cancellation -------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from flight_serve.connectors.iceberg import (
     IcebergSource,
     NonAppendSnapshotError,
     SnapshotExpiredError,
+    SnapshotNotInHistoryError,
 )
 from flight_serve.pipelines.durable import DurableRuntime
 from flight_serve.pipelines.pipeline import parse_pipeline
@@ -458,8 +459,12 @@ def test_an_expired_offset_resumes_at_its_child_else_fails_or_resets(tmp_path: P
     resumed._stop_id = ids[3]
     assert drain(resumed) == [[{"id": 2}, {"id": 3}]]
     catalog.load_table("ops.e").maintenance.expire_snapshots().by_id(ids[2]).commit()
-    # now s1's child is gone too: nothing links the offset to the table's history
-    with pytest.raises(SnapshotExpiredError, match=rf"snapshot {ids[1]} expired.*expired_snapshot"):
+    # now s1's child is gone too: its rows are lost, and the message names it (s2)
+    expired = (
+        rf"snapshot {ids[2]}, the next after the checkpointed snapshot {ids[1]} \(which expired "
+        r"too\), expired before the source read it.*expired_snapshot"
+    )
+    with pytest.raises(SnapshotExpiredError, match=expired):
         IcebergSource(catalog, "ops.e", name="e", offset=offset).poll(0.0)
     gaps: list[str] = []
     reset = IcebergSource(
@@ -469,6 +474,160 @@ def test_an_expired_offset_resumes_at_its_child_else_fails_or_resets(tmp_path: P
     assert drain(reset) == [[{"id": 3}]]
     assert len(gaps) == 1
     assert f"resuming at snapshot {ids[3]}" in gaps[0]
+
+
+def _appended(catalog: SqlCatalog, name: str, n: int) -> list[int]:
+    """Create ``name`` (one ``id`` column) with ``n`` appends of one row each (``id`` = 0 …
+    n - 1): their snapshot ids, oldest first."""
+    table = catalog.create_table(name, schema=pa.schema([("id", pa.int64())]))
+    for i in range(n):
+        table.append(pa.table({"id": [i]}))
+    return [s.snapshot_id for s in catalog.load_table(name).metadata.snapshots]
+
+
+def _offset_at(catalog: SqlCatalog, name: str, snapshots: int) -> dict[str, Any]:
+    """The checkpoint offset of a source that read the first ``snapshots`` snapshots."""
+    source = IcebergSource(catalog, name, name="r", max_snapshots_per_poll=snapshots)
+    source.poll(0.0)
+    return source.position_state()
+
+
+@pytest.mark.parametrize("mode", ["fail", "reset"])
+def test_a_checkpointed_snapshot_rolled_back_off_the_history_fails_naming_it_and_the_table(
+    tmp_path: Path, mode: str
+) -> None:
+    """s0 … s2 read (offset s2), then the table is rolled back to s1: s2 is still in the
+    metadata but no longer an ancestor of the current snapshot, so the rows the source
+    delivered from it are not the table's. Resuming fails naming s2, the table and the current
+    snapshot, before and after a new append s3 (whose sequence number is s2's + 1) and with
+    expired_snapshot = 'reset' too (as Flink's and Spark's Iceberg sources fail); a running
+    source fails the same at its next look."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    ids = _appended(catalog, "ops.r", 3)
+    offset = _offset_at(catalog, "ops.r", 3)
+    assert offset["snapshot_id"] == ids[2]
+    live = IcebergSource(catalog, "ops.r", name="r", offset=offset)
+    catalog.load_table("ops.r").manage_snapshots().rollback_to_snapshot(ids[1]).commit()
+    message = (
+        rf"source r \(iceberg table ops.r\): the checkpointed snapshot {ids[2]} is not an "
+        rf"ancestor of the table's current snapshot {ids[1]}"
+    )
+
+    def resume() -> IcebergSource:
+        return IcebergSource(catalog, "ops.r", name="r", offset=offset, expired_snapshot=mode)  # type: ignore[arg-type]
+
+    with pytest.raises(SnapshotNotInHistoryError, match=message):
+        resume().poll(0.0)
+    with pytest.raises(SnapshotNotInHistoryError, match=message):
+        live.poll(0.0)
+    catalog.load_table("ops.r").append(pa.table({"id": [30]}))
+    s3 = catalog.load_table("ops.r").current_snapshot().snapshot_id  # type: ignore[union-attr]
+    with pytest.raises(SnapshotNotInHistoryError, match=rf"{ids[2]} is not an ancestor.*{s3}"):
+        resume().poll(0.0)
+
+
+def test_a_snapshot_set_current_on_another_branch_fails_the_source(tmp_path: Path) -> None:
+    """``set_current_snapshot`` to an older snapshot and a new append on it: the offset (on
+    the abandoned line) is not an ancestor of the new current snapshot."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    ids = _appended(catalog, "ops.b", 4)
+    offset = _offset_at(catalog, "ops.b", 3)  # read s0 … s2
+    catalog.load_table("ops.b").manage_snapshots().set_current_snapshot(ids[0]).commit()
+    catalog.load_table("ops.b").append(pa.table({"id": [40]}))
+    with pytest.raises(SnapshotNotInHistoryError, match=rf"snapshot {ids[2]} is not an ancestor"):
+        IcebergSource(catalog, "ops.b", name="b", offset=offset).poll(0.0)
+    # a start_snapshot_id off the current history: the same (it is not an expiry)
+    with pytest.raises(
+        SnapshotNotInHistoryError, match=rf"the first snapshot {ids[1]} is not an ancestor"
+    ):
+        IcebergSource(
+            catalog, "ops.b", name="b", starting_strategy="snapshot_id", start_snapshot_id=ids[1]
+        ).poll(0.0)
+
+
+@pytest.mark.parametrize("sequence_number", [None, 1, 2])
+def test_an_offset_naming_a_snapshot_the_table_never_had_fails_naming_it(
+    tmp_path: Path, sequence_number: int | None
+) -> None:
+    """An offset whose snapshot id never was the table's (whatever sequence number it
+    claims: one that would make s1 look like its child included) fails naming it."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    _appended(catalog, "ops.n", 3)
+    offset = {**_offset_at(catalog, "ops.n", 1), "snapshot_id": 123456789}
+    offset["sequence_number"] = sequence_number
+    with pytest.raises(
+        SnapshotNotInHistoryError,
+        match=r"source n \(iceberg table ops.n\): the checkpointed snapshot 123456789 is not a "
+        r"snapshot of the table",
+    ):
+        IcebergSource(catalog, "ops.n", name="n", offset=offset, stop_at="latest").poll(0.0)
+
+
+def test_an_expired_child_of_a_surviving_offset_is_named_as_the_snapshot_that_expired(
+    tmp_path: Path,
+) -> None:
+    """Offset s1 (still there); its child s2 expires (pyiceberg clears s3's parent id): the
+    error names s2 as the snapshot that expired, not s1. With the metadata log gone (no earlier
+    metadata file to find s2's id in) it says which snapshots it expired between."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    ids = _appended(catalog, "ops.c", 4)
+    offset = _offset_at(catalog, "ops.c", 2)
+    assert offset["snapshot_id"] == ids[1]
+    catalog.load_table("ops.c").maintenance.expire_snapshots().by_id(ids[2]).commit()
+    assert catalog.load_table("ops.c").snapshot_by_id(ids[3]).parent_snapshot_id is None  # type: ignore[union-attr]
+    with pytest.raises(
+        SnapshotExpiredError,
+        match=rf"snapshot {ids[2]}, the next after the checkpointed snapshot {ids[1]} \(still in "
+        rf"the table\), expired before the source read it",
+    ):
+        IcebergSource(catalog, "ops.c", name="c", offset=offset).poll(0.0)
+    gaps: list[str] = []
+    reset = IcebergSource(catalog, "ops.c", name="c", offset=offset, expired_snapshot="reset",
+                          on_gap=gaps.append)  # fmt: skip
+    reset._stop_id = ids[3]  # the bound of a restored source is its checkpoint's: end it here
+    assert drain(reset) == [[{"id": 3}]]
+    assert len(gaps) == 1
+    assert f"snapshot {ids[2]}" in gaps[0]
+    assert f"resuming at snapshot {ids[3]}" in gaps[0]
+    # no earlier metadata files: s2's id is gone with them
+    forgetful = _appended(catalog, "ops.f", 4)
+    table = catalog.load_table("ops.f")
+    table.transaction().set_properties(
+        {"write.metadata.delete-after-commit.enabled": "true",
+         "write.metadata.previous-versions-max": "1"}
+    ).commit_transaction()  # fmt: skip
+    offset = _offset_at(catalog, "ops.f", 2)
+    catalog.load_table("ops.f").maintenance.expire_snapshots().by_id(forgetful[2]).commit()
+    catalog.load_table("ops.f").transaction().set_properties({"x": "1"}).commit_transaction()
+    with pytest.raises(
+        SnapshotExpiredError,
+        match=rf"a snapshot after the checkpointed snapshot {forgetful[1]} \(still in the table\) "
+        rf"and before snapshot {forgetful[3]} expired before the source read it",
+    ):
+        IcebergSource(catalog, "ops.f", name="f", offset=offset).poll(0.0)
+
+
+def test_a_stop_at_snapshot_rolled_back_off_the_history_fails_the_bounded_source(
+    tmp_path: Path,
+) -> None:
+    """``stop_at = 'latest'`` bound to s2 when the source starts; the table is rolled back to
+    s1 before the source looks: it must not read s0 … s2 (s2 is no longer the table's), it
+    fails naming the stop snapshot."""
+    catalog = new_catalog(tmp_path)
+    catalog.create_namespace("ops")
+    ids = _appended(catalog, "ops.t", 3)
+    source = IcebergSource(catalog, "ops.t", name="t", stop_at="latest")
+    catalog.load_table("ops.t").manage_snapshots().rollback_to_snapshot(ids[1]).commit()
+    with pytest.raises(
+        SnapshotNotInHistoryError,
+        match=rf"the stop_at snapshot {ids[2]} is not an ancestor of the table's current "
+        rf"snapshot {ids[1]}",
+    ):
+        source.poll(0.0)
 
 
 # --- a pipeline: iceberg source -> windowed query -> iceberg sink, killed and resumed ---------
@@ -625,6 +784,34 @@ def test_pipeline_sigkilled_by_flight_serve_run_and_resumed_equals_the_straight_
     assert hourly(tmp_path) == EXPECTED
     epochs = marker_epochs(new_catalog(tmp_path).load_table("ops.hourly"), "sync/hourly")
     assert epochs == sorted(set(epochs))
+
+
+def test_a_run_resumed_after_its_table_was_rolled_back_fails_naming_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    """``flight-serve run`` SIGKILLed after commit 2 (its checkpoint holds snapshot 1 as the
+    offset); the table is then rolled back to snapshot 0. The rerun resumes and must not read
+    snapshots 2-5 (the checkpoint's stop_at bound, no longer the table's history): it fails,
+    naming the snapshot and the table."""
+    flights_table(tmp_path)
+    ids = [s.snapshot_id for s in new_catalog(tmp_path).load_table("lake.flights").snapshots()]
+    sql = tmp_path / "sync.sql"
+    sql.write_text(pipeline_text(tmp_path))
+    args = [str(CLI), "run", str(sql), "--output-dir", str(tmp_path / "out")]
+    args += ["--state-root", str(tmp_path / "state")]
+    killed = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FLIGHT_SERVE_CRASH_AT": "commit:2"})  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    table = new_catalog(tmp_path).load_table("lake.flights")
+    table.manage_snapshots().rollback_to_snapshot(ids[0]).commit()
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode != 0, resumed.stderr
+    err = " ".join(resumed.stderr.split())
+    assert "resuming from checkpoint" in err
+    assert (
+        f"source flights (iceberg table lake.flights): the checkpointed snapshot {ids[1]} is "
+        f"not an ancestor of the table's current snapshot {ids[0]}"
+    ) in err
 
 
 def test_emit_update_pipeline_upserts_each_window_row(tmp_path: Path) -> None:

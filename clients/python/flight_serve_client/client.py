@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import chain
+from os import PathLike, fspath
 from types import TracebackType
 from typing import Any, Literal, Self, cast
 
@@ -130,18 +131,99 @@ class FlightServeClient:
     """A connection to one flight-serve server.
 
     Args:
-        location: the server's Flight URI, e.g. ``grpc://127.0.0.1:8815`` (``host:port`` alone
-            means ``grpc+tcp://host:port``).
+        location: the server's Flight URI, e.g. ``grpc://127.0.0.1:8815``, or
+            ``grpc+tls://host:8815`` for a server with TLS (``host:port`` alone means
+            ``grpc+tcp://host:port``).
+        token: a bearer token from the server's tokens file (``--tokens-file``); sent as
+            ``authorization: Bearer <token>`` on every call. Its roles decide what the calls
+            may do (README, "Operations").
+        username, password: credentials from the server's users file (``--users-file``): the
+            client runs Flight's Basic handshake once, here, and sends the bearer token it
+            returns on every call (the server keeps it valid for 24 h; a handshake token has
+            every role). Not together with ``token``.
+        tls_ca: the CA certificate(s) that sign the server's certificate (PEM: a path, or the
+            PEM bytes); without it a ``grpc+tls://`` server is checked against the system CAs.
+        tls_cert, tls_key: this client's certificate chain and private key (PEM, paths or
+            bytes) for a server that asks for client certificates (``--tls-client-ca``).
+        override_hostname: the name to check the server's certificate against instead of the
+            location's host (e.g. ``localhost`` when connecting to an IP the certificate lacks).
+
+    The same token, credentials and TLS files are used for a query endpoint the server names at
+    another location.
+
+    Raises:
+        ValueError: ``token`` together with ``username``; ``username`` without ``password``
+            (or the reverse); ``tls_cert`` without ``tls_key`` (or the reverse); TLS options
+            for a location that is not ``grpc+tls://``; a TLS path that does not exist. Each
+            message names the argument.
+        pyarrow.flight.FlightUnauthenticatedError: the handshake refused the user or password.
+        pyarrow.flight.FlightUnavailableError: the handshake could not reach the server.
 
     Use it as a context manager (or call :meth:`close`). One client may be used by one thread
     at a time; the iterators it returns hold a call open until exhausted or closed.
     """
 
-    def __init__(self, location: str) -> None:
+    def __init__(
+        self,
+        location: str,
+        *,
+        token: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        tls_ca: str | PathLike[str] | bytes | None = None,
+        tls_cert: str | PathLike[str] | bytes | None = None,
+        tls_key: str | PathLike[str] | bytes | None = None,
+        override_hostname: str | None = None,
+    ) -> None:
         if "://" not in location:
             location = f"grpc+tcp://{location}"
+        if token is not None and (username is not None or password is not None):
+            raise ValueError("give either token or username and password, not both")
+        if (username is None) != (password is None):
+            missing = "password" if password is None else "username"
+            raise ValueError(f"username and password go together: {missing} is missing")
+        if (tls_cert is None) != (tls_key is None):
+            missing = "tls_key" if tls_key is None else "tls_cert"
+            raise ValueError(f"tls_cert and tls_key go together: {missing} is missing")
+        tls_given = [
+            name
+            for name, value in (
+                ("tls_ca", tls_ca),
+                ("tls_cert", tls_cert),
+                ("override_hostname", override_hostname),
+            )
+            if value is not None
+        ]
+        if tls_given and not location.startswith("grpc+tls://"):
+            raise ValueError(
+                f"{tls_given[0]} is for a TLS server, but {location!r} is not grpc+tls://"
+            )
         self.location = location
-        self._client = flight.FlightClient(location)
+        self._tls: dict[str, Any] = {}
+        if tls_ca is not None:
+            self._tls["tls_root_certs"] = _pem(tls_ca, "tls_ca")
+        if tls_cert is not None and tls_key is not None:
+            self._tls["cert_chain"] = _pem(tls_cert, "tls_cert")
+            self._tls["private_key"] = _pem(tls_key, "tls_key")
+        if override_hostname is not None:
+            self._tls["override_hostname"] = override_hostname
+        self._headers = _Headers()
+        if token is not None:
+            self._headers.authorization = f"Bearer {token}"
+        self._client = self._connect(location)
+        if username is not None and password is not None:
+            try:
+                _, value = self._client.authenticate_basic_token(username, password)
+            except BaseException:
+                self._client.close()
+                raise
+            self._headers.authorization = value.decode() if isinstance(value, bytes) else value
+
+    def _connect(self, location: str) -> flight.FlightClient:
+        """A Flight client for ``location`` with this client's TLS files and headers."""
+        return flight.FlightClient(
+            location, middleware=[_HeadersFactory(self._headers)], **self._tls
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -453,16 +535,26 @@ class FlightServeClient:
     def tail(
         self, stream: str, offset: int = 0, *, reconnect: bool = True, follow: bool = False
     ) -> Iterator[tuple[int, pa.RecordBatch]]:
-        """Follow ``stream`` live from ``offset``: yield ``(offset, batch)`` for every batch,
-        the existing ones first, then each new one as it is appended.
+        """Read ``stream`` from ``offset``: yield ``(offset, batch)`` for every batch.
+
+        ``follow=False`` (the default) reads what the stream holds now and returns: the end is
+        the stream's ``next_offset`` when the call begins (batches appended afterwards are not
+        read), like ``tail`` without ``-f``. ``follow=True`` yields the existing batches, then
+        each new one as it is appended, for good: it returns only when the stream is dropped or
+        re-created (also across a server restart), so stop it by closing the iterator (or
+        breaking out of the loop)::
+
+            for offset, batch in client.tail("events", 0):               # what is there now
+                ...
+            for offset, batch in client.tail("events", 0, follow=True):  # live, until break
+                if done(batch):
+                    break
 
         Markers (explicit watermarks, end of input) are left out: :meth:`tail_entries` yields
         them too, with the writer of every entry. The server splits a stored batch above 4 MiB
         into consecutive pieces that share its offset, so one offset may be yielded several
-        times, each time with the next rows. The iterator ends when the server ends the tail
-        (the stream was dropped or re-created, or the server shut down; with ``follow``, only
-        when the stream is gone); closing it early cancels the call. Reconnection, ``follow``
-        and errors: see :meth:`tail_entries`.
+        times, each time with the next rows. Closing the iterator early cancels the call.
+        Reconnection and errors: see :meth:`tail_entries`.
         """
         for entry in self.tail_entries(stream, offset, reconnect=reconnect, follow=follow):
             if entry.batch is not None:
@@ -471,8 +563,13 @@ class FlightServeClient:
     def tail_entries(
         self, stream: str, offset: int = 0, *, reconnect: bool = True, follow: bool = False
     ) -> Iterator[TailEntry]:
-        """Follow ``stream`` live from ``offset``: yield a :class:`TailEntry` for every batch
-        and marker, with its writer, the existing ones first, then each new one as it comes.
+        """Read ``stream`` from ``offset``: yield a :class:`TailEntry` for every batch and
+        marker, with its writer; with ``follow``, then each new one as it comes.
+
+        Without ``follow`` the iterator ends once every entry below the stream's
+        ``next_offset`` at the start of the call is yielded (at once when ``offset`` is at or
+        past it), or when the server ends the tail first (the stream was dropped or re-created,
+        or the server shut down).
 
         The ticket comes from action ``stream.tail`` ``{"stream", "offset"}``; each DoGet
         message carries app_metadata ``{"offset", "writer"}`` (a batch; a batch above 4 MiB
@@ -487,8 +584,8 @@ class FlightServeClient:
         twice or skipped; up to :data:`TAIL_RECONNECT_ATTEMPTS` attempts in a row, pausing
         with doubling delays (:data:`TAIL_BACKOFF_S`).
 
-        With ``follow`` the tail also outlives a server restart, for consumers that run for
-        good (a sink process): when the server ends the tail (it shut down), the stream is
+        With ``follow`` the tail runs for good, for consumers such as a sink process, and also
+        outlives a server restart: when the server ends the tail (it shut down), the stream is
         looked up and, while it exists with the incarnation it had when the tail began, a new
         tail is asked for from the next entry not yielded (so nothing is yielded twice or
         skipped); the iterator ends once the stream is dropped or re-created. An unreachable
@@ -503,10 +600,18 @@ class FlightServeClient:
                 off, or every reconnection attempt failed.
             ProtocolError: a message without a JSON ``{"offset": int}``.
         """
+        if offset < 0:
+            raise pa.ArrowInvalid(f"tail: offset must be >= 0, got {offset}")
+        info = self.stream_info(stream)
+        incarnation = info.get("incarnation")
+        end: int | None = None
+        if not follow:
+            end = decode_int(info, "next_offset", "stream info")
+            if offset >= end:
+                return
         position = offset  # the offset to ask from when (re)connecting
         delivered = 0  # rows of batch ``position`` already yielded
         failures = 0
-        incarnation = self.stream_info(stream).get("incarnation") if follow else None
         waiting_since: float | None = None  # follow: when the server stopped answering
         while True:
             reader: flight.FlightStreamReader | None = None
@@ -525,6 +630,8 @@ class FlightServeClient:
                     writer = message.get("writer")
                     writer = writer if isinstance(writer, str) else ""
                     failures, waiting_since = 0, None
+                    if end is not None and entry_offset >= end:
+                        return  # past the end the call began with
                     if "watermark_ns" in message or message.get("end_of_input") is True:
                         position, delivered, skip = entry_offset + 1, 0, 0
                         watermark = message.get("watermark_ns")
@@ -535,6 +642,8 @@ class FlightServeClient:
                             watermark if isinstance(watermark, int) else None,
                             message.get("end_of_input") is True,
                         )
+                        if end is not None and position >= end:
+                            return
                         continue
                     if entry_offset == position:
                         if skip and skip >= batch.num_rows:
@@ -550,6 +659,14 @@ class FlightServeClient:
                     if isinstance(piece, int) and isinstance(pieces, int) and piece + 1 >= pieces:
                         position, delivered = entry_offset + 1, 0  # its last piece: complete
                     yield TailEntry(entry_offset, writer, batch)
+                    # the last entry below the end is whole: after its last piece, or sent
+                    # whole (no "pieces"; a server that sends "next_offset" numbers pieces)
+                    if (
+                        end is not None
+                        and entry_offset + 1 >= end
+                        and (position >= end or (pieces is None and "next_offset" in message))
+                    ):
+                        return
                 if not follow:
                     return
                 # the server ended the tail (a shutdown): go on while the stream is the same
@@ -715,7 +832,7 @@ class FlightServeClient:
         if not uris or own in uris or any(uri.startswith(_REUSE_CONNECTION) for uri in uris):
             yield self._client
             return
-        other = flight.FlightClient(uris[0].decode())
+        other = self._connect(uris[0].decode())
         try:
             yield other
         finally:
@@ -797,3 +914,49 @@ def _datetime_ns(value: datetime) -> int:
     """
     delta: timedelta = (value if value.tzinfo else value.replace(tzinfo=UTC)) - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
+
+
+@dataclass(slots=True)
+class _Headers:
+    """The headers every call of one client sends (shared with its middleware)."""
+
+    authorization: str | None = None
+
+
+class _HeadersMiddleware(flight.ClientMiddleware):
+    def __init__(self, headers: _Headers) -> None:
+        super().__init__()
+        self._headers = headers
+
+    def sending_headers(self) -> dict[str, list[str] | list[bytes]]:
+        if self._headers.authorization is None:
+            return {}
+        return {"authorization": [self._headers.authorization]}
+
+
+class _HeadersFactory(flight.ClientMiddlewareFactory):
+    """Adds ``authorization`` to every call once the client has a token (none during the
+    handshake that gets it)."""
+
+    def __init__(self, headers: _Headers) -> None:
+        super().__init__()
+        self._headers = headers
+
+    def start_call(self, info: flight.CallInfo) -> flight.ClientMiddleware | None:
+        return _HeadersMiddleware(self._headers)
+
+
+def _pem(value: str | PathLike[str] | bytes, name: str) -> bytes:
+    """PEM bytes from a path or from the bytes themselves.
+
+    Raises:
+        ValueError: a path that cannot be read (the message names the argument and the path).
+    """
+    if isinstance(value, bytes):
+        return value
+    path = fspath(value)
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot read {path!r}: {exc.strerror}") from None

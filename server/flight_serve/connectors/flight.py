@@ -151,6 +151,31 @@ class _Entry:
     end_of_input: bool = False
 
 
+#: The URI schemes of a Flight server (pyarrow.flight.Location).
+FLIGHT_SCHEMES: Final = ("grpc", "grpc+tcp", "grpc+tls", "grpc+unix")
+
+
+def server_uri_problem(server: str) -> str | None:
+    """What is wrong with ``server`` as a Flight URI, or ``None``: an ``http://`` or other
+    non-Flight scheme (Flight speaks gRPC: ``grpc://host:port``, ``grpc+tls://host:port``).
+
+    >>> print(server_uri_problem("http://127.0.0.1:8815"))
+    http:// is not a Flight scheme: use grpc://127.0.0.1:8815 (grpc+tls://127.0.0.1:8815 for TLS)
+    >>> server_uri_problem("127.0.0.1:8815") is None
+    True
+    """
+    if "://" not in server:
+        return None
+    scheme, rest = server.split("://", 1)
+    if scheme.lower() in FLIGHT_SCHEMES:
+        return None
+    if scheme.lower() == "https":
+        return f"https:// is not a Flight scheme: use grpc+tls://{rest}"
+    return (
+        f"{scheme}:// is not a Flight scheme: use grpc://{rest} (grpc+tls://{rest} for TLS)"
+    )
+
+
 def _location(server: str) -> str:
     return server if "://" in server else f"grpc+tcp://{server}"
 

@@ -30,11 +30,16 @@ ancestor has an expired parent, that snapshot is read in full, which is the tabl
 snapshot is always read even if larger). ``stop_at = 'latest'`` bounds the source to the snapshot
 current when it starts (then its partition ends).
 
-An **expired** offset (the last consumed snapshot is gone from the metadata): if a surviving
-snapshot names it as parent, the source resumes there (nothing is lost: expiry removes metadata, not
-the child's appended files); otherwise :class:`SnapshotExpiredError` says what to do, or, with
-``expired_snapshot = 'reset'``, the source resumes with the oldest surviving ancestor of the
-current snapshot and reports the gap (``on_gap``).
+The source reads only the current snapshot's history (as Flink's and Spark's Iceberg sources
+do): an offset (or ``stop_at`` snapshot) that is **not an ancestor** of the current snapshot (the
+table rolled back or set to another snapshot, or an id the table never had) fails the source with
+:class:`SnapshotNotInHistoryError` naming it and the table. An **expired** offset (the last
+consumed snapshot is gone from the metadata): if a surviving snapshot names it as parent (in the
+current metadata or an earlier metadata file: pyiceberg's expiry clears the child's parent id),
+the source resumes there (nothing is lost: expiry removes metadata, not the child's appended
+files); otherwise :class:`SnapshotExpiredError` names the unread snapshot that expired and says
+what to do, or, with ``expired_snapshot = 'reset'``, the source resumes with the oldest surviving
+ancestor of the current snapshot and reports the gap (``on_gap``). See :meth:`IcebergSource.pending`.
 
 **Sink** (:class:`IcebergSink`). :meth:`IcebergSink.commit` appends one epoch's rows in one
 Iceberg transaction that also writes the **commit markers**: snapshot summary properties
@@ -95,6 +100,7 @@ __all__ = [
     "IcebergSource",
     "NonAppendSnapshotError",
     "SnapshotExpiredError",
+    "SnapshotNotInHistoryError",
     "StartingStrategy",
     "conform_for_iceberg",
     "default_catalog_properties",
@@ -124,7 +130,15 @@ class NonAppendSnapshotError(ConnectorError):
 
 
 class SnapshotExpiredError(CheckpointError):
-    """An Iceberg source's checkpointed snapshot expired and no surviving snapshot follows it."""
+    """An Iceberg source's next snapshot expired before it was read: the checkpointed snapshot
+    expired and no surviving snapshot follows it, or a snapshot after it expired (named when
+    the table's metadata log still knows its id)."""
+
+
+class SnapshotNotInHistoryError(CheckpointError):
+    """An Iceberg source's checkpointed (or ``stop_at``) snapshot is not in the history of the
+    table's current snapshot: the table was rolled back or set to another snapshot, or the id
+    never was a snapshot of the table. Not affected by ``expired_snapshot = 'reset'``."""
 
 
 def default_catalog_properties(data_dir: Path) -> dict[str, str]:
@@ -979,8 +993,25 @@ class IcebergSource:
         ``(snapshot, full)`` where ``full`` means "read the table at this snapshot in full" (the
         first of a history whose start expired, under ``earliest``).
 
+        The walk goes back from the current snapshot by parent ids to the offset. Where it ends
+        without reaching it:
+
+        * at an existing snapshot no newer than the offset (by sequence number), or at the
+          table's first snapshot: the offset is not an ancestor of the current snapshot
+          (:class:`SnapshotNotInHistoryError`, whatever ``expired_snapshot`` says);
+        * at a snapshot whose parent is gone (expired; pyiceberg's expiry also clears the
+          child's parent id, the table's earlier metadata files still have it): if that parent
+          is the offset, or (parent unknown) the offset is gone too and this snapshot's sequence
+          number is the offset's + 1, the source goes on there (nothing is lost); otherwise the
+          rows in between expired (:class:`SnapshotExpiredError` naming the offset's child when
+          it can, or with ``expired_snapshot = 'reset'`` the gap is reported and the source
+          goes on).
+
+        ``stop_at`` must be the current snapshot or one of its ancestors.
+
         Raises:
-            SnapshotExpiredError: the offset expired with no surviving child (``fail``).
+            SnapshotExpiredError: unread snapshots expired (``fail``).
+            SnapshotNotInHistoryError: see above.
         """
         fresh = self.catalog.load_table(self.identifier)
         old = self._uuid()
@@ -988,59 +1019,206 @@ class IcebergSource:
         if str(fresh.metadata.table_uuid) != old:
             self._recreated(old, "while the source read it")
         current = self.table.current_snapshot()
-        if self._stop_id is not None:
-            stop = self.table.snapshot_by_id(self._stop_id)
-            current = stop if stop is not None else current
-        chain: list[Snapshot] = []
-        found = self.snapshot_id is None and self._first is None
+        target = self.snapshot_id if self.snapshot_id is not None else self._first
+        chain: list[Snapshot] = []  # newest first until reversed
+        reached = target is None
+        end: Snapshot | None = None  # an existing snapshot older than the offset, if met
         s = current
         while s is not None:
             if self.snapshot_id is not None and s.snapshot_id == self.snapshot_id:
-                found = True
+                reached = True
                 break
             seq = _sequence(s)
             if self._seq is not None and seq is not None and seq <= self._seq:
-                break  # older than the offset: the offset is not in this lineage
+                end = s  # older than the offset, and not it: the offset is not in this lineage
+                break
             chain.append(s)
             if self._first is not None and s.snapshot_id == self._first:
-                found = True
+                reached = True
                 break
             parent = s.parent_snapshot_id
-            if self.snapshot_id is not None and parent == self.snapshot_id:
-                found = True  # the offset itself expired; its child survives: go on there
-                break
             s = self.table.snapshot_by_id(parent) if parent is not None else None
         chain.reverse()
-        if not found and chain and self._seq is not None and _sequence(chain[0]) == self._seq + 1:
-            # the offset expired, and pyiceberg's expiry cleared its child's parent id: the
-            # child is the snapshot with the next sequence number, and it survives
-            found = True
-        if self.snapshot_id is None and self._first is None and chain:
+        if target is None and chain:
             # earliest: the oldest surviving ancestor, in full if earlier history expired
             oldest = chain[0]
             seq = _sequence(oldest)
             expired = oldest.parent_snapshot_id is not None or (seq is not None and seq > 1)
-            return [(oldest, expired)] + [(c, False) for c in chain[1:]]
-        if not found and chain:
-            missing = self.snapshot_id if self.snapshot_id is not None else self._first
-            message = (
-                f"{self.what}: the checkpointed snapshot {missing} expired and no surviving "
-                f"snapshot follows it (the oldest ancestor of the current snapshot after it is "
-                f"{chain[0].snapshot_id})"
+            return self._bounded([(oldest, expired)] + [(c, False) for c in chain[1:]], current)
+        if not reached and target is not None:
+            if end is not None or not chain or not self._parent_gone(chain[0]):
+                self._not_in_history(target, current)
+            if not self._follows_offset(chain[0]):
+                self._expired(chain[0])
+        return self._bounded([(c, False) for c in chain], current)
+
+    def _parent_gone(self, oldest: Snapshot) -> bool:
+        """Whether the walk back stopped at ``oldest`` because its parent is gone (expired),
+        rather than at the table's first snapshot."""
+        if oldest.parent_snapshot_id is not None:
+            return True  # named, and not in the metadata
+        seq = _sequence(oldest)
+        if seq is not None:
+            return seq > 1  # pyiceberg's expiry cleared the parent id
+        return self._history().get(oldest.snapshot_id, (None, None))[0] is not None
+
+    def _original_parent(self, snapshot: Snapshot) -> int | None:
+        """``snapshot``'s parent id as first written (the metadata's, else the newest earlier
+        metadata file that has one), or ``None`` if no file on hand names one."""
+        if snapshot.parent_snapshot_id is not None:
+            return snapshot.parent_snapshot_id
+        return self._history().get(snapshot.snapshot_id, (None, None))[0]
+
+    def _follows_offset(self, oldest: Snapshot) -> bool:
+        """Whether ``oldest`` (whose parent is gone) is the child of the checkpointed offset
+        (itself expired): the source may go on there, nothing was lost."""
+        if self.snapshot_id is None:
+            return False  # the first snapshot to read (inclusive) is itself gone
+        parent = self._original_parent(oldest)
+        if parent is not None:
+            return parent == self.snapshot_id
+        # parent unknown: the sequence number says whether it was the very next commit
+        seq = _sequence(oldest)
+        return (
+            self._seq is not None
+            and seq == self._seq + 1
+            and self.table.snapshot_by_id(self.snapshot_id) is None
+        )
+
+    def _history(self) -> dict[int, tuple[int | None, int | None]]:
+        """``id -> (parent id, sequence number)`` of every snapshot the current metadata and the
+        earlier metadata files of its metadata log (those still on disk) name, with each
+        snapshot's parent id as first written. Only read when the walk back fails."""
+        from pyiceberg.serializers import FromInputFile
+
+        metadata = [self.table.metadata]
+        for entry in reversed(self.table.metadata.metadata_log):
+            try:
+                metadata.append(
+                    FromInputFile.table_metadata(self.table.io.new_input(entry.metadata_file))
+                )
+            except Exception as exc:  # deleted (write.metadata.delete-after-commit.enabled)
+                log.debug("%s: earlier metadata %s: %s", self.what, entry.metadata_file, exc)
+        out: dict[int, tuple[int | None, int | None]] = {}
+        for meta in metadata:
+            for snap in meta.snapshots:
+                parent, seq = out.get(snap.snapshot_id, (None, None))
+                out[snap.snapshot_id] = (
+                    parent if parent is not None else snap.parent_snapshot_id,
+                    seq if seq is not None else _sequence(snap),
+                )
+        return out
+
+    def _not_in_history(self, target: int, current: Snapshot | None, what: str = "") -> None:
+        """Raise :class:`SnapshotNotInHistoryError` for ``target`` (the offset, or ``what``)."""
+        what = what or (
+            "the checkpointed snapshot" if self.snapshot_id is not None else "the first snapshot"
+        )
+        now = current.snapshot_id if current is not None else None
+        if self.table.snapshot_by_id(target) is not None:
+            detail = (
+                f"{what} {target} is not an ancestor of the table's current snapshot {now}: the "
+                "table was rolled back or set to another snapshot since"
             )
-            if self.expired_snapshot != "reset":
-                raise SnapshotExpiredError(
-                    f"{message}. Keep snapshots longer than the pipeline can lag (snapshot "
-                    "expiry), set expired_snapshot = 'reset' to go on from the oldest surviving "
-                    "snapshot (the rows in between are skipped and reported), or start over"
+        elif target in self._history():
+            detail = (
+                f"{what} {target} is not a snapshot of the table any more: it expired from a "
+                f"history the table no longer has (rolled back; current snapshot {now})"
+            )
+        else:
+            detail = (
+                f"{what} {target} is not a snapshot of the table: none of its metadata, current "
+                f"or earlier, has that id (current snapshot {now})"
+            )
+        raise SnapshotNotInHistoryError(
+            f"{self.what}: {detail}. The source reads only the current snapshot's history (as "
+            "Flink's and Spark's Iceberg sources do), which does not hold it. Start over "
+            "(--fresh) to read the "
+            "table as it is now, or from one of its snapshots (starting_strategy = "
+            "'snapshot_id')"
+        )
+
+    def _expired(self, oldest: Snapshot) -> None:
+        """Unread snapshots between the offset and ``oldest`` (the oldest surviving one after it)
+        expired: raise :class:`SnapshotExpiredError` naming the first that did (when known), or
+        under ``expired_snapshot = 'reset'`` report the gap and go on at ``oldest``."""
+        target = self.snapshot_id if self.snapshot_id is not None else self._first
+        assert target is not None
+        gone = self.table.snapshot_by_id(target) is None
+        state = "which expired too" if gone else "still in the table"
+        if self.snapshot_id is None and gone:
+            lost = f"the first snapshot to read, {target}, expired before the source read it"
+        elif self.snapshot_id is None:
+            lost = (
+                f"a snapshot after the first snapshot to read, {target} (still in the table), and "
+                f"before snapshot {oldest.snapshot_id} expired before the source read it"
+            )
+        elif self._seq is not None and _sequence(oldest) == self._seq + 1:
+            # committed right after the offset, on another parent: not the offset's history
+            self._not_in_history(target, self.table.current_snapshot())
+        else:
+            child = self._child_in_history(oldest)
+            if child is not None:
+                lost = (
+                    f"snapshot {child}, the next after the checkpointed snapshot {target} "
+                    f"({state}), expired before the source read it"
                 )
-            if self.on_gap is not None:
-                self.on_gap(
-                    f"{message}; resuming at snapshot {chain[0].snapshot_id} "
-                    "(expired_snapshot = 'reset'): rows committed in between are not delivered"
+            else:
+                lost = (
+                    f"a snapshot after the checkpointed snapshot {target} ({state}) and before "
+                    f"snapshot {oldest.snapshot_id} expired before the source read it (its id is "
+                    "gone with the table's earlier metadata)"
                 )
-            self.snapshot_id, self._first, self._seq = None, chain[0].snapshot_id, None
-        return [(c, False) for c in chain]
+        message = (
+            f"{self.what}: {lost}; the oldest snapshot left after it is {oldest.snapshot_id}"
+        )
+        if self.expired_snapshot != "reset":
+            raise SnapshotExpiredError(
+                f"{message}. Keep snapshots longer than the pipeline can lag (snapshot "
+                "expiry), set expired_snapshot = 'reset' to go on from the oldest surviving "
+                "snapshot (the rows in between are skipped and reported), or start over"
+            )
+        if self.on_gap is not None:
+            self.on_gap(
+                f"{message}; resuming at snapshot {oldest.snapshot_id} "
+                "(expired_snapshot = 'reset'): rows committed in between are not delivered"
+            )
+        self.snapshot_id, self._first, self._seq = None, oldest.snapshot_id, None
+
+    def _child_in_history(self, oldest: Snapshot) -> int | None:
+        """The offset's child on the way back from ``oldest`` through the earlier metadata
+        files (the first snapshot that expired), or ``None`` if they do not reach the offset.
+
+        Raises:
+            SnapshotNotInHistoryError: they show the offset is not an ancestor of ``oldest``.
+        """
+        history = self._history()
+        child, at = oldest.snapshot_id, self._original_parent(oldest)
+        while at is not None and at != self.snapshot_id:
+            parent, seq = history.get(at, (None, None))
+            if self._seq is not None and seq is not None and seq <= self._seq:
+                assert self.snapshot_id is not None
+                self._not_in_history(self.snapshot_id, self.table.current_snapshot())
+            child, at = at, parent
+        return child if at is not None and child != oldest.snapshot_id else None
+
+    def _bounded(
+        self, chain: list[tuple[Snapshot, bool]], current: Snapshot | None
+    ) -> list[tuple[Snapshot, bool]]:
+        """``chain`` cut after the ``stop_at`` snapshot, which must be in it (or be the offset).
+
+        Raises:
+            SnapshotNotInHistoryError: the stop snapshot is not the current one or an ancestor.
+        """
+        if self._stop_id is None or self._stop_id == self.snapshot_id:
+            return chain if self._stop_id is None else []
+        ids = [c.snapshot_id for c, _ in chain]
+        if self._stop_id not in ids:
+            if self._stop_id in {a.snapshot_id for a in self._ancestors(current)}:
+                self._ended = True  # older than the offset: nothing left to read
+                return []
+            self._not_in_history(self._stop_id, current, "the stop_at snapshot")
+        return chain[: ids.index(self._stop_id) + 1]
 
     def _read(self, snapshot: Snapshot, full: bool) -> Iterator[pa.RecordBatch]:
         if full:
@@ -1090,7 +1268,7 @@ class IcebergSource:
 
         Raises:
             NonAppendSnapshotError: an overwrite or delete snapshot not to be skipped.
-            SnapshotExpiredError: see :meth:`pending`.
+            SnapshotExpiredError, SnapshotNotInHistoryError: see :meth:`pending`.
             ConnectorError: the table is gone, or a data file does not fit.
         """
         self.barrier()

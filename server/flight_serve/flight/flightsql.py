@@ -53,7 +53,13 @@ from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_p
 from flight_serve._proto.flight_serve.v1 import flightsql_pb2
 from flight_serve.errors import InvalidInputError, TicketError, UnsupportedError
 from flight_serve.flight import flightsql_metadata as md
-from flight_serve.flight.flightsql_sql import UPDATE_COUNT_SCHEMA, IngestMode, SqlEngine
+from flight_serve.flight.flightsql_sql import (
+    UPDATE_COUNT_SCHEMA,
+    IngestMode,
+    SqlEngine,
+    check_parameters,
+    rewrite_placeholders,
+)
 from flight_serve.flight.iceberg_tables import iceberg_namespaces, iceberg_tables
 from flight_serve.flight.roles import require_role
 from flight_serve.flight.status import to_flight_error
@@ -475,6 +481,8 @@ class FlightSqlHandler:
             require_role(context, "read", "Flight SQL binding a prepared query's parameters")
             prepared = self._decode_prepared(command.prepared_statement_handle)
             params = _read_parameters(reader)
+            if params is not None:  # refused when bound, not only when run
+                check_parameters(rewrite_placeholders(prepared.sql), params)
             prepared.parameters = _ipc_stream(params) if params is not None else b""
             result = sql_pb2.DoPutPreparedStatementResult(
                 prepared_statement_handle=prepared.SerializeToString()

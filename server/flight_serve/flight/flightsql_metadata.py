@@ -28,6 +28,7 @@ from typing import Any, Final
 import pyarrow as pa
 
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
+from flight_serve.store import plain_type
 
 __all__ = [
     "CATALOG",
@@ -271,9 +272,11 @@ def tables_table(
 
 def annotated_schema(table: TableEntry) -> pa.Schema:
     """``table.schema`` with the Flight SQL column metadata on every field (catalog, schema and
-    table name, the SQL type name, precision and scale, and the read-only / searchable flags)."""
+    table name, the SQL type name, precision and scale, and the read-only / searchable flags),
+    in the types queries return: view and dictionary types as their plain types."""
     fields = []
     for field in table.schema:
+        field = field.with_type(plain_type(field.type))
         meta: dict[bytes | str, bytes | str] = {}
         column = column_metadata(field.type, table=table.name, db_schema=table.db_schema)
         for source in (field.metadata or {}, column):
@@ -556,7 +559,10 @@ def sql_info_values(server_version: str, *, max_table_name_length: int) -> dict[
 
     Value types follow the specification (Python ``str`` -> ``string_value``, ``bool`` ->
     ``bool_value``, ``_Bigint`` -> ``bigint_value``, ``int`` -> ``int32_bitmask``, ``list[str]``
-    -> ``string_list``, ``dict[int, list[int]]`` -> ``int32_to_int32_list_map``). Transactions
+    -> ``string_list``, ``dict[int, list[int]]`` -> ``int32_to_int32_list_map``), except where
+    arrow-java's JDBC driver reads a key as another type: SQL_DEFAULT_TRANSACTION_ISOLATION is
+    an int64 (``bigint_value``), as the Java driver casts it to ``Long``
+    (``tests/contract/test_flightsql_schemas.py`` pins every key's member). Transactions
     are reported as unsupported (FLIGHT_SQL_SERVER_TRANSACTION = NONE,
     SQL_TRANSACTIONS_SUPPORTED = false): every statement commits on its own. Substrait is not
     supported, so its version keys are absent. Limits of 0 mean "no limit or unknown".
@@ -645,7 +651,9 @@ def sql_info_values(server_version: str, *, max_table_name_length: int) -> dict[
         _I.SQL_MAX_TABLE_NAME_LENGTH: big(max_table_name_length),
         _I.SQL_MAX_TABLES_IN_SELECT: big(0),
         _I.SQL_MAX_USERNAME_LENGTH: big(0),
-        _I.SQL_DEFAULT_TRANSACTION_ISOLATION: sql_pb2.SQL_TRANSACTION_NONE,
+        # The specification says int32; arrow-java's JDBC driver casts this one to Long
+        # (ArrowDatabaseMetadata.getDefaultTransactionIsolation) and throws on an int32.
+        _I.SQL_DEFAULT_TRANSACTION_ISOLATION: big(sql_pb2.SQL_TRANSACTION_NONE),
         _I.SQL_TRANSACTIONS_SUPPORTED: False,
         _I.SQL_SUPPORTED_TRANSACTIONS_ISOLATION_LEVELS: 0,
         _I.SQL_DATA_DEFINITION_CAUSES_TRANSACTION_COMMIT: False,

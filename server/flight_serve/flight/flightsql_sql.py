@@ -18,10 +18,14 @@ rules). Statement kinds, by their first keyword:
   on its own.
 
 Parameters: ``?`` placeholders are rewritten to ``$1, $2, ...`` in order (outside string
-literals, quoted identifiers and comments); DataFusion's ``$n`` and ``$name`` work as they are.
-Bound parameters are an Arrow table: column *i* binds ``$i+1`` (and ``$<column name>``). A
-statement with several parameter rows runs once per row; query results are concatenated in row
-order, update counts are summed.
+literals, quoted identifiers and comments; sqlglot's tokenizer finds them); DataFusion's ``$n``
+and ``$name`` work as they are. Bound parameters are an Arrow table: column *i* binds ``$i+1``
+(and ``$<column name>``). A statement with several parameter rows runs once per row; query
+results are concatenated in row order, update counts are summed. The columns must bind exactly
+the placeholders (as many as the highest ``$n``, or as distinct placeholders): more or fewer is
+:class:`~flight_serve.errors.QueryError` naming both counts ("the statement has 1 placeholder;
+2 parameters were bound"), as are parameters for a statement without placeholders -- values are
+never dropped silently.
 
 Errors: a statement DataFusion cannot parse or plan is :class:`~flight_serve.errors.QueryError`
 (INVALID_ARGUMENT) with DataFusion's message; a table that does not exist is
@@ -32,6 +36,8 @@ Errors: a statement DataFusion cannot parse or plan is :class:`~flight_serve.err
 
 from __future__ import annotations
 
+import functools
+import itertools
 import queue
 import re
 import threading
@@ -44,7 +50,7 @@ import datafusion
 import pyarrow as pa
 import pyarrow.flight as flight
 import sqlglot
-from sqlglot import exp
+from sqlglot import Token, TokenType, exp
 
 from flight_serve.engine.sqlguard import check_sql, check_sql_size
 from flight_serve.errors import (
@@ -54,7 +60,7 @@ from flight_serve.errors import (
     TicketError,
 )
 from flight_serve.flight.iceberg_tables import register_iceberg_tables
-from flight_serve.flight.limits import QueryLimits
+from flight_serve.flight.limits import QueryLimits, Reservation
 from flight_serve.flight.query import (
     MAX_RESULT_BATCH_BYTES,
     interruptible_batches,
@@ -66,7 +72,7 @@ from flight_serve.flight.query import (
     to_plain,
 )
 from flight_serve.flight.tickets import QueryTicket, StreamPin
-from flight_serve.store import StreamInfo, StreamStore, validate_stream_name
+from flight_serve.store import StreamInfo, StreamStore, check_batch, validate_stream_name
 
 __all__ = [
     "UPDATE_COUNT_SCHEMA",
@@ -74,6 +80,8 @@ __all__ = [
     "PreparedInfo",
     "SqlEngine",
     "StatementKind",
+    "check_parameters",
+    "placeholder_names",
     "rewrite_placeholders",
     "statement_kind",
 ]
@@ -103,15 +111,6 @@ _REFUSED: Final = {
     "SET": "SET is not supported",
 }
 
-_TOKEN = re.compile(
-    r"""
-      (?P<comment>--[^\n]*|/\*.*?\*/)
-    | (?P<string>'(?:[^']|'')*'|"(?:[^"]|"")*")
-    | (?P<placeholder>\?)
-    """,
-    re.VERBOSE | re.DOTALL,
-)
-_WORD = re.compile(r"\s*(?:(?:--[^\n]*\n?|/\*.*?\*/)\s*)*(\(|[A-Za-z]+)", re.DOTALL)
 _MISSING_TABLE = re.compile(r"table '(?:datafusion\.public\.)?(.+?)' not found")
 _PLACEHOLDER = re.compile(
     r'Placeholder \{ id: "\$([^"]+)", field: (?:Some\(Field \{ name: "[^"]*", data_type: (\w+)|None)'
@@ -138,28 +137,114 @@ _DF_TYPES: Final[dict[str, pa.DataType]] = {
 }
 
 
+def _tokens(sql: str) -> list[Token] | None:
+    """sqlglot's tokens of ``sql`` (comments and whitespace dropped, string literals and quoted
+    identifiers one token each), or ``None`` when it cannot tokenize it (an unterminated
+    literal: DataFusion reports it)."""
+    try:
+        return list(sqlglot.tokenize(sql))
+    except sqlglot.errors.SqlglotError:
+        return None
+
+
 def rewrite_placeholders(sql: str) -> str:
     """Return ``sql`` with each ``?`` outside literals, quoted identifiers and comments replaced by
-    ``$1``, ``$2``, ... in order.
+    ``$1``, ``$2``, ... in order (sqlglot's tokenizer finds them).
 
     >>> rewrite_placeholders("SELECT '?', \\"a?\\" FROM t WHERE x = ? AND y > ? -- ?")
     'SELECT \\'?\\', "a?" FROM t WHERE x = $1 AND y > $2 -- ?'
     """
     check_sql_size(sql)  # every statement passes here first, before sqlglot reads it
+    if "?" not in sql:
+        return sql  # nothing to rewrite: no need to tokenize
+    tokens = _tokens(sql)
+    if tokens is None:
+        return sql
+    pieces: list[str] = []
+    done = 0
     counter = 0
+    for token in tokens:
+        if token.token_type == TokenType.PLACEHOLDER and token.text == "?":
+            counter += 1
+            pieces.append(sql[done : token.start])
+            pieces.append(f"${counter}")
+            done = token.end + 1
+    pieces.append(sql[done:])
+    return "".join(pieces)
 
-    def replace(match: re.Match[str]) -> str:
-        nonlocal counter
-        if match.group("placeholder") is None:
-            return match.group(0)
-        counter += 1
-        return f"${counter}"
 
-    return _TOKEN.sub(replace, sql)
+def placeholder_names(sql: str) -> list[str] | None:
+    """The placeholders of ``sql`` (after :func:`rewrite_placeholders`), each once, in the order
+    they bind: ``$1``, ``$2``, ... by number, then ``$name`` ones by name; ``None`` when sqlglot
+    cannot tokenize ``sql``.
+
+    >>> placeholder_names("SELECT $2, $1 + $2, $who FROM t WHERE s = '$3'")
+    ['1', '2', 'who']
+    """
+    if "$" not in sql:
+        return []
+    names = _placeholder_names(sql)
+    return None if names is None else list(names)
+
+
+@functools.lru_cache(maxsize=16)  # a statement is checked when bound, planned and run
+def _placeholder_names(sql: str) -> tuple[str, ...] | None:
+    tokens = _tokens(sql)
+    if tokens is None:
+        return None
+    names = {
+        token.text[1:]
+        for token in tokens
+        if token.token_type == TokenType.VAR and token.text.startswith("$") and token.text[1:]
+    }
+    return tuple(sorted(names, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n)))
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def check_parameters(sql: str, params: pa.Table | None) -> None:
+    """Check that ``params`` (one column per parameter, one row per execution; ``None``: no
+    parameters) binds exactly the placeholders of ``sql`` (after :func:`rewrite_placeholders`):
+    as many columns as placeholders (for ``$n`` placeholders, as many as the highest ``n``).
+
+    Raises:
+        QueryError: naming both counts, e.g. "the statement has 1 placeholder; 2 parameters
+            were bound" -- extra values are never dropped silently.
+
+    >>> check_parameters("SELECT $1 AS a", pa.table({"0": [1], "1": [2]}))
+    Traceback (most recent call last):
+    ...
+    flight_serve.errors.QueryError: the statement has 1 placeholder; 2 parameters were bound
+    """
+    names = placeholder_names(sql)
+    if names is None:
+        return  # DataFusion reports what it makes of it
+    numbers = [int(n) for n in names if n.isdigit()]
+    expected = max([len(names), *numbers])
+    bound = 0 if params is None else params.num_columns
+    if bound != expected:
+        raise QueryError(
+            f"the statement has {_plural(expected, 'placeholder')}; "
+            f"{_plural(bound, 'parameter')} {'was' if bound == 1 else 'were'} bound"
+        )
+
+
+def _first_tokens(sql: str) -> list[Token] | None:
+    """The tokens of a prefix of ``sql`` that holds its first token whole (a prefix twice as long
+    each time, so a long statement is not tokenized whole for its first keyword)."""
+    size = 256
+    while size < len(sql):
+        tokens = _tokens(sql[:size])  # None: the prefix ends inside a comment or literal
+        if tokens and tokens[0].end < size - 1:
+            return tokens[:1]
+        size *= 2
+    return _tokens(sql)
 
 
 def statement_kind(sql: str) -> StatementKind:
-    """Classify ``sql`` by its first keyword (comments skipped).
+    """Classify ``sql`` by its first keyword (comments skipped, sqlglot's tokenizer).
 
     >>> statement_kind("/* hi */ insert into t values (1)")
     'insert'
@@ -168,12 +253,12 @@ def statement_kind(sql: str) -> StatementKind:
         QueryError: an empty statement, or one flight-serve refuses (``UPDATE``, ``DELETE``,
             transactions, ...; the message says why).
     """
-    match = _WORD.match(sql)
-    if match is None:
-        if not sql.strip():
+    tokens = _first_tokens(sql)
+    if not tokens:
+        if not sql.strip() or tokens == []:
             raise QueryError("empty SQL statement")
         return "query"  # let DataFusion report what it makes of it
-    word = match.group(1).upper()
+    word = tokens[0].text.upper()
     if word == "INSERT":
         return "insert"
     if word == "CREATE":
@@ -376,7 +461,7 @@ class SqlEngine:
         ctx.register_record_batches(f'"{info.name}"', [batches])
 
     def _schema_context(self, sql: str) -> tuple[datafusion.SessionContext, list[StreamInfo]]:
-        ctx = datafusion.SessionContext()
+        ctx = new_context()  # the session settings the query runs with (time zone)
         infos = self._streams_for(sql)
         for info in infos:
             self._register(ctx, info, [])
@@ -453,7 +538,7 @@ class SqlEngine:
             return PreparedInfo(kind, None, None)
         ctx, _ = self._schema_context(sql)
         df = self._dataframe(ctx, sql, _options(dml=kind == "insert"))
-        parameters = self._parameter_schema(df)
+        parameters = self._parameter_schema(df, sql)
         dataset: pa.Schema | None = None
         if kind == "query":
             try:
@@ -464,20 +549,25 @@ class SqlEngine:
         return PreparedInfo(kind, dataset, parameters)
 
     @staticmethod
-    def _parameter_schema(df: Any) -> pa.Schema | None:
+    def _parameter_schema(df: Any, sql: str) -> pa.Schema | None:
+        """One field per placeholder of ``sql`` (every ``$1`` .. ``$n`` up to the highest, then
+        the ``$name`` ones), typed as DataFusion infers it (``null`` where it infers none, or
+        where the plan does not show the placeholder, as in a subquery)."""
+        names = placeholder_names(sql) or []
+        highest = max([0, *(int(n) for n in names if n.isdigit())])
+        order = [str(i) for i in range(1, highest + 1)] + [n for n in names if not n.isdigit()]
+        if not order:
+            return None
         try:
             plan = repr(df.logical_plan())
         except Exception:
-            return None
+            plan = ""
         types: dict[str, pa.DataType] = {}
         for name, df_type in _PLACEHOLDER.findall(plan):
             known = _DF_TYPES.get(df_type) if df_type else None
-            if name not in types or pa.types.is_null(types[name]):
-                types[name] = known if known is not None else pa.null()
-        if not types:
-            return None
-        order = sorted(types, key=lambda n: (0, int(n)) if n.isdigit() else (1, n))
-        return pa.schema([pa.field(f"${n}", types[n]) for n in order])
+            if known is not None:
+                types.setdefault(name, known)
+        return pa.schema([pa.field(f"${n}", types.get(n, pa.null())) for n in order])
 
     def required_role(self, sql: str) -> Literal["read", "write", "admin"]:
         """The role (:mod:`flight_serve.flight.roles`) running ``sql`` needs: ``read`` for a
@@ -508,8 +598,15 @@ class SqlEngine:
 
     def plan_query(self, sql: str, params: pa.Table | None) -> tuple[pa.Schema, QueryTicket]:
         """Plan a query (placeholders rewritten) with the first parameter row bound; return the
-        result schema (plain types) and a ticket pinning the streams it reads."""
+        result schema (plain types) and a ticket pinning the streams it reads.
+
+        Raises:
+            QueryError: ``params`` (when given) does not bind exactly the statement's
+                placeholders (:func:`check_parameters`), or DataFusion rejects the query.
+        """
         sql = rewrite_placeholders(sql)
+        if params is not None:
+            check_parameters(sql, params)
         ctx, infos = self._schema_context(sql)
         rows = _param_rows(params)
         df = self._dataframe(ctx, sql, _options(), rows[0] if rows else None)
@@ -530,7 +627,9 @@ class SqlEngine:
 
         Raises:
             OverloadError: the memory budget has no room (UNAVAILABLE, retryable).
+            QueryError: ``params`` does not bind exactly the query's placeholders.
         """
+        check_parameters(ticket.sql, params)
         started = time.monotonic()
         reservation = reserve_input(
             self.limits, self.store, ticket.pins, "this query", ticket.sql
@@ -551,7 +650,7 @@ class SqlEngine:
                 for i, values in enumerate(rows):
                     _check(is_cancelled)
                     df = first if i == 0 else self._dataframe(ctx, ticket.sql, _options(), values)
-                    yield from self._stream(df, schema, is_cancelled, started)
+                    yield from self._stream(df, schema, is_cancelled, started, reservation)
             finally:
                 if reservation is not None:
                     reservation.release()
@@ -564,12 +663,14 @@ class SqlEngine:
         schema: pa.Schema,
         is_cancelled: IsCancelled | None,
         started: float | None = None,
+        reservation: Reservation | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        pulled = interruptible_batches(
+        pulled = interruptible_batches(  # its worker holds the reservation while it runs
             df,
             limits=self.limits,
             is_cancelled=is_cancelled,
             started=started,
+            reservation=reservation,
             translate=lambda message: _translate(Exception(message)),
         )
         for batch in pulled:
@@ -599,11 +700,14 @@ class SqlEngine:
             QueryError: ``sql`` is a query (use a query command), or DataFusion rejects it.
             StreamNotFoundError: the target table does not exist.
             AlreadyExistsError: CREATE TABLE of an existing table without IF NOT EXISTS.
+            QueryError: ``params`` does not bind exactly the statement's placeholders (both
+                counts named; :func:`check_parameters`).
         """
         sql = rewrite_placeholders(sql)
         kind = statement_kind(sql)
         if kind == "query":
             raise QueryError("not an update: the statement returns rows; send it as a query")
+        check_parameters(sql, params)
         _refuse_iceberg_targets(sql)
         if kind == "insert" and params is not None and params.num_rows > 1:
             vectorized = _vectorized_insert(sql, params)
@@ -631,7 +735,9 @@ class SqlEngine:
         pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in self._streams_for(sql)]
         reservation = reserve_input(self.limits, self.store, pins, "this INSERT", sql)
         try:
-            return self._insert_reserved(sql, values, is_cancelled, rows_table, started)
+            return self._insert_reserved(
+                sql, values, is_cancelled, rows_table, started, reservation
+            )
         finally:
             if reservation is not None:
                 reservation.release()
@@ -643,6 +749,7 @@ class SqlEngine:
         is_cancelled: IsCancelled | None,
         rows_table: pa.Table | None,
         started: float,
+        reservation: Reservation | None = None,
     ) -> int:
         ctx = self._live_context(sql)
         if rows_table is not None:
@@ -657,7 +764,7 @@ class SqlEngine:
             raise _translate(exc) from None
         target = self._resolve(target_ref)
         schema = self.store.info(target).schema
-        batches = self._stream(source, self._schema(source), is_cancelled, started)
+        batches = self._stream(source, self._schema(source), is_cancelled, started, reservation)
         return self._append_all(target, (self._to_stream_schema(b, schema) for b in batches))
 
     def _append_all(
@@ -793,7 +900,13 @@ class SqlEngine:
         ``mode`` is (if the table does not exist: ``create`` | ``fail``, if it exists:
         ``fail`` | ``append`` | ``replace``); ADBC's modes are create = (create, fail),
         append = (fail, append), replace = (create, replace), create_append = (create, append).
-        Batches appended before a failure stay (there are no transactions).
+        The upload may use view types and ``large_*`` types where the stream has the plain
+        ones (:func:`flight_serve.store.same_values`); they are cast to the stream's types, and
+        a table created here has the plain types. The first batch is checked before a table is
+        replaced or created; a load that fails after creating its table drops that table again
+        (so a refused ``create`` leaves no table behind, and a refused ``replace`` of a first
+        batch keeps the old one). Batches appended to an existing table before a failure stay
+        (there are no transactions).
 
         Raises:
             StreamNotFoundError: the table does not exist and ``mode[0]`` is ``fail``.
@@ -807,9 +920,30 @@ class SqlEngine:
             raise AlreadyExistsError(f"table {name!r} already exists")
         if not exists and if_not_exist == "fail":
             raise StreamNotFoundError(f"table {name!r} does not exist")
+        schema = plain_schema(schema)
+        pending = iter(batches)
+        first = next(pending, None)
+        if first is not None:  # refused before anything is replaced or created
+            if exists and if_exists == "append":
+                self.store.validate(name, first)
+            else:
+                check_batch(name, schema, first)
         if exists and if_exists == "replace":
             self.store.drop(name)
             exists = False
-        if not exists:
-            self.store.create(name, plain_schema(schema))
-        return self._append_all(name, batches, is_cancelled)
+        created = None if exists else self.store.create(name, schema)
+        loaded = pending if first is None else itertools.chain([first], pending)
+        try:
+            return self._append_all(name, loaded, is_cancelled)
+        except BaseException:
+            if created is not None:
+                self._drop_created(name, created.incarnation)
+            raise
+
+    def _drop_created(self, name: str, incarnation: str) -> None:
+        """Drop the stream a failed create (or replace) made, unless it was re-created since."""
+        try:
+            if self.store.info(name).incarnation == incarnation:
+                self.store.drop(name)
+        except StreamNotFoundError:
+            pass

@@ -58,17 +58,45 @@ def data_dir_writable(data_dir: Path) -> bool:
     return True
 
 
+class _NotFlight(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Answers every call but the health service's with UNIMPLEMENTED and a message saying that
+    this is the health port and which port is the Flight one: a Flight client given the health
+    port by mistake reads what to do instead of a bare "Method not found"."""
+
+    def __init__(self, flight_port: int | None) -> None:
+        where = f"the Flight port is {flight_port}" if flight_port else "use the Flight port"
+        self.message = f"this is flight-serve's health port (grpc.health.v1 only); {where}"
+
+    def service(self, handler_call_details: Any) -> Any:
+        if str(handler_call_details.method).startswith("/grpc.health.v1.Health/"):
+            return None
+
+        def refuse(requests: Any, context: Any) -> Any:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, self.message)
+
+        # one handler kind for every method: on the wire a unary call is a stream of one
+        return grpc.stream_stream_rpc_method_handler(refuse)
+
+
 class HealthServer:
     """A gRPC server carrying only ``grpc.health.v1.Health``.
 
     Listens on ``host:port`` (``port=0`` picks a free one; :attr:`port` is the real one) from
-    construction until :meth:`stop`.
+    construction until :meth:`stop`. Any other call (a Flight client given this port) fails
+    UNIMPLEMENTED with a message naming ``flight_port``.
 
     Raises:
         OSError: the port cannot be bound.
     """
 
-    def __init__(self, host: str, port: int, data_dir: Path, check_interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        data_dir: Path,
+        check_interval_s: float = 5.0,
+        flight_port: int | None = None,
+    ) -> None:
         self._data_dir = Path(data_dir)
         self._interval = check_interval_s
         self._draining = False
@@ -80,6 +108,7 @@ class HealthServer:
             ThreadPoolExecutor(max_workers=4, thread_name_prefix="health")
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
+        self._server.add_generic_rpc_handlers((_NotFlight(flight_port),))
         uri_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
         try:
             bound = self._server.add_insecure_port(f"{uri_host}:{port}")

@@ -126,15 +126,40 @@ class StreamLimit(flight.ServerMiddlewareFactory):
 
 class Reservation:
     """Bytes held in a :class:`MemoryBudget` until :meth:`release` (idempotent) or the end of a
-    ``with`` block."""
+    ``with`` block, and after that for as long as work still runs on them (:meth:`hold`)."""
 
     def __init__(self, budget: MemoryBudget | None, nbytes: int, kind: str) -> None:
         self.nbytes = nbytes
         self.kind = kind
         self._budget = budget
+        self._lock = threading.Lock()
+        self._holds = 0
+        self._wanted = False  # release() was called
+
+    def hold(self) -> None:
+        """Work on these bytes starts (a DataFusion worker): they stay held until the matching
+        :meth:`let_go`, even if :meth:`release` comes first."""
+        with self._lock:
+            self._holds += 1
+
+    def let_go(self) -> None:
+        """The work of one :meth:`hold` really ended; gives the bytes back if :meth:`release`
+        was called and no other work holds them."""
+        with self._lock:
+            self._holds -= 1
+            done = self._wanted and self._holds == 0
+        if done:
+            self._give_back()
 
     def release(self) -> None:
-        """Give the bytes back (wakes requests waiting for room)."""
+        """Give the bytes back (wakes requests waiting for room) -- once no work holds them."""
+        with self._lock:
+            self._wanted = True
+            held = self._holds > 0
+        if not held:
+            self._give_back()
+
+    def _give_back(self) -> None:
         budget, self._budget = self._budget, None
         if budget is not None:
             budget._release(self.nbytes, self.kind)

@@ -140,9 +140,9 @@ class _BudgetCollector(Collector):
             "Bytes of the memory budget held now, by kind (query, doput, window_state).",
             labels=["kind"],
         )
-        for kind in ("query", "doput", "window_state"):
-            held.add_metric([kind], 0.0)
-        for kind, nbytes in self._budget.in_use().items():
+        by_kind = dict.fromkeys(("query", "doput", "window_state"), 0)  # always there
+        by_kind.update(self._budget.in_use())
+        for kind, nbytes in by_kind.items():  # one sample per kind: a repeat hides the value
             held.add_metric([kind], float(nbytes))
         yield GaugeMetricFamily(
             "flight_serve_memory_budget_bytes",

@@ -18,13 +18,12 @@ cannot parse, plan or run; the message is DataFusion's own. Row order is defined
 Limits (:class:`~flight_serve.flight.limits.QueryLimits`): under a memory budget a query
 reserves the bytes of the streams it reads plus DataFusion's working memory before it loads
 them (waiting, then UNAVAILABLE), and DataFusion runs with a fair spill pool of that working
-size. DataFusion's stream is pulled on a worker thread (:func:`interruptible_batches`) while the
-call's thread waits, checking every ``poll_s`` for the client's cancellation and the statement
-timeout: the call ends at once (CANCELLED / DEADLINE_EXCEEDED) and the worker drops DataFusion's
-stream as soon as the batch being computed returns, which stops every other partition's work.
-The one poll in progress cannot be interrupted (datafusion 55's Python API has no cancel; it
-checks for signals only on the main thread): a blocking operator (sort, aggregate, join build)
-finishes its input first. Its memory reservation is held until the worker really ends.
+size. DataFusion's stream is pulled on a worker thread (:func:`interruptible_batches`, through
+DataFusion's async API) while the call's thread waits, checking every ``poll_s`` for the
+client's cancellation and the statement timeout: the call ends at once (CANCELLED /
+DEADLINE_EXCEEDED) and the worker cancels the batch in progress, which drops DataFusion's work
+even inside a blocking operator (sort, aggregate, join build). Its memory reservation is held
+until the worker really ends.
 
 Results are sent as record batches of at most :data:`MAX_RESULT_BATCH_BYTES` (4 MiB,
 ``RecordBatch.nbytes``; a single row larger than that is sent alone), with view types
@@ -34,18 +33,17 @@ counterparts in both the announced schema and the batches, so every Flight clien
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import datafusion
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.flight as flight
 import sqlglot
 from sqlglot import exp
@@ -55,10 +53,11 @@ from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
 from flight_serve.flight.iceberg_tables import iceberg_input_bytes, register_iceberg_tables
 from flight_serve.flight.limits import QueryLimits, Reservation
 from flight_serve.flight.tickets import QueryTicket, StreamPin
-from flight_serve.store import StreamStore, rewrite_type
+from flight_serve.store import StreamStore, plain_type, to_plain
 
 __all__ = [
     "MAX_RESULT_BATCH_BYTES",
+    "SESSION_TIME_ZONE",
     "execute",
     "interruptible_batches",
     "new_context",
@@ -69,6 +68,9 @@ __all__ = [
     "split_batch",
     "to_plain",
 ]
+
+#: The session time zone of every SQL context (``datafusion.execution.time_zone``).
+SESSION_TIME_ZONE: Final = "UTC"
 
 #: Upper bound on ``RecordBatch.nbytes`` of every batch a DoGet sends.
 MAX_RESULT_BATCH_BYTES = 4 * 1024 * 1024
@@ -117,75 +119,16 @@ def referenced_tables(sql: str) -> set[str] | None:
     return names
 
 
-def _view_to_plain(data_type: pa.DataType) -> pa.DataType | None:
-    t: Any = data_type
-    if pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_binary_view(t):
-        return pa.binary()
-    if pa.types.is_list_view(t):
-        return pa.list_(t.value_field)
-    if pa.types.is_large_list_view(t):
-        return pa.large_list(t.value_field)
-    return None
-
-
 def plain_schema(schema: pa.Schema) -> pa.Schema:
-    """Return ``schema`` with view types replaced by plain ones, at every nesting level.
+    """Return ``schema`` with view (and dictionary) types replaced by plain ones, at every
+    nesting level (:func:`flight_serve.store.plain_type`).
 
     >>> plain_schema(pa.schema([("s", pa.string_view())]))
     s: string
     """
-    fields = [f.with_type(rewrite_type(f.type, _view_to_plain)) for f in schema]
+    fields = [f.with_type(plain_type(f.type)) for f in schema]
     metadata: Any = schema.metadata
     return pa.schema(fields, metadata=metadata)
-
-
-def to_plain(array: pa.Array[Any], target: pa.DataType) -> pa.Array[Any]:
-    """Return ``array`` converted to ``target``, a type from :func:`plain_schema`.
-
-    List views are rebuilt by hand (pyarrow 26's ``list_view`` to ``list`` cast produces an
-    invalid offsets buffer); everything else is an Arrow cast.
-    """
-    source: Any = array.type
-    if source == target:
-        return array
-    goal: Any = target
-    if (pa.types.is_list(goal) or pa.types.is_large_list(goal)) and (
-        pa.types.is_list(source)
-        or pa.types.is_large_list(source)
-        or pa.types.is_list_view(source)
-        or pa.types.is_large_list_view(source)
-    ):
-        values = to_plain(pc.list_flatten(array), goal.value_type)
-        sizes = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
-        offset_type = np.int64 if pa.types.is_large_list(goal) else np.int32
-        offsets = np.zeros(len(array) + 1, dtype=offset_type)
-        np.cumsum(sizes, out=offsets[1:])
-        list_class: Any = pa.LargeListArray if pa.types.is_large_list(goal) else pa.ListArray
-        return cast(
-            "pa.Array[Any]",
-            list_class.from_arrays(
-                pa.array(offsets),
-                values,
-                type=goal,
-                mask=array.is_null() if array.null_count else None,
-            ),
-        )
-    if pa.types.is_struct(goal) and pa.types.is_struct(source):
-        struct_array: Any = array
-        children = [
-            to_plain(child, goal.field(i).type) for i, child in enumerate(struct_array.flatten())
-        ]
-        return cast(
-            "pa.Array[Any]",
-            pa.StructArray.from_arrays(
-                children,
-                fields=[goal.field(i) for i in range(goal.num_fields)],
-                mask=array.is_null() if array.null_count else None,
-            ),
-        )
-    return array.cast(target)
 
 
 def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
@@ -227,8 +170,17 @@ def _datafusion_message(exc: BaseException) -> str:
 def new_context(
     limits: QueryLimits | None = None, config: datafusion.SessionConfig | None = None
 ) -> datafusion.SessionContext:
-    """A DataFusion context; under a memory budget with a fair spill pool of
-    ``limits.work_bytes``."""
+    """A DataFusion context with the session time zone UTC (:data:`SESSION_TIME_ZONE`); under a
+    memory budget with a fair spill pool of ``limits.work_bytes``.
+
+    The time zone makes ``TIMESTAMPTZ`` / ``TIMESTAMP WITH TIME ZONE`` (casts, DDL), ``now()``
+    and ``to_timestamp(…)`` UTC-zoned (``timestamp[ns, tz=UTC]``), as in PostgreSQL with
+    ``TimeZone = UTC``; DataFusion 55 has no session time zone by default and returns a
+    timestamp without a zone for them. ``TIMESTAMP`` stays without a zone.
+    """
+    config = (config or datafusion.SessionConfig()).set(
+        "datafusion.execution.time_zone", SESSION_TIME_ZONE
+    )
     if limits is None or limits.budget is None:
         return datafusion.SessionContext(config)
     runtime = datafusion.RuntimeEnvBuilder().with_fair_spill_pool(limits.work_bytes)
@@ -281,12 +233,19 @@ def interruptible_batches(
     started: float | None = None,
     translate: Callable[[str], Exception] = QueryError,
     reservation: Reservation | None = None,
-) -> Iterator[pa.RecordBatch]:
+) -> Generator[pa.RecordBatch, None, None]:
     """Yield the batches of ``df.execute_stream()`` (pyarrow, as DataFusion makes them), pulled
     on a worker thread at most two batches ahead, while this thread waits checking every
     ``limits.poll_s`` seconds for ``is_cancelled()`` and the statement timeout (counted from
-    ``started``, a :func:`time.monotonic` value; default now). ``reservation`` is released when
-    the worker ends.
+    ``started``, a :func:`time.monotonic` value; default now). The worker holds
+    ``reservation`` (:meth:`~flight_serve.flight.limits.Reservation.hold`) while it runs: the
+    caller's ``release()`` takes effect only once DataFusion's work has really ended.
+
+    DataFusion's stream is driven through its async API (``__anext__``) on an event loop of the
+    worker's own: a blocking operator (an aggregate, a sort) computes inside one ``__anext__``
+    for as long as its input lasts, and cancelling that future drops DataFusion's work at its
+    next yield point (milliseconds), where the synchronous ``next()`` can only be abandoned
+    and keeps computing to its end.
 
     Raises:
         pyarrow.flight.FlightCancelledError: the client cancelled the call (CANCELLED).
@@ -308,31 +267,47 @@ def interruptible_batches(
             except queue.Full:
                 continue
 
+    async def pump() -> None:
+        stream = df.execute_stream()
+        try:
+            while not stop.is_set():
+                step = asyncio.ensure_future(stream.__anext__())
+                while not step.done():
+                    await asyncio.wait({step}, timeout=limits.poll_s)
+                    if stop.is_set() and not step.done():
+                        step.cancel()  # drops DataFusion's future: its work stops
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await step
+                        return
+                try:
+                    result = step.result()
+                except StopAsyncIteration:
+                    offer(_END)
+                    return
+                offer(result.to_pyarrow())
+        finally:
+            del stream  # dropping the stream aborts DataFusion's remaining tasks
+
     def work() -> None:
         try:
-            try:
-                batches = iter(df.execute_stream())
-                while not stop.is_set():
-                    try:
-                        result = next(batches)
-                    except StopIteration:
-                        break
-                    offer(result.to_pyarrow())
-                # Dropping the stream here (not later, with the thread's frame) aborts
-                # DataFusion's remaining tasks.
-                del batches
-            except Exception as exc:  # DataFusion raises bare Exception / ValueError
-                offer(_Failure(_datafusion_message(exc)))
-                return
-            offer(_END)
+            asyncio.run(pump())
+        except Exception as exc:  # DataFusion raises bare Exception / ValueError
+            offer(_Failure(_datafusion_message(exc)))
         finally:
             if reservation is not None:
-                reservation.release()
+                reservation.let_go()
 
     worker: threading.Thread | None = None
     try:
         worker = threading.Thread(target=work, name="flight-serve-query", daemon=True)
-        worker.start()
+        if reservation is not None:
+            reservation.hold()
+        try:
+            worker.start()
+        except BaseException:
+            if reservation is not None:
+                reservation.let_go()
+            raise
         while True:
             if is_cancelled is not None and is_cancelled():
                 raise flight.FlightCancelledError(
@@ -354,8 +329,6 @@ def interruptible_batches(
             yield item
     finally:
         stop.set()
-        if worker is None and reservation is not None:
-            reservation.release()
 
 
 def _register(
@@ -457,13 +430,21 @@ def execute(
     pulled = interruptible_batches(
         df, limits=limits, is_cancelled=is_cancelled, started=started, reservation=reservation
     )
-    return schema, _run(pulled, schema, max_batch_bytes)
+    return schema, _run(pulled, schema, max_batch_bytes, reservation)
 
 
 def _run(
-    pulled: Iterator[pa.RecordBatch], schema: pa.Schema, max_batch_bytes: int
+    pulled: Generator[pa.RecordBatch, None, None],
+    schema: pa.Schema,
+    max_batch_bytes: int,
+    reservation: Reservation | None,
 ) -> Iterator[pa.RecordBatch]:
-    for batch in pulled:
-        if batch.num_rows == 0:
-            continue
-        yield from split_batch(_conform_batch(batch, schema), max_batch_bytes)
+    try:
+        for batch in pulled:
+            if batch.num_rows == 0:
+                continue
+            yield from split_batch(_conform_batch(batch, schema), max_batch_bytes)
+    finally:
+        pulled.close()  # (a generator) stops the worker before the bytes are given back
+        if reservation is not None:
+            reservation.release()  # takes effect when the worker really ended

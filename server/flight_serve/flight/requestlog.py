@@ -5,8 +5,9 @@
 digits. The id goes back to the client in the ``x-request-id`` response header, and when the
 call ends one ``rpc`` record is logged (JSON lines under ``flight-serve serve``) with
 ``request_id``, ``method``, ``code`` (the gRPC status code name) and ``duration_ms``;
-failed calls are logged at warning level with the error's first line. Handlers find the id of
-their call with :func:`request_id_of`.
+failed calls are logged at warning level with the error's first line (cut before pyarrow's
+``". Detail: "``). Handlers find the id of their call with :func:`request_id_of`; every error a
+client receives ends with ``(request id <id>)`` (:mod:`flight_serve.flight.status`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Final
 import pyarrow.flight as flight
 
 from flight_serve.flight.metrics import method_name, status_code_of
+from flight_serve.flight.status import current_request_id, set_current_request_id
 
 __all__ = ["MIDDLEWARE_KEY", "REQUEST_ID_HEADER", "RequestLogMiddlewareFactory", "request_id_of"]
 
@@ -60,6 +62,8 @@ class RequestLog(flight.ServerMiddleware):
         return {REQUEST_ID_HEADER: [self.request_id]}
 
     def call_completed(self, exception: BaseException | None) -> None:
+        if current_request_id() == self.request_id:
+            set_current_request_id(None)
         code = status_code_of(exception)
         fields: dict[str, object] = {
             "request_id": self.request_id,
@@ -71,7 +75,8 @@ class RequestLog(flight.ServerMiddleware):
             log.info("rpc", extra=fields)
         else:
             lines = str(exception).strip().splitlines()
-            fields["error"] = lines[0] if lines else type(exception).__name__
+            first = lines[0].split(". Detail: ", 1)[0] if lines else ""
+            fields["error"] = first or type(exception).__name__
             log.warning("rpc", extra=fields)
 
 
@@ -82,6 +87,9 @@ class RequestLogMiddlewareFactory(flight.ServerMiddlewareFactory):
         self, info: flight.CallInfo, headers: dict[str, list[str] | list[bytes]]
     ) -> flight.ServerMiddleware | None:
         request_id = _client_id(headers) or secrets.token_hex(8)
+        # gRPC runs the call's handler (and streams its results) on this thread: errors made
+        # there carry the id (flight_serve.flight.status.with_request_id)
+        set_current_request_id(request_id)
         return RequestLog(request_id, method_name(info.method))
 
 

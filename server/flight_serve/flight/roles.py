@@ -47,6 +47,7 @@ import pyarrow.flight as flight
 from flight_serve.errors import InvalidInputError
 from flight_serve.flight.auth import BasicBearerAuth
 from flight_serve.flight.metrics import method_name
+from flight_serve.flight.status import with_request_id
 
 __all__ = [
     "ACTION_ROLES",
@@ -56,8 +57,8 @@ __all__ = [
     "TlsFiles",
     "TokenGrant",
     "UsersAndTokensAuth",
-    "guard_actions",
     "load_tokens_file",
+    "require_action_role",
     "require_role",
 ]
 
@@ -72,7 +73,7 @@ MIDDLEWARE_KEY: Final = "flight_serve_roles"
 METHOD_ROLES: Final[Mapping[str, Role | None]] = {
     "Handshake": None,
     "ListActions": None,
-    "DoAction": None,  # checked per action by guard_actions
+    "DoAction": None,  # checked per action by require_action_role
     "ListFlights": "read",
     "GetFlightInfo": "read",
     "GetSchema": "read",
@@ -225,18 +226,22 @@ class RoleAuth(flight.ServerMiddlewareFactory):
                 if user is not None:
                     caller = Caller(user, _ALL)
             if caller is None:
-                raise flight.FlightUnauthenticatedError("unknown or expired bearer token")
+                raise flight.FlightUnauthenticatedError(
+                    with_request_id("unknown or expired bearer token")
+                )
         elif value[:6].lower() == "basic " and self._users_auth is not None:
             caller = Caller("basic", _ALL)  # BasicBearerAuth checks the password
         else:
             raise flight.FlightUnauthenticatedError(
-                "authentication required: send 'authorization: Bearer <token>'"
+                with_request_id("authentication required: send 'authorization: Bearer <token>'")
             )
         need = METHOD_ROLES.get(method, "read")
         if need is not None and need not in caller.roles:
             raise flight.FlightUnauthorizedError(
-                f"{method} needs the {need!r} role; this token has "
-                f"{', '.join(sorted(caller.roles))}"
+                with_request_id(
+                    f"{method} needs the {need!r} role; this token has "
+                    f"{', '.join(sorted(caller.roles))}"
+                )
             )
         return caller
 
@@ -266,30 +271,15 @@ def _caller_of(context: flight.ServerCallContext) -> Caller | None:
     return middleware if isinstance(middleware, Caller) else None
 
 
-def guard_actions(service: Any) -> None:
-    """Make every action registered on ``service`` (a
-    :class:`~flight_serve.flight.service.FlightServeService`) so far check the role
-    :data:`ACTION_ROLES` gives it (``read`` when not listed) against the caller's token.
-    Without :class:`RoleAuth` among the server's middleware the checks pass."""
-    for action_type, action in list(service._actions.items()):
-        need: Role = ACTION_ROLES.get(action_type, "read")
+def require_action_role(context: flight.ServerCallContext, action_type: str) -> None:
+    """Check that the caller may run ``action_type``: the role :data:`ACTION_ROLES` gives it
+    (``read`` when not listed). Checked when the action is dispatched, so an action registered
+    at any time is guarded from its first call. Passes without :class:`RoleAuth`.
 
-        def guarded(
-            context: flight.ServerCallContext,
-            body: bytes,
-            _handler: Any = action.handler,
-            _need: Role = need,
-            _type: str = action_type,
-        ) -> Any:
-            caller = _caller_of(context)
-            if caller is not None and _need not in caller.roles:
-                raise flight.FlightUnauthorizedError(
-                    f"action {_type} needs the {_need!r} role; this token has "
-                    f"{', '.join(sorted(caller.roles))}"
-                )
-            return _handler(context, body)
-
-        service.register_action(action_type, action.description, guarded)
+    Raises:
+        pyarrow.flight.FlightUnauthorizedError: the token lacks the role (PERMISSION_DENIED).
+    """
+    require_role(context, ACTION_ROLES.get(action_type, "read"), f"action {action_type}")
 
 
 def require_role(context: flight.ServerCallContext, need: str, what: str) -> None:

@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 import pyarrow as pa
+import pyarrow.flight as flight
 
 from flight_serve.errors import FlightServeError
 from flight_serve.flight.auth import load_users_file
@@ -45,10 +46,11 @@ from flight_serve.flight.roles import (
     TlsFiles,
     TokenGrant,
     UsersAndTokensAuth,
-    guard_actions,
     load_tokens_file,
 )
 from flight_serve.flight.service import DEFAULT_MAX_BATCH_BYTES, FlightServeService
+from flight_serve.flight.startup import MIDDLEWARE_KEY as STARTUP_KEY
+from flight_serve.flight.startup import StartupGate
 from flight_serve.store import FsyncMode, StreamStore
 
 __all__ = ["JsonLinesFormatter", "configure_json_logging", "serve_forever", "start_server"]
@@ -132,6 +134,8 @@ def start_server(
     (:class:`~flight_serve.pipelines.manager.PipelineManager`, the ``pipeline.*`` actions): it
     resumes every ``running`` one at start, and on exit asks each to checkpoint and stop first.
 
+    No call is answered before the server is whole: until the pipeline actions are registered
+    and the running pipelines resumed, calls wait (:mod:`flight_serve.flight.startup`).
     Every call gets a request id and one JSON log line when it ends
     (:mod:`flight_serve.flight.requestlog`). With ``metrics`` the server counts rows and bytes per stream, times every call and reports
     its pipelines there (:mod:`flight_serve.flight.metrics`).
@@ -165,7 +169,9 @@ def start_server(
             retention_age=retention_age,
         )
     )
-    middleware = dict(service_options.pop("middleware", None) or {})
+    gate = StartupGate()  # first: no call is answered before the server is whole
+    middleware: dict[str, flight.ServerMiddlewareFactory] = {STARTUP_KEY: gate}
+    middleware.update(service_options.pop("middleware", None) or {})
     middleware[REQUEST_LOG_KEY] = RequestLogMiddlewareFactory()
     middleware[STREAM_LIMIT_KEY] = StreamLimit(max_streams)
     if tokens is not None:
@@ -212,10 +218,10 @@ def start_server(
             if metrics is not None:
                 metrics.watch_pipelines(manager)
             manager.start()
-        if tokens is not None:
-            guard_actions(service)
+        gate.open()
         yield service
     finally:
+        gate.refuse()  # a start that failed half-way: held calls end now (no-op once open)
         try:
             if manager is not None:
                 manager.stop()
@@ -372,7 +378,7 @@ def serve_forever(
         ) as service:
             if health_port is None:
                 health_port = service.port + 1 if port else 0
-            health = HealthServer(host, health_port, Path(data_dir))
+            health = HealthServer(host, health_port, Path(data_dir), flight_port=service.port)
             if metrics_port is None:
                 metrics_port = service.port + 2 if port else 0
             metrics.serve_http(host, metrics_port)

@@ -69,8 +69,8 @@ from flight_serve.flight.limits import DEFAULT_QUERY_WORK_BYTES, MemoryBudget, Q
 from flight_serve.flight.limits import Reservation as _Reservation
 from flight_serve.flight.markers import Marker, parse_marker
 from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
-from flight_serve.flight.roles import require_role
-from flight_serve.flight.status import to_flight_error
+from flight_serve.flight.roles import require_action_role, require_role
+from flight_serve.flight.status import for_get_schema, to_flight_error
 from flight_serve.flight.tickets import (
     QueryTicket,
     StreamRangeTicket,
@@ -543,7 +543,7 @@ class FlightServeService(flight.FlightServerBase):
                 schema, _ = plan(self._sql_of(descriptor), self.store)
             return flight.SchemaResult(schema)
         except Exception as exc:
-            _fail(exc, "GetSchema")
+            raise for_get_schema(to_flight_error(exc, rpc="GetSchema")) from None
 
     def list_flights(
         self, context: flight.ServerCallContext, criteria: str | bytes
@@ -740,6 +740,7 @@ class FlightServeService(flight.FlightServerBase):
         unknown stream.
         """
         try:
+            require_action_role(context, action.type)  # before saying which actions exist
             entry = self._actions.get(action.type)
             if entry is None:
                 known = ", ".join(sorted(self._actions))

@@ -19,16 +19,29 @@ against pyarrow 26 (``tests/integration/test_flight_streams.py::test_status_code
   hint in the message and ``extra_info`` JSON ``{"retryable": true}``.
 - ``StorageError`` and other ``internal`` errors: INTERNAL; ``flight.FlightInternalError``.
 - a ``pa.ArrowInvalid`` raised by pyarrow itself (e.g. a malformed upload): INVALID_ARGUMENT.
-- any ``flight.FlightError`` (e.g. ``FlightCancelledError``): passed through unchanged.
-- a bug (any other exception): INTERNAL; ``flight.FlightInternalError`` whose message carries an
-  error id that is also in the server log.
+- any ``flight.FlightError`` (e.g. ``FlightCancelledError``): its class, message and
+  ``extra_info`` kept, the request id added.
+- a bug (any other exception): INTERNAL; ``flight.FlightInternalError`` ``"internal error <id>
+  (<class>): <message>"``, the id being the request id (outside a call: an error id of its
+  own) that is also in the server log.
 
 (Raising a bare ``RuntimeError`` from a handler would be UNKNOWN; raising ``FlightServerError``
 is UNKNOWN too -- both are avoided here.)
 
-Known pyarrow behaviour: for INVALID_ARGUMENT and NOT_FOUND, pyarrow appends
-``". Detail: Python exception: Traceback ..."`` (the handler frames) to the message the client
-sees. The message always *starts* with flight-serve's own text.
+What a client sees: flight-serve's own message, then ``(request id <id>)`` (the call's
+``x-request-id``, :mod:`flight_serve.flight.requestlog`), never server internals. The failure is
+logged under the same ``request_id`` with its traceback (``exc`` in the JSON line).
+
+pyarrow appends ``". Detail: Python exception: Traceback ..."`` (the handler's frames and file
+paths: ``traceback.format_exception`` of the raised exception) to the message of every status
+it makes from a Python exception, and pyarrow has no ``FlightError`` for INVALID_ARGUMENT,
+NOT_FOUND or UNIMPLEMENTED (a ``FlightError`` gets only ``". Detail: <code>"``). So those three
+are raised as :class:`InvalidArgument`, :class:`NotFound` and :class:`Unimplemented`, whose
+traceback cannot be formatted (see :class:`_Untraceable`): pyarrow then falls back to the class
+name and the client reads ``"<message> (request id <id>). Detail: Python exception:
+InvalidArgument"``. (CPython 3.11 / 3.12 read ``__notes__`` unguarded; the test
+``tests/integration/test_error_messages.py`` fails if a Python version brings the traceback
+back.)
 
 Log level per class: user mistakes (``input``, ``not_found``, ``already_exists``) at INFO,
 overload at WARNING, internal errors and bugs at ERROR with the traceback, a cancelled call at
@@ -39,17 +52,102 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
-from typing import Final
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from flight_serve.errors import FlightServeError, InvalidInputError
 
-__all__ = ["log_level", "to_flight_error"]
+__all__ = [
+    "Failed",
+    "InvalidArgument",
+    "NotFound",
+    "Unimplemented",
+    "current_request_id",
+    "for_get_schema",
+    "log_level",
+    "set_current_request_id",
+    "to_flight_error",
+    "with_request_id",
+]
 
 log = logging.getLogger("flight_serve.flight")
+
+# The request id of the call each gRPC thread serves, by OS thread id: pyarrow enters Python
+# from a gRPC thread with a fresh thread state each time, so a threading.local set by the
+# middleware would be gone when the handler runs.
+_request_ids: dict[int, str] = {}
+_request_ids_lock = threading.Lock()
+
+
+def set_current_request_id(request_id: str | None) -> None:
+    """Note the id of the call this thread serves from now on (the request log middleware
+    does, in the thread that then runs the call's handler and streams its results)."""
+    with _request_ids_lock:
+        if request_id is None:
+            _request_ids.pop(threading.get_ident(), None)
+        else:
+            _request_ids[threading.get_ident()] = request_id
+
+
+def current_request_id() -> str | None:
+    """The request id of the call this thread serves (``None`` outside a call)."""
+    with _request_ids_lock:
+        return _request_ids.get(threading.get_ident())
+
+
+def with_request_id(message: str) -> str:
+    """``message`` followed by `` (request id <id>)`` when this thread serves a call.
+
+    >>> set_current_request_id("ab12")
+    >>> with_request_id("stream 's' does not exist")
+    "stream 's' does not exist (request id ab12)"
+    >>> set_current_request_id(None)
+    """
+    request_id = current_request_id()
+    return message if request_id is None else f"{message} (request id {request_id})"
+
+
+class _Untraceable(Exception):
+    """An exception whose traceback ``traceback.format_exception`` cannot format: reading its
+    ``__notes__`` fails, so pyarrow's ``PythonErrorDetail`` shows only ``"Python exception:
+    <class name>"`` instead of the server's frames and file paths (module docstring)."""
+
+    @property
+    def __notes__(self) -> Any:  # type: ignore[override]  # read by traceback.TracebackException
+        raise LookupError("flight-serve sends no server traceback to a client")
+
+
+class InvalidArgument(_Untraceable, pa.ArrowInvalid):
+    """INVALID_ARGUMENT, without the server's traceback (the client raises pa.ArrowInvalid)."""
+
+
+class NotFound(_Untraceable, pa.ArrowKeyError):
+    """NOT_FOUND, without the server's traceback (the client raises pa.ArrowKeyError)."""
+
+    def __str__(self) -> str:  # a KeyError would quote its message
+        return str(self.args[0]) if self.args else ""
+
+
+class Unimplemented(_Untraceable, NotImplementedError):
+    """UNIMPLEMENTED, without the server's traceback (pa.ArrowNotImplementedError)."""
+
+
+class Failed(_Untraceable, Exception):
+    """A ``FlightError`` where pyarrow cannot send one: its GetSchema handler turns every
+    exception, ``FlightError`` included, into a status with the traceback. This one arrives as
+    UNKNOWN with the ``FlightError``'s message, without the traceback."""
+
+
+def for_get_schema(error: Exception) -> Exception:
+    """``error`` (from :func:`to_flight_error`) as GetSchema can raise it without leaking the
+    traceback: a ``FlightError`` becomes :class:`Failed` (UNKNOWN; pyarrow's GetSchema has no
+    way to send INTERNAL or UNAVAILABLE), anything else is returned as it is."""
+    return Failed(str(error)) if isinstance(error, flight.FlightError) else error
+
 
 _LEVEL_BY_DOMAIN: Final = {
     "input": logging.INFO,
@@ -102,14 +200,16 @@ def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
         rpc: the Flight method (``"DoPut"``, ...) for the log line.
 
     Returns:
-        ``pa.ArrowInvalid`` (INVALID_ARGUMENT), ``pa.ArrowKeyError`` (NOT_FOUND), or a
-        ``pyarrow.flight.FlightError`` subclass (UNAVAILABLE, INTERNAL, or ``exc`` unchanged).
+        :class:`InvalidArgument` (a ``pa.ArrowInvalid``: INVALID_ARGUMENT), :class:`NotFound`
+        (a ``pa.ArrowKeyError``: NOT_FOUND), :class:`Unimplemented`, or a
+        ``pyarrow.flight.FlightError`` subclass (UNAVAILABLE, INTERNAL, or ``exc``'s own);
+        each message ends with ``(request id <id>)`` inside a call.
 
     >>> from flight_serve.errors import SchemaMismatchError, StreamNotFoundError
-    >>> type(to_flight_error(SchemaMismatchError("missing field 'x'"))).__name__
-    'ArrowInvalid'
-    >>> type(to_flight_error(StreamNotFoundError("stream 's' does not exist"))).__name__
-    'ArrowKeyError'
+    >>> isinstance(to_flight_error(SchemaMismatchError("missing field 'x'")), pa.ArrowInvalid)
+    True
+    >>> str(to_flight_error(StreamNotFoundError("stream 's' does not exist")))
+    "stream 's' does not exist"
     """
     if isinstance(exc, RecursionError):  # the client's input, not a bug: e.g. SQL in 3,000 parens
         exc = InvalidInputError(
@@ -117,38 +217,51 @@ def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
             "nested parentheses or expressions); flatten it"
         )
     level = log_level(exc)
+    request_id = current_request_id()
     fields: dict[str, object] = {"rpc": rpc, "error_class": type(exc).__name__}
+    if request_id is not None:
+        fields["request_id"] = request_id
     if isinstance(exc, FlightServeError):
         fields["domain"] = exc.domain
         fields["retryable"] = exc.retryable
     message = _clip(str(exc))
 
+    def logged(text: str, client: Exception) -> Exception:
+        log.log(level, "request failed: %s", text, extra=fields, exc_info=exc)
+        return client
+
     if isinstance(exc, FlightServeError) and exc.domain != "internal":
-        log.log(level, "request failed: %s", message, extra=fields)
         if exc.domain in ("input", "already_exists"):
-            return pa.ArrowInvalid(message)
+            return logged(message, InvalidArgument(with_request_id(message)))
         if exc.domain == "not_found":
-            return pa.ArrowKeyError(message)
+            return logged(message, NotFound(with_request_id(message)))
         if exc.domain == "unsupported":
-            return NotImplementedError(message)
+            return logged(message, Unimplemented(with_request_id(message)))
         if exc.domain == "overload":
-            return flight.FlightUnavailableError(
-                f"{message} (retryable: try again after a short delay)",
-                json.dumps({"retryable": True}).encode(),
+            return logged(
+                message,
+                flight.FlightUnavailableError(
+                    with_request_id(f"{message} (retryable: try again after a short delay)"),
+                    json.dumps({"retryable": True}).encode(),
+                ),
             )
+    if isinstance(exc, InvalidArgument | NotFound | Unimplemented):
+        return exc  # already mapped (and logged) by an inner handler
     if isinstance(exc, flight.FlightError):
-        log.log(level, "request failed: %s", message, extra=fields)
-        return exc
+        if request_id is None or f"(request id {request_id})" in message:
+            return logged(message, exc)
+        return logged(message, type(exc)(with_request_id(message), exc.extra_info))
     if isinstance(exc, pa.ArrowInvalid):
         # pyarrow itself rejected the client's data (e.g. a malformed IPC stream).
-        log.log(level, "request failed: %s", message, extra=fields)
-        return pa.ArrowInvalid(message)
+        return logged(message, InvalidArgument(with_request_id(message)))
     if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: the server is stopping
         log.warning("request interrupted: %r", exc, extra=fields)
-        return flight.FlightUnavailableError("the server is shutting down; retry elsewhere")
-    error_id = uuid.uuid4().hex[:12]
+        return flight.FlightUnavailableError(
+            with_request_id("the server is shutting down; retry elsewhere")
+        )
+    error_id = request_id or uuid.uuid4().hex[:12]  # outside a call: an id of its own
     fields["error_id"] = error_id
     log.log(level, "request failed: %s", message, extra=fields, exc_info=exc)
     return flight.FlightInternalError(
-        f"internal error {error_id} ({type(exc).__name__}): {message}"
+        with_request_id(f"internal error {error_id} ({type(exc).__name__}): {message}")
     )

@@ -5,11 +5,15 @@ sqlglot's errors and literals into flight-serve's.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import logging
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, ClassVar
 
 import sqlglot
-from sqlglot import exp
+from sqlglot import Token, TokenType, exp
 from sqlglot.dialects.risingwave import RisingWave
 
 from flight_serve.engine.sqlguard import check_sql_size
@@ -37,16 +41,150 @@ _UNITS_NS = {
 }
 
 
+#: The words a statement starts with, and those after CREATE (docs/pipelines.md, "Grammar").
+STATEMENT_WORDS = ("CREATE", "INSERT", "SET", "SELECT", "WITH")
+CREATE_KINDS = ("SOURCE", "TABLE", "SINK", "VIEW", "FUNCTION")
+
+
+def _token_start(token: Token) -> tuple[int, int]:
+    """Line and first column (1-based) of ``token`` (sqlglot's ``col`` is its last column)."""
+    return token.line, max(1, token.col - (token.end - token.start))
+
+
+def _suggest(word: str, words: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word.upper(), words, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _statement_hint(sql: str, line: int | None = None) -> PipelineSQLError | None:
+    """An error naming a misspelled statement word (``CREAT SINK``, ``CREATE SINKK``, ``INSERT
+    INT``, ``CREATE SINK s WIHT (…)``) with its own line and column, for the first statement that
+    has one (or the statement on ``line``, the parser's error line); ``None`` if none is wrong.
+
+    sqlglot's error points where the parser gave up, often a word or two later (``CREAT SINK out``
+    fails at ``out``); the statement's own words are checked first, with sqlglot's tokenizer.
+    """
+    try:
+        tokens = FlightServeSQL().tokenize(sql)
+    except sqlglot.errors.TokenError:
+        return None
+    statements: list[list[Token]] = [[]]
+    for token in tokens:
+        if token.token_type == TokenType.SEMICOLON:
+            statements.append([])
+        else:
+            statements[-1].append(token)
+    for words in statements:
+        if not words or (line is not None and not words[0].line <= line <= words[-1].line):
+            continue
+        hint = _words_hint(words)
+        if hint is not None:
+            return hint
+    return None
+
+
+def _words_hint(words: list[Token]) -> PipelineSQLError | None:
+    first = words[0].text.upper()
+    if first not in STATEMENT_WORDS:
+        return PipelineSQLError(
+            f"unknown statement {words[0].text}{_suggest(first, STATEMENT_WORDS)} (a pipeline "
+            "holds SET, CREATE SOURCE | TABLE | SINK | VIEW | FUNCTION and INSERT INTO)",
+            *_token_start(words[0]),
+        )
+    if first == "INSERT" and len(words) > 1 and words[1].text.upper() != "INTO":
+        return PipelineSQLError(
+            f"write INSERT INTO <sink> SELECT …, not INSERT {words[1].text}",
+            *_token_start(words[1]),
+        )
+    if first != "CREATE" or len(words) < 2:
+        return None
+    index = 1
+    if words[1].text.upper() == "MATERIALIZED" and len(words) > 2:  # RisingWave's MATERIALIZED VIEW
+        index = 2
+    kind = words[index].text.upper()
+    if kind not in CREATE_KINDS:
+        return PipelineSQLError(
+            f"unknown CREATE {words[index].text}{_suggest(kind, CREATE_KINDS)} (CREATE SOURCE, "
+            "TABLE, SINK, VIEW or FUNCTION)",
+            *_token_start(words[index]),
+        )
+    after = index + 2  # CREATE <kind> <name> …
+    if kind == "FUNCTION" or after >= len(words):
+        return None
+    if words[after].token_type == TokenType.L_PAREN:  # the column list
+        depth = 0
+        for position_, token in enumerate(words[after:], start=after):
+            depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(token.token_type, 0)
+            if depth == 0:
+                after = position_ + 1
+                break
+        if after >= len(words) or words[after].token_type == TokenType.L_PAREN:
+            return None
+    word = words[after].text.upper()
+    if word not in ("WITH", "AS"):
+        return PipelineSQLError(
+            f"expected WITH (…) or AS SELECT … after CREATE {kind} {words[index + 1].text}, got "
+            f"{words[after].text}{_suggest(word, ('WITH', 'AS'))}",
+            *_token_start(words[after]),
+        )
+    return None
+
+
+def key_position(sql: str, value: exp.Expr, key: str) -> tuple[int, int] | None:
+    """Line and column of the key of a ``key = value`` whose value is ``value`` in ``sql``
+    (sqlglot records no position for such keys), found with sqlglot's tokenizer; ``None`` when
+    the value has no position or the key is not just before it."""
+    start = value.meta.get("start") if hasattr(value, "meta") else None
+    if start is None:
+        return None
+    try:
+        tokens = [t for t in FlightServeSQL().tokenize(sql) if t.start < int(start)]
+    except sqlglot.errors.TokenError:
+        return None
+    if (
+        len(tokens) >= 2
+        and tokens[-1].token_type == TokenType.EQ
+        and tokens[-2].text.lower() == key.lower()
+    ):
+        return _token_start(tokens[-2])
+    return None
+
+
+class _NoCommandFallback(logging.Filter):
+    """Drops sqlglot's "Falling back to parsing as a 'Command'" warning: such statements get a
+    clear error of their own (:func:`_statement_hint`, or the planner's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Falling back to parsing as a 'Command'" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_fallback() -> Iterator[None]:
+    logger = logging.getLogger("sqlglot")
+    quiet = _NoCommandFallback()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 def parse_statements(sql: str) -> list[exp.Expression]:
     """Parse ``sql`` (one or more ``;``-separated statements).
 
     Raises:
-        PipelineSQLError: the parser's message with the line and column of the offending token.
+        PipelineSQLError: the parser's message with the line and column of the offending token;
+            a misspelled statement word (``CREAT SINK``) is named, with its own line and column.
     """
     check_sql_size(sql)  # before sqlglot reads it
     try:
-        statements = sqlglot.parse(sql, read=FlightServeSQL)
+        with _quiet_fallback():
+            statements = sqlglot.parse(sql, read=FlightServeSQL)
     except sqlglot.errors.ParseError as exc:
+        first_error = exc.errors[0] if exc.errors else {}
+        hint = _statement_hint(sql, first_error.get("line"))
+        if hint is not None:
+            raise hint from exc
         first = exc.errors[0] if exc.errors else {}
         description = first.get("description") or str(exc)
         highlight = first.get("highlight")
@@ -57,6 +195,10 @@ def parse_statements(sql: str) -> list[exp.Expression]:
         raise PipelineSQLError(f"syntax error: {description}{near}", line, col) from exc
     except sqlglot.errors.TokenError as exc:
         raise PipelineSQLError(f"syntax error: {exc}") from exc
+    if any(isinstance(s, exp.Command) for s in statements):  # sqlglot gave up on one
+        hint = _statement_hint(sql)
+        if hint is not None:
+            raise hint
     return [s for s in statements if isinstance(s, exp.Expression)]
 
 

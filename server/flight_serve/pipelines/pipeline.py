@@ -28,7 +28,7 @@ Planning opens no file: connector options are kept as written and checked when t
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -38,13 +38,16 @@ import pyarrow as pa
 from sqlglot import exp
 
 from flight_serve.errors import PipelineSQLError
-from flight_serve.pipelines.dialect import parse_statements, position, sql_error
+from flight_serve.pipelines.dialect import key_position, parse_statements, position, sql_error
 from flight_serve.pipelines.query import (
     OPTION_NAMES,
     QUERY_OPTION_NAMES,
     QueryOptions,
     WindowQuery,
     apply_option,
+    did_you_mean,
+    nearest,
+    no_time_column,
     option_duration,
     property_items,
     source_options,
@@ -83,6 +86,7 @@ class Option:
     key: str
     value: exp.Expression
     node: exp.Expression
+    sql: str | None = field(default=None, repr=False, compare=False)  # the pipeline text
 
     @property
     def text(self) -> str:
@@ -97,6 +101,37 @@ class Option:
     def error(self, message: str) -> PipelineSQLError:
         """A :class:`PipelineSQLError` pointing at this option's value."""
         return sql_error(f"option {self.key}: {message}", self.value)
+
+    def unknown(self, what: str, known: Sequence[str]) -> PipelineSQLError:
+        """The error for this option's key when ``what`` (e.g. ``the file connector of SOURCE
+        s``) has no such option: it suggests the nearest known key and lists them, pointing at
+        the key."""
+        close = nearest(self.key, known)
+        hint = f" (did you mean {close}?)" if close is not None else ""
+        return self.key_error(
+            f"option {self.key}: unknown option of {what}{hint}; its options: {', '.join(known)}"
+        )
+
+    def key_error(self, message: str) -> PipelineSQLError:
+        """A :class:`PipelineSQLError` pointing at this option's key (at its value when the
+        key's position cannot be found)."""
+        key = self.node.this
+        if isinstance(key, exp.Expression) and position(key)[0] is not None:
+            return sql_error(message, key)
+        at = key_position(self.sql, self.value, self.key) if self.sql is not None else None
+        return PipelineSQLError(message, *at) if at is not None else sql_error(message, self.value)
+
+
+def _missing_connector(kind: str, name: str, options: Sequence[Option], node: exp.Expr) -> None:
+    """``CREATE <kind> <name>`` without a ``connector`` option: name a misspelled one
+    (``conector``), else say that it is needed."""
+    for option in options:
+        if nearest(option.key, ["connector"]) is not None:
+            raise option.key_error(
+                f"unknown option {option.key} of CREATE {kind} {name}; did you mean connector? "
+                f"(CREATE {kind} {name} needs WITH (connector = …))"
+            )
+    raise sql_error(f"CREATE {kind} {name} needs WITH (connector = …)", node)
 
 
 @dataclass(frozen=True)
@@ -121,6 +156,15 @@ class RelationDef:
     time_column: str | None
     options: QueryOptions
     connector: dict[str, Option]
+
+    def no_time_column(self, columns: Sequence[str], where: str) -> PipelineSQLError:
+        """The error for a ``WATERMARK FOR`` column that ``where`` (the files, the stream) does
+        not have, pointing at the name after ``WATERMARK FOR``."""
+        schema = self.node.this
+        items = schema.expressions if isinstance(schema, exp.Schema) else []
+        watermark = next((i for i in items if isinstance(i, exp.WatermarkColumnConstraint)), None)
+        node = watermark.this if watermark is not None else self.node.this
+        return no_time_column(self.time_column or "", columns, where, node)
 
 
 @dataclass(frozen=True)
@@ -208,6 +252,9 @@ class PipelinePlan:
         queries: views and inserts, in file order.
         run_options: how it runs: checkpoints, failures (``SET checkpoint_interval`` …; see
             :mod:`flight_serve.pipelines.run_options`).
+        warnings: what the pipeline does that its author may not mean, each with its line and
+            column (a ``HOP`` with the slide larger than the size drops the rows between
+            windows); ``flight-serve run``, ``explain`` and ``submit`` print them.
     """
 
     text: str
@@ -222,6 +269,7 @@ class PipelinePlan:
     views: dict[str, int] = field(default_factory=dict)
     run_options: RunOptions = field(default_factory=RunOptions)
     functions: dict[str, FunctionDef] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
 # --- types ------------------------------------------------------------------------------------
@@ -307,7 +355,7 @@ def _name(node: exp.Expression) -> str:
     return str(table.this.name)
 
 
-def _options(create: exp.Create) -> list[Option]:
+def _options(create: exp.Create, sql: str | None = None) -> list[Option]:
     items = []
     seen: set[str] = set()
     props = create.args.get("properties")
@@ -318,7 +366,7 @@ def _options(create: exp.Create) -> list[Option]:
         if key in seen:
             raise sql_error(f"option {key} is given twice", node)
         seen.add(key)
-        items.append(Option(key, value, node))
+        items.append(Option(key, value, node, sql))
     return items
 
 
@@ -355,7 +403,11 @@ def _setting(
         return replace(settings, max_out_of_orderness=option_duration(value)), batch_rows
     if key in OPTION_NAMES:
         return apply_option(settings, key, value, item), batch_rows
-    raise sql_error(f"unknown option {key!r}; SET takes {', '.join(SETTING_NAMES)}", assign.this)
+    raise sql_error(
+        f"unknown option {key!r}{did_you_mean(key, SETTING_NAMES)}; SET takes "
+        f"{', '.join(SETTING_NAMES)}",
+        assign.this,
+    )
 
 
 def _positive_int(option: Option) -> int:
@@ -491,6 +543,7 @@ class _Planner:
             views=dict(self.views),
             run_options=self.run_options,
             functions=dict(self.functions),
+            warnings=tuple(w for q in queries if q.window is not None for w in q.window.warnings),
         )
 
     # --- CREATE -----------------------------------------------------------------------------
@@ -505,7 +558,7 @@ class _Planner:
         if kind in ("SOURCE", "TABLE"):
             self.relation(create, name, "source" if kind == "SOURCE" else "table")
         elif kind == "SINK":
-            options = _options(create)
+            options = _options(create, self.text)
             window_keys = [o for o in options if o.key in QUERY_OPTION_NAMES]
             if window_keys:
                 raise window_keys[0].error(
@@ -514,7 +567,7 @@ class _Planner:
                 )
             sink = SinkDef(name, create, {o.key: o for o in options})
             if "connector" not in sink.connector:
-                raise sql_error(f"CREATE SINK {name} needs WITH (connector = …)", create.this)
+                _missing_connector("SINK", name, options, create.this)
             self.sinks[name] = sink
             query = create.args.get("expression")
             if query is not None:
@@ -545,7 +598,7 @@ class _Planner:
             )
 
     def relation(self, create: exp.Create, name: str, kind: Literal["source", "table"]) -> None:
-        options = _options(create)
+        options = _options(create, self.text)
         columns = _columns(create)
         schema = create.this
         watermark = next(
@@ -579,13 +632,11 @@ class _Planner:
                 and columns is not None
                 and columns.get_field_index(time_column) < 0
             ):
-                raise sql_error(
-                    f"WATERMARK FOR {time_column}: no such column",
-                    watermark if watermark is not None else create,
-                )
+                assert watermark is not None
+                raise no_time_column(time_column, columns.names, f"source {name}", watermark.this)
         connector = {o.key: o for o in options if o.key not in OPTION_NAMES}
         if "connector" not in connector:
-            raise sql_error(f"CREATE {kind.upper()} {name} needs WITH (connector = …)", create.this)
+            _missing_connector(kind.upper(), name, options, create.this)
         relation = RelationDef(kind, name, create, columns, time_column, query_options, connector)
         if kind == "source":
             self.sources[name] = relation
@@ -754,7 +805,14 @@ class _Planner:
                 "count every revision; read it per row, or use emit 'final' upstream",
                 source_node,
             )
-        window = window_query_from_select(query, options, declared_time_column=time_column)
+        relation = self.sources.get(name)
+        declared = relation.columns if relation is not None else None
+        window = window_query_from_select(
+            query,
+            options,
+            declared_time_column=time_column,
+            input_columns=declared.names if declared is not None else None,
+        )
         self._check_accumulate(sink, window.aggregation.emit == "update", query)
         self.queries.append(QueryDef(index, statement, query, view, sink, name, (), window))
         if view is not None:
@@ -818,7 +876,7 @@ def _function(create: exp.Create, planner: _Planner) -> FunctionDef:
             returns = pa.schema(fields)
         elif isinstance(prop, exp.Property):
             key = prop.name.lower()
-            options[key] = Option(key, prop.args["value"], prop)
+            options[key] = Option(key, prop.args["value"], prop, planner.text)
         else:
             raise sql_error(
                 f"FUNCTION {name}: unsupported clause {prop.sql()[:40]!r}; write "
@@ -839,7 +897,7 @@ def _function(create: exp.Create, planner: _Planner) -> FunctionDef:
     known = ("connector", "plugin", "timeout", "max_in_flight")
     for key, option in options.items():
         if key not in known:
-            raise option.error(f"unknown option of a plugin function; its options: {', '.join(known)}")
+            raise option.unknown("a plugin function", known)
     connector = options.get("connector")
     if connector is None or connector.text.lower() != "plugin":
         raise sql_error(

@@ -23,8 +23,9 @@ planner's entry).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -53,6 +54,7 @@ from flight_serve.pipelines.dialect import (
     duration_from_text,
     interval_to_timedelta,
     parse_statements,
+    position,
     sql_error,
 )
 
@@ -145,6 +147,83 @@ def _aggregate_call(node: exp.Expression, alias: str | None) -> AggregateCall:
         raise sql_error(str(exc), node) from exc
 
 
+def nearest(name: str, names: Sequence[str]) -> str | None:
+    """The name in ``names`` closest to a misspelled ``name`` (difflib's ratio ≥ 0.6), or ``None``.
+
+    >>> nearest("orign", ["dest", "origin", "sched_dep"])
+    'origin'
+    """
+    close = difflib.get_close_matches(name, list(names), n=1)
+    if not close:  # a different case only: "Origin" for "origin"
+        close = [n for n in names if n.lower() == name.lower()][:1]
+    return close[0] if close else None
+
+
+def did_you_mean(name: str, names: Sequence[str]) -> str:
+    """``"; did you mean <nearest>?"`` or ``""`` (see :func:`nearest`)."""
+    close = nearest(name, names)
+    return f"; did you mean {close}?" if close is not None else ""
+
+
+def unknown_column(name: str, columns: Sequence[str], where: str, node: exp.Expr) -> PipelineSQLError:
+    """The error for a column ``name`` that the input ``where`` does not have: it says so, suggests
+    the nearest name and lists the columns, pointing at ``node``."""
+    return sql_error(
+        f"column {name} does not exist in {where}{did_you_mean(name, columns)} "
+        f"(columns of {where}: {', '.join(columns)})",
+        node,
+    )
+
+
+def check_window_columns(
+    select: exp.Select, columns: Sequence[str], where: str = "the input"
+) -> None:
+    """Check that every column a windowed ``select`` names exists in its input.
+
+    The columns looked at are those of the SELECT list, WHERE, GROUP BY and HAVING (a SELECT
+    alias there is allowed); ``window_start`` / ``window_end`` are the window's own. The window
+    function's time column is the operator's to check (an ``EventTimeError``).
+
+    Raises:
+        PipelineSQLError: the first unknown column, with the nearest existing name and the line
+            and column of the name.
+    """
+    known = set(columns)
+    aliases = {item.alias for item in select.expressions if isinstance(item, exp.Alias)}
+    having = select.args.get("having")
+    parts: list[exp.Expression | None] = [
+        *select.expressions,
+        select.args.get("where"),
+        select.args.get("group"),
+        having,
+    ]
+    for part in parts:
+        if part is None:
+            continue
+        for column in part.find_all(exp.Column):
+            if isinstance(column.this, exp.Star) or column.parent_select is not select:
+                continue
+            name = column.name
+            if name in known or name in _WINDOW_BOUNDS or (part is having and name in aliases):
+                continue
+            raise unknown_column(name, columns, where, column)
+
+
+def _check_grouped(select: exp.Select, keys: Sequence[str]) -> None:
+    """A SELECT item that is a bare column must be a GROUP BY key or a window bound."""
+    for item in select.expressions:
+        inner = item.this if isinstance(item, exp.Alias) else item
+        if (
+            isinstance(inner, exp.Column)
+            and not isinstance(inner.this, exp.Star)
+            and inner.name not in keys
+            and inner.name not in _WINDOW_BOUNDS
+        ):
+            raise sql_error(
+                f"column {inner.name} must appear in GROUP BY or be used in an aggregate", inner
+            )
+
+
 @dataclass(frozen=True)
 class WindowQuery:
     """A parsed windowed query: which input it reads, and the aggregation to run over it.
@@ -152,10 +231,28 @@ class WindowQuery:
     Attributes:
         source: the input name given as the table function's first argument.
         aggregation: the engine configuration; :meth:`build` makes the running operator.
+        select: the parsed SELECT, for checking its columns against the input's in
+            :meth:`check` (``None``: not checked).
+        warnings: what the query does that the user may not mean (a ``HOP`` whose slide is
+            larger than its size), each with its line and column.
     """
 
     source: str
     aggregation: WindowAggregation
+    select: exp.Select | None = field(default=None, compare=False, repr=False)
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def check(self, columns: Sequence[str]) -> None:
+        """Check the query against its input's ``columns``: every column named exists, and every
+        bare SELECT column is a GROUP BY key.
+
+        Raises:
+            PipelineSQLError: an unknown column (with the nearest name), or a SELECT column that
+                is neither grouped nor aggregated; with line and column.
+        """
+        if self.select is not None:
+            check_window_columns(self.select, columns, self.source)
+            _check_grouped(self.select, self.aggregation.key_columns)
 
     def build(
         self,
@@ -166,8 +263,9 @@ class WindowQuery:
         wall_clock_ns: Callable[[], int] | None = None,
     ) -> WindowOperator:
         """The running operator for input batches of ``input_schema``, resumed from ``restore``
-        when given, with the processing-time clocks given (see :meth:`WindowAggregation.build`
-        for the clocks and the errors)."""
+        when given, with the processing-time clocks given (:meth:`check` first; see
+        :meth:`WindowAggregation.build` for the clocks and the other errors)."""
+        self.check(input_schema.names)
         return self.aggregation.build(
             input_schema, restore=restore, clock_ns=clock_ns, wall_clock_ns=wall_clock_ns
         )
@@ -395,13 +493,34 @@ def parse_window_query(sql: str) -> WindowQuery:
     options = QueryOptions()
     source_name = _column_name(func.expressions[0]) if func is not None and func.expressions else ""
     declared_ts: str | None = None
+    declared: list[str] | None = None
     for create in creates:
         if str(create.args.get("kind", "")).upper() != "SOURCE":
             raise sql_error("only CREATE SOURCE may precede the query", create)
         name, declared_ts, options = source_options(create)
         if name != source_name:
             raise sql_error(f"CREATE SOURCE {name} is not the query's input {source_name}", create)
-    return window_query_from_select(select, options, declared_time_column=declared_ts)
+        schema = create.this
+        items = schema.expressions if isinstance(schema, exp.Schema) else []
+        declared = [c.name for c in items if isinstance(c, exp.ColumnDef)] or None
+        if declared is not None and declared_ts is not None and declared_ts not in declared:
+            watermark = next(i for i in items if isinstance(i, exp.WatermarkColumnConstraint))
+            raise no_time_column(declared_ts, declared, f"source {name}", watermark.this)
+    return window_query_from_select(
+        select, options, declared_time_column=declared_ts, input_columns=declared
+    )
+
+
+def no_time_column(
+    name: str, columns: Sequence[str], where: str, node: exp.Expr
+) -> PipelineSQLError:
+    """The error for ``WATERMARK FOR <name>`` when ``where`` has no column ``name``: it suggests
+    the nearest column and lists them, pointing at ``node`` (the name after ``WATERMARK FOR``)."""
+    return sql_error(
+        f"WATERMARK FOR {name}: no column {name} in {where}{did_you_mean(name, columns)} "
+        f"(columns: {', '.join(columns)}); name the event-time column, a timestamp",
+        node,
+    )
 
 
 #: Named arguments a window table function accepts (``TUMBLE(…, emit => 'update')``): the
@@ -432,7 +551,8 @@ def query_options(func: exp.Anonymous, options: QueryOptions) -> QueryOptions:
             options = apply_option(options, key, value, arg)
         else:
             raise sql_error(
-                f"unknown option {key!r} of {func.name.upper()}; options: "
+                f"unknown option {key!r} of {func.name.upper()}"
+                f"{did_you_mean(key, QUERY_OPTION_NAMES)}; options: "
                 f"{', '.join(QUERY_OPTION_NAMES)}",
                 arg,
             )
@@ -444,6 +564,7 @@ def window_query_from_select(
     options: QueryOptions | None = None,
     *,
     declared_time_column: str | None = None,
+    input_columns: Sequence[str] | None = None,
 ) -> WindowQuery:
     """Build the :class:`WindowQuery` of a parsed SELECT over a window table function.
 
@@ -455,6 +576,9 @@ def window_query_from_select(
             override them for this query.
         declared_time_column: the column the input's ``WATERMARK FOR`` names, if any; the window
             must use it.
+        input_columns: the input's columns when they are known now (declared in ``CREATE
+            SOURCE``): the query is checked against them (:meth:`WindowQuery.check`) here;
+            otherwise :meth:`WindowQuery.build` checks it against the input schema.
 
     Raises:
         PipelineSQLError: a query outside the accepted form, pointing at the offending token.
@@ -472,6 +596,8 @@ def window_query_from_select(
     given = options or QueryOptions()
     options = query_options(func, given)
     source, time_column, window = _window(func, options.time_zone)
+    if input_columns is not None:
+        check_window_columns(select, input_columns, source)
     if options.time_zone != given.time_zone and not isinstance(window, CalendarWindow):
         raise sql_error(
             "time_zone applies to TUMBLE with INTERVAL '1' DAY, WEEK or MONTH only", func
@@ -479,13 +605,15 @@ def window_query_from_select(
     if declared_time_column is not None and declared_time_column != time_column:
         raise sql_error(
             f"the watermark is declared on {declared_time_column} but the window uses "
-            f"{time_column}",
+            f"{time_column}: write {func.name.upper()}({source}, {declared_time_column}, …)",
             func.expressions[1],
         )
 
     group = select.args.get("group")
     group_names = [_column_name(g) for g in (group.expressions if group else [])]
     keys = tuple(n for n in group_names if n not in _WINDOW_BOUNDS)
+    if input_columns is not None:
+        _check_grouped(select, keys)
 
     aggregates: list[AggregateCall] = []
 
@@ -503,12 +631,9 @@ def window_query_from_select(
         alias = item.alias if isinstance(item, exp.Alias) else None
         inner = item.this if isinstance(item, exp.Alias) else item
         if isinstance(inner, exp.Column):
-            name = inner.name
-            if name not in keys and name not in _WINDOW_BOUNDS:
-                raise sql_error(
-                    f"column {name} must appear in GROUP BY or be used in an aggregate", inner
-                )
-            columns.append(OutputColumn(alias or name, name))
+            # a column that is not a key is refused by check(), once the input columns are known
+            # (a misspelled name must say that it does not exist, not that it is not grouped)
+            columns.append(OutputColumn(alias or inner.name, inner.name))
         elif _aggregate_name(inner) is not None:
             source_col = register(inner, alias)
             columns.append(OutputColumn(alias or aggregates[int(source_col[3:])].alias, source_col))
@@ -537,7 +662,27 @@ def window_query_from_select(
         columns=tuple(columns) if projection_sql is None else (),
         projection_sql=projection_sql,
     )
-    return WindowQuery(source=source, aggregation=aggregation)
+    return WindowQuery(
+        source=source, aggregation=aggregation, select=select, warnings=_hop_warnings(func, window)
+    )
+
+
+def _hop_warnings(func: exp.Anonymous, window: WindowSpec) -> tuple[str, ...]:
+    """A ``HOP`` whose slide is larger than its size leaves gaps: rows between two windows are in
+    none, and are dropped (they are not late). Flink and RisingWave take the slide first, so the
+    warning shows the call with the two swapped."""
+    if not isinstance(window, HoppingWindow) or window.slide <= window.size:
+        return ()
+    args = [a for a in func.expressions if not isinstance(a, exp.Kwarg)]
+    swapped = [*args[:2], args[3], args[2], *args[4:]]
+    call = f"{func.name.upper()}({', '.join(a.sql() for a in swapped)})"
+    line, col = position(func)
+    where = f" (line {line}, column {col})" if line is not None else ""
+    return (
+        f"HOP slide {args[2].sql()} is larger than its size {args[3].sql()}: the rows between "
+        f"two windows fall in none and are dropped; HOP takes the slide first, then the size — "
+        f"for {args[2].sql()} windows every {args[3].sql()} write {call}{where}",
+    )
 
 
 def _projection_sql(

@@ -53,6 +53,7 @@ from flight_serve.connectors.flight import (
     FlightSource,
     FlightTicketSource,
     SourceEvent,
+    server_uri_problem,
 )
 from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
@@ -87,7 +88,7 @@ from flight_serve.pipelines.pipeline import (
     SinkDef,
 )
 from flight_serve.pipelines.plugins import PluginHub, send_slices
-from flight_serve.pipelines.query import QueryOptions
+from flight_serve.pipelines.query import QueryOptions, did_you_mean, unknown_column
 from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
 
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
@@ -419,8 +420,9 @@ class _RowNode(_Node):
         empty = pa.RecordBatch.from_pylist([], input.schema)
         try:
             schema = _nullable(self.run_sql(empty).schema)
-        except QueryError as exc:
-            raise sql_error(f"{query.label}: {exc}", query.select) from None
+        except QueryError as exc:  # its message starts with the label already
+            said = " ".join(str(exc).split())  # DataFusion's message is on several lines
+            raise sql_error(said, query.select) from None
         super().__init__(runtime, query, input, schema)
 
     def run_sql(self, batch: pa.RecordBatch) -> pa.Table:
@@ -586,6 +588,53 @@ def _row_sql(query: QueryDef, input_name: str) -> str:
     return str(select.transform(fix).sql(dialect="postgres", identify=True))
 
 
+def check_row_columns(query: QueryDef, input: _Stream, tables: dict[str, pa.Table]) -> None:
+    """Check that every column a per-row query names exists in the relation it reads: the stream
+    or a joined static table (by name or alias, or unqualified in any of them).
+
+    Queries reading a CTE or a subquery are left to DataFusion.
+
+    Raises:
+        PipelineSQLError: the first unknown column, with the nearest name and its position.
+    """
+    select = query.select
+    if select.args.get("with_") or select.args.get("with"):
+        return
+    from_ = select.args.get("from_") or select.args.get("from")
+    items = [from_.this] if from_ is not None else []
+    items += [join.this for join in select.args.get("joins") or []]
+    scope: dict[str, tuple[str, list[str]]] = {}  # name or alias -> (what, columns)
+    for item in items:
+        if not isinstance(item, exp.Table):
+            return
+        if isinstance(item.this, exp.Anonymous):  # LATE(x) or f(x): the stream
+            what, names = input.name, input.schema.names
+        else:
+            what = str(item.this.name)
+            names = tables[what].schema.names if what in tables else input.schema.names
+            scope[what] = (what, names)
+        if item.alias:
+            scope[item.alias] = (what, names)
+    if not scope:
+        return
+    aliases = {e.alias for e in select.expressions if isinstance(e, exp.Alias)}
+    everything = [n for _, names in scope.values() for n in names]
+    for column in select.find_all(exp.Column):
+        if isinstance(column.this, exp.Star) or column.parent_select is not select:
+            continue
+        qualifier = column.table
+        if qualifier:
+            if qualifier not in scope:
+                continue  # DataFusion names the unknown table
+            what, names = scope[qualifier]
+            if column.name not in names:
+                raise unknown_column(column.name, names, what, column)
+        elif column.name not in everything and column.name not in aliases:
+            whats = sorted({w for w, _ in scope.values()})
+            where = whats[0] if len(whats) == 1 else " or ".join(whats)
+            raise unknown_column(column.name, list(dict.fromkeys(everything)), where, column)
+
+
 # --- the runtime ------------------------------------------------------------------------------
 
 
@@ -682,11 +731,7 @@ class PipelineRuntime:
                 relation.time_column is not None
                 and schema.get_field_index(relation.time_column) < 0
             ):
-                raise sql_error(
-                    f"WATERMARK FOR {relation.time_column}: the files of {relation.name} have no "
-                    f"such column (columns: {', '.join(schema.names)})",
-                    relation.node.this,
-                )
+                raise relation.no_time_column(schema.names, f"the files of {relation.name}")
             self.streams[relation.name] = _Stream(relation.name, schema, source.partitions)
         for sink in plan.sinks.values():
             self.sinks[sink.name] = self._sink(sink)
@@ -705,15 +750,12 @@ class PipelineRuntime:
                     f"{' or '.join(repr(c) for c in available)}"
                 )
             raise option.error(
-                f"unknown connector {name!r} for a {role}; use "
-                f"{' or '.join(repr(c) for c in available)}"
+                f"unknown connector {name!r} for a {role}{did_you_mean(name, list(available))} "
+                f"(use {' or '.join(repr(c) for c in available)})"
             )
         for key, extra in options.items():
             if key not in available[name] and not (name == "iceberg" and is_catalog_option(key)):
-                raise extra.error(
-                    f"unknown option of the {name} connector of {what}; its options: "
-                    f"{', '.join(available[name])}"
-                )
+                raise extra.unknown(f"the {name} connector of {what}", available[name])
         return name
 
     def _file_source(self, relation: RelationDef, role: str) -> FileSource:
@@ -786,6 +828,19 @@ class PipelineRuntime:
                 )
         return FlightClientAuth(pem.get("tls_ca"), pem.get("tls_cert"), pem.get("tls_key"), token)
 
+    def _server(self, options: dict[str, Option]) -> str:
+        """The ``server`` option of a flight connector (default :data:`DEFAULT_SERVER`).
+
+        Raises:
+            PipelineSQLError: not a Flight URI (``http://…``), pointing at the value.
+        """
+        if "server" not in options:
+            return DEFAULT_SERVER
+        problem = server_uri_problem(options["server"].text)
+        if problem is not None:
+            raise options["server"].error(problem)
+        return options["server"].text
+
     def _ticket(self, relation: RelationDef) -> bytes | None:
         """The ``ticket`` (UTF-8 text) or ``ticket_base64`` option of a flight source."""
         options = relation.connector
@@ -806,7 +861,7 @@ class PipelineRuntime:
 
     def _ticket_source(self, relation: RelationDef, ticket: bytes, rows: int) -> LiveSource:
         options = relation.connector
-        server = options["server"].text if "server" in options else DEFAULT_SERVER
+        server = self._server(options)
         try:
             source = FlightTicketSource(
                 server,
@@ -824,11 +879,7 @@ class PipelineRuntime:
             and source.schema.get_field_index(relation.time_column) < 0
         ):
             source.close()
-            raise sql_error(
-                f"WATERMARK FOR {relation.time_column}: the DoGet has no such column "
-                f"(columns: {', '.join(source.schema.names)})",
-                relation.node.this,
-            )
+            raise relation.no_time_column(source.schema.names, "the DoGet")
         return source
 
     def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> LiveSource:
@@ -839,7 +890,7 @@ class PipelineRuntime:
         if ticket is not None:
             return self._ticket_source(relation, ticket, 0)
         resume_at = start_offset
-        server = options["server"].text if "server" in options else DEFAULT_SERVER
+        server = self._server(options)
         stream = options["stream"].text if "stream" in options else relation.name
         start_offset = 0
         if "start_offset" in options:
@@ -873,11 +924,7 @@ class PipelineRuntime:
             and source.schema.get_field_index(relation.time_column) < 0
         ):
             source.close()
-            raise sql_error(
-                f"WATERMARK FOR {relation.time_column}: stream {stream} has no such column "
-                f"(columns: {', '.join(source.schema.names)})",
-                relation.node.this,
-            )
+            raise relation.no_time_column(source.schema.names, f"stream {stream}")
         return source
 
     def _iceberg_source(self, relation: RelationDef) -> LiveSource:
@@ -899,7 +946,7 @@ class PipelineRuntime:
         if connector == "stdout":
             return _Sink(sink, connector, fmt or "table", None)
         if connector == "flight":
-            server = options["server"].text if "server" in options else DEFAULT_SERVER
+            server = self._server(options)
             stream = options["stream"].text if "stream" in options else sink.name
             writer = options["writer"].text if "writer" in options else sink.name
             return _Sink(
@@ -954,6 +1001,8 @@ class PipelineRuntime:
                 op = query.window.build(
                     input.schema, clock_ns=self.clock_ns, wall_clock_ns=self.wall_clock_ns
                 )
+            except PipelineSQLError:  # a column of the query, with its own position
+                raise
             except FlightServeError as exc:
                 func = query.select.args["from_"].this.this
                 raise sql_error(f"{query.label}: {exc}", func) from exc
@@ -965,6 +1014,7 @@ class PipelineRuntime:
         else:
             if query.function is not None:
                 input = self._plugin_stage(query, input)
+            check_row_columns(query, input, self.tables)
             node = _RowNode(self, query, input, self.tables)
             partitions = input.partitions
         if query.view is not None:

@@ -8,8 +8,11 @@ from flight_serve.store.streams import (
     StreamInfo,
     StreamStore,
     WriterInfo,
+    check_batch,
     plain_type,
     rewrite_type,
+    same_values,
+    to_plain,
     validate_stream_name,
     validate_writer_name,
 )
@@ -22,8 +25,11 @@ __all__ = [
     "StreamInfo",
     "StreamStore",
     "WriterInfo",
+    "check_batch",
     "plain_type",
     "rewrite_type",
+    "same_values",
+    "to_plain",
     "validate_stream_name",
     "validate_writer_name",
 ]

@@ -85,10 +85,16 @@ drop, for as long as the batch is referenced).
 
 Dictionary-encoded columns (at any nesting depth) are decoded to their plain value type on
 append, so the stream schema never contains a dictionary type and every frame is
-self-contained (no dictionary batches in the log).
+self-contained (no dictionary batches in the log). View types are stored as their plain types
+the same way (``string_view`` as ``string``, ``binary_view`` as ``binary``, ``list_view`` /
+``large_list_view`` as ``list`` / ``large_list``; what polars 2.x sends): a stream schema never
+holds a view type.
 
 Schema rule for appends: a batch matches the stream when it has the same field names (in any
-order) with the same types; a batch field may be nullable where the stream's is not as long as
+order) with the same types after that decoding, where a type may differ from the stream's in
+offset width only (``large_string`` for ``string``, ``large_binary`` for ``binary``,
+``large_list`` for ``list`` and back, at any depth; see :func:`same_values`): such a column is
+cast to the stream's type. A batch field may be nullable where the stream's is not as long as
 the batch holds no nulls in it. Matching batches are stored in the stream's field order with the
 stream's field metadata. Anything else raises :class:`~flight_serve.errors.SchemaMismatchError`
 naming each missing, unexpected and retyped field.
@@ -122,7 +128,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, cast
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flight_serve.errors import (
     InvalidInputError,
@@ -141,8 +149,11 @@ __all__ = [
     "StreamInfo",
     "StreamStore",
     "WriterInfo",
+    "check_batch",
     "plain_type",
     "rewrite_type",
+    "same_values",
+    "to_plain",
     "validate_stream_name",
     "validate_writer_name",
 ]
@@ -238,18 +249,120 @@ def rewrite_type(
     return data_type
 
 
+def _view_to_plain(data_type: pa.DataType) -> pa.DataType | None:
+    t: Any = data_type
+    if pa.types.is_dictionary(t):
+        return cast(pa.DataType, t.value_type)
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_list_view(t):
+        return pa.list_(t.value_field)
+    if pa.types.is_large_list_view(t):
+        return pa.large_list(t.value_field)
+    return None
+
+
 def plain_type(data_type: pa.DataType) -> pa.DataType:
-    """Return ``data_type`` with every dictionary type (at any depth) replaced by its value type.
+    """Return ``data_type`` with every dictionary type (at any depth) replaced by its value type
+    and every view type by its plain type (``string_view`` -> ``string``, ``binary_view`` ->
+    ``binary``, ``list_view`` -> ``list``, ``large_list_view`` -> ``large_list``).
 
     >>> plain_type(pa.dictionary(pa.int32(), pa.string()))
     DataType(string)
     >>> plain_type(pa.list_(pa.dictionary(pa.int8(), pa.int64())))
     ListType(list<item: int64>)
+    >>> plain_type(pa.struct([("s", pa.string_view())]))
+    StructType(struct<s: string>)
     """
-    return rewrite_type(
-        data_type,
-        lambda t: cast(Any, t).value_type if pa.types.is_dictionary(t) else None,
-    )
+    return rewrite_type(data_type, _view_to_plain)
+
+
+def _small_offsets(data_type: pa.DataType) -> pa.DataType | None:
+    t: Any = data_type
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_large_list(t):
+        return pa.list_(t.value_field)
+    return None
+
+
+def same_values(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether types ``a`` and ``b`` hold the same values and differ at most in offset width
+    (``string`` / ``large_string``, ``binary`` / ``large_binary``, ``list`` / ``large_list``, at
+    any depth) or in being a view type (:func:`plain_type`): a batch of one is cast to the other
+    on append. (A stream that an earlier flight-serve created with a view type keeps it: plain
+    ``string`` / ``binary`` batches are cast to ``string_view`` / ``binary_view`` for it.)
+
+    >>> same_values(pa.list_(pa.large_string()), pa.large_list(pa.string()))
+    True
+    >>> same_values(pa.string(), pa.binary())
+    False
+    """
+    if a == b:
+        return True
+    return rewrite_type(plain_type(a), _small_offsets) == rewrite_type(plain_type(b), _small_offsets)
+
+
+def to_plain(array: pa.Array[Any], target: pa.DataType) -> pa.Array[Any]:
+    """Return ``array`` converted to ``target``: a type :func:`plain_type` gives for it, or one
+    :func:`same_values` matches.
+
+    List views are rebuilt by hand (pyarrow 26's ``list_view`` to ``list`` cast produces an
+    invalid offsets buffer); everything else is an Arrow cast.
+
+    Raises:
+        pyarrow.ArrowInvalid: the values do not fit ``target`` (more than 2 GiB of strings in
+            one batch cast to ``string``).
+    """
+    source: Any = array.type
+    if source == target:
+        return array
+    goal: Any = target
+    if pa.types.is_dictionary(source):
+        # values made plain first: pyarrow 26 can neither cast nor take a dictionary of views
+        encoded: Any = array
+        values = to_plain(encoded.dictionary, plain_type(source.value_type))
+        decoded = pa.DictionaryArray.from_arrays(encoded.indices, values).dictionary_decode()
+        return to_plain(decoded, target)
+    if (pa.types.is_list(goal) or pa.types.is_large_list(goal)) and (
+        pa.types.is_list(source)
+        or pa.types.is_large_list(source)
+        or pa.types.is_list_view(source)
+        or pa.types.is_large_list_view(source)
+    ):
+        values = to_plain(pc.list_flatten(array), goal.value_type)
+        sizes = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+        offset_type = np.int64 if pa.types.is_large_list(goal) else np.int32
+        offsets = np.zeros(len(array) + 1, dtype=offset_type)
+        np.cumsum(sizes, out=offsets[1:])
+        list_class: Any = pa.LargeListArray if pa.types.is_large_list(goal) else pa.ListArray
+        return cast(
+            "pa.Array[Any]",
+            list_class.from_arrays(
+                pa.array(offsets),
+                values,
+                type=goal,
+                mask=array.is_null() if array.null_count else None,
+            ),
+        )
+    if pa.types.is_struct(goal) and pa.types.is_struct(source):
+        struct_array: Any = array
+        children = [
+            to_plain(child, goal.field(i).type) for i, child in enumerate(struct_array.flatten())
+        ]
+        return cast(
+            "pa.Array[Any]",
+            pa.StructArray.from_arrays(
+                children,
+                fields=[goal.field(i) for i in range(goal.num_fields)],
+                mask=array.is_null() if array.null_count else None,
+            ),
+        )
+    return array.cast(target)
 
 
 def _plain_field(field: pa.Field[Any]) -> pa.Field[Any]:
@@ -261,13 +374,12 @@ def _plain_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([_plain_field(f) for f in schema], metadata=metadata)
 
 
-def _decode_dictionaries(batch: pa.RecordBatch) -> pa.RecordBatch:
+def _to_plain_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     schema = _plain_schema(batch.schema)
     if schema.equals(batch.schema):
         return batch
     columns = [
-        column if column.type == field.type else column.cast(field.type)
-        for column, field in zip(batch.columns, schema, strict=True)
+        to_plain(column, field.type) for column, field in zip(batch.columns, schema, strict=True)
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -298,7 +410,7 @@ def _describe_mismatch(
         other = got_by_name.get(field.name)
         if other is None:
             continue
-        if other.type != field.type:
+        if not same_values(other.type, field.type):
             retyped.append(f"{field.name!r} (stream has {field.type}, batch has {other.type})")
         elif not field.nullable and batch is not None and batch.column(field.name).null_count:
             retyped.append(f"{field.name!r} (not nullable in the stream, batch holds nulls)")
@@ -314,6 +426,19 @@ def _describe_mismatch(
     return f"batch schema does not match stream {stream!r}: " + "; ".join(parts)
 
 
+def check_batch(stream: str, schema: pa.Schema, batch: pa.RecordBatch) -> None:
+    """Raise what appending ``batch`` to a stream ``stream`` of ``schema`` would, without a
+    stream: for a caller that checks a first batch before it creates or replaces the stream.
+
+    Raises:
+        SchemaMismatchError: as :meth:`StreamStore.append` (names each missing, unexpected and
+            retyped field).
+    """
+    problem = _describe_mismatch(stream, _plain_schema(schema), _plain_schema(batch.schema), batch)
+    if problem is not None:
+        raise SchemaMismatchError(problem)
+
+
 def _conform(stream: str, expected: pa.Schema, batch: pa.RecordBatch) -> pa.RecordBatch:
     """Return ``batch`` in the stream's field order and schema, or raise SchemaMismatchError."""
     problem = _describe_mismatch(stream, expected, batch.schema, batch)
@@ -325,6 +450,12 @@ def _conform(stream: str, expected: pa.Schema, batch: pa.RecordBatch) -> pa.Reco
         columns = batch.columns
     else:
         columns = [batch.column(name) for name in expected.names]
+    try:
+        columns = [to_plain(c, f.type) for c, f in zip(columns, expected, strict=True)]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaMismatchError(
+            f"batch does not fit the types of stream {stream!r}: {exc}"
+        ) from None
     return pa.RecordBatch.from_arrays(columns, schema=expected)
 
 
@@ -907,7 +1038,7 @@ class StreamStore:
         """
         validate_stream_name(name)
         validate_writer_name(writer)
-        batch = _decode_dictionaries(batch)
+        batch = _to_plain_batch(batch)
         while True:
             stream = self._get_or_create(name, batch.schema)
             conformed = _conform(name, stream.schema, batch)
