@@ -81,6 +81,7 @@ from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import LiveSource, PipelineRuntime, RunSummary, _WindowNode
 from flight_serve.pipelines.store_io import StoreSource, StoreTarget
 from flight_serve.store import StreamStore
+from flight_serve.store.streams import WriterBusyError, WriterHold
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
 __all__ = [
@@ -349,6 +350,7 @@ class DurableRuntime(PipelineRuntime):
         self._text_fingerprint = fingerprint(plan.text)  # what older checkpoints recorded
         self.on_checkpoint = on_checkpoint
         self.gaps: list[str] = []
+        self._writer_holds: list[WriterHold] = []
         self.last_checkpoint: CheckpointInfo | None = None
         self.resumed_from: int | None = None
         self._txn: dict[
@@ -399,6 +401,10 @@ class DurableRuntime(PipelineRuntime):
             ):
                 continue
             raise option.error(self._refusal(connector, "sink", server))
+
+    def _store_backed(self) -> bool:
+        """A server pipeline's ``flight`` connectors without ``server`` are its streams."""
+        return self.store is not None
 
     @staticmethod
     def _refusal(connector: str, role: str, server: bool) -> str:
@@ -898,6 +904,53 @@ class DurableRuntime(PipelineRuntime):
         finally:
             for txn in self._txn.values():
                 txn.close()
+            self.release_writers()
+
+    def store_writers(self) -> dict[str, tuple[str, str]]:
+        """``(stream, writer)`` of each stream sink into this server's store, by sink name."""
+        if self.store is None:
+            return {}
+        return {
+            name: (slot.flight[1], slot.flight[2])
+            for name, slot in self.sinks.items()
+            if slot.flight is not None and "server" not in slot.definition.connector
+        }
+
+    def hold_writers(self) -> None:
+        """Hold the writer name of each stream sink into the server's store
+        (:meth:`~flight_serve.store.StreamStore.hold_writer`, as ``pipeline <name>``) until
+        :meth:`run` ends or :meth:`release_writers`: no DoPut and no other pipeline writes
+        under it meanwhile. Idempotent.
+
+        Raises:
+            WriterBusyError: another live writer holds one (the message names the sink, the
+                stream, the writer and the holder); nothing is held then.
+        """
+        if self._writer_holds or self.store is None:
+            return
+        holds: list[WriterHold] = []
+        try:
+            for sink, (stream, writer) in self.store_writers().items():
+                try:
+                    holds.append(self.store.hold_writer(stream, writer, f"pipeline {self.name}"))
+                except WriterBusyError as exc:
+                    raise WriterBusyError(f"SINK {sink}: {exc}") from None
+        except BaseException:
+            for hold in holds:
+                hold.release()
+            raise
+        self._writer_holds = holds
+
+    def release_writers(self) -> None:
+        """Let go of the writer names :meth:`hold_writers` took (idempotent)."""
+        holds, self._writer_holds = self._writer_holds, []
+        for hold in holds:
+            hold.release()
+
+    def close_sources(self) -> None:
+        """Close the sources of a runtime that will not run (a refused submit)."""
+        for source in self.flight_sources.values():
+            source.close()
 
     def summary(self) -> RunSummary:
         """Rows per sink, targets (a server stream is ``stream <name>``) and late rows so far."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from flight_serve.connectors.flight import FlightSource
-from flight_serve.errors import FlightServeError, InvalidInputError
+from flight_serve.errors import AlreadyExistsError, FlightServeError, InvalidInputError
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
@@ -97,6 +97,7 @@ class _Run:
                 runtime = self.runtime
                 if runtime is None:
                     runtime = self.runtime = manager.build(registry.get(pid))
+                    runtime.hold_writers()
                     if runtime.resumed_from is not None:
                         registry.log(pid, "info", f"resumed from checkpoint {runtime.resumed_from}")
                         manager.resumed(pid, runtime)
@@ -318,28 +319,58 @@ class PipelineManager:
         name: str | None = None,
         base_dir: str | None = None,
         output_dir: str | None = None,
+        replace: bool = False,
     ) -> dict[str, Any]:
         """Plan, open and start a pipeline; return ``{"id", "name", "state", "outputs"}``.
 
+        One name, one running pipeline: a second submit under the name of a ``running``
+        pipeline (the same file submitted twice; ``flight-serve submit`` names a pipeline after
+        its file) is refused, unless ``replace`` asks to cancel
+        that one first. A stream sink writes its stream as one writer name, so a pipeline whose
+        stream sink would write under a ``(stream, writer)`` another running pipeline or a
+        DoPut in progress writes is refused too (every result would be in the stream twice).
+
         Args:
             sql: the pipeline text.
-            name: a name (default ``pipeline``); the id is the name's slug and 8 hex digits.
+            name: a name (default ``pipeline``, which any number of pipelines may share); the id
+                is the name's slug and 8 hex digits.
             base_dir: where relative source paths start (default: the data directory).
             output_dir: where relative sink paths start (default ``<data-dir>/outputs/<id>``).
+            replace: cancel the running pipeline(s) of that name first (once this one planned).
 
         Raises:
             PipelineSQLError: the pipeline does not plan, or a connector cannot open (line and
                 column given). Nothing is registered then.
+            AlreadyExistsError: a pipeline of that name runs and ``replace`` is false (the
+                message names its id), or a stream sink's writer is held by another writer
+                (:class:`~flight_serve.store.streams.WriterBusyError`, naming sink, stream,
+                writer and holder).
         """
         if not sql.strip():
             raise InvalidInputError("pipeline.submit: the pipeline SQL is empty")
-        pid = f"{_slug(name or 'pipeline')}-{uuid.uuid4().hex[:8]}"
+        same = [r for r in self.registry.all() if r.name == name and r.state == "running"]
+        name = name or "pipeline"  # unnamed submits are not one pipeline: their sinks decide
+        if same and not replace:
+            ids = ", ".join(r.id for r in same)
+            raise AlreadyExistsError(
+                f"pipeline.submit: a pipeline named {name!r} is already running ({ids}); "
+                "submit it under another name (flight-serve submit --name NEW, \"name\" in "
+                "the body) to run a second copy, or replace it (--replace, \"replace\": true: "
+                "it is cancelled first)"
+            )
+        pid = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
         base = str(Path(base_dir) if base_dir else self.data_dir.absolute())
         out = str(Path(output_dir) if output_dir else (self.data_dir / "outputs" / pid).absolute())
-        record = PipelineRecord(
-            pid, name or "pipeline", sql, base, out, "running", "", "", 0, None, None, {}
-        )
+        record = PipelineRecord(pid, name, sql, base, out, "running", "", "", 0, None, None, {})
         runtime = self.build(record)  # refuses a bad pipeline before anything is registered
+        for old in same:
+            self.registry.log(old.id, "info", f"replaced by {pid}")
+            self.cancel(old.id)
+        try:
+            runtime.hold_writers()  # WriterBusyError names the sink, stream, writer, holder
+        except AlreadyExistsError:
+            runtime.close_sources()
+            raise
         record = self.registry.add(pid, record.name, sql, base, out)
         self.registry.log(pid, "info", "submitted")
         self._launch(record, runtime)

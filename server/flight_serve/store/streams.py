@@ -125,6 +125,7 @@ from typing import Any, Literal, Self, cast
 import pyarrow as pa
 
 from flight_serve.errors import (
+    AlreadyExistsError,
     InvalidInputError,
     SchemaMismatchError,
     StorageError,
@@ -140,7 +141,10 @@ __all__ = [
     "StreamEntry",
     "StreamInfo",
     "StreamStore",
+    "WriterBusyError",
+    "WriterHold",
     "WriterInfo",
+    "data_dir_holder",
     "plain_type",
     "rewrite_type",
     "validate_stream_name",
@@ -391,6 +395,59 @@ class WriterInfo:
     last_offset: int
     watermark_ns: int | None
     ended_at: int | None
+
+
+class WriterBusyError(AlreadyExistsError):
+    """A second live writer of a stream under a writer name another one holds
+    (:meth:`StreamStore.hold_writer`); the message names the stream, the writer and the holder."""
+
+
+class WriterHold:
+    """One live writer's hold on ``(stream, writer)`` (:meth:`StreamStore.hold_writer`);
+    :meth:`release` (idempotent) lets the next writer of that name in.
+
+    Attributes:
+        stream, writer: what is held.
+        holder: who holds it (for messages: ``"pipeline hourly-3f2a9c1e"``, ``"a DoPut from
+            ipv4:127.0.0.1:50312 since 2026-12-01T23:40:00+00:00"``).
+    """
+
+    def __init__(self, store: StreamStore, stream: str, writer: str, holder: str) -> None:
+        self.stream = stream
+        self.writer = writer
+        self.holder = holder
+        self._store = store
+        self._released = False
+
+    def release(self) -> None:
+        """Let go of the writer name (idempotent)."""
+        if not self._released:
+            self._released = True
+            self._store._release_writer(self)
+
+
+def data_dir_holder(data_dir: Path) -> str | None:
+    """Who holds ``data_dir`` (a :class:`StreamStore` open on it: a ``flight-serve serve``, in
+    this or another process) as ``"process <pid>"``; ``None`` when nobody does.
+
+    It tries the store's ``flock`` on ``data_dir/streams.lock`` without waiting and lets go at
+    once; a directory without that file is held by nobody.
+    """
+    path = Path(data_dir) / "streams.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return f"process {pid}" if pid.isdigit() else "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def validate_writer_name(name: str) -> str:
@@ -791,6 +848,7 @@ class StreamStore:
         self._trash = self.data_dir / "streams-trash"
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
+        self._holds: dict[tuple[str, str], WriterHold] = {}
         self._closed = False
         try:
             for directory in (self._root, self._staging, self._trash):
@@ -802,9 +860,14 @@ class StreamStore:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self._lock_fd)
+            holder = data_dir_holder(self.data_dir)
             raise StorageError(
-                f"data dir {self.data_dir} is in use by another stream store (streams.lock)"
+                f"data dir {self.data_dir} is in use by another stream store (streams.lock"
+                f"{f', {holder}' if holder else ''})"
             ) from exc
+        with contextlib.suppress(OSError):  # who holds it, for the refusals' messages
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         for leftover in (*self._staging.iterdir(), *self._trash.iterdir()):
             shutil.rmtree(leftover, ignore_errors=True)
         for directory in sorted(self._root.iterdir()):
@@ -814,6 +877,42 @@ class StreamStore:
                     self._streams[stream.name] = stream
         if retention_bytes is not None or retention_age is not None:
             self.enforce_retention()
+
+    # --- live writers ------------------------------------------------------------------------
+
+    def hold_writer(self, stream: str, writer: str, holder: str) -> WriterHold:
+        """Register ``holder`` as the one live writer of ``stream`` under the name ``writer``
+        until it releases the returned hold: a DoPut call for as long as it runs, a server
+        pipeline's stream sink for as long as the pipeline runs. Two live writers under one
+        name would put every result in the stream twice as one watermark partition, so the
+        second is refused (the store itself never refuses an :meth:`append` it is given).
+
+        Raises:
+            WriterBusyError: another live writer holds that name (the message names the stream,
+                the writer and who holds it).
+        """
+        key = (stream, writer)
+        with self._lock:
+            held = self._holds.get(key)
+            if held is not None:
+                raise WriterBusyError(
+                    f"stream {stream!r}: writer {writer!r} is already being written by "
+                    f"{held.holder}; one writer name has one live writer at a time (give this "
+                    "writer another name, or stop the other one first)"
+                )
+            hold = self._holds[key] = WriterHold(self, stream, writer, holder)
+        return hold
+
+    def writer_holder(self, stream: str, writer: str) -> str | None:
+        """Who holds ``writer`` of ``stream`` now (:meth:`hold_writer`), or ``None``."""
+        with self._lock:
+            held = self._holds.get((stream, writer))
+        return held.holder if held is not None else None
+
+    def _release_writer(self, hold: WriterHold) -> None:
+        with self._lock:
+            if self._holds.get((hold.stream, hold.writer)) is hold:
+                del self._holds[(hold.stream, hold.writer)]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
