@@ -1108,7 +1108,9 @@ class FlightStreamTarget(_Retrying):
         self._client: paflight.FlightClient | None = None
         self._put: tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader] | None = None
         self._can_wait = False  # whether the server has stream.writer_wait
-        self._stale = False  # a call of ours was dropped unfinished (_open waits for it)
+        # a call of this writer may still be in progress (ours dropped unfinished, or a dead
+        # run's): _open waits for it first; a fresh target cannot know, so it waits once
+        self._stale = True
         #: whether the server is a flight-serve (it lists the ``stream.tail`` action), else the
         #: sink is at-least-once
         self.exactly_once = self._retry("listing the server's actions", self._is_flight_serve)
