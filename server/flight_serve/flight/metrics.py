@@ -17,7 +17,8 @@ Families (DESIGN §7, named by Prometheus conventions):
   ``flight_serve_pipeline_late_rows_total{pipeline, source}``,
   ``flight_serve_pipeline_open_windows{pipeline}``,
   ``flight_serve_pipeline_checkpoint_duration_seconds{pipeline}`` and
-  ``flight_serve_pipeline_checkpoint_size_bytes{pipeline}`` (the last checkpoint's).
+  ``flight_serve_pipeline_checkpoint_size_bytes{pipeline}`` (the last checkpoint's). A
+  ``finished`` or ``cancelled`` pipeline has none of them (a ``failed`` one keeps them).
 - The memory budget (:class:`~flight_serve.flight.limits.MemoryBudget`, when the server has one):
   ``flight_serve_memory_budget_bytes``, ``flight_serve_memory_held_bytes{kind}`` (``query``,
   ``doput``, ``window_state``), ``flight_serve_memory_peak_held_bytes`` and
@@ -205,7 +206,11 @@ class _PipelineCollector(Collector):
             labels=label,
         )
         try:
-            pids = [str(p["id"]) for p in self._source.pipelines()]
+            pids = [  # an ended pipeline has no series (its lag would grow for ever)
+                str(p["id"])
+                for p in self._source.pipelines()
+                if p.get("state") not in ("finished", "cancelled")
+            ]
         except Exception:  # a scrape never fails because the registry is odd
             log.exception("cannot list pipelines for the metrics")
             pids = []

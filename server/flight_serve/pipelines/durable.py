@@ -906,6 +906,29 @@ class DurableRuntime(PipelineRuntime):
                 txn.close()
             self.release_writers()
 
+    def waiting_for(self) -> str | None:
+        """What the run waits for now, as a sentence: a plugin or a connector's server
+        (:meth:`plugin_waiting`), else each server stream source that has read every entry
+        there is (``source events: waiting for stream 'events' to be created`` / ``… for new
+        entries of stream 'events' (next offset 3)``), ``; ``-joined; ``None`` while it has
+        input to work on."""
+        waiting = self.plugin_waiting()
+        if waiting is not None:
+            return waiting
+        idle = []
+        for name, source in self._store_sources().items():
+            if source.done or source.backlog:
+                continue
+            assert self.store is not None
+            if not self.store.exists(source.stream):
+                idle.append(f"source {name}: waiting for stream {source.stream!r} to be created")
+            else:
+                idle.append(
+                    f"source {name}: waiting for new entries of stream {source.stream!r} "
+                    f"(next offset {source.position})"
+                )
+        return "; ".join(idle) or None
+
     def store_writers(self) -> dict[str, tuple[str, str]]:
         """``(stream, writer)`` of each stream sink into this server's store, by sink name."""
         if self.store is None:

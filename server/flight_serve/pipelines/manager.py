@@ -22,12 +22,17 @@ directly; file sources and sinks work as in ``flight-serve run``.
   each time (``retry_backoff``, at most a minute), up to ``max_retries`` times in a row (a
   completed checkpoint resets the count). Other pipelines are not affected.
 * **cancel**: checkpoint, stop, state ``cancelled`` (outputs stay).
+* **the end**: a pipeline whose every input ended (a file read to its end, a server stream
+  whose every writer sent end of input) flushes its windows, marks its stream sinks' writers'
+  end of input and goes ``finished``. A finished or cancelled pipeline's checkpoints are
+  deleted (:meth:`PipelineManager.retire`) and it no longer has per-pipeline metrics.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 import uuid
 from dataclasses import replace
@@ -36,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from flight_serve.connectors.flight import FlightSource
-from flight_serve.errors import AlreadyExistsError, FlightServeError, InvalidInputError
+from flight_serve.errors import (
+    AlreadyExistsError,
+    CheckpointError,
+    FlightServeError,
+    InvalidInputError,
+)
+from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
@@ -112,11 +123,13 @@ class _Run:
                     pass
                 registry.log(pid, "info", f"finished at epoch {runtime.epoch}")
                 registry.set_state(pid, "finished")
+                manager.retire(pid)
                 return
             except PipelineStopped:
                 if self.cancelled.is_set():
                     registry.log(pid, "info", "cancelled")
                     registry.set_state(pid, "cancelled")
+                    manager.retire(pid)
                 else:
                     registry.log(pid, "info", "stopped with the server; resumes on restart")
                 return
@@ -154,6 +167,7 @@ class _Run:
                 if self.cancelled.is_set():
                     registry.log(pid, "info", "cancelled")
                     registry.set_state(pid, "cancelled")
+                    manager.retire(pid)
                     return
                 if self.stopping.is_set():
                     return
@@ -200,10 +214,16 @@ class PipelineManager:
 
     def start(self) -> None:
         """Resume every ``running`` pipeline of the registry (each from its last checkpoint)."""
-        for record in self.registry.all():
-            if record.state == "running":
-                self.registry.log(record.id, "info", "server started: resuming")
-                self._launch(record, None)
+        resumed = [record for record in self.registry.all() if record.state == "running"]
+        for record in resumed:
+            self.registry.log(record.id, "info", "server started: resuming")
+            self._launch(record, None)
+        ids = [record.id for record in resumed]
+        log.info(
+            f"resumed {len(ids)} pipeline(s) at start"
+            + (f": {', '.join(ids)}" if ids else ""),
+            extra={"pipelines": ids},
+        )
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Ask every pipeline to checkpoint and stop; wait for them (they stay ``running``)."""
@@ -224,6 +244,24 @@ class PipelineManager:
                 return
             self._runs[record.id] = run
         run.thread.start()
+
+    def retire(self, pid: str) -> None:
+        """``pid`` ended for good (``finished``, ``cancelled``: nothing resumes it), so
+        retention keeps none of its checkpoints: delete them (and its default state root
+        ``<data-dir>/checkpoints/<id>``). Called after the registry has recorded the state, so
+        a crash before this resumes the pipeline (a finished one only completes its last
+        commit). The registry keeps the last checkpoint's record and counters."""
+        options = self.options_of(pid)
+        default = self.data_dir / "checkpoints" / pid
+        root = options.state_root if options is not None and options.state_root else None
+        try:
+            CheckpointStore(root or str(default)).clear()
+            if root is None:
+                shutil.rmtree(default, ignore_errors=True)
+        except (CheckpointError, OSError) as exc:
+            self.registry.log(pid, "warning", f"its checkpoints were not removed: {exc}")
+            return
+        self.registry.log(pid, "info", f"checkpoints removed ({root or default})")
 
     # --- building ----------------------------------------------------------------------------
 
@@ -431,7 +469,7 @@ class PipelineManager:
             "last_error": record.last_error,
             "attempts": record.attempts,
             # live, not from the last checkpoint: a plugin stage may block checkpoints
-            "waiting": live.plugin_waiting() if live is not None else None,
+            "waiting": live.waiting_for() if live is not None else None,
             "plugin_errors": live.plugin_errors() if live is not None else {},
         }
 
@@ -447,9 +485,10 @@ class PipelineManager:
         if run is not None and run.thread.is_alive():
             run.stop(cancel=True)
             run.thread.join(STOP_TIMEOUT_S)
-        elif record.state != "finished":
+        elif record.state not in ("finished", "cancelled"):
             self.registry.log(pid, "info", "cancelled")
             self.registry.set_state(pid, "cancelled")
+            self.retire(pid)
         return {"id": pid, "state": self.registry.get(pid).state}
 
     def checkpoint(self, pid: str, wait_s: float = 30.0) -> dict[str, Any]:

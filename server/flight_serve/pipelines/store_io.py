@@ -11,8 +11,10 @@ name a stream of *this* server, and go straight to its
     watermark partition, as with the ``flight`` connector: the writers the stream's history knows
     (less those that ended before the offset) are partitions from the start, a new writer becomes
     one when its first entry is read, and its watermark and end-of-input markers advance and end
-    its partition. The stream has no end (a server stream is live: a writer may always come
-    back), so windows over it fire as its watermark advances.
+    its partition. The source is **done** (its input has ended) once every writer it knows
+    has ended, and it knows at least one: as the ``flight`` connector's source, and as Flink's
+    bounded sources, a writer that first appears after that is not read by this pipeline. Until
+    then windows over it fire as its watermark advances.
     On restore, an offset that retention removed (``offset < first_offset``), or a stream that was
     dropped and re-created since the checkpoint, is a :class:`~flight_serve.errors.CheckpointError`,
     unless ``offset_reset = 'earliest'``: then the read resumes at the oldest entry there is and
@@ -150,6 +152,7 @@ class StoreSource:
                 and w.last_offset < start_offset
             }
         self._known: set[str] = set(self.partitions)
+        self._ended: set[str] = set()
         self.position = start_offset  # the next entry to read
         self.end_offset = info.next_offset if info is not None else 0
         self._backlog = self.end_offset > start_offset
@@ -160,13 +163,13 @@ class StoreSource:
 
     @property
     def done(self) -> bool:
-        """Never: a server stream has no end."""
-        return False
+        """Whether every writer the source knows (at least one) has ended."""
+        return bool(self._known) and self._known <= self._ended
 
     @property
     def backlog(self) -> bool:
         """Whether the stream holds entries not read yet."""
-        return self._backlog
+        return self._backlog and not self.done
 
     def start(self) -> None:
         """Nothing to start: reads happen in :meth:`poll`."""
@@ -215,7 +218,11 @@ class StoreSource:
                     self.rows += batch.num_rows
                     self.counted(batch)
                 elif entry.end_of_input:
-                    events.append(SourceEvent("end", writer, offset=offset))
+                    if writer not in self._ended:  # a writer ends once
+                        self._ended.add(writer)
+                        events.append(SourceEvent("end", writer, offset=offset))
+                    if self.done:
+                        break  # the input ended: entries after it are not this run's
                 else:
                     events.append(
                         SourceEvent(
