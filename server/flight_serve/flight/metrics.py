@@ -14,6 +14,8 @@ Families (DESIGN §7, named by Prometheus conventions):
   the pipeline's last checkpoint): ``flight_serve_pipeline_watermark_seconds{pipeline}``,
   ``flight_serve_pipeline_watermark_lag_seconds{pipeline}``,
   ``flight_serve_pipeline_rows_in_total{pipeline}``,
+  ``flight_serve_pipeline_data_loss_rows_total{pipeline}`` (rows skipped by resumes under
+  ``offset_reset = 'earliest'`` because retention had removed them),
   ``flight_serve_pipeline_late_rows_total{pipeline, source}``,
   ``flight_serve_pipeline_open_windows{pipeline}``,
   ``flight_serve_pipeline_checkpoint_duration_seconds{pipeline}`` and
@@ -190,6 +192,12 @@ class _PipelineCollector(Collector):
             "Rows that arrived behind the watermark (as of the last checkpoint), by source.",
             labels=["pipeline", "source"],
         )
+        data_loss = CounterMetricFamily(
+            "flight_serve_pipeline_data_loss_rows",
+            "Rows the pipeline skipped on resumes with offset_reset = 'earliest' because "
+            "retention had removed them (as of its last checkpoint).",
+            labels=label,
+        )
         open_windows = GaugeMetricFamily(
             "flight_serve_pipeline_open_windows",
             "Window panes open in the pipeline's state (as of its last checkpoint).",
@@ -226,6 +234,7 @@ class _PipelineCollector(Collector):
                 if status.get("watermark_lag_s") is not None:
                     lag.add_metric([pid], float(status["watermark_lag_s"]))
                 rows_in.add_metric([pid], float(status.get("rows_in") or 0))
+                data_loss.add_metric([pid], float(status.get("data_loss_rows") or 0))
                 for source, rows in (status.get("late_rows") or {}).items():
                     late.add_metric([pid, str(source)], float(rows))
                 open_windows.add_metric([pid], float(status.get("open_panes") or 0))
@@ -236,7 +245,7 @@ class _PipelineCollector(Collector):
                     size.add_metric([pid], float(checkpoint["bytes"]))
             except Exception:  # one odd pipeline record does not hide the others
                 log.exception("cannot collect pipeline metrics", extra={"pipeline": pid})
-        yield from (watermark, lag, rows_in, late, open_windows, duration, size)
+        yield from (watermark, lag, rows_in, data_loss, late, open_windows, duration, size)
 
 
 class Metrics:

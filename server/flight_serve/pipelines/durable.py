@@ -366,6 +366,10 @@ class DurableRuntime(PipelineRuntime):
         self._next_due = time.monotonic() + (self._interval_s or 0.0)
         self.manifest = self._pick(resume)
         self.epoch = self.manifest.epoch if self.manifest is not None else 0
+        #: rows skipped by earlier resumes (offset_reset = 'earliest'), from the checkpoint
+        self._data_loss_before = (
+            int(self.manifest.metrics.get("data_loss_rows", 0)) if self.manifest is not None else 0
+        )
         # opens the sources (from their offsets)
         super().__init__(
             plan,
@@ -471,6 +475,7 @@ class DurableRuntime(PipelineRuntime):
                 offset_reset=self.options.offset_reset,
                 on_gap=self.report_gap,
                 rows=int(state.get("rows", 0)),
+                stream_rows=int(state["stream_rows"]) if "stream_rows" in state else None,
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
@@ -773,7 +778,9 @@ class DurableRuntime(PipelineRuntime):
 
     def metrics(self) -> dict[str, Any]:
         """Counters now: rows read from sources, rows written per sink, late rows per windowed
-        query, watermark per windowed query, open panes, gaps reported."""
+        query, watermark per windowed query, open panes, gaps reported, and
+        ``data_loss_rows``: the rows resumes under ``offset_reset = 'earliest'`` skipped
+        because retention had removed them (cumulative over the pipeline's resumes)."""
         windows = self._window_nodes()
         return {
             "rows_in": self._source_rows(),
@@ -788,6 +795,8 @@ class DurableRuntime(PipelineRuntime):
             "watermark_ns": {n.query.label: n.op.watermark_ns for n in windows},
             "open_panes": sum(n.op.open_panes for n in windows),
             "gaps": list(self.gaps),
+            "data_loss_rows": self._data_loss_before
+            + sum(s.data_loss_rows for s in self._store_sources().values()),
         }
 
     def _source_rows(self) -> int:

@@ -465,6 +465,7 @@ class PipelineManager:
             "open_panes": metrics.get("open_panes", 0),
             "outputs": metrics.get("outputs", {}),
             "gaps": metrics.get("gaps", []),
+            "data_loss_rows": metrics.get("data_loss_rows", 0),
             "last_checkpoint": record.last_checkpoint,
             "last_error": record.last_error,
             "attempts": record.attempts,
@@ -501,8 +502,13 @@ class PipelineManager:
         with self._lock:
             run = self._runs.get(pid)
         runtime = run.runtime if run is not None else None
-        if record.state != "running" or runtime is None:
+        if record.state != "running":
             raise InvalidInputError(f"pipeline {pid} is {record.state}, not running")
+        if runtime is None:  # its thread is (re)building it: resuming, or between retries
+            raise InvalidInputError(
+                f"pipeline {pid} is starting (resuming from its checkpoint, or waiting to "
+                "retry); ask again once it runs"
+            )
         before = runtime.epoch
         runtime.request_checkpoint()
         info = runtime.wait_checkpoint(before, wait_s)

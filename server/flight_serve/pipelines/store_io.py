@@ -64,6 +64,10 @@ class StoreSource:
         offset_reset: ``fail`` or ``earliest`` (see the module docstring).
         on_gap: told about a gap skipped under ``offset_reset = 'earliest'``.
         rows: rows read before (from a checkpoint).
+        stream_rows: the stream's rows below ``start_offset`` when the checkpoint was taken
+            (:meth:`~flight_serve.store.StreamStore.rows_before`; ``None`` from a checkpoint
+            that did not record it): a resume that skips entries retention removed counts
+            the rows skipped as :attr:`data_loss_rows`.
 
     Raises:
         ConnectorError: no such stream and no declared columns, or a declared column is missing.
@@ -85,6 +89,7 @@ class StoreSource:
         offset_reset: str = "fail",
         on_gap: Callable[[str], None] | None = None,
         rows: int = 0,
+        stream_rows: int | None = None,
     ) -> None:
         self.store = store
         self.stream = stream
@@ -107,6 +112,8 @@ class StoreSource:
         self.initial_watermarks: dict[str, int] = {}
         self.rows = rows
         self.gap_entries = 0
+        #: rows this resume skipped (entries retention removed, under offset_reset = 'earliest')
+        self.data_loss_rows = 0
         self.incarnation = info.incarnation if info is not None else None
         reset = offset_reset == "earliest"
         if incarnation is not None and self.incarnation != incarnation:
@@ -135,10 +142,15 @@ class StoreSource:
                     f"{info.first_offset} (the gap is reported), or start over"
                 )
             self.gap_entries = gap
+            if stream_rows is not None:
+                self.data_loss_rows = max(store.rows_before(stream, info.first_offset) - stream_rows, 0)
+                message += f" ({self.data_loss_rows} rows)"
             start_offset = info.first_offset
             if on_gap is not None:
                 on_gap(f"{message}; resuming at {start_offset} (offset_reset = 'earliest')")
         self.start_offset = start_offset
+        # the stream's rows below the position, less the rows read: position_state adds them
+        self._rows_base = (store.rows_before(stream, start_offset) if info is not None else 0) - rows
         if info is not None:
             writers = store.writers(stream)
             self.partitions = tuple(
@@ -183,6 +195,7 @@ class StoreSource:
             "offset": self.position,
             "rows": self.rows,
             "gap_entries": self.gap_entries,
+            "stream_rows": self._rows_base + self.rows,
         }
 
     def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:

@@ -11,6 +11,8 @@ On-disk layout (``data_dir/streams/<name>/``)::
     schema.arrow                 the stream schema, ``pa.Schema.serialize()`` bytes, written once
     writers.jsonl                {"id": <int>, "writer": "<name>"} per writer, appended (and
                                  synced) before the writer's first frame is staged
+    retention.json               {"first_offset", "rows_removed"} once retention removed
+                                 segments: written (and synced) before their files go
     00000000000000000000.seg     segment: frames for offsets 0, 1, ...
     00000000000000012345.seg     the next segment starts at offset 12345 (its file name)
 
@@ -187,6 +189,7 @@ _MAX_STAGED_BYTES = 32 << 20
 _SEGMENT_SUFFIX = ".seg"
 _META_FILE = "stream.json"
 _SCHEMA_FILE = "schema.arrow"
+_RETENTION_FILE = "retention.json"
 
 
 def validate_stream_name(name: str) -> str:
@@ -607,6 +610,7 @@ class _Stream:
         # Visible (durable) batches: [first_offset, next_offset), num_rows and num_bytes of them.
         self.next_offset = 0
         self.num_rows = 0
+        self.rows_removed = 0  # rows of the entries retention removed (all below first_offset)
         self.num_bytes = 0
         # Offsets [next_offset, written_offset) are reserved by write() (staged, or in the file
         # but not synced yet); written_rows/written_bytes count up to written_offset. A roll
@@ -1330,6 +1334,17 @@ class StreamStore:
                 gone.append(segment)
             if not gone:
                 return 0
+            stream.rows_removed += sum(sum(segment.rows) for segment in gone)
+            record = {"first_offset": stream.segments[0].first_offset, "rows_removed": stream.rows_removed}
+            try:  # first: a restart finishes a removal this record names (see _load)
+                tmp = stream.directory / (_RETENTION_FILE + ".tmp")
+                _write_file(tmp, json.dumps(record).encode(), self.fsync == "batch")
+                os.replace(tmp, stream.directory / _RETENTION_FILE)
+            except OSError as exc:
+                log.warning(
+                    "cannot record a retention removal; its rows are not counted",
+                    extra={"stream": stream.name, "error": str(exc)},
+                )
             stream.writer_state = {}
             stream.note(stream.segments[0].first_offset, stream.next_offset)
             for segment in gone:
@@ -1504,6 +1519,24 @@ class StreamStore:
                 plan.append((segment, index, last, buffer))
                 offset += last - index
         return self._iterate_entries(stream, plan)
+
+    def rows_before(self, name: str, offset: int) -> int:
+        """Rows of every batch of stream ``name`` below ``offset`` (clamped to
+        ``[first_offset, next_offset]``), the rows retention removed included: the difference
+        of two values is the rows between two offsets, also after those entries are gone
+        (a resume that skips entries retention removed counts the rows it lost with it).
+
+        Raises:
+            StreamNameError: invalid name. StreamNotFoundError: no such stream.
+        """
+        stream = self._get(name)
+        with stream.cond:
+            rows = stream.rows_removed
+            for segment in stream.segments:
+                if segment.first_offset >= offset:
+                    break
+                rows += sum(segment.rows[: offset - segment.first_offset])
+        return rows
 
     def writers(self, name: str) -> dict[str, WriterInfo]:
         """What the visible log of stream ``name`` holds of each writer, by name.
@@ -1795,6 +1828,23 @@ class StreamStore:
             return None
         stream.writer_names, stream.writer_ids = _read_writers(directory / _WRITERS_FILE)
         segment_paths = sorted(directory.glob("*" + _SEGMENT_SUFFIX))
+        try:
+            retained = json.loads((directory / _RETENTION_FILE).read_text())
+            stream.rows_removed = int(retained["rows_removed"])
+            removed_below = int(retained["first_offset"])
+        except FileNotFoundError:
+            removed_below = 0
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning(
+                "unreadable retention record; rows removed before are not counted",
+                extra={"path": str(directory), "error": str(exc)},
+            )
+            removed_below = 0
+        for path in list(segment_paths):  # a removal cut short by a crash: finish it
+            if path.stem.isdigit() and int(path.stem) < removed_below:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                segment_paths.remove(path)
         for i, path in enumerate(segment_paths):
             try:
                 first = int(path.stem)
