@@ -291,7 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
     for flag, what in (("--tls-cert", "certificate"), ("--tls-key", "private key")):
         submit.add_argument(flag, type=Path, default=None, help=_TLS_CLIENT_HELP.format(what=what))
-    submit.add_argument("--name", default=None, help="a name (default: the file's stem)")
+    submit.add_argument(
+        "--name",
+        default=None,
+        help="a name (default: the file's stem); a name that runs on the server already is "
+        "refused, so give another one to run a second copy",
+    )
+    submit.add_argument(
+        "--replace",
+        action="store_true",
+        help="cancel the running pipeline of that name first, then run this one",
+    )
     submit.add_argument(
         "--output-dir",
         type=Path,
@@ -645,12 +655,14 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"flight-serve: {exc}", file=sys.stderr)
         return 1
     output_dir = args.output_dir if args.output_dir is not None else Path.cwd()
-    body = {
+    body: dict[str, Any] = {
         "sql": sql,
         "name": args.name or path.stem,
         "base_dir": str(path.absolute().parent),
         "output_dir": str(output_dir.absolute()),
     }
+    if args.replace:
+        body["replace"] = True
     try:
         result = _action(
             args.server,

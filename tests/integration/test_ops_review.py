@@ -122,10 +122,12 @@ def test_a_finished_pipeline_does_not_hide_the_others_metrics(tmp_path: Path) ->
     def one(pid: str) -> frozenset[tuple[str, str]]:
         return frozenset({("pipeline", pid)})
 
-    assert samples["flight_serve_pipeline_rows_in_total"] == {one(finished): 3.0, one(running): 3.0}
+    # an ended (finished) pipeline has no series at all; the running one has them all
+    assert samples["flight_serve_pipeline_rows_in_total"] == {one(running): 3.0}
     assert samples["flight_serve_pipeline_watermark_seconds"] == {one(running): 12.0}
-    assert samples["flight_serve_pipeline_checkpoint_size_bytes"][one(finished)] == done_bytes
-    assert set(samples["flight_serve_pipeline_open_windows"]) == {one(finished), one(running)}
+    assert one(finished) not in samples["flight_serve_pipeline_checkpoint_size_bytes"]
+    assert done_bytes > 0
+    assert set(samples["flight_serve_pipeline_open_windows"]) == {one(running)}
 
 
 def _cancel_flight_info_body(info: flight.FlightInfo) -> bytes:

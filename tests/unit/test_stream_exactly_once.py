@@ -223,10 +223,13 @@ def test_an_offset_removed_by_retention_fails_fast_or_resets_with_the_gap(tmp_pa
         assert resumed.flight_sources["events"].start_offset == 3
         assert resumed.gaps == [
             "source events (stream 'events'): the checkpoint's offset 2 is gone (retention kept "
-            "offsets 3 and up): 1 entries were never read; resuming at 3 (offset_reset = 'earliest')"
+            "offsets 3 and up): 1 entries were never read (1000 rows); resuming at 3 "
+            "(offset_reset = 'earliest')"
         ]
+        assert resumed.metrics()["data_loss_rows"] == 1000  # offset 2: one batch of 1000 rows
         run_until(resumed, 6)
         latest = resumed.checkpoints.latest()
         assert latest is not None
         assert latest.sources["events"]["gap_entries"] == 1
         assert latest.metrics["gaps"] == resumed.gaps
+        assert latest.metrics["data_loss_rows"] == 1000

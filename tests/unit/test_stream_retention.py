@@ -135,3 +135,34 @@ def test_invalid_limits_and_cli_parsing() -> None:
     assert _age("12h") == timedelta(hours=12)
     assert _byte_size("10GiB") == 10 * 1024**3
     assert _byte_size("500000000") == 500_000_000
+
+
+def test_rows_before_counts_the_rows_retention_removed_across_restarts(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with StreamStore(data, segment_bytes=SEGMENT_BYTES) as store:
+        _fill(store, 4)
+        store.append("events", pa.record_batch({"x": [1, 2, 3]}))  # offset 4: 3 rows
+        assert [store.rows_before("events", o) for o in range(6)] == [
+            0, 1000, 2000, 3000, 4000, 4003
+        ]  # fmt: skip
+        keep = sum(_size(p) for p in _segments(data)[2:])
+    with StreamStore(data, segment_bytes=SEGMENT_BYTES, retention_bytes=keep) as store:
+        assert store.info("events").first_offset == 2
+        # offsets 0 and 1 (2000 rows) are gone, still counted
+        assert [store.rows_before("events", o) for o in (0, 2, 3, 5)] == [2000, 2000, 3000, 4003]
+    with StreamStore(data, segment_bytes=SEGMENT_BYTES) as store:  # the count survives
+        assert store.rows_before("events", 5) == 4003
+
+
+def test_a_retention_removal_cut_short_by_a_crash_is_finished_on_open(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with StreamStore(data, segment_bytes=SEGMENT_BYTES) as store:
+        _fill(store, 3)
+    # the record is written before the files go: a crash between leaves segment 0 behind
+    (data / "streams" / "events" / "retention.json").write_text(
+        '{"first_offset": 1, "rows_removed": 1000}'
+    )
+    with StreamStore(data, segment_bytes=SEGMENT_BYTES) as store:
+        assert store.info("events").first_offset == 1
+        assert [int(p.stem) for p in _segments(data)] == [1, 2]
+        assert store.rows_before("events", 3) == 3000

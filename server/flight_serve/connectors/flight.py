@@ -1133,6 +1133,9 @@ class FlightStreamTarget(_Retrying):
         self._client: paflight.FlightClient | None = None
         self._put: tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader] | None = None
         self._can_wait = False  # whether the server has stream.writer_wait
+        # a call of this writer may still be in progress (ours dropped unfinished, or a dead
+        # run's): _open waits for it first; a fresh target cannot know, so it waits once
+        self._stale = True
         #: whether the server is a flight-serve (it lists the ``stream.tail`` action), else the
         #: sink is at-least-once
         self.exactly_once = self._retry("listing the server's actions", self._is_flight_serve)
@@ -1160,6 +1163,7 @@ class FlightStreamTarget(_Retrying):
     def _drop(self) -> None:
         put, self._put = self._put, None
         if put is not None:
+            self._stale = True  # the server may still be writing it out: see _open
             with contextlib.suppress(pa.ArrowException, OSError):
                 put[0].close()
         client, self._client = self._client, None
@@ -1212,6 +1216,11 @@ class FlightStreamTarget(_Retrying):
 
     def _open(self) -> tuple[paflight.FlightStreamWriter, paflight.FlightMetadataReader]:
         if self._put is None:
+            if self._stale:
+                # a call of ours was dropped: the server holds the writer name until it has
+                # written that call out, and refuses a second live DoPut of the writer
+                self._quiesce()
+                self._stale = False
             descriptor = paflight.FlightDescriptor.for_path(self._name, self.writer)
             writer, reader = self._connect().do_put(descriptor, self.schema, options=self._options)
             self._put = writer, cast(paflight.FlightMetadataReader, reader)

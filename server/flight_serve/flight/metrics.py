@@ -14,10 +14,13 @@ Families (DESIGN §7, named by Prometheus conventions):
   the pipeline's last checkpoint): ``flight_serve_pipeline_watermark_seconds{pipeline}``,
   ``flight_serve_pipeline_watermark_lag_seconds{pipeline}``,
   ``flight_serve_pipeline_rows_in_total{pipeline}``,
+  ``flight_serve_pipeline_data_loss_rows_total{pipeline}`` (rows skipped by resumes under
+  ``offset_reset = 'earliest'`` because retention had removed them),
   ``flight_serve_pipeline_late_rows_total{pipeline, source}``,
   ``flight_serve_pipeline_open_windows{pipeline}``,
   ``flight_serve_pipeline_checkpoint_duration_seconds{pipeline}`` and
-  ``flight_serve_pipeline_checkpoint_size_bytes{pipeline}`` (the last checkpoint's).
+  ``flight_serve_pipeline_checkpoint_size_bytes{pipeline}`` (the last checkpoint's). A
+  ``finished`` or ``cancelled`` pipeline has none of them (a ``failed`` one keeps them).
 - The memory budget (:class:`~flight_serve.flight.limits.MemoryBudget`, when the server has one):
   ``flight_serve_memory_budget_bytes``, ``flight_serve_memory_held_bytes{kind}`` (``query``,
   ``doput``, ``window_state``), ``flight_serve_memory_peak_held_bytes`` and
@@ -189,6 +192,12 @@ class _PipelineCollector(Collector):
             "Rows that arrived behind the watermark (as of the last checkpoint), by source.",
             labels=["pipeline", "source"],
         )
+        data_loss = CounterMetricFamily(
+            "flight_serve_pipeline_data_loss_rows",
+            "Rows the pipeline skipped on resumes with offset_reset = 'earliest' because "
+            "retention had removed them (as of its last checkpoint).",
+            labels=label,
+        )
         open_windows = GaugeMetricFamily(
             "flight_serve_pipeline_open_windows",
             "Window panes open in the pipeline's state (as of its last checkpoint).",
@@ -205,7 +214,11 @@ class _PipelineCollector(Collector):
             labels=label,
         )
         try:
-            pids = [str(p["id"]) for p in self._source.pipelines()]
+            pids = [  # an ended pipeline has no series (its lag would grow for ever)
+                str(p["id"])
+                for p in self._source.pipelines()
+                if p.get("state") not in ("finished", "cancelled")
+            ]
         except Exception:  # a scrape never fails because the registry is odd
             log.exception("cannot list pipelines for the metrics")
             pids = []
@@ -221,6 +234,7 @@ class _PipelineCollector(Collector):
                 if status.get("watermark_lag_s") is not None:
                     lag.add_metric([pid], float(status["watermark_lag_s"]))
                 rows_in.add_metric([pid], float(status.get("rows_in") or 0))
+                data_loss.add_metric([pid], float(status.get("data_loss_rows") or 0))
                 for source, rows in (status.get("late_rows") or {}).items():
                     late.add_metric([pid, str(source)], float(rows))
                 open_windows.add_metric([pid], float(status.get("open_panes") or 0))
@@ -231,7 +245,7 @@ class _PipelineCollector(Collector):
                     size.add_metric([pid], float(checkpoint["bytes"]))
             except Exception:  # one odd pipeline record does not hide the others
                 log.exception("cannot collect pipeline metrics", extra={"pipeline": pid})
-        yield from (watermark, lag, rows_in, late, open_windows, duration, size)
+        yield from (watermark, lag, rows_in, data_loss, late, open_windows, duration, size)
 
 
 class Metrics:

@@ -6,7 +6,7 @@ Bodies and results are UTF-8 JSON objects (schemas/README.md, "Actions"):
 action                   body                                           result
 =======================  =============================================  ===========================
 ``pipeline.submit``      ``{"sql", "name"?, "base_dir"?,                ``{"id", "name", "state",
-                         "output_dir"?}``                               "outputs"}``
+                         "output_dir"?, "replace"?}``                   "outputs"}``
 ``pipeline.list``        ``{}``                                         ``{"pipelines": [{"id",
                                                                         "name", "state", …}]}``
 ``pipeline.status``      ``{"id"}``                                     state, watermark, lag, rows
@@ -51,6 +51,13 @@ def _text(body: dict[str, Any], key: str, action: str, required: bool = True) ->
     return value
 
 
+def _flag(body: dict[str, Any], key: str, action: str) -> bool:
+    value = body.get(key, False)
+    if not isinstance(value, bool):
+        raise ActionError(f'{action}: "{key}" must be true or false')
+    return value
+
+
 def _result(value: Any) -> list[bytes]:
     return [json.dumps(value).encode()]
 
@@ -68,6 +75,7 @@ def register_pipeline_actions(service: FlightServeService, manager: PipelineMana
                 name=_text(body, "name", "pipeline.submit", required=False),
                 base_dir=_text(body, "base_dir", "pipeline.submit", required=False),
                 output_dir=_text(body, "output_dir", "pipeline.submit", required=False),
+                replace=_flag(body, "replace", "pipeline.submit"),
             )
         )
 
@@ -109,7 +117,8 @@ def register_pipeline_actions(service: FlightServeService, manager: PipelineMana
     service.register_action(
         "pipeline.submit",
         'Submit a pipeline to run on the server. Body: {"sql": text, "name"?, "base_dir"?, '
-        '"output_dir"?}. Result: {"id", "name", "state", "outputs"}.',
+        '"output_dir"?, "replace"?: false}. A name that runs already is refused unless '
+        '"replace" (cancel it first). Result: {"id", "name", "state", "outputs"}.',
         submit,
     )
     service.register_action(

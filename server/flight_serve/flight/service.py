@@ -34,6 +34,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -80,6 +81,7 @@ from flight_serve.flight.tickets import (
 )
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.store import PendingAppend, StreamInfo, StreamStore, validate_stream_name
+from flight_serve.store.streams import WriterHold
 
 __all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService", "json_action_body"]
 
@@ -460,9 +462,15 @@ class FlightServeService(flight.FlightServerBase):
             _fail(exc, "DoPut")
         pipeline: _PutPipeline | None = None
         target: tuple[str, str] | None = None
+        hold: WriterHold | None = None
         try:
             require_role(context, "write", "DoPut")
             name, writer_name = self._put_target(descriptor)
+            if writer_name:  # a named writer has one live DoPut (the unnamed one is shared)
+                since = datetime.now(UTC).isoformat(timespec="seconds")
+                hold = self.store.hold_writer(
+                    name, writer_name, f"a DoPut from {context.peer()} since {since}"
+                )
             target = self._put_begins(name, writer_name)
             self.store.create(name, reader.schema)
             pipeline = _PutPipeline(self.store, name, writer, writer_name, self.memory_budget)
@@ -493,6 +501,8 @@ class FlightServeService(flight.FlightServerBase):
         finally:
             if target is not None:
                 self._put_ends(target)
+            if hold is not None:
+                hold.release()
 
     def _put_begins(self, stream: str, writer: str) -> tuple[str, str]:
         with self._puts_changed:

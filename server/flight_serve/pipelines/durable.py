@@ -81,6 +81,7 @@ from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import LiveSource, PipelineRuntime, RunSummary, _WindowNode
 from flight_serve.pipelines.store_io import StoreSource, StoreTarget
 from flight_serve.store import StreamStore
+from flight_serve.store.streams import WriterBusyError, WriterHold
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
 __all__ = [
@@ -349,6 +350,7 @@ class DurableRuntime(PipelineRuntime):
         self._text_fingerprint = fingerprint(plan.text)  # what older checkpoints recorded
         self.on_checkpoint = on_checkpoint
         self.gaps: list[str] = []
+        self._writer_holds: list[WriterHold] = []
         self.last_checkpoint: CheckpointInfo | None = None
         self.resumed_from: int | None = None
         self._txn: dict[
@@ -364,6 +366,10 @@ class DurableRuntime(PipelineRuntime):
         self._next_due = time.monotonic() + (self._interval_s or 0.0)
         self.manifest = self._pick(resume)
         self.epoch = self.manifest.epoch if self.manifest is not None else 0
+        #: rows skipped by earlier resumes (offset_reset = 'earliest'), from the checkpoint
+        self._data_loss_before = (
+            int(self.manifest.metrics.get("data_loss_rows", 0)) if self.manifest is not None else 0
+        )
         # opens the sources (from their offsets)
         super().__init__(
             plan,
@@ -399,6 +405,10 @@ class DurableRuntime(PipelineRuntime):
             ):
                 continue
             raise option.error(self._refusal(connector, "sink", server))
+
+    def _store_backed(self) -> bool:
+        """A server pipeline's ``flight`` connectors without ``server`` are its streams."""
+        return self.store is not None
 
     @staticmethod
     def _refusal(connector: str, role: str, server: bool) -> str:
@@ -465,6 +475,7 @@ class DurableRuntime(PipelineRuntime):
                 offset_reset=self.options.offset_reset,
                 on_gap=self.report_gap,
                 rows=int(state.get("rows", 0)),
+                stream_rows=int(state["stream_rows"]) if "stream_rows" in state else None,
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
@@ -772,7 +783,9 @@ class DurableRuntime(PipelineRuntime):
 
     def metrics(self) -> dict[str, Any]:
         """Counters now: rows read from sources, rows written per sink, late rows per windowed
-        query, watermark per windowed query, open panes, gaps reported."""
+        query, watermark per windowed query, open panes, gaps reported, and
+        ``data_loss_rows``: the rows resumes under ``offset_reset = 'earliest'`` skipped
+        because retention had removed them (cumulative over the pipeline's resumes)."""
         windows = self._window_nodes()
         return {
             "rows_in": self._source_rows(),
@@ -787,6 +800,8 @@ class DurableRuntime(PipelineRuntime):
             "watermark_ns": {n.query.label: n.op.watermark_ns for n in windows},
             "open_panes": sum(n.op.open_panes for n in windows),
             "gaps": list(self.gaps),
+            "data_loss_rows": self._data_loss_before
+            + sum(s.data_loss_rows for s in self._store_sources().values()),
         }
 
     def _source_rows(self) -> int:
@@ -903,6 +918,76 @@ class DurableRuntime(PipelineRuntime):
         finally:
             for txn in self._txn.values():
                 txn.close()
+            self.release_writers()
+
+    def waiting_for(self) -> str | None:
+        """What the run waits for now, as a sentence: a plugin or a connector's server
+        (:meth:`plugin_waiting`), else each server stream source that has read every entry
+        there is (``source events: waiting for stream 'events' to be created`` / ``… for new
+        entries of stream 'events' (next offset 3)``), ``; ``-joined; ``None`` while it has
+        input to work on."""
+        waiting = self.plugin_waiting()
+        if waiting is not None:
+            return waiting
+        idle = []
+        for name, source in self._store_sources().items():
+            if source.done or source.backlog:
+                continue
+            assert self.store is not None
+            if not self.store.exists(source.stream):
+                idle.append(f"source {name}: waiting for stream {source.stream!r} to be created")
+            else:
+                idle.append(
+                    f"source {name}: waiting for new entries of stream {source.stream!r} "
+                    f"(next offset {source.position})"
+                )
+        return "; ".join(idle) or None
+
+    def store_writers(self) -> dict[str, tuple[str, str]]:
+        """``(stream, writer)`` of each stream sink into this server's store, by sink name."""
+        if self.store is None:
+            return {}
+        return {
+            name: (slot.flight[1], slot.flight[2])
+            for name, slot in self.sinks.items()
+            if slot.flight is not None and "server" not in slot.definition.connector
+        }
+
+    def hold_writers(self) -> None:
+        """Hold the writer name of each stream sink into the server's store
+        (:meth:`~flight_serve.store.StreamStore.hold_writer`, as ``pipeline <name>``) until
+        :meth:`run` ends or :meth:`release_writers`: no DoPut and no other pipeline writes
+        under it meanwhile. Idempotent.
+
+        Raises:
+            WriterBusyError: another live writer holds one (the message names the sink, the
+                stream, the writer and the holder); nothing is held then.
+        """
+        if self._writer_holds or self.store is None:
+            return
+        holds: list[WriterHold] = []
+        try:
+            for sink, (stream, writer) in self.store_writers().items():
+                try:
+                    holds.append(self.store.hold_writer(stream, writer, f"pipeline {self.name}"))
+                except WriterBusyError as exc:
+                    raise WriterBusyError(f"SINK {sink}: {exc}") from None
+        except BaseException:
+            for hold in holds:
+                hold.release()
+            raise
+        self._writer_holds = holds
+
+    def release_writers(self) -> None:
+        """Let go of the writer names :meth:`hold_writers` took (idempotent)."""
+        holds, self._writer_holds = self._writer_holds, []
+        for hold in holds:
+            hold.release()
+
+    def close_sources(self) -> None:
+        """Close the sources of a runtime that will not run (a refused submit)."""
+        for source in self.flight_sources.values():
+            source.close()
 
     def summary(self) -> RunSummary:
         """Rows per sink, targets (a server stream is ``stream <name>``) and late rows so far."""

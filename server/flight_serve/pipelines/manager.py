@@ -22,12 +22,17 @@ directly; file sources and sinks work as in ``flight-serve run``.
   each time (``retry_backoff``, at most a minute), up to ``max_retries`` times in a row (a
   completed checkpoint resets the count). Other pipelines are not affected.
 * **cancel**: checkpoint, stop, state ``cancelled`` (outputs stay).
+* **the end**: a pipeline whose every input ended (a file read to its end, a server stream
+  whose every writer sent end of input) flushes its windows, marks its stream sinks' writers'
+  end of input and goes ``finished``. A finished or cancelled pipeline's checkpoints are
+  deleted (:meth:`PipelineManager.retire`) and it no longer has per-pipeline metrics.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 import uuid
 from dataclasses import replace
@@ -36,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from flight_serve.connectors.flight import FlightSource
-from flight_serve.errors import FlightServeError, InvalidInputError
+from flight_serve.errors import (
+    AlreadyExistsError,
+    CheckpointError,
+    FlightServeError,
+    InvalidInputError,
+)
+from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
@@ -97,6 +108,7 @@ class _Run:
                 runtime = self.runtime
                 if runtime is None:
                     runtime = self.runtime = manager.build(registry.get(pid))
+                    runtime.hold_writers()
                     if runtime.resumed_from is not None:
                         registry.log(pid, "info", f"resumed from checkpoint {runtime.resumed_from}")
                         manager.resumed(pid, runtime)
@@ -111,11 +123,13 @@ class _Run:
                     pass
                 registry.log(pid, "info", f"finished at epoch {runtime.epoch}")
                 registry.set_state(pid, "finished")
+                manager.retire(pid)
                 return
             except PipelineStopped:
                 if self.cancelled.is_set():
                     registry.log(pid, "info", "cancelled")
                     registry.set_state(pid, "cancelled")
+                    manager.retire(pid)
                 else:
                     registry.log(pid, "info", "stopped with the server; resumes on restart")
                 return
@@ -153,6 +167,7 @@ class _Run:
                 if self.cancelled.is_set():
                     registry.log(pid, "info", "cancelled")
                     registry.set_state(pid, "cancelled")
+                    manager.retire(pid)
                     return
                 if self.stopping.is_set():
                     return
@@ -199,10 +214,16 @@ class PipelineManager:
 
     def start(self) -> None:
         """Resume every ``running`` pipeline of the registry (each from its last checkpoint)."""
-        for record in self.registry.all():
-            if record.state == "running":
-                self.registry.log(record.id, "info", "server started: resuming")
-                self._launch(record, None)
+        resumed = [record for record in self.registry.all() if record.state == "running"]
+        for record in resumed:
+            self.registry.log(record.id, "info", "server started: resuming")
+            self._launch(record, None)
+        ids = [record.id for record in resumed]
+        log.info(
+            f"resumed {len(ids)} pipeline(s) at start"
+            + (f": {', '.join(ids)}" if ids else ""),
+            extra={"pipelines": ids},
+        )
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
         """Ask every pipeline to checkpoint and stop; wait for them (they stay ``running``)."""
@@ -223,6 +244,24 @@ class PipelineManager:
                 return
             self._runs[record.id] = run
         run.thread.start()
+
+    def retire(self, pid: str) -> None:
+        """``pid`` ended for good (``finished``, ``cancelled``: nothing resumes it), so
+        retention keeps none of its checkpoints: delete them (and its default state root
+        ``<data-dir>/checkpoints/<id>``). Called after the registry has recorded the state, so
+        a crash before this resumes the pipeline (a finished one only completes its last
+        commit). The registry keeps the last checkpoint's record and counters."""
+        options = self.options_of(pid)
+        default = self.data_dir / "checkpoints" / pid
+        root = options.state_root if options is not None and options.state_root else None
+        try:
+            CheckpointStore(root or str(default)).clear()
+            if root is None:
+                shutil.rmtree(default, ignore_errors=True)
+        except (CheckpointError, OSError) as exc:
+            self.registry.log(pid, "warning", f"its checkpoints were not removed: {exc}")
+            return
+        self.registry.log(pid, "info", f"checkpoints removed ({root or default})")
 
     # --- building ----------------------------------------------------------------------------
 
@@ -318,28 +357,58 @@ class PipelineManager:
         name: str | None = None,
         base_dir: str | None = None,
         output_dir: str | None = None,
+        replace: bool = False,
     ) -> dict[str, Any]:
         """Plan, open and start a pipeline; return ``{"id", "name", "state", "outputs"}``.
 
+        One name, one running pipeline: a second submit under the name of a ``running``
+        pipeline (the same file submitted twice; ``flight-serve submit`` names a pipeline after
+        its file) is refused, unless ``replace`` asks to cancel
+        that one first. A stream sink writes its stream as one writer name, so a pipeline whose
+        stream sink would write under a ``(stream, writer)`` another running pipeline or a
+        DoPut in progress writes is refused too (every result would be in the stream twice).
+
         Args:
             sql: the pipeline text.
-            name: a name (default ``pipeline``); the id is the name's slug and 8 hex digits.
+            name: a name (default ``pipeline``, which any number of pipelines may share); the id
+                is the name's slug and 8 hex digits.
             base_dir: where relative source paths start (default: the data directory).
             output_dir: where relative sink paths start (default ``<data-dir>/outputs/<id>``).
+            replace: cancel the running pipeline(s) of that name first (once this one planned).
 
         Raises:
             PipelineSQLError: the pipeline does not plan, or a connector cannot open (line and
                 column given). Nothing is registered then.
+            AlreadyExistsError: a pipeline of that name runs and ``replace`` is false (the
+                message names its id), or a stream sink's writer is held by another writer
+                (:class:`~flight_serve.store.streams.WriterBusyError`, naming sink, stream,
+                writer and holder).
         """
         if not sql.strip():
             raise InvalidInputError("pipeline.submit: the pipeline SQL is empty")
-        pid = f"{_slug(name or 'pipeline')}-{uuid.uuid4().hex[:8]}"
+        same = [r for r in self.registry.all() if r.name == name and r.state == "running"]
+        name = name or "pipeline"  # unnamed submits are not one pipeline: their sinks decide
+        if same and not replace:
+            ids = ", ".join(r.id for r in same)
+            raise AlreadyExistsError(
+                f"pipeline.submit: a pipeline named {name!r} is already running ({ids}); "
+                "submit it under another name (flight-serve submit --name NEW, \"name\" in "
+                "the body) to run a second copy, or replace it (--replace, \"replace\": true: "
+                "it is cancelled first)"
+            )
+        pid = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
         base = str(Path(base_dir) if base_dir else self.data_dir.absolute())
         out = str(Path(output_dir) if output_dir else (self.data_dir / "outputs" / pid).absolute())
-        record = PipelineRecord(
-            pid, name or "pipeline", sql, base, out, "running", "", "", 0, None, None, {}
-        )
+        record = PipelineRecord(pid, name, sql, base, out, "running", "", "", 0, None, None, {})
         runtime = self.build(record)  # refuses a bad pipeline before anything is registered
+        for old in same:
+            self.registry.log(old.id, "info", f"replaced by {pid}")
+            self.cancel(old.id)
+        try:
+            runtime.hold_writers()  # WriterBusyError names the sink, stream, writer, holder
+        except AlreadyExistsError:
+            runtime.close_sources()
+            raise
         record = self.registry.add(pid, record.name, sql, base, out)
         self.registry.log(pid, "info", "submitted")
         self._launch(record, runtime)
@@ -396,11 +465,12 @@ class PipelineManager:
             "open_panes": metrics.get("open_panes", 0),
             "outputs": metrics.get("outputs", {}),
             "gaps": metrics.get("gaps", []),
+            "data_loss_rows": metrics.get("data_loss_rows", 0),
             "last_checkpoint": record.last_checkpoint,
             "last_error": record.last_error,
             "attempts": record.attempts,
             # live, not from the last checkpoint: a plugin stage may block checkpoints
-            "waiting": live.plugin_waiting() if live is not None else None,
+            "waiting": live.waiting_for() if live is not None else None,
             "plugin_errors": live.plugin_errors() if live is not None else {},
         }
 
@@ -416,9 +486,10 @@ class PipelineManager:
         if run is not None and run.thread.is_alive():
             run.stop(cancel=True)
             run.thread.join(STOP_TIMEOUT_S)
-        elif record.state != "finished":
+        elif record.state not in ("finished", "cancelled"):
             self.registry.log(pid, "info", "cancelled")
             self.registry.set_state(pid, "cancelled")
+            self.retire(pid)
         return {"id": pid, "state": self.registry.get(pid).state}
 
     def checkpoint(self, pid: str, wait_s: float = 30.0) -> dict[str, Any]:
@@ -431,8 +502,13 @@ class PipelineManager:
         with self._lock:
             run = self._runs.get(pid)
         runtime = run.runtime if run is not None else None
-        if record.state != "running" or runtime is None:
+        if record.state != "running":
             raise InvalidInputError(f"pipeline {pid} is {record.state}, not running")
+        if runtime is None:  # its thread is (re)building it: resuming, or between retries
+            raise InvalidInputError(
+                f"pipeline {pid} is starting (resuming from its checkpoint, or waiting to "
+                "retry); ask again once it runs"
+            )
         before = runtime.epoch
         runtime.request_checkpoint()
         info = runtime.wait_checkpoint(before, wait_s)

@@ -55,7 +55,7 @@ from flight_serve.connectors.flight import (
     SourceEvent,
     server_uri_problem,
 )
-from flight_serve.connectors.iceberg import IcebergSource
+from flight_serve.connectors.iceberg import IcebergSource, default_catalog_properties
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.engine.operator import Emission, WindowOperator
 from flight_serve.engine.sqlguard import check_sql
@@ -75,6 +75,7 @@ from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_O
 from flight_serve.pipelines.iceberg_io import (
     IcebergRunSink,
     IcebergSinkSpec,
+    catalog_of,
     iceberg_sink_spec,
     iceberg_source,
     is_catalog_option,
@@ -89,6 +90,7 @@ from flight_serve.pipelines.pipeline import (
 )
 from flight_serve.pipelines.plugins import PluginHub, send_slices
 from flight_serve.pipelines.query import QueryOptions, did_you_mean, unknown_column
+from flight_serve.store.streams import data_dir_holder
 from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
 
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
@@ -673,6 +675,7 @@ class PipelineRuntime:
         #: timeouts, and wall-clock time (ns since the epoch); injectable for tests
         self.clock_ns: Callable[[], int] = clock_ns or time.monotonic_ns
         self.wall_clock_ns: Callable[[], int] = wall_clock_ns or time.time_ns
+        self._writes = load_tables  # explain builds the plan only: it writes nothing
         #: where the embedded Iceberg catalog lives (``<output_dir>/flight-data`` by default)
         self.data_dir = (
             data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
@@ -939,6 +942,20 @@ class PipelineRuntime:
         options = sink.connector
         fmt = options["format"].text.lower() if "format" in options else None
         if connector == "iceberg":
+            if (
+                self._writes
+                and not self._store_backed()
+                and catalog_of(options, self.data_dir)[1]
+                == default_catalog_properties(self.data_dir)
+                and (holder := data_dir_holder(self.data_dir)) is not None
+            ):
+                raise options["connector"].error(
+                    f"{what}: the embedded Iceberg catalog of {self.data_dir} belongs to a "
+                    f"running server ({holder} holds the data dir): a run in this process "
+                    "never writes into a server's data dir. Submit the pipeline to that server "
+                    "(flight-serve submit), or run it with another --output-dir (its catalog "
+                    "is <output-dir>/flight-data) or a catalog_uri of its own"
+                )
             spec = iceberg_sink_spec(sink, self.data_dir)
             return _Sink(sink, connector, "iceberg", None, iceberg=spec)
         if connector == "falkordb":
@@ -946,6 +963,13 @@ class PipelineRuntime:
         if connector == "stdout":
             return _Sink(sink, connector, fmt or "table", None)
         if connector == "flight":
+            if "server" not in options and self._writes and not self._store_backed():
+                raise options["connector"].error(
+                    f"{what}: a run in this process writes only into a server the pipeline "
+                    f"names: add server = '{DEFAULT_SERVER}' (the server's Flight URI) to the "
+                    "sink. Submitted to a server (flight-serve submit), a flight sink without "
+                    "a server option writes that server's own stream"
+                )
             server = self._server(options)
             stream = options["stream"].text if "stream" in options else sink.name
             writer = options["writer"].text if "writer" in options else sink.name
@@ -974,6 +998,11 @@ class PipelineRuntime:
             where = options["format"] if "format" in options else options["path"]
             raise where.error(f"the file sink writes parquet, csv or jsonl, not {fmt!r}")
         return _Sink(sink, connector, fmt, path)
+
+    def _store_backed(self) -> bool:
+        """Whether ``flight`` connectors without a ``server`` option are a server's own
+        streams (a pipeline inside the server); an embedded run is not."""
+        return False
 
     def _build_queries(self) -> None:
         pending = list(self.plan.queries)

@@ -11,8 +11,10 @@ name a stream of *this* server, and go straight to its
     watermark partition, as with the ``flight`` connector: the writers the stream's history knows
     (less those that ended before the offset) are partitions from the start, a new writer becomes
     one when its first entry is read, and its watermark and end-of-input markers advance and end
-    its partition. The stream has no end (a server stream is live: a writer may always come
-    back), so windows over it fire as its watermark advances.
+    its partition. The source is **done** (its input has ended) once every writer it knows
+    has ended, and it knows at least one: as the ``flight`` connector's source, and as Flink's
+    bounded sources, a writer that first appears after that is not read by this pipeline. Until
+    then windows over it fire as its watermark advances.
     On restore, an offset that retention removed (``offset < first_offset``), or a stream that was
     dropped and re-created since the checkpoint, is a :class:`~flight_serve.errors.CheckpointError`,
     unless ``offset_reset = 'earliest'``: then the read resumes at the oldest entry there is and
@@ -62,6 +64,10 @@ class StoreSource:
         offset_reset: ``fail`` or ``earliest`` (see the module docstring).
         on_gap: told about a gap skipped under ``offset_reset = 'earliest'``.
         rows: rows read before (from a checkpoint).
+        stream_rows: the stream's rows below ``start_offset`` when the checkpoint was taken
+            (:meth:`~flight_serve.store.StreamStore.rows_before`; ``None`` from a checkpoint
+            that did not record it): a resume that skips entries retention removed counts
+            the rows skipped as :attr:`data_loss_rows`.
 
     Raises:
         ConnectorError: no such stream and no declared columns, or a declared column is missing.
@@ -83,6 +89,7 @@ class StoreSource:
         offset_reset: str = "fail",
         on_gap: Callable[[str], None] | None = None,
         rows: int = 0,
+        stream_rows: int | None = None,
     ) -> None:
         self.store = store
         self.stream = stream
@@ -105,6 +112,8 @@ class StoreSource:
         self.initial_watermarks: dict[str, int] = {}
         self.rows = rows
         self.gap_entries = 0
+        #: rows this resume skipped (entries retention removed, under offset_reset = 'earliest')
+        self.data_loss_rows = 0
         self.incarnation = info.incarnation if info is not None else None
         reset = offset_reset == "earliest"
         if incarnation is not None and self.incarnation != incarnation:
@@ -133,10 +142,15 @@ class StoreSource:
                     f"{info.first_offset} (the gap is reported), or start over"
                 )
             self.gap_entries = gap
+            if stream_rows is not None:
+                self.data_loss_rows = max(store.rows_before(stream, info.first_offset) - stream_rows, 0)
+                message += f" ({self.data_loss_rows} rows)"
             start_offset = info.first_offset
             if on_gap is not None:
                 on_gap(f"{message}; resuming at {start_offset} (offset_reset = 'earliest')")
         self.start_offset = start_offset
+        # the stream's rows below the position, less the rows read: position_state adds them
+        self._rows_base = (store.rows_before(stream, start_offset) if info is not None else 0) - rows
         if info is not None:
             writers = store.writers(stream)
             self.partitions = tuple(
@@ -150,6 +164,7 @@ class StoreSource:
                 and w.last_offset < start_offset
             }
         self._known: set[str] = set(self.partitions)
+        self._ended: set[str] = set()
         self.position = start_offset  # the next entry to read
         self.end_offset = info.next_offset if info is not None else 0
         self._backlog = self.end_offset > start_offset
@@ -160,13 +175,13 @@ class StoreSource:
 
     @property
     def done(self) -> bool:
-        """Never: a server stream has no end."""
-        return False
+        """Whether every writer the source knows (at least one) has ended."""
+        return bool(self._known) and self._known <= self._ended
 
     @property
     def backlog(self) -> bool:
         """Whether the stream holds entries not read yet."""
-        return self._backlog
+        return self._backlog and not self.done
 
     def start(self) -> None:
         """Nothing to start: reads happen in :meth:`poll`."""
@@ -180,6 +195,7 @@ class StoreSource:
             "offset": self.position,
             "rows": self.rows,
             "gap_entries": self.gap_entries,
+            "stream_rows": self._rows_base + self.rows,
         }
 
     def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
@@ -215,7 +231,11 @@ class StoreSource:
                     self.rows += batch.num_rows
                     self.counted(batch)
                 elif entry.end_of_input:
-                    events.append(SourceEvent("end", writer, offset=offset))
+                    if writer not in self._ended:  # a writer ends once
+                        self._ended.add(writer)
+                        events.append(SourceEvent("end", writer, offset=offset))
+                    if self.done:
+                        break  # the input ended: entries after it are not this run's
                 else:
                     events.append(
                         SourceEvent(

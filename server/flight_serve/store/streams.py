@@ -11,6 +11,8 @@ On-disk layout (``data_dir/streams/<name>/``)::
     schema.arrow                 the stream schema, ``pa.Schema.serialize()`` bytes, written once
     writers.jsonl                {"id": <int>, "writer": "<name>"} per writer, appended (and
                                  synced) before the writer's first frame is staged
+    retention.json               {"first_offset", "rows_removed"} once retention removed
+                                 segments: written (and synced) before their files go
     00000000000000000000.seg     segment: frames for offsets 0, 1, ...
     00000000000000012345.seg     the next segment starts at offset 12345 (its file name)
 
@@ -133,6 +135,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_serve.errors import (
+    AlreadyExistsError,
     InvalidInputError,
     SchemaMismatchError,
     StorageError,
@@ -148,8 +151,11 @@ __all__ = [
     "StreamEntry",
     "StreamInfo",
     "StreamStore",
+    "WriterBusyError",
+    "WriterHold",
     "WriterInfo",
     "check_batch",
+    "data_dir_holder",
     "plain_type",
     "rewrite_type",
     "same_values",
@@ -194,6 +200,7 @@ _MAX_STAGED_BYTES = 32 << 20
 _SEGMENT_SUFFIX = ".seg"
 _META_FILE = "stream.json"
 _SCHEMA_FILE = "schema.arrow"
+_RETENTION_FILE = "retention.json"
 
 
 def validate_stream_name(name: str) -> str:
@@ -524,6 +531,59 @@ class WriterInfo:
     ended_at: int | None
 
 
+class WriterBusyError(AlreadyExistsError):
+    """A second live writer of a stream under a writer name another one holds
+    (:meth:`StreamStore.hold_writer`); the message names the stream, the writer and the holder."""
+
+
+class WriterHold:
+    """One live writer's hold on ``(stream, writer)`` (:meth:`StreamStore.hold_writer`);
+    :meth:`release` (idempotent) lets the next writer of that name in.
+
+    Attributes:
+        stream, writer: what is held.
+        holder: who holds it (for messages: ``"pipeline hourly-3f2a9c1e"``, ``"a DoPut from
+            ipv4:127.0.0.1:50312 since 2026-12-01T23:40:00+00:00"``).
+    """
+
+    def __init__(self, store: StreamStore, stream: str, writer: str, holder: str) -> None:
+        self.stream = stream
+        self.writer = writer
+        self.holder = holder
+        self._store = store
+        self._released = False
+
+    def release(self) -> None:
+        """Let go of the writer name (idempotent)."""
+        if not self._released:
+            self._released = True
+            self._store._release_writer(self)
+
+
+def data_dir_holder(data_dir: Path) -> str | None:
+    """Who holds ``data_dir`` (a :class:`StreamStore` open on it: a ``flight-serve serve``, in
+    this or another process) as ``"process <pid>"``; ``None`` when nobody does.
+
+    It tries the store's ``flock`` on ``data_dir/streams.lock`` without waiting and lets go at
+    once; a directory without that file is held by nobody.
+    """
+    path = Path(data_dir) / "streams.lock"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return f"process {pid}" if pid.isdigit() else "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def validate_writer_name(name: str) -> str:
     """Return ``name`` if it is a valid writer name for the store (see WRITER_NAME_PATTERN).
 
@@ -681,6 +741,7 @@ class _Stream:
         # Visible (durable) batches: [first_offset, next_offset), num_rows and num_bytes of them.
         self.next_offset = 0
         self.num_rows = 0
+        self.rows_removed = 0  # rows of the entries retention removed (all below first_offset)
         self.num_bytes = 0
         # Offsets [next_offset, written_offset) are reserved by write() (staged, or in the file
         # but not synced yet); written_rows/written_bytes count up to written_offset. A roll
@@ -922,6 +983,7 @@ class StreamStore:
         self._trash = self.data_dir / "streams-trash"
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}
+        self._holds: dict[tuple[str, str], WriterHold] = {}
         self._closed = False
         try:
             for directory in (self._root, self._staging, self._trash):
@@ -933,9 +995,14 @@ class StreamStore:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(self._lock_fd)
+            holder = data_dir_holder(self.data_dir)
             raise StorageError(
-                f"data dir {self.data_dir} is in use by another stream store (streams.lock)"
+                f"data dir {self.data_dir} is in use by another stream store (streams.lock"
+                f"{f', {holder}' if holder else ''})"
             ) from exc
+        with contextlib.suppress(OSError):  # who holds it, for the refusals' messages
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         for leftover in (*self._staging.iterdir(), *self._trash.iterdir()):
             shutil.rmtree(leftover, ignore_errors=True)
         for directory in sorted(self._root.iterdir()):
@@ -945,6 +1012,42 @@ class StreamStore:
                     self._streams[stream.name] = stream
         if retention_bytes is not None or retention_age is not None:
             self.enforce_retention()
+
+    # --- live writers ------------------------------------------------------------------------
+
+    def hold_writer(self, stream: str, writer: str, holder: str) -> WriterHold:
+        """Register ``holder`` as the one live writer of ``stream`` under the name ``writer``
+        until it releases the returned hold: a DoPut call for as long as it runs, a server
+        pipeline's stream sink for as long as the pipeline runs. Two live writers under one
+        name would put every result in the stream twice as one watermark partition, so the
+        second is refused (the store itself never refuses an :meth:`append` it is given).
+
+        Raises:
+            WriterBusyError: another live writer holds that name (the message names the stream,
+                the writer and who holds it).
+        """
+        key = (stream, writer)
+        with self._lock:
+            held = self._holds.get(key)
+            if held is not None:
+                raise WriterBusyError(
+                    f"stream {stream!r}: writer {writer!r} is already being written by "
+                    f"{held.holder}; one writer name has one live writer at a time (give this "
+                    "writer another name, or stop the other one first)"
+                )
+            hold = self._holds[key] = WriterHold(self, stream, writer, holder)
+        return hold
+
+    def writer_holder(self, stream: str, writer: str) -> str | None:
+        """Who holds ``writer`` of ``stream`` now (:meth:`hold_writer`), or ``None``."""
+        with self._lock:
+            held = self._holds.get((stream, writer))
+        return held.holder if held is not None else None
+
+    def _release_writer(self, hold: WriterHold) -> None:
+        with self._lock:
+            if self._holds.get((hold.stream, hold.writer)) is hold:
+                del self._holds[(hold.stream, hold.writer)]
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -1362,6 +1465,17 @@ class StreamStore:
                 gone.append(segment)
             if not gone:
                 return 0
+            stream.rows_removed += sum(sum(segment.rows) for segment in gone)
+            record = {"first_offset": stream.segments[0].first_offset, "rows_removed": stream.rows_removed}
+            try:  # first: a restart finishes a removal this record names (see _load)
+                tmp = stream.directory / (_RETENTION_FILE + ".tmp")
+                _write_file(tmp, json.dumps(record).encode(), self.fsync == "batch")
+                os.replace(tmp, stream.directory / _RETENTION_FILE)
+            except OSError as exc:
+                log.warning(
+                    "cannot record a retention removal; its rows are not counted",
+                    extra={"stream": stream.name, "error": str(exc)},
+                )
             stream.writer_state = {}
             stream.note(stream.segments[0].first_offset, stream.next_offset)
             for segment in gone:
@@ -1536,6 +1650,24 @@ class StreamStore:
                 plan.append((segment, index, last, buffer))
                 offset += last - index
         return self._iterate_entries(stream, plan)
+
+    def rows_before(self, name: str, offset: int) -> int:
+        """Rows of every batch of stream ``name`` below ``offset`` (clamped to
+        ``[first_offset, next_offset]``), the rows retention removed included: the difference
+        of two values is the rows between two offsets, also after those entries are gone
+        (a resume that skips entries retention removed counts the rows it lost with it).
+
+        Raises:
+            StreamNameError: invalid name. StreamNotFoundError: no such stream.
+        """
+        stream = self._get(name)
+        with stream.cond:
+            rows = stream.rows_removed
+            for segment in stream.segments:
+                if segment.first_offset >= offset:
+                    break
+                rows += sum(segment.rows[: offset - segment.first_offset])
+        return rows
 
     def writers(self, name: str) -> dict[str, WriterInfo]:
         """What the visible log of stream ``name`` holds of each writer, by name.
@@ -1827,6 +1959,23 @@ class StreamStore:
             return None
         stream.writer_names, stream.writer_ids = _read_writers(directory / _WRITERS_FILE)
         segment_paths = sorted(directory.glob("*" + _SEGMENT_SUFFIX))
+        try:
+            retained = json.loads((directory / _RETENTION_FILE).read_text())
+            stream.rows_removed = int(retained["rows_removed"])
+            removed_below = int(retained["first_offset"])
+        except FileNotFoundError:
+            removed_below = 0
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning(
+                "unreadable retention record; rows removed before are not counted",
+                extra={"path": str(directory), "error": str(exc)},
+            )
+            removed_below = 0
+        for path in list(segment_paths):  # a removal cut short by a crash: finish it
+            if path.stem.isdigit() and int(path.stem) < removed_below:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                segment_paths.remove(path)
         for i, path in enumerate(segment_paths):
             try:
                 first = int(path.stem)
