@@ -187,8 +187,8 @@ def _drive(
         t.start()
     time.sleep(1)
     with flight.FlightClient(location) as client:
-        for sql in PIPELINES:
-            body = json.dumps({"sql": sql, "name": "load"}).encode()
+        for n, sql in enumerate(PIPELINES):  # one live pipeline per name: each its own
+            body = json.dumps({"sql": sql, "name": f"load-{n}"}).encode()
             list(client.do_action(flight.Action("pipeline.submit", body)))
     reading = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
     for t in reading:
