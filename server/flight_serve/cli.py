@@ -706,8 +706,11 @@ def _pipelines(args: argparse.Namespace) -> int:
         for line in result["lines"]:
             print(f"{line['ts']} {line['level']}: {line['message']}")
     elif args.what == "status":
-        for key, value in result.items():
-            shown = json.dumps(value) if isinstance(value, dict | list) else value
+        for key, value in result.items():  # a null (nothing waited for, no epoch yet) is "-"
+            if value is None:
+                shown = "-"
+            else:
+                shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
             print(f"{key}: {shown}")
     else:
         print(" ".join(f"{k}={v}" for k, v in result.items()))

@@ -237,6 +237,21 @@ def test_pipelines_list_has_a_header_row(tmp_path: Path) -> None:
         )
 
 
+def test_pipelines_status_shows_a_null_as_a_dash_never_none(tmp_path: Path) -> None:
+    path = pipeline(tmp_path, SOURCE.replace("'file', format = 'csv'", "'stdout'") + COUNTS)
+    with start_server(tmp_path / "data") as service:
+        submitted = cli("submit", str(path), "--server", service.location)
+        assert submitted.returncode == 0, submitted.stderr
+        pid = submitted.stdout.strip()
+        status = cli("pipelines", "status", pid, "--server", service.location)
+        assert status.returncode == 0, status.stderr
+        fields = dict(line.split(": ", 1) for line in status.stdout.splitlines())
+        assert fields["id"] == pid
+        assert "None" not in status.stdout, status.stdout
+        assert all(value != "" for value in fields.values())
+        cli("pipelines", "cancel", pid, "--server", service.location)
+
+
 # --- the command line itself ------------------------------------------------------------------
 
 
