@@ -339,7 +339,12 @@ def test_sigkill_while_ingesting_and_two_pipelines_run(tmp_path: Path, seed: int
         assert len(ids) == 2 * 12 * 20  # every batch was sent until it was in the stream
         entries = sum(1 for _ in stream) + 2  # the batches and the two end-of-input markers
         for pid in pids.values():
-            wait_until(lambda pid=pid: caught_up(location, pid, len(ids)), f"{pid} to catch up")
+            try:
+                wait_until(lambda pid=pid: caught_up(location, pid, len(ids)), f"{pid} to catch up")
+            except AssertionError as exc:  # say where it stood: the status and the last logs
+                status = act(location, "pipeline.status", {"id": pid})
+                logs = act(location, "pipeline.logs", {"id": pid})["lines"][-12:]
+                raise AssertionError(f"{exc}: {len(ids)} rows; {status}; {logs}") from None
         got = {
             name: {out: rows(read_stream(location, out)) for out in OUTPUTS[name]}
             for name in PIPELINES
