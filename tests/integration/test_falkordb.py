@@ -6,14 +6,11 @@ conftest.py) and reads it back with plain Cypher through the ``falkordb`` client
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import math
 import os
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -41,18 +38,6 @@ EDGE = {
     "target_column": "dst",
     "target_key": "id",
 }
-
-
-@pytest.fixture
-def graph(falkordb_url: str) -> Iterator[tuple[str, Any]]:
-    """A fresh graph name and a client handle on it (the graph is deleted afterwards)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    db = falkordb.FalkorDB.from_url(falkordb_url)
-    handle = db.select_graph(name)
-    yield name, handle
-    with contextlib.suppress(redis.exceptions.ResponseError):  # never created
-        handle.delete()
-    db.connection.close()
 
 
 def _rows(handle: Any, query: str) -> list[list[Any]]:

@@ -13,16 +13,11 @@ three queries (the upsert, the epoch-marked upsert, the one-step merge).
 
 from __future__ import annotations
 
-import contextlib
 import random
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import falkordb
 import pyarrow as pa
 import pytest
-import redis
 from flight_serve.connectors.falkordb import FalkorDBSink
 
 pytestmark = pytest.mark.integration
@@ -36,18 +31,6 @@ EDGE = {
     "target_column": "dst",
     "target_key": "id",
 }
-
-
-@pytest.fixture
-def graph(falkordb_url: str) -> Iterator[tuple[str, Any]]:
-    """A fresh graph name and a client handle on it (the graph is deleted afterwards)."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    db = falkordb.FalkorDB.from_url(falkordb_url)
-    handle = db.select_graph(name)
-    yield name, handle
-    with contextlib.suppress(redis.exceptions.ResponseError):  # never created
-        handle.delete()
-    db.connection.close()
 
 
 def _properties(handle: Any, query: str) -> dict[Any, dict[str, Any]]:

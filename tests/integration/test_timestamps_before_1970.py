@@ -9,20 +9,15 @@ a pyiceberg SqlCatalog on SQLite, a FalkorDB server, files read back.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import falkordb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import redis
 from flight_serve.connectors.columns import floor_timestamps
 from flight_serve.connectors.falkordb import FalkorDBSink
 from flight_serve.connectors.file import FileSink
@@ -74,17 +69,6 @@ def test_iceberg_rows_before_1970_keep_their_day_partition(tmp_path: Path) -> No
     files = table.scan().plan_files()
     days = sorted((t.file.partition[0], t.file.record_count) for t in files if t.file.partition[0] is not None)
     assert days == [(-1, 3), (0, 1)]  # 1969-12-31 holds the three rows before 1970
-
-
-@pytest.fixture
-def graph(falkordb_url: str) -> Iterator[tuple[str, Any]]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    db = falkordb.FalkorDB.from_url(falkordb_url)
-    handle = db.select_graph(name)
-    yield name, handle
-    with contextlib.suppress(redis.exceptions.ResponseError):
-        handle.delete()
-    db.connection.close()
 
 
 @pytest.mark.parametrize(
