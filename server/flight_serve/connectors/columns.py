@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from flight_serve.errors import ConnectorError
+from flight_serve.types import value_type
 
 __all__ = ["conform", "floor_timestamps", "iso_duration", "json_value", "same_rows"]
 
@@ -62,22 +63,6 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, what: str) -> pa.RecordBat
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _value_type(kind: Any) -> Any:
-    """The type a stream stores ``kind``'s values as, offset width ignored: ``string`` for
-    ``string_view`` / ``large_string``, ``binary`` for ``binary_view`` / ``large_binary``,
-    ``list`` for ``large_list``, at any depth (``list_view`` stays: pyarrow cannot cast it)."""
-    if pa.types.is_string_view(kind) or pa.types.is_large_string(kind):
-        return pa.string()
-    if pa.types.is_binary_view(kind) or pa.types.is_large_binary(kind):
-        return pa.binary()
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return pa.list_(kind.value_field.with_type(_value_type(kind.value_type)))
-    if pa.types.is_struct(kind):
-        fields = [kind.field(i) for i in range(kind.num_fields)]
-        return pa.struct([f.with_type(_value_type(f.type)) for f in fields])
-    return kind
-
-
 def _decoded(array: pa.Array[Any]) -> pa.Array[Any]:
     """``array`` in the types a stream stores it in (``store.streams``: dictionaries decoded,
     view types as plain ones; offset width ignored), so a batch that was sent compares with
@@ -85,7 +70,7 @@ def _decoded(array: pa.Array[Any]) -> pa.Array[Any]:
     if isinstance(array, pa.DictionaryArray):
         values = _decoded(array.dictionary)  # pyarrow cannot take from a dictionary of views
         array = pa.DictionaryArray.from_arrays(array.indices, values).dictionary_decode()
-    target = _value_type(array.type)
+    target = value_type(array.type)  # list views stay: pyarrow cannot cast them
     if target == array.type:
         return array
     try:

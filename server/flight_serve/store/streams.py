@@ -122,7 +122,7 @@ import threading
 import uuid
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import UTC, datetime, timedelta
@@ -142,6 +142,7 @@ from flight_serve.errors import (
     StreamNameError,
     StreamNotFoundError,
 )
+from flight_serve.types import plain_type, rewrite_type, value_type
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -222,81 +223,6 @@ def validate_stream_name(name: str) -> str:
     return name
 
 
-def rewrite_type(
-    data_type: pa.DataType, replace: Callable[[pa.DataType], pa.DataType | None]
-) -> pa.DataType:
-    """Return ``data_type`` with ``replace`` applied at every nesting level, top down.
-
-    ``replace`` returns a substitute type, or ``None`` to keep the type and descend into its
-    children (struct fields, list / large list / fixed-size list values, map keys and items).
-    Field names, nullability and metadata are kept.
-
-    >>> rewrite_type(pa.list_(pa.int32()), lambda t: pa.int64() if t == pa.int32() else None)
-    ListType(list<item: int64>)
-    """
-    new = replace(data_type)
-    if new is not None and new != data_type:
-        return rewrite_type(new, replace)
-    t: Any = data_type
-
-    def field(f: Any) -> Any:
-        return f.with_type(rewrite_type(f.type, replace))
-
-    if pa.types.is_struct(t):
-        return pa.struct([field(t.field(i)) for i in range(t.num_fields)])
-    if pa.types.is_map(t):
-        map_: Any = pa.map_
-        return cast(pa.DataType, map_(field(t.key_field), field(t.item_field), t.keys_sorted))
-    if pa.types.is_large_list(t):
-        return pa.large_list(field(t.value_field))
-    if pa.types.is_fixed_size_list(t):
-        return cast(pa.DataType, pa.list_(field(t.value_field), t.list_size))
-    if pa.types.is_list(t):
-        return pa.list_(field(t.value_field))
-    return data_type
-
-
-def _view_to_plain(data_type: pa.DataType) -> pa.DataType | None:
-    t: Any = data_type
-    if pa.types.is_dictionary(t):
-        return cast(pa.DataType, t.value_type)
-    if pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_binary_view(t):
-        return pa.binary()
-    if pa.types.is_list_view(t):
-        return pa.list_(t.value_field)
-    if pa.types.is_large_list_view(t):
-        return pa.large_list(t.value_field)
-    return None
-
-
-def plain_type(data_type: pa.DataType) -> pa.DataType:
-    """Return ``data_type`` with every dictionary type (at any depth) replaced by its value type
-    and every view type by its plain type (``string_view`` -> ``string``, ``binary_view`` ->
-    ``binary``, ``list_view`` -> ``list``, ``large_list_view`` -> ``large_list``).
-
-    >>> plain_type(pa.dictionary(pa.int32(), pa.string()))
-    DataType(string)
-    >>> plain_type(pa.list_(pa.dictionary(pa.int8(), pa.int64())))
-    ListType(list<item: int64>)
-    >>> plain_type(pa.struct([("s", pa.string_view())]))
-    StructType(struct<s: string>)
-    """
-    return rewrite_type(data_type, _view_to_plain)
-
-
-def _small_offsets(data_type: pa.DataType) -> pa.DataType | None:
-    t: Any = data_type
-    if pa.types.is_large_string(t):
-        return pa.string()
-    if pa.types.is_large_binary(t):
-        return pa.binary()
-    if pa.types.is_large_list(t):
-        return pa.list_(t.value_field)
-    return None
-
-
 def same_values(a: pa.DataType, b: pa.DataType) -> bool:
     """Whether types ``a`` and ``b`` hold the same values and differ at most in offset width
     (``string`` / ``large_string``, ``binary`` / ``large_binary``, ``list`` / ``large_list``, at
@@ -309,9 +235,7 @@ def same_values(a: pa.DataType, b: pa.DataType) -> bool:
     >>> same_values(pa.string(), pa.binary())
     False
     """
-    if a == b:
-        return True
-    return rewrite_type(plain_type(a), _small_offsets) == rewrite_type(plain_type(b), _small_offsets)
+    return a == b or value_type(a) == value_type(b)
 
 
 def to_plain(array: pa.Array[Any], target: pa.DataType) -> pa.Array[Any]:
