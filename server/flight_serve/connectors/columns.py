@@ -134,6 +134,9 @@ _A = TypeVar("_A", "pa.Array[Any]", "pa.ChunkedArray[Any]")
 
 
 def _floor_chunk(chunk: pa.Array[Any], target: pa.DataType, factor: int) -> pa.Array[Any]:
+    # integer floor division on the UTC instants, not pc.floor_temporal: that floors in the
+    # column's local time and raises for a zoned instant in a DST fall-back hour ("Local time
+    # is ambiguous", America/New_York 2021-11-07 01:30, tried with pyarrow 26)
     ints = chunk.cast(pa.int64())
     values = np.asarray(ints.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
     mask = np.asarray(ints.is_null().to_numpy(zero_copy_only=False), dtype=bool)
