@@ -34,10 +34,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
@@ -47,6 +49,14 @@ pytestmark = [pytest.mark.integration]
 
 CLI = Path(sys.executable).parent / "flight-serve"
 WAIT_S = 60.0
+act = partial(helpers.act, timeout_s=30)
+# a server that is restarting answers UNAVAILABLE or times out: not yet
+wait_until = partial(
+    helpers.wait_until,
+    timeout_s=WAIT_S,
+    poll_s=0.1,
+    ignoring=(flight.FlightUnavailableError, flight.FlightTimedOutError),
+)
 SCHEMA = pa.schema(
     [("id", pa.int64()), ("k", pa.string()), ("t", pa.timestamp("ms")), ("v", pa.int64())]
 )
@@ -109,17 +119,6 @@ class Server:
         self.log.close()
 
 
-def act(location: str, action: str, body: dict[str, Any]) -> Any:
-    with flight.connect(location) as client:
-        results = list(
-            client.do_action(
-                flight.Action(action, json.dumps(body).encode()),
-                options=flight.FlightCallOptions(timeout=30),
-            )
-        )
-    return json.loads(results[0].body.to_pybytes())
-
-
 def stream_rows(location: str, stream: str) -> list[dict[str, Any]]:
     try:
         with flight.connect(location) as client:
@@ -134,19 +133,6 @@ def writers_of(location: str, stream: str) -> dict[str, Any]:
     with flight.connect(location) as client:
         info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
     return dict(json.loads(info.app_metadata)["writers"])
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if condition():
-                return
-        except (flight.FlightUnavailableError, flight.FlightTimedOutError):
-            pass  # a server is restarting
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def batches(first_id: int, count: int, rows: int = 10) -> list[pa.RecordBatch]:

@@ -13,9 +13,8 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from helpers import act, rows_of, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
@@ -112,12 +112,6 @@ def server(tmp_path: Path) -> Iterator[Server]:
         s.stop()
 
 
-def act(location: str, action: str, body: dict[str, Any]) -> Any:
-    with flight.connect(location) as client:
-        (result,) = client.do_action(flight.Action(action, json.dumps(body).encode()))
-    return json.loads(result.body.to_pybytes())
-
-
 def put(location: str, stream: str, rows: list[tuple[str, int, int]], writer: str) -> None:
     data = pa.RecordBatch.from_pylist(
         [{"k": k, "t": t, "v": v} for k, t, v in rows], schema=SCHEMA
@@ -137,24 +131,10 @@ def end_input(location: str, stream: str, writer: str) -> None:
             reader.read()
 
 
-def rows_of(location: str, stream: str) -> list[dict[str, Any]]:
-    with flight.connect(location) as client:
-        info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
-        return client.do_get(info.endpoints[0].ticket).read_all().to_pylist()
-
-
 def writers_of(location: str, stream: str) -> dict[str, Any]:
     with flight.connect(location) as client:
         info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
     return dict(json.loads(info.app_metadata)["writers"])
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def state(location: str, pid: str) -> str:

@@ -13,7 +13,6 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -21,6 +20,7 @@ import pytest
 from flight_serve.flight.metrics import Metrics
 from flight_serve.flight.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
+from helpers import act, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
@@ -35,19 +35,6 @@ INSERT INTO {sink}
 SELECT k, window_start, window_end, count(*) AS n, sum(v) AS total
 FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
 """
-
-
-def act(client: flight.FlightClient, action: str, body: object) -> Any:
-    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
-    return json.loads(results[0].body.to_pybytes())
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:

@@ -11,13 +11,11 @@ A runs the pipeline and keeps its output in its own stream ``out``.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,22 +30,11 @@ from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve_client import FlightServeClient
+from helpers import act, wait_until
 
 pytestmark = pytest.mark.integration
 
 SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
-
-
-def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
-    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
-    return json.loads(results[0].body.to_pybytes())
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def rows(first: int, count: int) -> pa.Table:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import helpers
 import pyarrow as pa
 import pytest
 from flight_serve.engine.operator import Emission, OperatorSnapshot, WindowOperator
@@ -31,6 +32,7 @@ from flight_serve.engine.windows import CalendarWindow, TumblingWindow
 from flight_serve.errors import InvalidInputError
 from flight_serve.pipelines.query import parse_window_query
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
+from helpers import tuples
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SECOND_NS = 10**9
@@ -70,10 +72,6 @@ def batch_of(rows: Sequence[Row]) -> pa.RecordBatch:
     )
 
 
-def tuples(table: pa.Table) -> list[tuple[Any, ...]]:
-    return [tuple(r.values()) for r in table.to_pylist()]
-
-
 def seconds(watermark_ns: int) -> float:
     """A watermark in whole seconds; ``±math.inf`` for the sentinels."""
     if watermark_ns == MIN_WATERMARK_NS:
@@ -83,21 +81,7 @@ def seconds(watermark_ns: int) -> float:
     return watermark_ns // SECOND_NS
 
 
-@dataclass
-class Run:
-    op: WindowOperator
-    steps: list[Emission]
-
-    @property
-    def outputs(self) -> list[list[tuple[Any, ...]]]:
-        """Output rows per step (last: end of input)."""
-        return [tuples(e.output) for e in self.steps]
-
-    @property
-    def late(self) -> list[list[tuple[Any, ...]]]:
-        """Side-output rows per step: key, t, v, _late_reason, _window_start, _window_end."""
-        return [tuples(e.late) for e in self.steps]
-
+class Run(helpers.Run):
     @property
     def watermarks(self) -> list[float]:
         return [seconds(e.watermark_ns) for e in self.steps]
