@@ -1,4 +1,4 @@
-"""Two flight-serve servers chained (issue 7 item 3): remote Flight sinks and sources.
+"""Two flight-serve servers chained: remote Flight sinks and sources.
 
 Servers A and B are real ``flight-serve serve`` processes on fixed loopback ports, each over
 its own data dir. The test ingests rows with unique ids into A's stream ``events`` (one named

@@ -1,5 +1,4 @@
-"""Attacks on the exactly-once remote Flight sink between two flight-serve servers (issue 7
-item 3, review).
+"""Attacks on the exactly-once remote Flight sink between two flight-serve servers.
 
 Server B is a real ``flight-serve serve`` process (``kill -9``ed and restarted where a test
 says so); the sink side is the checkpointed run's :class:`EpochStreamSink` over a

@@ -1,4 +1,4 @@
-"""Remote ``flight`` connectors (issue 7 item 3) against real servers: the exactly-once stream
+"""Remote ``flight`` connectors against real servers: the exactly-once stream
 sink into another flight-serve (:class:`FlightStreamTarget` under a checkpointed run), its retry
 rules, the at-least-once rule into a plain Flight server, and the bounded ticket source.
 

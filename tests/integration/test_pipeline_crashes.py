@@ -1,4 +1,4 @@
-"""Crashes (issue 4): ``flight-serve serve`` killed with SIGKILL at seeded random moments while
+"""Crashes: ``flight-serve serve`` killed with SIGKILL at seeded random moments while
 two clients ingest and two submitted pipelines run, then restarted; and a pipeline that keeps
 delivering its results, each once, across two server restarts after its client left.
 

@@ -1,5 +1,5 @@
 """The server's pipeline registry after a SIGKILL that falls between a checkpoint's commit and
-its record in the registry (issue 8 review, known issue 4a).
+its record in the registry.
 
 A checkpoint is committed (manifest written, sinks committed) before the registry hears of it;
 ``FLIGHT_SERVE_CRASH_AT=commit:1`` kills ``flight-serve serve`` exactly there. After the restart

@@ -1,4 +1,4 @@
-"""Submitted pipelines on a real in-process server (issue 4, "submit and walk away"): the
+"""Submitted pipelines on a real in-process server ("submit and walk away"): the
 ``pipeline.*`` actions, exactly-once results in server streams, failures and retries, and a
 pipeline that goes on after a server restart. Crashes (SIGKILL) are in test_pipeline_crashes.py.
 

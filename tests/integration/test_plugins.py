@@ -1,5 +1,5 @@
-"""Out-of-process transform plugins (issue 7 items 1, 2, 4's plugin, 5's attach_plugin) against a
-real in-process server and real plugin processes (killed with SIGKILL by pid).
+"""Out-of-process transform plugins (pipeline stages, ``attach_plugin``, the plugin protocol) against
+a real in-process server and real plugin processes (killed with SIGKILL by pid).
 
 Rows of the pass-through tests are (k, t, v) with t in integer seconds and v unique; the plugin
 ``double`` (tests/integration/plugin_proc.py) answers (k, t, v2 = 2 v). "Exactly once" is: the

@@ -1,5 +1,5 @@
-"""A remote ``flight`` sink whose server is down when the pipeline starts (review of issue 7):
-the pipeline says so in ``pipeline.status`` (``waiting``) while its sink retries, and once the
+"""A remote ``flight`` sink whose server is down when the pipeline starts: the
+pipeline says so in ``pipeline.status`` (``waiting``) while its sink retries, and once the
 server comes up every row arrives exactly once.
 
 Timeline::

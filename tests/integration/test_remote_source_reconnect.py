@@ -1,4 +1,4 @@
-"""A remote ``flight`` tail source whose server goes away mid-run (review of issue 7): each
+"""A remote ``flight`` tail source whose server goes away mid-run: each
 outage gets the whole reconnection budget (an earlier outage, followed by a quiet stream, does not
 use it up), the wait shows in ``on_retry`` (a pipeline's ``pipeline.status`` ``waiting``), and a close
 ends it at once.

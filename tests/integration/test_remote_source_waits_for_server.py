@@ -1,5 +1,5 @@
-"""A remote ``flight`` tail source whose server is down when the pipeline starts (review of issue
-7): the submit returns, the pipeline says in ``pipeline.status`` (``waiting``) that its source
+"""A remote ``flight`` tail source whose server is down when the pipeline starts: the
+submit returns, the pipeline says in ``pipeline.status`` (``waiting``) that its source
 waits for the server, and once the server comes up every row arrives exactly once. The same when
 the pipeline's own server restarts (it resumes from its checkpoint) while the source's is down.
 The wait is bounded (the retry budget; then the run fails naming the server), a cancel ends it

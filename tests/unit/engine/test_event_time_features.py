@@ -1,4 +1,4 @@
-"""The event-time features of issue 3, case by case, with hand-computed results (DESIGN §4).
+"""The event-time features, case by case, with hand-computed results (DESIGN §4).
 
 Allowed lateness and emit modes, watermarks over partitions (registration, explicit advance, end of
 input, idle timeout on an injected processing-time clock, backlog), ``max_future_skew`` on an
@@ -122,12 +122,12 @@ SESSION_5 = "SESSION(input, t, INTERVAL '5' SECOND)"
 
 # --- 1. allowed lateness and emit modes -------------------------------------------------------
 
-#: issue 3's case: (a,1) (a,4) (a,12) (a,7) (a,16) (a,8), then end
-ISSUE_3_ROWS: list[Row] = [("a", t, 0) for t in (1, 4, 12, 7, 16, 8)]
+#: allowed lateness's case: (a,1) (a,4) (a,12) (a,7) (a,16) (a,8), then end
+LATENESS_CASE_ROWS: list[Row] = [("a", t, 0) for t in (1, 4, 12, 7, 16, 8)]
 
 
 def test_final_mode_emits_once_at_end_plus_lateness() -> None:
-    r = run(source(0, allowed_lateness="5s") + select(TUMBLE_10), ISSUE_3_ROWS)
+    r = run(source(0, allowed_lateness="5s") + select(TUMBLE_10), LATENESS_CASE_ROWS)
     #  t:   0  1     4     7  8   10 12      15 16       20
     #       [------- w0 ----------)[-------- w1 ---------)
     #                             [-- L --)                  w0 is final at W ≥ 10 + 5 = 15
@@ -146,7 +146,7 @@ def test_final_mode_emits_once_at_end_plus_lateness() -> None:
 
 
 def test_update_mode_emits_at_end_and_a_new_revision_per_accepted_late_row() -> None:
-    r = run(source(0, allowed_lateness="5s", emit="update") + select(TUMBLE_10), ISSUE_3_ROWS)
+    r = run(source(0, allowed_lateness="5s", emit="update") + select(TUMBLE_10), LATENESS_CASE_ROWS)
     #  t:   0  1     4     7  8   10 12      15 16       20
     #       [------- w0 ----------)[-------- w1 ---------)
     #  #2                            x                       W = 12 ≥ 10: (a, w0, 2) rev 0

@@ -1,4 +1,4 @@
-"""Exactly-once into server streams and resuming from stream offsets (issue 4), against a real
+"""Exactly-once into server streams and resuming from stream offsets, against a real
 :class:`~flight_serve.store.StreamStore`: a stream sink's commit redone after a crash at each step
 writes every batch once; a stream source's offset that retention removed fails fast, or resumes
 with the gap reported under ``offset_reset = 'earliest'``.
