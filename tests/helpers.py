@@ -4,6 +4,7 @@
 ``act``: a Flight action with a JSON body, its one result read as JSON.
 ``rows_of``: a stream's rows, read through GetFlightInfo and DoGet.
 ``tuples`` and ``Run``: a window operator's emissions, step by step, as rows.
+``KTV_EVENTS`` and ``KTV_COUNTS_SQL``: rows (k, t, v) and a tumbling count over them.
 """
 
 from __future__ import annotations
@@ -99,3 +100,19 @@ class Run:
     def late(self) -> list[list[tuple[Any, ...]]]:
         """Late side-output rows per step: key, t, v, _late_reason, _window_start, _window_end."""
         return [tuples(e.late) for e in self.steps]
+
+
+#: rows ``(k, t, v)``: a key, an event time in whole seconds, a value
+KTV_EVENTS = pa.schema([("k", pa.string()), ("t", pa.timestamp("s")), ("v", pa.int64())])
+
+#: a pipeline counting and summing ``v`` per key in 10 s tumbling windows of a source ``events``
+#: of :data:`KTV_EVENTS`; ``.format(source=<its WITH options>, sink=<the output stream>)``
+KTV_COUNTS_SQL = """
+SET checkpoint_interval = '1h';
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH ({source});
+CREATE SINK {sink} WITH (connector = 'flight', stream = '{sink}');
+INSERT INTO {sink}
+SELECT k, window_start, window_end, count(*) AS n, sum(v) AS total
+FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
+"""
