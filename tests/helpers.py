@@ -5,14 +5,22 @@
 ``rows_of``: a stream's rows, read through GetFlightInfo and DoGet.
 ``tuples`` and ``Run``: a window operator's emissions, step by step, as rows.
 ``KTV_EVENTS`` and ``KTV_COUNTS_SQL``: rows (k, t, v) and a tumbling count over them.
+``free_port``, ``ServeProcess``: a free loopback port; ``flight-serve serve`` as a real process.
+``stream_rows``, ``ID_EVENTS``, ``id_batches``: what two chained servers pass on, by unique id.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -22,6 +30,7 @@ if TYPE_CHECKING:
     from flight_serve.engine.operator import Emission, WindowOperator
 
 WAIT_S = 30.0
+CLI = Path(sys.executable).parent / "flight-serve"
 
 
 def wait_until(
@@ -116,3 +125,97 @@ INSERT INTO {sink}
 SELECT k, window_start, window_end, count(*) AS n, sum(v) AS total
 FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
 """
+
+
+# --- flight-serve as a real process, and the rows two chained servers pass on ---------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServeProcess:
+    """``flight-serve serve`` on ``port`` over ``data``, as a real process (``env``: extra
+    environment, e.g. a fault-injection point)."""
+
+    def __init__(self, data: Path, port: int, **env: str) -> None:
+        self.data, self.port = data, port
+        self.location = f"grpc://127.0.0.1:{port}"
+        self.log = open(data.parent / f"{data.name}.log", "a")  # noqa: SIM115 (closed in close)
+        self.proc = subprocess.Popen(
+            [
+                str(CLI),
+                "serve",
+                "--port",
+                str(port),
+                "--health-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--data-dir",
+                str(data),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, **env},
+        )
+        assert self.proc.stdout is not None
+        if not self.proc.stdout.readline().strip():
+            self.proc.wait(10)
+            raise AssertionError(f"the server did not start: see {self.log.name}")
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(20) == -signal.SIGKILL
+        self.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(20)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def stream_rows(location: str, stream: str) -> list[dict[str, Any]]:
+    """The rows of ``stream`` at ``location`` (first endpoint); [] while it does not exist."""
+    try:
+        with flight.connect(location) as client:
+            info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
+            table = client.do_get(info.endpoints[0].ticket).read_all()
+    except pa.ArrowKeyError:
+        return []
+    return [row for row in table.to_pylist()]
+
+
+#: rows with a unique ``id``, a key, an event time in milliseconds and a value
+ID_EVENTS = pa.schema(
+    [("id", pa.int64()), ("k", pa.string()), ("t", pa.timestamp("ms")), ("v", pa.int64())]
+)
+
+
+def id_batches(first_id: int, count: int, rows: int = 10) -> list[pa.RecordBatch]:
+    """``count`` batches of ``rows`` rows, ids from ``first_id``, t = id seconds."""
+    out = []
+    for b in range(count):
+        ids = list(range(first_id + b * rows, first_id + (b + 1) * rows))
+        out.append(
+            pa.RecordBatch.from_pydict(
+                {
+                    "id": ids,
+                    "k": ["abc"[i % 3] for i in ids],
+                    "t": [i * 1000 for i in ids],
+                    "v": [i * i % 97 for i in ids],
+                },
+                schema=ID_EVENTS,
+            )
+        )
+    return out

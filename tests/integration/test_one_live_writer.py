@@ -40,6 +40,7 @@ def batch(*rows: tuple[str, int, int]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([{"k": k, "t": t, "v": v} for k, t, v in rows], schema=SCHEMA)
 
 
+# Private: a `flight-serve serve` process (its pid and data dir are under test), not the shared in-process server.
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path, int]]:
     """``(location, data dir, pid)`` of a ``flight-serve serve`` subprocess."""

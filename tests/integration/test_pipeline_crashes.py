@@ -92,6 +92,7 @@ END_OF_INPUT = b'{"end_of_input": true}'
 RESUMED: dict[int, list[int]] = {}
 
 
+# Private: unlike helpers.ServeProcess it serves on a port it picks itself and `stop` asserts a clean exit.
 class Server:
     """``flight-serve serve`` on a free port over ``data``, as a real process."""
 

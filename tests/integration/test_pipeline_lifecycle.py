@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from helpers import act, rows_of, wait_until
+from helpers import act, free_port, rows_of, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
@@ -45,6 +45,8 @@ FROM TUMBLE(a_out, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end
 """
 
 
+# Private: `flight-serve serve` as a process that a test stops and starts again over the same data dir, with a
+# metrics port and a JSON log the tests read; the shared fixtures serve in-process.
 class Server:
     def __init__(self, data: Path) -> None:
         self.data = data
@@ -54,8 +56,7 @@ class Server:
         self.metrics_port = 0
 
     def start(self) -> None:
-        with socket_port() as port:
-            self.metrics_port = port
+        self.metrics_port = free_port()
         with self.log.open("a") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [str(CLI), "serve", "--port", "0", "--data-dir", str(self.data),
@@ -86,20 +87,6 @@ class Server:
             if line.startswith("{"):
                 lines.append(json.loads(line))
         return lines
-
-
-class socket_port:
-    """A free loopback port (closed again before the server binds it)."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        return int(self.sock.getsockname()[1])
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
 
 
 @pytest.fixture
