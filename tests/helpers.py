@@ -6,6 +6,8 @@
 ``tuples`` and ``Run``: a window operator's emissions, step by step, as rows.
 ``KTV_EVENTS`` and ``KTV_COUNTS_SQL``: rows (k, t, v) and a tumbling count over them.
 ``free_port``, ``ServeProcess``: a free loopback port; ``flight-serve serve`` as a real process.
+``scrape_metrics``: a Prometheus scrape; ``cancel_flight_info_body``: a CancelFlightInfo action body.
+``ID_TIMES``, ``id_rows``: rows (id, t = id ms).
 ``stream_rows``, ``ID_EVENTS``, ``id_batches``: what two chained servers pass on, by unique id.
 """
 
@@ -18,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
+from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
     from flight_serve.engine.operator import Emission, WindowOperator
@@ -219,3 +223,39 @@ def id_batches(first_id: int, count: int, rows: int = 10) -> list[pa.RecordBatch
             )
         )
     return out
+
+
+# --- Prometheus, CancelFlightInfo, rows by id -----------------------------------------------
+
+
+def scrape_metrics(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
+    """The samples of the Prometheus text at ``http://127.0.0.1:PORT/metrics``: name -> labels -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+    return samples
+
+
+def cancel_flight_info_body(info: flight.FlightInfo) -> bytes:
+    """``CancelFlightInfoRequest {FlightInfo info = 1}`` (pyarrow has no binding)."""
+    data = info.serialize()
+    length, size = bytearray(), len(data)
+    while True:
+        length.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return b"\x0a" + bytes(length) + data
+
+
+#: rows ``(id, t)`` with ``t`` = ``id`` milliseconds
+ID_TIMES = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
+
+
+def id_rows(first: int, count: int) -> pa.Table:
+    """``count`` rows of :data:`ID_TIMES`, ids from ``first``."""
+    ids = list(range(first, first + count))
+    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=ID_TIMES)

@@ -11,22 +11,10 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.server import start_server
+from helpers import cancel_flight_info_body
 
 pytestmark = pytest.mark.integration
 
-
-
-def _cancel_flight_info_body(info: flight.FlightInfo) -> bytes:
-    """``CancelFlightInfoRequest {FlightInfo info = 1}`` encoded by hand (pyarrow has no
-    binding), independently of the server's message classes."""
-    data = info.serialize()
-    length, size = bytearray(), len(data)
-    while True:
-        length.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
-        size >>= 7
-        if not size:
-            break
-    return b"\x0a" + bytes(length) + data
 
 
 def test_cancel_query_stops_a_flight_sql_doget_and_only_it(tmp_path: Path) -> None:
@@ -84,12 +72,12 @@ def test_cancel_flight_info_ends_a_tail(tmp_path: Path) -> None:
         info = flight.FlightInfo(
             schema, flight.FlightDescriptor.for_path("s"), [flight.FlightEndpoint(ticket, [])]
         )
-        [result] = c.do_action(flight.Action("CancelFlightInfo", _cancel_flight_info_body(info)))
+        [result] = c.do_action(flight.Action("CancelFlightInfo", cancel_flight_info_body(info)))
         assert result.body.to_pybytes() == b"\x08\x01"  # CancelFlightInfoResult{CANCELLED}
         with pytest.raises(flight.FlightCancelledError, match="CancelFlightInfo"):
             stream.read_chunk()
         # nothing in progress: still CANCELLED (no work is held for it)
-        [again] = c.do_action(flight.Action("CancelFlightInfo", _cancel_flight_info_body(info)))
+        [again] = c.do_action(flight.Action("CancelFlightInfo", cancel_flight_info_body(info)))
         assert again.body.to_pybytes() == b"\x08\x01"
         # a body that is not a request, and a FlightInfo of another server's ticket
         with pytest.raises(pa.ArrowInvalid, match="CancelFlightInfoRequest"):
@@ -100,4 +88,4 @@ def test_cancel_flight_info_ends_a_tail(tmp_path: Path) -> None:
             [flight.FlightEndpoint(b"not-a-ticket", [])],
         )
         with pytest.raises(pa.ArrowInvalid, match="ticket"):
-            list(c.do_action(flight.Action("CancelFlightInfo", _cancel_flight_info_body(foreign))))
+            list(c.do_action(flight.Action("CancelFlightInfo", cancel_flight_info_body(foreign))))

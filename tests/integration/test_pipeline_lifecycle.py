@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -22,8 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from helpers import act, free_port, rows_of, wait_until
-from prometheus_client.parser import text_string_to_metric_families
+from helpers import act, free_port, rows_of, scrape_metrics, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -128,16 +126,6 @@ def state(location: str, pid: str) -> str:
     return str(act(location, "pipeline.status", {"id": pid})["state"])
 
 
-def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
-    return samples
-
-
 def pipelines_in(samples: dict[str, dict[frozenset[tuple[str, str]], float]]) -> set[str]:
     return {
         value
@@ -203,10 +191,10 @@ def test_an_ended_pipeline_has_no_metrics_and_no_checkpoints_and_restarts_name_t
     act(loc, "pipeline.checkpoint", {"id": cancelled})
     checkpoints = server.data / "checkpoints"
     assert (checkpoints / cancelled).is_dir()
-    assert {cancelled, running} <= pipelines_in(scrape(server.metrics_port))
+    assert {cancelled, running} <= pipelines_in(scrape_metrics(server.metrics_port))
 
     assert act(loc, "pipeline.cancel", {"id": cancelled}) == {"id": cancelled, "state": "cancelled"}
-    samples = scrape(server.metrics_port)
+    samples = scrape_metrics(server.metrics_port)
     assert pipelines_in(samples) == {running}
     assert samples["flight_serve_pipeline_rows_in_total"] == {
         frozenset({("pipeline", running)}): pytest.approx(

@@ -3,7 +3,6 @@ counters are scraped, and no watermark sample for one whose watermark is not fin
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,21 +10,10 @@ import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.metrics import Metrics
 from flight_serve.flight.server import start_server
-from helpers import KTV_COUNTS_SQL, KTV_EVENTS, act, wait_until
-from prometheus_client.parser import text_string_to_metric_families
+from helpers import KTV_COUNTS_SQL, KTV_EVENTS, act, scrape_metrics, wait_until
 
 pytestmark = pytest.mark.integration
 
-
-
-def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
-    return samples
 
 
 def test_a_finished_pipeline_does_not_hide_the_others_metrics(tmp_path: Path) -> None:
@@ -83,7 +71,7 @@ def test_a_finished_pipeline_does_not_hide_the_others_metrics(tmp_path: Path) ->
                 done_bytes = act(client, "pipeline.status", {"id": finished})["last_checkpoint"][
                     "bytes"
                 ]
-            samples = scrape(port)
+            samples = scrape_metrics(port)
         finally:
             metrics.stop()
 

@@ -23,15 +23,10 @@ import pytest
 from flight_serve.flight.server import start_server
 from flight_serve_client import FlightServeClient
 from helpers import act, wait_until
+from helpers import id_rows as rows
 
 pytestmark = pytest.mark.integration
 
-SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
-
-
-def rows(first: int, count: int) -> pa.Table:
-    ids = list(range(first, first + count))
-    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
 
 
 def relay_count(client: flight.FlightClient) -> int:

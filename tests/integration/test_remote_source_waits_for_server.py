@@ -30,22 +30,12 @@ from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve_client import FlightServeClient
-from helpers import act, wait_until
+from helpers import ID_TIMES as SCHEMA
+from helpers import act, free_port, wait_until
+from helpers import id_rows as rows
 
 pytestmark = pytest.mark.integration
 
-SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
-
-
-def rows(first: int, count: int) -> pa.Table:
-    ids = list(range(first, first + count))
-    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def out_ids(client: flight.FlightClient) -> list[int]:
