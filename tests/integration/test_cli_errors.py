@@ -2,7 +2,7 @@
 say what to do (a misspelled column, statement word or option, a missing input, a wrong server
 scheme or port; docs/pipelines.md, "Errors") and the CLI's own surface (help with defaults,
 ``--version``, ``pipelines <command>``, the late-row count of ``run``). The same errors through
-the Python API are in tests/unit/test_pipeline_errors.py."""
+the Python API are in tests/unit/pipelines/test_pipeline_errors.py."""
 
 from __future__ import annotations
 

@@ -41,6 +41,7 @@ class Secured:
         )
 
 
+# Private: one server per module with mutual TLS, a tokens file and a users file.
 @pytest.fixture(scope="module")
 def secured(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     """A server with mutual TLS, a tokens file and a users file (the README's setup)."""

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,6 @@ pytestmark = pytest.mark.integration
 
 FOUR_MIB = 4 * 1024 * 1024
 TIMEOUT = flight.FlightCallOptions(timeout=20)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FlightServeService]:
-    with start_server(tmp_path / "data") as service:
-        yield service
-
-
-@pytest.fixture
-def client(server: FlightServeService) -> Iterator[flight.FlightClient]:
-    with flight.connect(server.location) as c:
-        yield c
 
 
 def put(client: flight.FlightClient, name: str, *batches: pa.RecordBatch) -> list[dict[str, int]]:

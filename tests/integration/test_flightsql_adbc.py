@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,12 @@ T_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string())])
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[FlightServeService]:
-    with start_server(tmp_path, fsync="never") as service:
-        service.store.create("t", T_SCHEMA)
-        service.store.append("t", pa.record_batch({"a": [1, 2, 3], "b": ["x", "y", "z"]}))
-        yield service
+def server(start_flight_server: Callable[..., FlightServeService]) -> FlightServeService:
+    """The shared server factory's, with fsync off and a table ``t`` of three rows."""
+    service = start_flight_server(fsync="never")
+    service.store.create("t", T_SCHEMA)
+    service.store.append("t", pa.record_batch({"a": [1, 2, 3], "b": ["x", "y", "z"]}))
+    return service
 
 
 @pytest.fixture(scope="module")

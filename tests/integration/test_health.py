@@ -41,6 +41,7 @@ def wait_for(port: int, status: Any, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+# Private: the gRPC health server alone, without a Flight server.
 @pytest.fixture
 def health(tmp_path: Path) -> Iterator[tuple[HealthServer, Path]]:
     data = tmp_path / "data"

@@ -1,4 +1,4 @@
-"""The Iceberg connector (issue 5 items 1-3) against a real pyiceberg SqlCatalog on SQLite in a
+"""The Iceberg connector (sink, source and tables) against a real pyiceberg SqlCatalog on SQLite in a
 temporary directory: the exactly-once sink (racing writers, an unknown commit outcome, replays,
 snapshot expiry, upserts, types and partitions), the incremental source (non-append snapshots,
 start strategies, rate limits, expired offsets), a pipeline killed and resumed, and Iceberg
@@ -1035,7 +1035,7 @@ INSERT INTO out SELECT origin FROM f;
         PipelineRuntime(parse_pipeline(bad_spec), output_dir=tmp_path)
 
 
-# --- review (issue 5): metadata, messages -----------------------------------------------------
+# --- metadata, messages -------------------------------------------------------------------------
 
 
 @pytest.mark.integration

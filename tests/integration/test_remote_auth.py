@@ -1,4 +1,4 @@
-"""``flight`` connectors with a ``server`` that needs TLS and a token (review of issue 7): a
+"""``flight`` connectors with a ``server`` that needs TLS and a token: a
 flight-serve on another host must use TLS and credentials (``serve`` refuses a non-loopback
 address without them), so a remote source or sink takes ``tls_ca``, ``tls_cert`` / ``tls_key``
 (mutual TLS) and ``token_env`` (the environment variable holding its bearer token).

@@ -55,6 +55,7 @@ def get(client: flight.FlightClient, token: str | None) -> int:
     return int(client.do_get(info.endpoints[0].ticket, options=options(token)).read_all().num_rows)
 
 
+# Private: one server per module with a tokens file and a stream written with a token.
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("roles")

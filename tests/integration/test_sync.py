@@ -1,4 +1,4 @@
-"""The Iceberg -> graph sync (issue 5 item 5) killed and resumed mid-way ends with the same graph
+"""The Iceberg -> graph sync killed and resumed mid-way ends with the same graph
 and the same Iceberg rows as a straight run.
 
 Setup (once): the embedded Iceberg catalog of ``flight-serve run`` (``<output dir>/flight-data``)

@@ -1,18 +1,16 @@
-"""Attacks on the exactly-once remote Flight sink between two flight-serve servers (issue 7
-item 3, review).
+"""Attacks on the exactly-once remote Flight sink between two flight-serve servers.
 
 Server B is a real ``flight-serve serve`` process (``kill -9``ed and restarted where a test
 says so); the sink side is the checkpointed run's :class:`EpochStreamSink` over a
 :class:`FlightStreamTarget`, driven epoch by epoch (prepare, commit, then a "crash": a new
 target and sink restored from the checkpoint's commit mark, as ``pipelines/durable.py`` does).
-The process helpers are those of ``test_flight_chain.py``.
+The process helpers are in ``helpers.py``; the ``servers`` fixture in ``integration/conftest.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
 import os
 import re
 import socket
@@ -27,31 +25,12 @@ import pyarrow.flight as flight
 import pytest
 from flight_serve.connectors.flight import FlightStreamTarget
 from flight_serve.pipelines.epoch_sinks import EpochStreamSink, read_ipc
+from helpers import ID_EVENTS as SCHEMA
+from helpers import ServeProcess, free_port, stream_rows
+from helpers import id_batches as batches
 
 pytestmark = [pytest.mark.integration]
 
-_spec = importlib.util.spec_from_file_location(
-    "_flight_chain_helpers", Path(__file__).with_name("test_flight_chain.py")
-)
-assert _spec is not None
-assert _spec.loader is not None
-_chain = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_chain)
-Server = _chain.Server
-SCHEMA: pa.Schema = _chain.SCHEMA
-batches = _chain.batches
-free_port = _chain.free_port
-stream_rows = _chain.stream_rows
-
-
-@pytest.fixture
-def servers() -> Iterator[dict[str, Any]]:
-    running: dict[str, Any] = {}
-    try:
-        yield running
-    finally:
-        for server in running.values():
-            server.close()
 
 
 def commit_then_crash(
@@ -99,7 +78,7 @@ def test_a_restored_sink_skips_its_batches_in_a_stream_whose_columns_are_in_anot
     timeline:  other writer makes relay (k, id, t, v) ─ epoch 1: ids 1..30 prepared, committed
                ─ crash ─ restore from checkpoint 1: recover(ids 1..30) ─ epoch 2: ids 31..40
     """
-    b = servers["b"] = Server(tmp_path / "b", free_port())
+    b = servers["b"] = ServeProcess(tmp_path / "b", free_port())
     reordered = pa.schema([SCHEMA.field(n) for n in ("k", "id", "t", "v")])
     with flight.connect(b.location) as client:
         writer, _ = client.do_put(flight.FlightDescriptor.for_path("relay", "other"), reordered)
@@ -270,7 +249,7 @@ def test_a_restored_sink_skips_its_batches_that_hold_nan(
 
     timeline:  epoch 1: ids 1..30 committed ─ crash ─ recover(ids 1..30) ─ epoch 2: ids 31..40
     """
-    b = servers["b"] = Server(tmp_path / "b", free_port())
+    b = servers["b"] = ServeProcess(tmp_path / "b", free_port())
 
     def target() -> FlightStreamTarget:
         return FlightStreamTarget(b.location, "floats", FLOATS, "from-a")
@@ -456,7 +435,7 @@ def test_a_receiving_server_killed_mid_commit_of_direct_io_batches_gets_each_onc
     timeline:  epoch 1: ids 1..480,000 ─ 5 acked ─ kill -9 B ─ restart B ─ the rest ─
                epoch 2: ids 480,001..560,000 ─ crash ─ recover(epoch 2) ─ nothing appended
     """
-    b = servers["b"] = Server(tmp_path / "b", free_port())
+    b = servers["b"] = ServeProcess(tmp_path / "b", free_port())
     target = FlightStreamTarget(b.location, "relay", SCHEMA, "from-a")
     real = target.append_many
     acks = {"n": 0}
@@ -469,7 +448,7 @@ def test_a_receiving_server_killed_mid_commit_of_direct_io_batches_gets_each_onc
 
                 def restart() -> None:
                     time.sleep(0.3)
-                    servers["b"] = Server(b.data, b.port)
+                    servers["b"] = ServeProcess(b.data, b.port)
 
                 threading.Thread(target=restart).start()
             if on_ack is not None:

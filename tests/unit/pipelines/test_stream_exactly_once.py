@@ -1,4 +1,4 @@
-"""Exactly-once into server streams and resuming from stream offsets (issue 4), against a real
+"""Exactly-once into server streams and resuming from stream offsets, against a real
 :class:`~flight_serve.store.StreamStore`: a stream sink's commit redone after a crash at each step
 writes every batch once; a stream source's offset that retention removed fails fast, or resumes
 with the gap reported under ``offset_reset = 'earliest'``.
@@ -7,7 +7,6 @@ with the gap reported under ``offset_reset = 'earliest'``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,12 +29,6 @@ def b(*values: int) -> pa.RecordBatch:
 
 def stored(store: StreamStore, name: str = "out") -> list[int]:
     return [x for _, batch in store.read(name) for x in batch.column("x").to_pylist()]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[StreamStore]:
-    with StreamStore(tmp_path / "data", fsync="never") as s:
-        yield s
 
 
 def epoch(sink: EpochStreamSink, number: int, *batches: pa.RecordBatch) -> dict[str, object]:

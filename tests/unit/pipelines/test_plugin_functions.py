@@ -1,4 +1,4 @@
-"""Plugin functions in pipeline SQL (``CREATE FUNCTION … WITH (connector = 'plugin')``, issue 7)
+"""Plugin functions in pipeline SQL (``CREATE FUNCTION … WITH (connector = 'plugin')``)
 and the hub's bookkeeping (sequence order, bounded in-flight, timeouts, detach), without a server:
 instances are registered on a real :class:`PluginHub` and answered by the test."""
 

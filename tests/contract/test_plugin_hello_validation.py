@@ -1,4 +1,4 @@
-"""Hostile plugin hellos (review of issue 7): every malformed hello is ``InvalidInputError``
+"""Malformed plugin hellos: every malformed hello is ``InvalidInputError``
 naming the field (the Flight status INVALID_ARGUMENT), never an internal error, and a hello the
 README does not allow is not accepted."""
 

@@ -195,6 +195,7 @@ class ContractServer(flight.FlightServerBase):
         writer.write_metadata(_json({"done": True, "watermark_ns": None, "late_rows": late_total}))
 
 
+# Private: a Flight server that follows the wire contract only, so the client is tested without flight-serve.
 @pytest.fixture
 def server() -> Iterator[ContractServer]:
     with ContractServer() as srv:

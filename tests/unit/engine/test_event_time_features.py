@@ -1,4 +1,4 @@
-"""The event-time features of issue 3, case by case, with hand-computed results (DESIGN §4).
+"""The event-time features, case by case, with hand-computed results (DESIGN §4).
 
 Allowed lateness and emit modes, watermarks over partitions (registration, explicit advance, end of
 input, idle timeout on an injected processing-time clock, backlog), ``max_future_skew`` on an
@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import helpers
 import pyarrow as pa
 import pytest
 from flight_serve.engine.operator import Emission, OperatorSnapshot, WindowOperator
@@ -31,6 +32,7 @@ from flight_serve.engine.windows import CalendarWindow, TumblingWindow
 from flight_serve.errors import InvalidInputError
 from flight_serve.pipelines.query import parse_window_query
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
+from helpers import tuples
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SECOND_NS = 10**9
@@ -70,10 +72,6 @@ def batch_of(rows: Sequence[Row]) -> pa.RecordBatch:
     )
 
 
-def tuples(table: pa.Table) -> list[tuple[Any, ...]]:
-    return [tuple(r.values()) for r in table.to_pylist()]
-
-
 def seconds(watermark_ns: int) -> float:
     """A watermark in whole seconds; ``±math.inf`` for the sentinels."""
     if watermark_ns == MIN_WATERMARK_NS:
@@ -83,21 +81,7 @@ def seconds(watermark_ns: int) -> float:
     return watermark_ns // SECOND_NS
 
 
-@dataclass
-class Run:
-    op: WindowOperator
-    steps: list[Emission]
-
-    @property
-    def outputs(self) -> list[list[tuple[Any, ...]]]:
-        """Output rows per step (last: end of input)."""
-        return [tuples(e.output) for e in self.steps]
-
-    @property
-    def late(self) -> list[list[tuple[Any, ...]]]:
-        """Side-output rows per step: key, t, v, _late_reason, _window_start, _window_end."""
-        return [tuples(e.late) for e in self.steps]
-
+class Run(helpers.Run):
     @property
     def watermarks(self) -> list[float]:
         return [seconds(e.watermark_ns) for e in self.steps]
@@ -138,12 +122,12 @@ SESSION_5 = "SESSION(input, t, INTERVAL '5' SECOND)"
 
 # --- 1. allowed lateness and emit modes -------------------------------------------------------
 
-#: issue 3's case: (a,1) (a,4) (a,12) (a,7) (a,16) (a,8), then end
-ISSUE_3_ROWS: list[Row] = [("a", t, 0) for t in (1, 4, 12, 7, 16, 8)]
+#: allowed lateness's case: (a,1) (a,4) (a,12) (a,7) (a,16) (a,8), then end
+LATENESS_CASE_ROWS: list[Row] = [("a", t, 0) for t in (1, 4, 12, 7, 16, 8)]
 
 
 def test_final_mode_emits_once_at_end_plus_lateness() -> None:
-    r = run(source(0, allowed_lateness="5s") + select(TUMBLE_10), ISSUE_3_ROWS)
+    r = run(source(0, allowed_lateness="5s") + select(TUMBLE_10), LATENESS_CASE_ROWS)
     #  t:   0  1     4     7  8   10 12      15 16       20
     #       [------- w0 ----------)[-------- w1 ---------)
     #                             [-- L --)                  w0 is final at W ≥ 10 + 5 = 15
@@ -162,7 +146,7 @@ def test_final_mode_emits_once_at_end_plus_lateness() -> None:
 
 
 def test_update_mode_emits_at_end_and_a_new_revision_per_accepted_late_row() -> None:
-    r = run(source(0, allowed_lateness="5s", emit="update") + select(TUMBLE_10), ISSUE_3_ROWS)
+    r = run(source(0, allowed_lateness="5s", emit="update") + select(TUMBLE_10), LATENESS_CASE_ROWS)
     #  t:   0  1     4     7  8   10 12      15 16       20
     #       [------- w0 ----------)[-------- w1 ---------)
     #  #2                            x                       W = 12 ≥ 10: (a, w0, 2) rev 0

@@ -1,5 +1,5 @@
-"""A remote ``flight`` sink whose server is down when the pipeline starts (review of issue 7):
-the pipeline says so in ``pipeline.status`` (``waiting``) while its sink retries, and once the
+"""A remote ``flight`` sink whose server is down when the pipeline starts: the
+pipeline says so in ``pipeline.status`` (``waiting``) while its sink retries, and once the
 server comes up every row arrives exactly once.
 
 Timeline::
@@ -12,10 +12,8 @@ Timeline::
 
 from __future__ import annotations
 
-import json
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,27 +22,11 @@ import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.server import start_server
 from flight_serve_client import FlightServeClient
+from helpers import act, wait_until
+from helpers import id_rows as rows
 
 pytestmark = pytest.mark.integration
 
-SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
-
-
-def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
-    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
-    return json.loads(results[0].body.to_pybytes())
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def rows(first: int, count: int) -> pa.Table:
-    ids = list(range(first, first + count))
-    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
 
 
 def relay_count(client: flight.FlightClient) -> int:

@@ -252,7 +252,7 @@ def test_a_missing_relative_input_shows_the_absolute_path(tmp_path: Path) -> Non
 
 
 def test_the_examples_missing_flights_file_says_how_to_write_it(tmp_path: Path) -> None:
-    example = Path(__file__).parents[2] / "examples" / "hourly_departures.sql"
+    example = Path(__file__).parents[3] / "examples" / "hourly_departures.sql"
     (tmp_path / "hourly_departures.sql").write_text(example.read_text())
     with pytest.raises(PipelineSQLError) as info:
         Pipeline.from_sql(tmp_path / "hourly_departures.sql").explain()

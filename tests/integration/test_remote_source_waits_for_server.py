@@ -1,5 +1,5 @@
-"""A remote ``flight`` tail source whose server is down when the pipeline starts (review of issue
-7): the submit returns, the pipeline says in ``pipeline.status`` (``waiting``) that its source
+"""A remote ``flight`` tail source whose server is down when the pipeline starts: the
+submit returns, the pipeline says in ``pipeline.status`` (``waiting``) that its source
 waits for the server, and once the server comes up every row arrives exactly once. The same when
 the pipeline's own server restarts (it resumes from its checkpoint) while the source's is down.
 The wait is bounded (the retry budget; then the run fails naming the server), a cancel ends it
@@ -11,13 +11,11 @@ A runs the pipeline and keeps its output in its own stream ``out``.
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,33 +30,12 @@ from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve_client import FlightServeClient
+from helpers import ID_TIMES as SCHEMA
+from helpers import act, free_port, wait_until
+from helpers import id_rows as rows
 
 pytestmark = pytest.mark.integration
 
-SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
-
-
-def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
-    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
-    return json.loads(results[0].body.to_pybytes())
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def rows(first: int, count: int) -> pa.Table:
-    ids = list(range(first, first + count))
-    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def out_ids(client: flight.FlightClient) -> list[int]:

@@ -1,4 +1,4 @@
-"""DoPut's write pipeline when its client is gone (issue 7, the chained servers' duplicate).
+"""DoPut's write pipeline when its client is gone: every staged batch is committed before the call ends.
 
 The server's DoPut stages each batch in the store (its offset reserved) on one thread and
 commits and acknowledges them in order on another. When a PutResult cannot be sent (the client

@@ -1,5 +1,5 @@
 """The server's pipeline registry after a SIGKILL that falls between a checkpoint's commit and
-its record in the registry (issue 8 review, known issue 4a).
+its record in the registry.
 
 A checkpoint is committed (manifest written, sinks committed) before the registry hears of it;
 ``FLIGHT_SERVE_CRASH_AT=commit:1`` kills ``flight-serve serve`` exactly there. After the restart
@@ -10,20 +10,20 @@ checkpoint, with the counters taken with it, not ``null``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
 
+import helpers
 import pyarrow.flight as flight
 import pytest
+from helpers import wait_until
 
 pytestmark = pytest.mark.integration
+act = partial(helpers.act, timeout_s=30)
 
 CLI = Path(sys.executable).parent / "flight-serve"
 # A bounded pipeline with no checkpoint on a timer: its one checkpoint is the finished one
@@ -51,25 +51,6 @@ def start(data: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     location = proc.stdout.readline().strip()
     assert location, "the server did not start"
     return proc, location
-
-
-def act(location: str, action: str, body: dict[str, Any]) -> Any:
-    with flight.connect(location) as client:
-        results = list(
-            client.do_action(
-                flight.Action(action, json.dumps(body).encode()),
-                options=flight.FlightCallOptions(timeout=30),
-            )
-        )
-    return json.loads(results[0].body.to_pybytes())
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_status_keeps_a_checkpoint_committed_just_before_a_sigkill(tmp_path: Path) -> None:

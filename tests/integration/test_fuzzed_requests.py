@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.metrics import status_code_of
-from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
 from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
 
@@ -51,23 +51,24 @@ TIMEOUT = flight.FlightCallOptions(timeout=30)
 
 
 @pytest.fixture(scope="module")
-def location(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with start_server(tmp_path_factory.mktemp("fuzz") / "data") as service:
-        with flight.FlightClient(service.location) as client:
-            writer, reader = client.do_put(flight.FlightDescriptor.for_path("events"), SCHEMA)
-            writer.write_batch(
-                pa.record_batch(
-                    [pa.array(["a", "b"]), pa.array([0, 10**18], pa.timestamp("ns")),
-                     pa.array([1, 2])],
-                    schema=SCHEMA,
-                )
-            )  # fmt: skip
-            writer.done_writing()
-            reader.read()
-            writer.close()
-        yield service.location
-        with flight.FlightClient(service.location) as client:  # still up and answering
-            assert any(i.descriptor.path == [b"events"] for i in client.list_flights())
+def location(module_server: FlightServeService) -> Iterator[str]:
+    """The module's server, holding a stream ``events``; still answering after the module."""
+    service = module_server
+    with flight.FlightClient(service.location) as client:
+        writer, reader = client.do_put(flight.FlightDescriptor.for_path("events"), SCHEMA)
+        writer.write_batch(
+            pa.record_batch(
+                [pa.array(["a", "b"]), pa.array([0, 10**18], pa.timestamp("ns")),
+                 pa.array([1, 2])],
+                schema=SCHEMA,
+            )
+        )  # fmt: skip
+        writer.done_writing()
+        reader.read()
+        writer.close()
+    yield service.location
+    with flight.FlightClient(service.location) as client:  # still up and answering
+        assert any(i.descriptor.path == [b"events"] for i in client.list_flights())
 
 
 @pytest.fixture(scope="module")
@@ -319,4 +320,4 @@ def test_exchange_inputs(
 
 def test_the_examples_are_bounded() -> None:
     assert EXAMPLES >= 1
-    assert Path(__file__).name == "test_fuzz_hostile.py"
+    assert Path(__file__).name == "test_fuzzed_requests.py"

@@ -8,7 +8,7 @@ import ast
 import sys
 from pathlib import Path
 
-CLIENT = Path(__file__).resolve().parents[2] / "clients" / "python" / "flight_serve_client"
+CLIENT = Path(__file__).resolve().parents[3] / "clients" / "python" / "flight_serve_client"
 ALLOWED = {"pyarrow", "flight_serve_client"}
 
 

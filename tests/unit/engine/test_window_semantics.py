@@ -12,16 +12,17 @@ into a window, ``L`` a row sent to the late side output, ``W`` the watermark aft
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import helpers
 import pyarrow as pa
 import pytest
-from flight_serve.engine.operator import Emission, WindowOperator
 from flight_serve.errors import EventTimeError, PipelineSQLError
 from flight_serve.pipelines.query import parse_window_query
 from flight_serve.types import MAX_WATERMARK_NS
+from helpers import tuples
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -68,25 +69,7 @@ def batch_of(rows: Sequence[Row], schema: pa.Schema = INPUT) -> pa.RecordBatch:
     )
 
 
-def tuples(table: pa.Table) -> list[tuple[Any, ...]]:
-    return [tuple(r.values()) for r in table.to_pylist()]
-
-
-@dataclass
-class Run:
-    op: WindowOperator
-    steps: list[Emission]
-
-    @property
-    def outputs(self) -> list[list[tuple[Any, ...]]]:
-        """Output rows per step (last: end of input)."""
-        return [tuples(e.output) for e in self.steps]
-
-    @property
-    def late(self) -> list[list[tuple[Any, ...]]]:
-        """Late side-output rows per step: key, t, v, _late_reason, _window_start, _window_end."""
-        return [tuples(e.late) for e in self.steps]
-
+class Run(helpers.Run):
     @property
     def watermarks(self) -> list[int | None]:
         """The watermark after each step in whole seconds (None: -∞ or +∞)."""

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pyarrow as pa
 import pytest
 from flight_serve.errors import QueryError, TicketError
@@ -20,12 +17,6 @@ from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore
 from hypothesis import given
 from hypothesis import strategies as st
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[StreamStore]:
-    with StreamStore(tmp_path, fsync="never") as s:
-        yield s
 
 
 def test_referenced_tables_follow_datafusion_identifier_rules() -> None:

@@ -36,6 +36,7 @@ def _batch(xs: list[int], names: list[str] | None = None) -> pa.RecordBatch:
     )
 
 
+# Private: the store's root is tmp_path itself (tests look in tmp_path / "streams") and fsync is the default.
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[StreamStore]:
     with StreamStore(tmp_path) as s:

@@ -1,4 +1,4 @@
-"""Checkpoints and resume (issue 4): the state root's layout and retention, exactly-once file
+"""Checkpoints and resume: the state root's layout and retention, exactly-once file
 sinks, a run cut at every batch and resumed from its checkpoint equal to the straight run, and the
 errors a resume gives when its checkpoint cannot be restored.
 
