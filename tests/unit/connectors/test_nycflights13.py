@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from flight_serve.connectors import nycflights13 as nyc
+from flight_serve.demo import nycflights13 as nyc
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ from flight_serve.errors import (
     StreamNameError,
     StreamNotFoundError,
 )
-from flight_serve.store import StreamStore, streams
+from flight_serve.store import StreamStore
+from flight_serve.store import log as stream_log
 from flight_serve.store.streams import WriterInfo
 
 
@@ -385,13 +386,13 @@ def test_a_written_batch_is_invisible_until_committed_and_one_sync_covers_many(
     store: StreamStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     syncs: list[int] = []
-    real_sync = streams._sync
+    real_sync = stream_log._sync
 
     def counted(fd: int) -> None:
         syncs.append(fd)
         real_sync(fd)
 
-    monkeypatch.setattr(streams, "_sync", counted)
+    monkeypatch.setattr(stream_log, "_sync", counted)
     store.append("t", _batch([0]))
     syncs.clear()
 
@@ -549,15 +550,15 @@ def test_a_failed_sync_makes_the_stream_refuse_writes_until_reopened(
 ) -> None:
     with StreamStore(tmp_path) as store:
         store.append("t", _batch([0]))
-        real_sync = streams._sync
+        real_sync = stream_log._sync
 
         def broken(fd: int) -> None:
             raise OSError(errno.EIO, "Input/output error")
 
-        monkeypatch.setattr(streams, "_sync", broken)
+        monkeypatch.setattr(stream_log, "_sync", broken)
         with pytest.raises(StorageError, match="refuses writes after a failed fdatasync"):
             store.append("t", _batch([1]))
-        monkeypatch.setattr(streams, "_sync", real_sync)
+        monkeypatch.setattr(stream_log, "_sync", real_sync)
         with pytest.raises(StorageError, match="refuses writes"):
             store.append("t", _batch([2]))
         assert store.info("t").next_offset == 1  # never acknowledged, never visible

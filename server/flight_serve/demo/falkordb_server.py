@@ -183,7 +183,7 @@ def start_falkordb(
 
 
 def main() -> None:
-    """``python -m flight_serve.connectors.falkordb_server``: start a server, print
+    """``python -m flight_serve.demo.falkordb_server``: start a server, print
     ``<pid> <url>`` on one line, and keep it running until SIGTERM (used by ``.ci/run``)."""
     srv = start_falkordb()
     print(srv.pid, srv.url, flush=True)

@@ -49,13 +49,13 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
 from flight_serve.connectors.iceberg import (
     conform_for_iceberg,
     default_catalog_properties,
     load_iceberg_catalog,
 )
-from flight_serve.connectors.nycflights13 import load_airports, load_flights
+from flight_serve.demo.falkordb_server import URL_ENV, start_falkordb
+from flight_serve.demo.nycflights13 import load_airports, load_flights
 from flight_serve.flight.server import start_server
 
 __all__ = [

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flight_serve.connectors.nycflights13 import load_flights
+from flight_serve.demo.nycflights13 import load_flights
 from flight_serve.flight.server import start_server
 
 WATERMARK = "CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE);\n"
