@@ -801,7 +801,7 @@ def _tls_files(args: argparse.Namespace) -> Any:
         return None
     if args.tls_cert is None or args.tls_key is None:
         sys.exit("flight-serve: --tls-cert and --tls-key go together")
-    from flight_serve.flight.roles import TlsFiles
+    from flight_serve.flight.ops.roles import TlsFiles
 
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
 

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.metrics import Metrics
+from flight_serve.flight.ops.metrics import Metrics
 from flight_serve.flight.server import start_server
 from flight_serve.store import StreamStore
 from prometheus_client.parser import text_string_to_metric_families

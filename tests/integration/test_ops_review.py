@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.metrics import Metrics
-from flight_serve.flight.roles import TlsFiles, load_tokens_file
+from flight_serve.flight.ops.metrics import Metrics
+from flight_serve.flight.ops.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -145,7 +145,7 @@ def _cancel_flight_info_body(info: flight.FlightInfo) -> bytes:
 
 def test_cancel_query_stops_a_flight_sql_doget_and_only_it(tmp_path: Path) -> None:
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     def statement(sql: str) -> flight.FlightDescriptor:
         return flight.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=sql)))
@@ -270,7 +270,7 @@ def test_a_tokens_file_saved_with_a_byte_order_mark_keeps_its_first_token(tmp_pa
         "tok-a": (["read"], "first"),
         "tok-b": (["admin", "write"], "line 2"),
     }
-    from flight_serve.flight.auth import load_users_file
+    from flight_serve.flight.ops.auth import load_users_file
 
     users = tmp_path / "users.txt"
     users.write_bytes(b"\xef\xbb\xbfalice:s3cret\r\nbob:pw:with:colons\r\n")
@@ -340,7 +340,7 @@ def test_deeply_nested_sql_and_huge_names_get_a_clear_invalid_argument(tmp_path:
     sqlglot) on every SQL entry point; a 1 MB stream name came back in the error message and
     broke gRPC's metadata limit (RESOURCE_EXHAUSTED, "Stream removed")."""
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     deep = "SELECT " + "(" * 3000 + "1" + ")" * 3000
     with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
@@ -384,7 +384,7 @@ def test_sql_text_above_one_mebibyte_is_refused_before_parsing(tmp_path: Path) -
     """Before: 30 MB of SQL kept a request thread parsing for ~40 s and took gigabytes (a
     MemoryError under an 8 GB address-space limit; the OOM killer without one)."""
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     big = "SELECT " + "1+" * (1 << 20) + "1"  # 2 MiB + 8 characters
     with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
@@ -419,7 +419,7 @@ def test_a_deeply_nested_expression_is_refused_instead_of_crashing_the_server(
     planning: a segmentation fault that ended ``flight-serve serve``. The server runs as its own
     process here, so a crash fails the test instead of ending pytest."""
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     proc = subprocess.Popen(
         [str(CLI), "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from flight_serve.errors import QueryError, TicketError
-from flight_serve.flight.query import (
+from flight_serve.flight.sql.query import (
     execute,
     plain_schema,
     plan,

@@ -28,20 +28,20 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flight_serve.errors import FlightServeError
-from flight_serve.flight.auth import load_users_file
-from flight_serve.flight.health import HealthServer
-from flight_serve.flight.limits import (
+from flight_serve.flight.ops.auth import load_users_file
+from flight_serve.flight.ops.health import HealthServer
+from flight_serve.flight.ops.limits import (
     DEFAULT_MAX_STREAMS,
     DEFAULT_MEMORY_WAIT_S,
     MemoryBudget,
     StreamLimit,
 )
-from flight_serve.flight.limits import MIDDLEWARE_KEY as STREAM_LIMIT_KEY
-from flight_serve.flight.metrics import MeteredStreamStore, Metrics, MetricsMiddlewareFactory
-from flight_serve.flight.requestlog import MIDDLEWARE_KEY as REQUEST_LOG_KEY
-from flight_serve.flight.requestlog import RequestLogMiddlewareFactory
-from flight_serve.flight.roles import MIDDLEWARE_KEY as ROLES_KEY
-from flight_serve.flight.roles import (
+from flight_serve.flight.ops.limits import MIDDLEWARE_KEY as STREAM_LIMIT_KEY
+from flight_serve.flight.ops.metrics import MeteredStreamStore, Metrics, MetricsMiddlewareFactory
+from flight_serve.flight.ops.requestlog import MIDDLEWARE_KEY as REQUEST_LOG_KEY
+from flight_serve.flight.ops.requestlog import RequestLogMiddlewareFactory
+from flight_serve.flight.ops.roles import MIDDLEWARE_KEY as ROLES_KEY
+from flight_serve.flight.ops.roles import (
     RoleAuth,
     TlsFiles,
     TokenGrant,
@@ -137,17 +137,17 @@ def start_server(
     No call is answered before the server is whole: until the pipeline actions are registered
     and the running pipelines resumed, calls wait (:mod:`flight_serve.flight.startup`).
     Every call gets a request id and one JSON log line when it ends
-    (:mod:`flight_serve.flight.requestlog`). With ``metrics`` the server counts rows and bytes per stream, times every call and reports
-    its pipelines there (:mod:`flight_serve.flight.metrics`).
+    (:mod:`flight_serve.flight.ops.requestlog`). With ``metrics`` the server counts rows and bytes per stream, times every call and reports
+    its pipelines there (:mod:`flight_serve.flight.ops.metrics`).
 
-    With ``tokens`` (:func:`~flight_serve.flight.roles.load_tokens_file`) every call needs a
-    bearer token with the role its method and action need (:mod:`flight_serve.flight.roles`).
+    With ``tokens`` (:func:`~flight_serve.flight.ops.roles.load_tokens_file`) every call needs a
+    bearer token with the role its method and action need (:mod:`flight_serve.flight.ops.roles`).
     With ``tls`` the server speaks TLS (mutual TLS with ``tls.client_ca``) and its location is
     ``grpc+tls://``. At most ``max_streams`` DoGet/DoPut/DoExchange calls run at once; more are
-    refused UNAVAILABLE with a retry hint (:mod:`flight_serve.flight.limits`).
+    refused UNAVAILABLE with a retry hint (:mod:`flight_serve.flight.ops.limits`).
     ``retention_bytes`` / ``retention_age`` are the store's per-stream retention limits
     (:class:`~flight_serve.store.streams.StreamStore`). With ``memory_budget=``
-    (:class:`~flight_serve.flight.limits.MemoryBudget`, a service option) the running
+    (:class:`~flight_serve.flight.ops.limits.MemoryBudget`, a service option) the running
     pipelines' window state (the size of each one's last checkpoint) counts against it.
 
     Raises:
@@ -208,7 +208,7 @@ def start_server(
     manager = None
     try:
         if pipelines:
-            from flight_serve.flight.pipeline_actions import register_pipeline_actions
+            from flight_serve.flight.actions import register_pipeline_actions
             from flight_serve.pipelines.manager import PipelineManager
 
             manager = PipelineManager(store, Path(data_dir), plugins=service.plugins)
@@ -286,10 +286,10 @@ def serve_forever(
     location on stdout. Returns 0 after a clean shutdown, 1 if the server could not start (the
     data dir is unusable or owned by another server, the port is taken, or ``users_file`` cannot
     be read). With ``users_file`` (``user:password`` lines, see
-    :func:`flight_serve.flight.auth.load_users_file`) every call needs those credentials;
+    :func:`flight_serve.flight.ops.auth.load_users_file`) every call needs those credentials;
     without it the server is open, and a warning is logged when it listens beyond loopback.
 
-    The gRPC health service (:class:`~flight_serve.flight.health.HealthServer`) listens on
+    The gRPC health service (:class:`~flight_serve.flight.ops.health.HealthServer`) listens on
     ``health_port`` (``None``: the Flight port + 1, or a free port when ``port`` is 0); it answers
     NOT_SERVING from the signal on, while the server drains. Prometheus metrics are served at
     ``/metrics`` on ``metrics_port`` (``None``: the Flight port + 2, or a free port when ``port``
@@ -300,14 +300,14 @@ def serve_forever(
     after ``drain_timeout_s`` seconds the process logs the fact and exits 0 anyway (every
     acknowledged batch is already durable).
 
-    ``tokens_file`` (:func:`~flight_serve.flight.roles.load_tokens_file`) turns on bearer
+    ``tokens_file`` (:func:`~flight_serve.flight.ops.roles.load_tokens_file`) turns on bearer
     tokens with roles, ``tls`` TLS or mutual TLS. On an address other than loopback the server
     refuses to start (exit 1) without TLS and credentials (tokens or users), unless
     ``insecure_allow_remote``.
 
     ``memory_budget_bytes`` (waiting up to ``memory_wait_s`` seconds for room) and
-    ``statement_timeout_s`` are :mod:`flight_serve.flight.limits`' and
-    :mod:`flight_serve.flight.query`'s limits (``None``: none); a DoPut batch above
+    ``statement_timeout_s`` are :mod:`flight_serve.flight.ops.limits`' and
+    :mod:`flight_serve.flight.sql.query`'s limits (``None``: none); a DoPut batch above
     ``max_batch_bytes`` (``RecordBatch.nbytes``) is INVALID_ARGUMENT.
     """
     configure_json_logging()

@@ -11,7 +11,7 @@ Descriptors:
 - ``path = [stream, writer]``: DoPut as a named writer (one watermark partition of the stream).
 - ``cmd = <SQL text, UTF-8>``: a DataFusion query over the streams (GetFlightInfo, GetSchema).
 - ``cmd = <google.protobuf.Any of an arrow.flight.protocol.sql message>``: Flight SQL, handed to
-  :class:`~flight_serve.flight.flightsql.FlightSqlHandler` (GetFlightInfo, GetSchema, DoPut; its
+  :class:`~flight_serve.flight.sql.handler.FlightSqlHandler` (GetFlightInfo, GetSchema, DoPut; its
   tickets come back to DoGet and its actions are registered here).
 
 Actions (body and result are UTF-8 JSON unless noted; unknown body keys are ignored):
@@ -50,7 +50,6 @@ from flight_serve.errors import (
     StreamNotFoundError,
     TicketError,
 )
-from flight_serve.flight.auth import auth_server_options
 from flight_serve.flight.cancel import (
     CANCEL_STATUS_CANCELLED,
     CancellableContext,
@@ -60,17 +59,18 @@ from flight_serve.flight.cancel import (
     parse_cancel_flight_info,
     stop_when,
 )
-from flight_serve.flight.flightsql import (
+from flight_serve.flight.markers import Marker, parse_marker
+from flight_serve.flight.ops.auth import auth_server_options
+from flight_serve.flight.ops.limits import DEFAULT_QUERY_WORK_BYTES, MemoryBudget, QueryLimits
+from flight_serve.flight.ops.limits import Reservation as _Reservation
+from flight_serve.flight.ops.roles import require_action_role, require_role
+from flight_serve.flight.sql.handler import (
     FlightSqlHandler,
     flightsql_command,
     pack,
     unpack_command,
 )
-from flight_serve.flight.limits import DEFAULT_QUERY_WORK_BYTES, MemoryBudget, QueryLimits
-from flight_serve.flight.limits import Reservation as _Reservation
-from flight_serve.flight.markers import Marker, parse_marker
-from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
-from flight_serve.flight.roles import require_action_role, require_role
+from flight_serve.flight.sql.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
 from flight_serve.flight.status import for_get_schema, to_flight_error
 from flight_serve.flight.tickets import (
     QueryTicket,
@@ -326,11 +326,11 @@ class FlightServeService(flight.FlightServerBase):
         max_batch_bytes: largest DoPut batch accepted (``RecordBatch.nbytes``), 64 MiB by default.
         tail_poll_s: how often (seconds) a waiting tail checks for cancellation and shutdown.
         users: user name -> password; every call then needs them (Basic handshake, then the
-            bearer token it returns; :mod:`flight_serve.flight.auth`). ``None``: open.
+            bearer token it returns; :mod:`flight_serve.flight.ops.auth`). ``None``: open.
         memory_budget: bounds query inputs, DoPut batches in flight and window state
-            (:class:`~flight_serve.flight.limits.MemoryBudget`); ``None``: no budget.
+            (:class:`~flight_serve.flight.ops.limits.MemoryBudget`); ``None``: no budget.
         statement_timeout_s: seconds a SQL query (DoGet) or Flight SQL statement may run
-            before DEADLINE_EXCEEDED (:mod:`flight_serve.flight.query`); ``None``: no limit.
+            before DEADLINE_EXCEEDED (:mod:`flight_serve.flight.sql.query`); ``None``: no limit.
         query_work_bytes: DataFusion's memory pool per query under a budget, bytes.
         **kwargs: passed to :class:`pyarrow.flight.FlightServerBase` (auth, TLS, middleware).
 
@@ -383,7 +383,7 @@ class FlightServeService(flight.FlightServerBase):
         )
         self.flightsql = FlightSqlHandler(store)
         self.flightsql.engine.limits = self.query_limits
-        self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
+        self.plugins = PluginHub()  # attached plugin instances (flight/plugin_exchange.py)
         self.register_action(
             "plugin.list",
             "The attached plugin instances. Body: {} (or empty). Result: {\"instances\": {name: "
@@ -727,9 +727,9 @@ class FlightServeService(flight.FlightServerBase):
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
         """Run an inline streaming transform (:mod:`flight_serve.flight.exchange`), or serve an
-        attached plugin for ``path = ["plugins", name]`` (:mod:`flight_serve.flight.plugins`)."""
+        attached plugin for ``path = ["plugins", name]`` (:mod:`flight_serve.flight.plugin_exchange`)."""
         from flight_serve.flight.exchange import handle_exchange
-        from flight_serve.flight.plugins import handle_plugin_exchange
+        from flight_serve.flight.plugin_exchange import handle_plugin_exchange
 
         try:
             if descriptor.descriptor_type == flight.DescriptorType.PATH:

@@ -1,12 +1,12 @@
 """SQL statements for Flight SQL: queries with bound parameters, INSERT / CREATE TABLE / DROP TABLE
 against the stream store, and bulk ingest.
 
-Every stream is a table named after it (see :mod:`flight_serve.flight.query` for identifier
+Every stream is a table named after it (see :mod:`flight_serve.flight.sql.query` for identifier
 rules). Statement kinds, by their first keyword:
 
 - a **query** (``SELECT``, ``WITH``, ``VALUES``, ``EXPLAIN``, ``SHOW``, ...): planned and run by
   DataFusion, read-only, over the streams pinned at planning time (the snapshot rule of
-  :func:`flight_serve.flight.query.plan`).
+  :func:`flight_serve.flight.sql.query.plan`).
 - ``INSERT INTO t [(cols)] VALUES ... | SELECT ...``: DataFusion plans the INSERT (column list,
   defaults to NULL, casts to the table's types, NOT NULL checks) and runs its input; the rows
   are appended to stream ``t`` in batches of at most 4 MiB. The count is the rows appended.
@@ -59,9 +59,9 @@ from flight_serve.errors import (
     StreamNotFoundError,
     TicketError,
 )
-from flight_serve.flight.iceberg_tables import register_iceberg_tables
-from flight_serve.flight.limits import QueryLimits, Reservation
-from flight_serve.flight.query import (
+from flight_serve.flight.ops.limits import QueryLimits, Reservation
+from flight_serve.flight.sql.catalog import register_iceberg_tables
+from flight_serve.flight.sql.query import (
     MAX_RESULT_BATCH_BYTES,
     interruptible_batches,
     new_context,
@@ -434,7 +434,7 @@ class SqlEngine:
         store: the streams (tables).
         max_batch_bytes: largest result batch sent (``RecordBatch.nbytes``), 4 MiB by default.
         limits: memory budget, statement timeout and DataFusion working memory for queries and
-            updates (:mod:`flight_serve.flight.query`, "Limits"); the service sets it.
+            updates (:mod:`flight_serve.flight.sql.query`, "Limits"); the service sets it.
     """
 
     def __init__(
@@ -570,7 +570,7 @@ class SqlEngine:
         return pa.schema([pa.field(f"${n}", types.get(n, pa.null())) for n in order])
 
     def required_role(self, sql: str) -> Literal["read", "write", "admin"]:
-        """The role (:mod:`flight_serve.flight.roles`) running ``sql`` needs: ``read`` for a
+        """The role (:mod:`flight_serve.flight.ops.roles`) running ``sql`` needs: ``read`` for a
         query, ``write`` for ``INSERT`` and ``CREATE TABLE``, ``admin`` for ``DROP TABLE`` and for
         ``CREATE OR REPLACE TABLE`` of a table that exists (both drop a stream).
 

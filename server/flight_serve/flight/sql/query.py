@@ -15,7 +15,7 @@ Queries are read-only: DDL (``CREATE ...``), DML (``INSERT``, ``COPY ... TO``) a
 cannot parse, plan or run; the message is DataFusion's own. Row order is defined only by
 ``ORDER BY``.
 
-Limits (:class:`~flight_serve.flight.limits.QueryLimits`): under a memory budget a query
+Limits (:class:`~flight_serve.flight.ops.limits.QueryLimits`): under a memory budget a query
 reserves the bytes of the streams it reads plus DataFusion's working memory before it loads
 them (waiting, then UNAVAILABLE), and DataFusion runs with a fair spill pool of that working
 size. DataFusion's stream is pulled on a worker thread (:func:`interruptible_batches`, through
@@ -50,8 +50,8 @@ from sqlglot import exp
 
 from flight_serve.engine.sqlguard import check_sql, check_sql_size
 from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
-from flight_serve.flight.iceberg_tables import iceberg_input_bytes, register_iceberg_tables
-from flight_serve.flight.limits import QueryLimits, Reservation
+from flight_serve.flight.ops.limits import QueryLimits, Reservation
+from flight_serve.flight.sql.catalog import iceberg_input_bytes, register_iceberg_tables
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore, plain_type, to_plain
 
@@ -199,7 +199,7 @@ def reserve_input(
 ) -> Reservation | None:
     """Reserve, in ``limits.budget``, the on-disk bytes of the streams ``pins`` name (what
     loading them takes, about), the data-file bytes of the Iceberg tables ``sql`` names
-    (:func:`~flight_serve.flight.iceberg_tables.iceberg_input_bytes`), plus
+    (:func:`~flight_serve.flight.sql.catalog.iceberg_input_bytes`), plus
     ``limits.work_bytes``; ``None`` without a budget.
 
     Raises:
@@ -238,7 +238,7 @@ def interruptible_batches(
     on a worker thread at most two batches ahead, while this thread waits checking every
     ``limits.poll_s`` seconds for ``is_cancelled()`` and the statement timeout (counted from
     ``started``, a :func:`time.monotonic` value; default now). The worker holds
-    ``reservation`` (:meth:`~flight_serve.flight.limits.Reservation.hold`) while it runs: the
+    ``reservation`` (:meth:`~flight_serve.flight.ops.limits.Reservation.hold`) while it runs: the
     caller's ``release()`` takes effect only once DataFusion's work has really ended.
 
     DataFusion's stream is driven through its async API (``__anext__``) on an event loop of the

@@ -52,16 +52,16 @@ from google.protobuf.message import DecodeError, Message
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve._proto.flight_serve.v1 import flightsql_pb2
 from flight_serve.errors import InvalidInputError, TicketError, UnsupportedError
-from flight_serve.flight import flightsql_metadata as md
-from flight_serve.flight.flightsql_sql import (
+from flight_serve.flight.ops.roles import require_role
+from flight_serve.flight.sql import metadata as md
+from flight_serve.flight.sql.catalog import iceberg_namespaces, iceberg_tables
+from flight_serve.flight.sql.engine import (
     UPDATE_COUNT_SCHEMA,
     IngestMode,
     SqlEngine,
     check_parameters,
     rewrite_placeholders,
 )
-from flight_serve.flight.iceberg_tables import iceberg_namespaces, iceberg_tables
-from flight_serve.flight.roles import require_role
 from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import QueryTicket, decode_ticket, encode_ticket
 from flight_serve.store import StreamStore
@@ -248,7 +248,7 @@ class FlightSqlHandler:
     stream maps its own). :meth:`register_actions` adds the Flight SQL actions to the service.
 
     Args:
-        store: the streams; each is a table (see :mod:`flight_serve.flight.flightsql_metadata`).
+        store: the streams; each is a table (see :mod:`flight_serve.flight.sql.metadata`).
     """
 
     def __init__(self, store: StreamStore) -> None:
