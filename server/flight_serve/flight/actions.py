@@ -1,4 +1,5 @@
-"""The ``pipeline.*`` actions (DESIGN §6): submit a pipeline and walk away, then look at it.
+"""DoAction bodies (:func:`json_action_body`: strict UTF-8 JSON objects) and the ``pipeline.*``
+actions (DESIGN §6): submit a pipeline and walk away, then look at it.
 
 Bodies and results are UTF-8 JSON objects (schemas/README.md, "Actions"):
 
@@ -27,15 +28,63 @@ column), NOT_FOUND for an unknown id.
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.flight as flight
 
 from flight_serve.errors import ActionError
-from flight_serve.flight.service import FlightServeService, json_action_body
-from flight_serve.pipelines.manager import PipelineManager
+from flight_serve.store import validate_stream_name
 
-__all__ = ["register_pipeline_actions"]
+if TYPE_CHECKING:  # the service registers these actions; it imports this module
+    from flight_serve.flight.service import FlightServeService
+    from flight_serve.pipelines.manager import PipelineManager
+
+__all__ = ["body_stream", "json_action_body", "register_pipeline_actions"]
+
+
+def _not_json(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond a double")
+    return value
+
+
+def json_action_body(body: bytes, action: str) -> dict[str, Any]:
+    """An action's body as a JSON object: strict JSON (``NaN``, ``Infinity`` and numbers beyond
+    a double, which Python's parser would take, are refused).
+
+    Raises:
+        ActionError: the body is not UTF-8 JSON, or not an object (INVALID_ARGUMENT).
+    """
+    try:
+        value = (
+            json.loads(body.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
+            if body
+            else {}
+        )
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ActionError(f"{action}: the body is not UTF-8 JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ActionError(f"{action}: the body must be a JSON object")
+    return value
+
+
+def body_stream(body: dict[str, Any], action: str) -> str:
+    """The valid stream name a body's ``"stream"`` holds.
+
+    Raises:
+        ActionError: ``"stream"`` is missing or not a string.
+        InvalidInputError: not a valid stream name.
+    """
+    name = body.get("stream")
+    if not isinstance(name, str):
+        raise ActionError(f'{action}: the body needs "stream": a stream name')
+    return validate_stream_name(name)
 
 
 def _body(raw: bytes, action: str) -> dict[str, Any]:
@@ -98,7 +147,11 @@ def register_pipeline_actions(service: FlightServeService, manager: PipelineMana
         pid = _text(body, "id", "pipeline.checkpoint")
         assert pid is not None
         wait_s = body.get("wait_s", 30.0)
-        if isinstance(wait_s, bool) or not isinstance(wait_s, int | float) or not 0 <= wait_s <= 3600:
+        if (
+            isinstance(wait_s, bool)
+            or not isinstance(wait_s, int | float)
+            or not 0 <= wait_s <= 3600
+        ):
             raise ActionError(
                 'pipeline.checkpoint: "wait_s" must be a number of seconds >= 0 and at most 3600'
             )
