@@ -55,6 +55,7 @@ from flight_serve.flight.cancel import (
     parse_cancel_flight_info,
     stop_when,
 )
+from flight_serve.flight.config import DEFAULT_MAX_BATCH_BYTES
 from flight_serve.flight.descriptors import put_target, sql_of, stream_of
 from flight_serve.flight.doput import PutPipeline
 from flight_serve.flight.markers import parse_marker
@@ -80,12 +81,9 @@ from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.store import StreamInfo, StreamStore
 from flight_serve.store.streams import WriterHold
 
-__all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService"]
+__all__ = ["ActionHandler", "FlightServeService"]
 
 log = logging.getLogger("flight_serve.flight")
-
-#: Largest DoPut batch accepted, in bytes of ``RecordBatch.nbytes`` (64 MiB).
-DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
 
 #: An action handler: ``(context, body bytes) -> result bodies``.
 ActionHandler = Callable[[flight.ServerCallContext, bytes], Iterable[bytes]]
