@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.flight as flight
@@ -36,11 +37,23 @@ import pyarrow.flight as flight
 from flight_serve.errors import ActionError
 from flight_serve.store import validate_stream_name
 
-if TYPE_CHECKING:  # the service registers these actions; it imports this module
-    from flight_serve.flight.service import FlightServeService
+if TYPE_CHECKING:
     from flight_serve.pipelines.manager import PipelineManager
 
-__all__ = ["body_stream", "json_action_body", "register_pipeline_actions"]
+__all__ = [
+    "ActionHandler",
+    "RegisterAction",
+    "body_stream",
+    "json_action_body",
+    "register_pipeline_actions",
+]
+
+#: An action handler: ``(context, body bytes) -> result bodies``.
+ActionHandler = Callable[[flight.ServerCallContext, bytes], Iterable[bytes]]
+
+#: How actions are added: ``register(type, description, handler)``
+#: (:meth:`~flight_serve.flight.service.FlightServeService.register_action`).
+RegisterAction = Callable[[str, str, ActionHandler], None]
 
 
 def _not_json(text: str) -> Any:
@@ -111,8 +124,9 @@ def _result(value: Any) -> list[bytes]:
     return [json.dumps(value).encode()]
 
 
-def register_pipeline_actions(service: FlightServeService, manager: PipelineManager) -> None:
-    """Add the ``pipeline.*`` actions of ``manager`` to ``service``."""
+def register_pipeline_actions(register: RegisterAction, manager: PipelineManager) -> None:
+    """Add the ``pipeline.*`` actions of ``manager`` with ``register`` (the service's
+    ``register_action``)."""
 
     def submit(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
         body = _body(raw, "pipeline.submit")
@@ -167,34 +181,32 @@ def register_pipeline_actions(service: FlightServeService, manager: PipelineMana
         lines = manager.logs(pid, after)
         return _result({"lines": [vars(line) for line in lines]})
 
-    service.register_action(
+    register(
         "pipeline.submit",
         'Submit a pipeline to run on the server. Body: {"sql": text, "name"?, "base_dir"?, '
         '"output_dir"?, "replace"?: false}. A name that runs already is refused unless '
         '"replace" (cancel it first). Result: {"id", "name", "state", "outputs"}.',
         submit,
     )
-    service.register_action(
-        "pipeline.list", 'List the pipelines. Body: {}. Result: {"pipelines": [...]}.', list_
-    )
-    service.register_action(
+    register("pipeline.list", 'List the pipelines. Body: {}. Result: {"pipelines": [...]}.', list_)
+    register(
         "pipeline.status",
         "A pipeline's state, watermark, lag, rows in and out, late rows, last checkpoint and "
         'last error. Body: {"id"}.',
         status,
     )
-    service.register_action(
+    register(
         "pipeline.cancel",
         'Checkpoint and stop a pipeline (state cancelled). Body: {"id"}. Result: {"id", "state"}.',
         cancel,
     )
-    service.register_action(
+    register(
         "pipeline.checkpoint",
         'Take a checkpoint of a running pipeline now. Body: {"id", "wait_s"?}. Result: '
         '{"id", "epoch", "completed"}.',
         checkpoint,
     )
-    service.register_action(
+    register(
         "pipeline.logs",
         'A pipeline\'s log lines. Body: {"id", "after"?: seq}. Result: {"lines": [...]}.',
         logs,

@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -43,6 +43,7 @@ from flight_serve.flight.ops.requestlog import RequestLogMiddlewareFactory
 from flight_serve.flight.ops.roles import MIDDLEWARE_KEY as ROLES_KEY
 from flight_serve.flight.ops.roles import (
     RoleAuth,
+    TokenGrant,
     UsersAndTokensAuth,
     load_tokens_file,
 )
@@ -153,12 +154,7 @@ def start_server(
         config = replace(config, **options) if options else config
     else:
         config = ServerConfig(Path(config), **options)
-    users = config.users
-    if config.users_file is not None:
-        users = load_users_file(config.users_file)
-    tokens = config.tokens
-    if config.tokens_file is not None:
-        tokens = load_tokens_file(config.tokens_file)
+    tokens, users = _credentials(config)
     metrics = config.metrics
     budget = config.memory_budget
     if config.memory_budget_bytes is not None:
@@ -232,7 +228,7 @@ def start_server(
             from flight_serve.pipelines.manager import PipelineManager
 
             manager = PipelineManager(store, data_dir, plugins=service.plugins)
-            register_pipeline_actions(service, manager)
+            register_pipeline_actions(service.register_action, manager)
             if service.memory_budget is not None:
                 service.memory_budget.state_bytes = _window_state_bytes(manager)
             if metrics is not None:
@@ -249,6 +245,23 @@ def start_server(
             service.wait()
         finally:
             store.close()
+
+
+def _credentials(
+    config: ServerConfig,
+) -> tuple[Mapping[str, TokenGrant] | None, Mapping[str, str] | None]:
+    """``(tokens, users)`` of ``config``: given, or read from ``tokens_file`` then ``users_file``.
+
+    Raises:
+        InvalidInputError: a file cannot be read or a line is malformed (naming the line).
+    """
+    tokens = config.tokens
+    if config.tokens_file is not None:
+        tokens = load_tokens_file(config.tokens_file)
+    users = config.users
+    if config.users_file is not None:
+        users = load_users_file(config.users_file)
+    return tokens, users
 
 
 def _window_state_bytes(manager: Any) -> Callable[[], int]:
@@ -310,21 +323,12 @@ def serve_forever(config: ServerConfig) -> int:
     """
     configure_json_logging()
     host, port, data_dir = config.host, config.port, Path(config.data_dir)
-    tokens = config.tokens
-    if config.tokens_file is not None:
-        try:
-            tokens = load_tokens_file(config.tokens_file)
-        except FlightServeError as exc:
-            log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
-            return 1
-    users = config.users
-    if config.users_file is not None:
-        try:
-            users = load_users_file(config.users_file)
-        except FlightServeError as exc:
-            log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
-            return 1
-    elif users is None and host not in ("127.0.0.1", "localhost", "::1"):
+    try:
+        tokens, users = _credentials(config)
+    except FlightServeError as exc:
+        log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
+        return 1
+    if users is None and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "open server: no --users-file, so anyone who can reach %s may read and write",
             host,

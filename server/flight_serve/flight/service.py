@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -45,7 +45,7 @@ from flight_serve.errors import (
     StreamNotFoundError,
     TicketError,
 )
-from flight_serve.flight.actions import body_stream, json_action_body
+from flight_serve.flight.actions import ActionHandler, body_stream, json_action_body
 from flight_serve.flight.cancel import (
     CANCEL_STATUS_CANCELLED,
     CancellableContext,
@@ -81,12 +81,9 @@ from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.store import StreamInfo, StreamStore
 from flight_serve.store.streams import WriterHold
 
-__all__ = ["ActionHandler", "FlightServeService"]
+__all__ = ["FlightServeService"]
 
 log = logging.getLogger("flight_serve.flight")
-
-#: An action handler: ``(context, body bytes) -> result bodies``.
-ActionHandler = Callable[[flight.ServerCallContext, bytes], Iterable[bytes]]
 
 
 @dataclass(frozen=True)
@@ -166,7 +163,7 @@ class FlightServeService(flight.FlightServerBase):
         self._puts_changed = threading.Condition()
         self.register_action(
             "stream.writer_wait",
-            'Wait until no DoPut of a named writer is in progress (the batches of a call whose '
+            "Wait until no DoPut of a named writer is in progress (the batches of a call whose "
             'client is gone are all written first). Body: {"stream": name, "writer": name, '
             '"timeout_s": 10}. Result: {"active": <DoPut calls still in progress>}.',
             self._action_writer_wait,
@@ -176,8 +173,8 @@ class FlightServeService(flight.FlightServerBase):
         self.plugins = PluginHub()  # attached plugin instances (flight/plugin_exchange.py)
         self.register_action(
             "plugin.list",
-            "The attached plugin instances. Body: {} (or empty). Result: {\"instances\": {name: "
-            "[{id, max_in_flight, outstanding, sent, answered, timeouts}]}, \"errors\": {name: "
+            'The attached plugin instances. Body: {} (or empty). Result: {"instances": {name: '
+            '[{id, max_in_flight, outstanding, sent, answered, timeouts}]}, "errors": {name: '
             "last error}}.",
             lambda context, body: [json.dumps(self.plugins.describe()).encode()],
         )
