@@ -801,7 +801,7 @@ def _tls_files(args: argparse.Namespace) -> Any:
         return None
     if args.tls_cert is None or args.tls_key is None:
         sys.exit("flight-serve: --tls-cert and --tls-key go together")
-    from flight_serve.flight.roles import TlsFiles
+    from flight_serve.flight.ops.roles import TlsFiles
 
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
 
@@ -810,27 +810,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flight-serve`` console script; returns the process exit code."""
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        from flight_serve.flight.config import ServerConfig
         from flight_serve.flight.server import serve_forever
 
         return serve_forever(
-            host=args.host,
-            port=args.port,
-            data_dir=args.data_dir,
-            fsync=args.fsync,
-            users_file=args.users_file,
-            health_port=args.health_port,
-            metrics_port=args.metrics_port,
-            drain_timeout_s=args.drain_timeout,
-            tokens_file=args.tokens_file,
-            tls=_tls_files(args),
-            insecure_allow_remote=args.insecure_allow_remote,
-            max_streams=args.max_streams,
-            retention_bytes=args.retention_bytes,
-            retention_age=args.retention_age,
-            memory_budget_bytes=args.memory_budget,
-            max_batch_bytes=args.max_batch_bytes,
-            memory_wait_s=args.memory_wait,
-            statement_timeout_s=args.statement_timeout,
+            ServerConfig(
+                host=args.host,
+                port=args.port,
+                data_dir=args.data_dir,
+                fsync=args.fsync,
+                users_file=args.users_file,
+                health_port=args.health_port,
+                metrics_port=args.metrics_port,
+                drain_timeout_s=args.drain_timeout,
+                tokens_file=args.tokens_file,
+                tls=_tls_files(args),
+                insecure_allow_remote=args.insecure_allow_remote,
+                max_streams=args.max_streams,
+                retention_bytes=args.retention_bytes,
+                retention_age=args.retention_age,
+                memory_budget_bytes=args.memory_budget,
+                max_batch_bytes=args.max_batch_bytes,
+                memory_wait_s=args.memory_wait,
+                statement_timeout_s=args.statement_timeout,
+            )
         )
     if args.command == "demo" and args.sync:
         from flight_serve.demo.sync import run_sync_demo

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.flight as flight
 import pytest
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-from flight_serve.flight.flightsql import pack
-from flight_serve.flight.limits import MemoryBudget
+from flight_serve.flight.ops.limits import MemoryBudget
 from flight_serve.flight.server import start_server
+from flight_serve.flight.sql.handler import pack
 from helpers import cancel_flight_info_body
 
 pytestmark = pytest.mark.integration

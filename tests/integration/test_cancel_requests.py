@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def test_cancel_query_stops_a_flight_sql_doget_and_only_it(tmp_path: Path) -> None:
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     def statement(sql: str) -> flight.FlightDescriptor:
         return flight.FlightDescriptor.for_command(pack(sql_pb2.CommandStatementQuery(query=sql)))

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve import __version__
-from flight_serve.flight.health import HealthServer
+from flight_serve.flight.ops.health import HealthServer
 from flight_serve.flight.server import start_server
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.metrics import Metrics
+from flight_serve.flight.ops.metrics import Metrics
 from flight_serve.flight.server import start_server
 from flight_serve.store import StreamStore
 from helpers import act, wait_until

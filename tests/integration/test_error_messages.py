@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-from flight_serve.flight.flightsql import pack
+from flight_serve.flight.sql.handler import pack
 
 pytestmark = pytest.mark.integration
 

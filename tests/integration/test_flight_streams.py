@@ -17,6 +17,7 @@ import grpc  # type: ignore[import-untyped]
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from flight_serve.flight.config import ServerConfig
 from flight_serve.flight.server import serve_forever, start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve.flight.tickets import decode_ticket
@@ -496,7 +497,8 @@ def test_serve_forever_returns_1_when_the_data_dir_is_taken(
     level = root.level
     try:
         with StreamStore(tmp_path / "data"):
-            assert serve_forever("127.0.0.1", 0, tmp_path / "data", "never") == 1
+            config = ServerConfig(tmp_path / "data", host="127.0.0.1", port=0, fsync="never")
+            assert serve_forever(config) == 1
     finally:
         for handler in root.handlers[:]:
             if handler not in handlers:

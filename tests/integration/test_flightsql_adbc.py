@@ -25,9 +25,9 @@ import pytest
 from adbc_driver_manager import AdbcStatusCode, ProgrammingError
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve.demo.nycflights13 import load_flights
-from flight_serve.flight.flightsql import pack
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.sql.handler import pack
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.metrics import status_code_of
+from flight_serve.flight.ops.metrics import status_code_of
 from flight_serve.flight.service import FlightServeService
 from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st

@@ -18,7 +18,7 @@ import grpc  # type: ignore[import-untyped]
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.health import FLIGHT_SERVICE_NAME, HealthServer
+from flight_serve.flight.ops.health import FLIGHT_SERVICE_NAME, HealthServer
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
 pytestmark = pytest.mark.integration

@@ -1453,7 +1453,7 @@ def test_a_query_over_an_iceberg_table_reserves_its_data_in_the_memory_budget(
     reserves its data files' bytes (the snapshot summary's total-files-size): a table larger
     than the whole budget is refused with the budget named, instead of being loaded anyway."""
     import pyarrow.flight as flight
-    from flight_serve.flight.limits import MemoryBudget
+    from flight_serve.flight.ops.limits import MemoryBudget
     from flight_serve.flight.server import start_server
 
     catalog = new_catalog(tmp_path / "iceberg")

@@ -16,10 +16,10 @@ import pyarrow.flight as flight
 import pytest
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve.errors import InvalidInputError, OverloadError
-from flight_serve.flight.flightsql import pack
-from flight_serve.flight.limits import MemoryBudget
+from flight_serve.flight.ops.limits import MemoryBudget
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.sql.handler import pack
 
 pytestmark = pytest.mark.integration
 
@@ -184,7 +184,7 @@ def test_window_state_counts_against_the_budget() -> None:
 
 
 def test_the_budget_is_scraped() -> None:
-    from flight_serve.flight.metrics import Metrics
+    from flight_serve.flight.ops.metrics import Metrics
     from prometheus_client.parser import text_string_to_metric_families
 
     budget = MemoryBudget(1000, wait_s=0.0)

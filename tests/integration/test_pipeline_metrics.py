@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.metrics import Metrics
+from flight_serve.flight.ops.metrics import Metrics
 from flight_serve.flight.server import start_server
 from helpers import KTV_COUNTS_SQL, KTV_EVENTS, act, scrape_metrics, wait_until
 

@@ -244,7 +244,7 @@ def test_the_command_line_authenticates_with_a_token_or_a_user(tmp_path: Path) -
     import subprocess
     import sys
 
-    from flight_serve.flight.roles import load_tokens_file
+    from flight_serve.flight.ops.roles import load_tokens_file
 
     cli = Path(sys.executable).parent / "flight-serve"
     tokens_file = tmp_path / "tokens.txt"

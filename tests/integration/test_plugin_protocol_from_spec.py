@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight import plugins as flight_plugins
+from flight_serve.flight import plugin_exchange as flight_plugins
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 from helpers import act, wait_until

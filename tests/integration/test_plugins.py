@@ -26,7 +26,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.demo.nycflights13 import load_airports, load_flights, load_weather
-from flight_serve.flight.roles import load_tokens_file
+from flight_serve.flight.ops.roles import load_tokens_file
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve_client import FlightServeClient

@@ -68,7 +68,7 @@ def test_deeply_nested_sql_and_huge_names_get_a_clear_invalid_argument(tmp_path:
     sqlglot) on every SQL entry point; a 1 MB stream name came back in the error message and
     broke gRPC's metadata limit (RESOURCE_EXHAUSTED, "Stream removed")."""
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     deep = "SELECT " + "(" * 3000 + "1" + ")" * 3000
     with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
@@ -112,7 +112,7 @@ def test_sql_text_above_one_mebibyte_is_refused_before_parsing(tmp_path: Path) -
     """Before: 30 MB of SQL kept a request thread parsing for ~40 s and took gigabytes (a
     MemoryError under an 8 GB address-space limit; the OOM killer without one)."""
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     big = "SELECT " + "1+" * (1 << 20) + "1"  # 2 MiB + 8 characters
     with start_server(tmp_path / "data") as service, flight.FlightClient(service.location) as c:
@@ -147,7 +147,7 @@ def test_a_deeply_nested_expression_is_refused_instead_of_crashing_the_server(
     planning: a segmentation fault that ended ``flight-serve serve``. The server runs as its own
     process here, so a crash fails the test instead of ending pytest."""
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     proc = subprocess.Popen(
         [str(CLI), "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve.errors import PipelineSQLError
-from flight_serve.flight.roles import TlsFiles, load_tokens_file
+from flight_serve.flight.ops.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime
 from flight_serve.pipelines.pipeline import parse_pipeline

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from flight_serve.flight.roles import TlsFiles, load_tokens_file
+from flight_serve.flight.ops.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
 from helpers import KTV_COUNTS_SQL
 
@@ -67,7 +67,7 @@ def test_a_tokens_file_saved_with_a_byte_order_mark_keeps_its_first_token(tmp_pa
         "tok-a": (["read"], "first"),
         "tok-b": (["admin", "write"], "line 2"),
     }
-    from flight_serve.flight.auth import load_users_file
+    from flight_serve.flight.ops.auth import load_users_file
 
     users = tmp_path / "users.txt"
     users.write_bytes(b"\xef\xbb\xbfalice:s3cret\r\nbob:pw:with:colons\r\n")

@@ -30,7 +30,7 @@ against pyarrow 26 (``tests/integration/test_flight_streams.py::test_status_code
 is UNKNOWN too -- both are avoided here.)
 
 What a client sees: flight-serve's own message, then ``(request id <id>)`` (the call's
-``x-request-id``, :mod:`flight_serve.flight.requestlog`), never server internals. The failure is
+``x-request-id``, :mod:`flight_serve.flight.ops.requestlog`), never server internals. The failure is
 logged under the same ``request_id`` with its traceback (``exc`` in the JSON line).
 
 pyarrow appends ``". Detail: Python exception: Traceback ..."`` (the handler's frames and file

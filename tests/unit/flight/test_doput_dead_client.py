@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from flight_serve.flight.service import _PutPipeline
+from flight_serve.flight.doput import PutPipeline as _PutPipeline
 from flight_serve.store import StreamStore
 from flight_serve.store.streams import PendingAppend
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 from flight_serve.errors import QueryError, TicketError
-from flight_serve.flight.query import (
+from flight_serve.flight.sql.query import (
     execute,
     plain_schema,
     plan,
-    referenced_tables,
     split_batch,
     to_plain,
 )
+from flight_serve.flight.sql.statement import referenced_tables
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore
 from hypothesis import given

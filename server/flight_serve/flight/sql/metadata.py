@@ -12,7 +12,7 @@ Namespace: every stream is a table of type ``TABLE`` in catalog :data:`CATALOG` 
 and schema :data:`DB_SCHEMA` (``public``) -- the names of DataFusion's default catalog and schema,
 so the qualified names JDBC tools generate (``SELECT * FROM datafusion.public.flights``) resolve in
 every query path. Names are case-sensitive as stored; SQL lower-cases unquoted identifiers.
-The Iceberg tables of the server's embedded catalog (:mod:`flight_serve.flight.iceberg_tables`)
+The Iceberg tables of the server's embedded catalog (:mod:`flight_serve.flight.sql.catalog`)
 are tables of type ``TABLE`` in catalog ``datafusion`` and schema ``<namespace>``
 (``datafusion.ops.hourly_delays``): each one-level namespace is a schema next to ``public``.
 """

@@ -1,12 +1,13 @@
 """SQL statements for Flight SQL: queries with bound parameters, INSERT / CREATE TABLE / DROP TABLE
-against the stream store, and bulk ingest.
+against the stream store, and bulk ingest. Each method takes the request's
+:class:`~flight_serve.flight.sql.statement.Statement` (parsed once) rather than its text.
 
-Every stream is a table named after it (see :mod:`flight_serve.flight.query` for identifier
+Every stream is a table named after it (see :mod:`flight_serve.flight.sql.query` for identifier
 rules). Statement kinds, by their first keyword:
 
 - a **query** (``SELECT``, ``WITH``, ``VALUES``, ``EXPLAIN``, ``SHOW``, ...): planned and run by
   DataFusion, read-only, over the streams pinned at planning time (the snapshot rule of
-  :func:`flight_serve.flight.query.plan`).
+  :func:`flight_serve.flight.sql.query.plan`).
 - ``INSERT INTO t [(cols)] VALUES ... | SELECT ...``: DataFusion plans the INSERT (column list,
   defaults to NULL, casts to the table's types, NOT NULL checks) and runs its input; the rows
   are appended to stream ``t`` in batches of at most 4 MiB. The count is the rows appended.
@@ -36,7 +37,6 @@ Errors: a statement DataFusion cannot parse or plan is :class:`~flight_serve.err
 
 from __future__ import annotations
 
-import functools
 import itertools
 import queue
 import re
@@ -49,67 +49,37 @@ from typing import Any, Final, Literal
 import datafusion
 import pyarrow as pa
 import pyarrow.flight as flight
-import sqlglot
-from sqlglot import Token, TokenType, exp
+from sqlglot import exp
 
-from flight_serve.engine.sqlguard import check_sql, check_sql_size
+from flight_serve.engine.sqlguard import check_sql
 from flight_serve.errors import (
     AlreadyExistsError,
     QueryError,
     StreamNotFoundError,
     TicketError,
 )
-from flight_serve.flight.iceberg_tables import register_iceberg_tables
-from flight_serve.flight.limits import QueryLimits, Reservation
-from flight_serve.flight.query import (
+from flight_serve.flight.ops.limits import QueryLimits, Reservation
+from flight_serve.flight.sql.catalog import register_iceberg_tables
+from flight_serve.flight.sql.query import (
     MAX_RESULT_BATCH_BYTES,
     interruptible_batches,
     new_context,
     plain_schema,
-    referenced_tables,
     reserve_input,
     split_batch,
     to_plain,
 )
+from flight_serve.flight.sql.statement import Statement, StatementKind, table_name
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamInfo, StreamStore, check_batch, validate_stream_name
 
-__all__ = [
-    "UPDATE_COUNT_SCHEMA",
-    "IngestMode",
-    "PreparedInfo",
-    "SqlEngine",
-    "StatementKind",
-    "check_parameters",
-    "placeholder_names",
-    "rewrite_placeholders",
-    "statement_kind",
-]
+__all__ = ["UPDATE_COUNT_SCHEMA", "IngestMode", "PreparedInfo", "SqlEngine"]
 
 #: The result of a data-changing statement sent as a query: one row, the affected row count.
 UPDATE_COUNT_SCHEMA: Final = pa.schema([pa.field("count", pa.int64(), nullable=False)])
 
-StatementKind = Literal["query", "insert", "create", "drop"]
-
 #: A function the engine polls between batches; true once the client cancelled the call.
 IsCancelled = Callable[[], bool]
-
-_QUERY_WORDS: Final = frozenset(
-    {"SELECT", "WITH", "VALUES", "EXPLAIN", "SHOW", "DESCRIBE", "DESC", "TABLE", "("}
-)
-_REFUSED: Final = {
-    "UPDATE": "UPDATE is not supported: streams are append-only",
-    "DELETE": "DELETE is not supported: streams are append-only",
-    "MERGE": "MERGE is not supported: streams are append-only",
-    "TRUNCATE": "TRUNCATE is not supported: drop and re-create the table",
-    "ALTER": "ALTER is not supported: a stream's schema is fixed when it is created",
-    "COPY": "COPY is not supported over Flight SQL; use bulk ingest or DoPut",
-    "BEGIN": "transactions are not supported: every statement commits on its own",
-    "START": "transactions are not supported: every statement commits on its own",
-    "COMMIT": "transactions are not supported: every statement commits on its own",
-    "ROLLBACK": "transactions are not supported: every statement commits on its own",
-    "SET": "SET is not supported",
-}
 
 _MISSING_TABLE = re.compile(r"table '(?:datafusion\.public\.)?(.+?)' not found")
 _PLACEHOLDER = re.compile(
@@ -135,139 +105,6 @@ _DF_TYPES: Final[dict[str, pa.DataType]] = {
     "BinaryView": pa.binary(),
     "Date32": pa.date32(),
 }
-
-
-def _tokens(sql: str) -> list[Token] | None:
-    """sqlglot's tokens of ``sql`` (comments and whitespace dropped, string literals and quoted
-    identifiers one token each), or ``None`` when it cannot tokenize it (an unterminated
-    literal: DataFusion reports it)."""
-    try:
-        return list(sqlglot.tokenize(sql))
-    except sqlglot.errors.SqlglotError:
-        return None
-
-
-def rewrite_placeholders(sql: str) -> str:
-    """Return ``sql`` with each ``?`` outside literals, quoted identifiers and comments replaced by
-    ``$1``, ``$2``, ... in order (sqlglot's tokenizer finds them).
-
-    >>> rewrite_placeholders("SELECT '?', \\"a?\\" FROM t WHERE x = ? AND y > ? -- ?")
-    'SELECT \\'?\\', "a?" FROM t WHERE x = $1 AND y > $2 -- ?'
-    """
-    check_sql_size(sql)  # every statement passes here first, before sqlglot reads it
-    if "?" not in sql:
-        return sql  # nothing to rewrite: no need to tokenize
-    tokens = _tokens(sql)
-    if tokens is None:
-        return sql
-    pieces: list[str] = []
-    done = 0
-    counter = 0
-    for token in tokens:
-        if token.token_type == TokenType.PLACEHOLDER and token.text == "?":
-            counter += 1
-            pieces.append(sql[done : token.start])
-            pieces.append(f"${counter}")
-            done = token.end + 1
-    pieces.append(sql[done:])
-    return "".join(pieces)
-
-
-def placeholder_names(sql: str) -> list[str] | None:
-    """The placeholders of ``sql`` (after :func:`rewrite_placeholders`), each once, in the order
-    they bind: ``$1``, ``$2``, ... by number, then ``$name`` ones by name; ``None`` when sqlglot
-    cannot tokenize ``sql``.
-
-    >>> placeholder_names("SELECT $2, $1 + $2, $who FROM t WHERE s = '$3'")
-    ['1', '2', 'who']
-    """
-    if "$" not in sql:
-        return []
-    names = _placeholder_names(sql)
-    return None if names is None else list(names)
-
-
-@functools.lru_cache(maxsize=16)  # a statement is checked when bound, planned and run
-def _placeholder_names(sql: str) -> tuple[str, ...] | None:
-    tokens = _tokens(sql)
-    if tokens is None:
-        return None
-    names = {
-        token.text[1:]
-        for token in tokens
-        if token.token_type == TokenType.VAR and token.text.startswith("$") and token.text[1:]
-    }
-    return tuple(sorted(names, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n)))
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" + ("" if count == 1 else "s")
-
-
-def check_parameters(sql: str, params: pa.Table | None) -> None:
-    """Check that ``params`` (one column per parameter, one row per execution; ``None``: no
-    parameters) binds exactly the placeholders of ``sql`` (after :func:`rewrite_placeholders`):
-    as many columns as placeholders (for ``$n`` placeholders, as many as the highest ``n``).
-
-    Raises:
-        QueryError: naming both counts, e.g. "the statement has 1 placeholder; 2 parameters
-            were bound" -- extra values are never dropped silently.
-
-    >>> check_parameters("SELECT $1 AS a", pa.table({"0": [1], "1": [2]}))
-    Traceback (most recent call last):
-    ...
-    flight_serve.errors.QueryError: the statement has 1 placeholder; 2 parameters were bound
-    """
-    names = placeholder_names(sql)
-    if names is None:
-        return  # DataFusion reports what it makes of it
-    numbers = [int(n) for n in names if n.isdigit()]
-    expected = max([len(names), *numbers])
-    bound = 0 if params is None else params.num_columns
-    if bound != expected:
-        raise QueryError(
-            f"the statement has {_plural(expected, 'placeholder')}; "
-            f"{_plural(bound, 'parameter')} {'was' if bound == 1 else 'were'} bound"
-        )
-
-
-def _first_tokens(sql: str) -> list[Token] | None:
-    """The tokens of a prefix of ``sql`` that holds its first token whole (a prefix twice as long
-    each time, so a long statement is not tokenized whole for its first keyword)."""
-    size = 256
-    while size < len(sql):
-        tokens = _tokens(sql[:size])  # None: the prefix ends inside a comment or literal
-        if tokens and tokens[0].end < size - 1:
-            return tokens[:1]
-        size *= 2
-    return _tokens(sql)
-
-
-def statement_kind(sql: str) -> StatementKind:
-    """Classify ``sql`` by its first keyword (comments skipped, sqlglot's tokenizer).
-
-    >>> statement_kind("/* hi */ insert into t values (1)")
-    'insert'
-
-    Raises:
-        QueryError: an empty statement, or one flight-serve refuses (``UPDATE``, ``DELETE``,
-            transactions, ...; the message says why).
-    """
-    tokens = _first_tokens(sql)
-    if not tokens:
-        if not sql.strip() or tokens == []:
-            raise QueryError("empty SQL statement")
-        return "query"  # let DataFusion report what it makes of it
-    word = tokens[0].text.upper()
-    if word == "INSERT":
-        return "insert"
-    if word == "CREATE":
-        return "create"
-    if word == "DROP":
-        return "drop"
-    if word in _REFUSED:
-        raise QueryError(_REFUSED[word])
-    return "query"
 
 
 def _message(exc: BaseException) -> str:
@@ -318,35 +155,26 @@ def _check(is_cancelled: IsCancelled | None) -> None:
         raise flight.FlightCancelledError("the call was cancelled; the statement stopped")
 
 
-def _name_of(table: exp.Table) -> str:
-    identifier = table.this
-    name: str = identifier.name
-    quoted = isinstance(identifier, exp.Identifier) and identifier.quoted
-    return name if quoted else name.lower()
-
-
 _ROWS_TABLE: Final = "__flight_serve_parameter_rows"
 
 #: Batches a bulk load may read ahead of the thread that writes them to the store.
 _APPEND_QUEUE_BATCHES: Final = 4
 
 
-def _vectorized_insert(sql: str, params: pa.Table) -> tuple[str, pa.Table] | None:
+def _vectorized_insert(statement: Statement, params: pa.Table) -> tuple[Statement, pa.Table] | None:
     """Rewrite ``INSERT INTO t [(cols)] VALUES (<one row of placeholders and expressions>)``
     run once per parameter row into one ``INSERT INTO t [(cols)] SELECT <the row's expressions>
     FROM <the parameter rows>`` (placeholders become columns of that table), so N rows cost one
-    statement and one group commit. ``None`` when ``sql`` has another shape or names a
-    placeholder the parameters do not bind.
+    statement and one group commit. ``None`` when ``statement`` has another shape or names a
+    placeholder the parameters do not bind. The rewritten statement is built from the parsed
+    one's tree (not parsed again).
 
     >>> rows = pa.table({"0": [1, 2], "1": ["a", "b"]})
-    >>> _vectorized_insert("INSERT INTO t VALUES ($1, upper($2))", rows)[0]
+    >>> _vectorized_insert(Statement.parse("INSERT INTO t VALUES ($1, upper($2))"), rows)[0].sql
     'INSERT INTO t SELECT _1, UPPER(_2) FROM __flight_serve_parameter_rows'
     """
-    try:
-        statements = sqlglot.parse(sql)
-    except sqlglot.errors.SqlglotError:
-        return None
-    if len(statements) != 1 or not isinstance(statements[0], exp.Insert):
+    statements = statement.expressions
+    if statements is None or len(statements) != 1 or not isinstance(statements[0], exp.Insert):
         return None
     insert = statements[0]
     values = insert.expression
@@ -371,40 +199,11 @@ def _vectorized_insert(sql: str, params: pa.Table) -> tuple[str, pa.Table] | Non
         expressions = [e.copy().transform(column_of) for e in row.expressions]
     except LookupError:
         return None
-    select = exp.select(*expressions).from_(_ROWS_TABLE)
+    rows_table = exp.Table(this=exp.to_identifier(_ROWS_TABLE))  # a node: nothing to parse
+    select = exp.select(*expressions).from_(rows_table)
     rewritten = exp.Insert(this=insert.this.copy(), expression=select)
     renamed = params.rename_columns([f"_{i + 1}" for i in range(len(names))])
-    return rewritten.sql(), renamed
-
-
-def _refuse_iceberg_targets(sql: str) -> None:
-    """Refuse INSERT, CREATE TABLE and DROP TABLE of a two-part name other than ``public.x``:
-    that names an Iceberg table of the server's catalog, which SQL reads and only pipelines
-    write.
-
-    Raises:
-        QueryError: naming the table and how it is written.
-    """
-    try:
-        statements = [s for s in sqlglot.parse(sql) if s is not None]
-    except sqlglot.errors.SqlglotError:
-        return  # the statement's own handling reports it
-    for statement in statements:
-        targets: list[Any] = []
-        if isinstance(statement, exp.Insert | exp.Create):
-            target = statement.this
-            targets = [target.this if isinstance(target, exp.Schema) else target]
-        elif isinstance(statement, exp.Drop):
-            targets = list(statement.args.get("tables") or [statement.this])
-        for table in targets:
-            if not isinstance(table, exp.Table) or not table.db or table.db.lower() == "public":
-                continue
-            name = f"{table.db}.{table.name}"
-            raise QueryError(
-                f"{name} is an Iceberg table of the server's catalog (a two-part name): SQL "
-                f"reads it; a pipeline's iceberg sink writes it (CREATE SINK … WITH (connector "
-                f"= 'iceberg', table = '{name}')). Streams have one-part names"
-            )
+    return Statement.of_expression(rewritten), renamed
 
 
 @dataclass(frozen=True)
@@ -434,7 +233,7 @@ class SqlEngine:
         store: the streams (tables).
         max_batch_bytes: largest result batch sent (``RecordBatch.nbytes``), 4 MiB by default.
         limits: memory budget, statement timeout and DataFusion working memory for queries and
-            updates (:mod:`flight_serve.flight.query`, "Limits"); the service sets it.
+            updates (:mod:`flight_serve.flight.sql.query`, "Limits"); the service sets it.
     """
 
     def __init__(
@@ -450,8 +249,8 @@ class SqlEngine:
 
     # --- contexts ----------------------------------------------------------------------------
 
-    def _streams_for(self, sql: str) -> list[StreamInfo]:
-        wanted = referenced_tables(sql)
+    def _streams_for(self, statement: Statement) -> list[StreamInfo]:
+        wanted = statement.tables
         return [i for i in self.store.list_streams() if wanted is None or i.name in wanted]
 
     @staticmethod
@@ -460,12 +259,15 @@ class SqlEngine:
             batches = [pa.RecordBatch.from_pylist([], schema=info.schema)]
         ctx.register_record_batches(f'"{info.name}"', [batches])
 
-    def _schema_context(self, sql: str) -> tuple[datafusion.SessionContext, list[StreamInfo]]:
+    def _schema_context(
+        self, statement: Statement
+    ) -> tuple[datafusion.SessionContext, list[StreamInfo]]:
         ctx = new_context()  # the session settings the query runs with (time zone)
-        infos = self._streams_for(sql)
+        infos = self._streams_for(statement)
         for info in infos:
             self._register(ctx, info, [])
-        register_iceberg_tables(ctx, sql, self.store.data_dir, data=False)  # <namespace>.<table>
+        data_dir = self.store.data_dir
+        register_iceberg_tables(ctx, statement.iceberg_refs, data_dir, data=False)  # <ns>.<table>
         return ctx, infos
 
     def _data_context(
@@ -490,13 +292,14 @@ class SqlEngine:
             self._register(ctx, info, batches)
         return ctx
 
-    def _live_context(self, sql: str) -> datafusion.SessionContext:
-        """A context over the streams ``sql`` names as they are now (for data-changing
+    def _live_context(self, statement: Statement) -> datafusion.SessionContext:
+        """A context over the streams ``statement`` names as they are now (for data-changing
         statements, which run at once), with one partition so rows keep their order."""
-        infos = self._streams_for(sql)
+        infos = self._streams_for(statement)
         pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in infos]
         ctx = self._data_context(pins, ordered=True)
-        register_iceberg_tables(ctx, sql, self.store.data_dir, data=True)  # read, never written
+        data_dir = self.store.data_dir
+        register_iceberg_tables(ctx, statement.iceberg_refs, data_dir, data=True)  # never written
         return ctx
 
     @staticmethod
@@ -522,23 +325,23 @@ class SqlEngine:
 
     # --- prepare -----------------------------------------------------------------------------
 
-    def prepare(self, sql: str) -> PreparedInfo:
-        """Check ``sql`` and describe it (result schema, parameter schema) without running it.
+    def prepare(self, statement: Statement) -> PreparedInfo:
+        """Check ``statement`` and describe it (result schema, parameter schema) without
+        running it.
 
         Raises:
             QueryError: DataFusion cannot parse or plan it, or it is a refused statement.
             StreamNotFoundError: it reads or inserts into a table that does not exist.
         """
-        sql = rewrite_placeholders(sql)
-        kind = statement_kind(sql)
+        kind = statement.kind
         if kind != "query":
-            _refuse_iceberg_targets(sql)
+            statement.refuse_iceberg_targets()
         if kind == "create" or kind == "drop":
-            self._parse_ddl(sql, kind)
+            statement.ddl(kind)
             return PreparedInfo(kind, None, None)
-        ctx, _ = self._schema_context(sql)
-        df = self._dataframe(ctx, sql, _options(dml=kind == "insert"))
-        parameters = self._parameter_schema(df, sql)
+        ctx, _ = self._schema_context(statement)
+        df = self._dataframe(ctx, statement.sql, _options(dml=kind == "insert"))
+        parameters = self._parameter_schema(df, statement)
         dataset: pa.Schema | None = None
         if kind == "query":
             try:
@@ -549,11 +352,11 @@ class SqlEngine:
         return PreparedInfo(kind, dataset, parameters)
 
     @staticmethod
-    def _parameter_schema(df: Any, sql: str) -> pa.Schema | None:
-        """One field per placeholder of ``sql`` (every ``$1`` .. ``$n`` up to the highest, then
+    def _parameter_schema(df: Any, statement: Statement) -> pa.Schema | None:
+        """One field per placeholder of ``statement`` (every ``$1`` .. ``$n`` up to the highest, then
         the ``$name`` ones), typed as DataFusion infers it (``null`` where it infers none, or
         where the plan does not show the placeholder, as in a subquery)."""
-        names = placeholder_names(sql) or []
+        names = statement.placeholders or []
         highest = max([0, *(int(n) for n in names if n.isdigit())])
         order = [str(i) for i in range(1, highest + 1)] + [n for n in names if not n.isdigit()]
         if not order:
@@ -569,34 +372,36 @@ class SqlEngine:
                 types.setdefault(name, known)
         return pa.schema([pa.field(f"${n}", types.get(n, pa.null())) for n in order])
 
-    def required_role(self, sql: str) -> Literal["read", "write", "admin"]:
-        """The role (:mod:`flight_serve.flight.roles`) running ``sql`` needs: ``read`` for a
+    def required_role(self, statement: Statement) -> Literal["read", "write", "admin"]:
+        """The role (:mod:`flight_serve.flight.ops.roles`) running ``statement`` needs: ``read`` for a
         query, ``write`` for ``INSERT`` and ``CREATE TABLE``, ``admin`` for ``DROP TABLE`` and for
         ``CREATE OR REPLACE TABLE`` of a table that exists (both drop a stream).
 
         Raises:
             QueryError: a refused statement, or DDL that does not parse.
         """
-        kind = statement_kind(rewrite_placeholders(sql))
+        kind = statement.kind
         if kind == "query":
             return "read"
         if kind == "drop":
             return "admin"
         if kind == "create":
-            statement = self._parse_ddl(rewrite_placeholders(sql), "create")
-            target = statement.this
+            create = statement.ddl("create")
+            target = create.this
             table = target.this if isinstance(target, exp.Schema) else target
             if (
-                statement.args.get("replace")
+                create.args.get("replace")
                 and isinstance(table, exp.Table)
-                and self.store.exists(_name_of(table))
+                and self.store.exists(table_name(table))
             ):
                 return "admin"
         return "write"
 
     # --- queries -----------------------------------------------------------------------------
 
-    def plan_query(self, sql: str, params: pa.Table | None) -> tuple[pa.Schema, QueryTicket]:
+    def plan_query(
+        self, statement: Statement, params: pa.Table | None
+    ) -> tuple[pa.Schema, QueryTicket]:
         """Plan a query (placeholders rewritten) with the first parameter row bound; return the
         result schema (plain types) and a ticket pinning the streams it reads.
 
@@ -604,15 +409,14 @@ class SqlEngine:
             QueryError: ``params`` (when given) does not bind exactly the statement's
                 placeholders (:func:`check_parameters`), or DataFusion rejects the query.
         """
-        sql = rewrite_placeholders(sql)
         if params is not None:
-            check_parameters(sql, params)
-        ctx, infos = self._schema_context(sql)
+            statement.check_parameters(params)
+        ctx, infos = self._schema_context(statement)
         rows = _param_rows(params)
-        df = self._dataframe(ctx, sql, _options(), rows[0] if rows else None)
+        df = self._dataframe(ctx, statement.sql, _options(), rows[0] if rows else None)
         schema = self._schema(df)
         pins = tuple(StreamPin(i.name, i.incarnation, i.next_offset) for i in infos)
-        return schema, QueryTicket(sql, pins)
+        return schema, QueryTicket(statement.sql, pins)
 
     def open_query(
         self,
@@ -629,14 +433,13 @@ class SqlEngine:
             OverloadError: the memory budget has no room (UNAVAILABLE, retryable).
             QueryError: ``params`` does not bind exactly the query's placeholders.
         """
-        check_parameters(ticket.sql, params)
+        statement = Statement.parse(ticket.sql, placeholders=False)  # rewritten when planned
+        statement.check_parameters(params)
         started = time.monotonic()
-        reservation = reserve_input(
-            self.limits, self.store, ticket.pins, "this query", ticket.sql
-        )
+        reservation = reserve_input(self.limits, self.store, ticket.pins, "this query", statement)
         try:
             ctx = self._data_context(ticket.pins)
-            register_iceberg_tables(ctx, ticket.sql, self.store.data_dir, data=True)
+            register_iceberg_tables(ctx, statement.iceberg_refs, self.store.data_dir, data=True)
             rows = _param_rows(params)
             first = self._dataframe(ctx, ticket.sql, _options(), rows[0] if rows else None)
             schema = self._schema(first)
@@ -687,56 +490,56 @@ class SqlEngine:
 
     # --- updates -----------------------------------------------------------------------------
 
-    def update_schema(self, sql: str) -> pa.Schema:
-        """The schema a data-changing statement reports when sent as a query."""
-        return UPDATE_COUNT_SCHEMA
-
     def execute_update(
-        self, sql: str, params: pa.Table | None = None, is_cancelled: IsCancelled | None = None
+        self,
+        statement: Statement,
+        params: pa.Table | None = None,
+        is_cancelled: IsCancelled | None = None,
     ) -> int:
         """Run a data-changing statement (once per parameter row); return the rows it changed.
 
         Raises:
-            QueryError: ``sql`` is a query (use a query command), or DataFusion rejects it.
+            QueryError: ``statement`` is a query (use a query command), or DataFusion rejects
+                it.
             StreamNotFoundError: the target table does not exist.
             AlreadyExistsError: CREATE TABLE of an existing table without IF NOT EXISTS.
             QueryError: ``params`` does not bind exactly the statement's placeholders (both
                 counts named; :func:`check_parameters`).
         """
-        sql = rewrite_placeholders(sql)
-        kind = statement_kind(sql)
+        kind = statement.kind
         if kind == "query":
             raise QueryError("not an update: the statement returns rows; send it as a query")
-        check_parameters(sql, params)
-        _refuse_iceberg_targets(sql)
+        statement.check_parameters(params)
+        statement.refuse_iceberg_targets()
         if kind == "insert" and params is not None and params.num_rows > 1:
-            vectorized = _vectorized_insert(sql, params)
+            vectorized = _vectorized_insert(statement, params)
             if vectorized is not None:
                 return self._insert(vectorized[0], None, is_cancelled, vectorized[1])
         total = 0
         for values in _param_rows(params):
             _check(is_cancelled)
             if kind == "insert":
-                total += self._insert(sql, values, is_cancelled)
+                total += self._insert(statement, values, is_cancelled)
             elif kind == "create":
-                total += self._create(sql, values)
+                total += self._create(statement, values)
             else:
-                self._drop(sql)
+                self._drop(statement)
         return total
 
     def _insert(
         self,
-        sql: str,
+        statement: Statement,
         values: dict[str, Any] | None,
         is_cancelled: IsCancelled | None,
         rows_table: pa.Table | None = None,
     ) -> int:
         started = time.monotonic()
-        pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in self._streams_for(sql)]
-        reservation = reserve_input(self.limits, self.store, pins, "this INSERT", sql)
+        infos = self._streams_for(statement)
+        pins = [StreamPin(i.name, i.incarnation, i.next_offset) for i in infos]
+        reservation = reserve_input(self.limits, self.store, pins, "this INSERT", statement)
         try:
             return self._insert_reserved(
-                sql, values, is_cancelled, rows_table, started, reservation
+                statement, values, is_cancelled, rows_table, started, reservation
             )
         finally:
             if reservation is not None:
@@ -744,17 +547,17 @@ class SqlEngine:
 
     def _insert_reserved(
         self,
-        sql: str,
+        statement: Statement,
         values: dict[str, Any] | None,
         is_cancelled: IsCancelled | None,
         rows_table: pa.Table | None,
         started: float,
         reservation: Reservation | None = None,
     ) -> int:
-        ctx = self._live_context(sql)
+        ctx = self._live_context(statement)
         if rows_table is not None:
             ctx.register_record_batches(_ROWS_TABLE, [rows_table.to_batches()])
-        df = self._dataframe(ctx, sql, _options(dml=True), values)
+        df = self._dataframe(ctx, statement.sql, _options(dml=True), values)
         try:
             plan = df.logical_plan()
             dml = plan.to_variant()
@@ -829,37 +632,21 @@ class SqlEngine:
         ]
         return pa.RecordBatch.from_arrays(columns, names=schema.names)
 
-    @staticmethod
-    def _parse_ddl(sql: str, kind: StatementKind) -> exp.Expression:
-        try:
-            statements = [s for s in sqlglot.parse(sql) if s is not None]
-        except sqlglot.errors.SqlglotError as exc:
-            raise QueryError(f"cannot parse the statement: {exc}") from None
-        if len(statements) != 1:
-            raise QueryError("send one statement at a time")
-        statement = statements[0]
-        if kind == "create":
-            if not isinstance(statement, exp.Create) or str(statement.args.get("kind")) != "TABLE":
-                raise QueryError("only CREATE TABLE is supported")
-        elif not isinstance(statement, exp.Drop) or str(statement.args.get("kind")) != "TABLE":
-            raise QueryError("only DROP TABLE is supported")
-        return statement
-
-    def _create(self, sql: str, values: dict[str, Any] | None) -> int:
-        statement = self._parse_ddl(sql, "create")
-        target = statement.this
+    def _create(self, statement: Statement, values: dict[str, Any] | None) -> int:
+        create = statement.ddl("create")
+        target = create.this
         table = target.this if isinstance(target, exp.Schema) else target
         if not isinstance(table, exp.Table):
             raise QueryError("CREATE TABLE needs a table name")
-        name = validate_stream_name(_name_of(table))
-        replace = bool(statement.args.get("replace"))
+        name = validate_stream_name(table_name(table))
+        replace = bool(create.args.get("replace"))
         exists = self.store.exists(name)
-        if exists and statement.args.get("exists"):
+        if exists and create.args.get("exists"):
             return 0  # IF NOT EXISTS
         if exists and not replace:
             raise AlreadyExistsError(f"table {name!r} already exists")
-        ctx = self._live_context(sql)
-        self._dataframe(ctx, sql, _options(ddl=True), values)  # DDL runs as it is planned
+        ctx = self._live_context(statement)
+        self._dataframe(ctx, statement.sql, _options(ddl=True), values)  # DDL runs as planned
         try:
             created = ctx.table(f'"{name}"')
             schema = plain_schema(created.schema())
@@ -871,11 +658,11 @@ class SqlEngine:
         self.store.create(name, schema)
         return self._append_all(name, (_conform(b, schema) for b in batches))
 
-    def _drop(self, sql: str) -> None:
-        statement = self._parse_ddl(sql, "drop")
-        tables = statement.args.get("tables") or [statement.this]
-        if_exists = bool(statement.args.get("exists"))
-        names = [_name_of(t) for t in tables if isinstance(t, exp.Table)]
+    def _drop(self, statement: Statement) -> None:
+        drop = statement.ddl("drop")
+        tables = drop.args.get("tables") or [drop.this]
+        if_exists = bool(drop.args.get("exists"))
+        names = [table_name(t) for t in tables if isinstance(t, exp.Table)]
         for name in names:
             if not self.store.exists(name):
                 if if_exists:

@@ -17,7 +17,7 @@ start) for up to ``wait_s`` seconds, then fails UNAVAILABLE with a retry hint
 once with INVALID_ARGUMENT naming the budget (waiting would not help).
 
 :class:`QueryLimits` carries the budget, the statement timeout and the working memory DataFusion
-may use per query, to :mod:`flight_serve.flight.query` and :mod:`flight_serve.flight.flightsql_sql`.
+may use per query, to :mod:`flight_serve.flight.sql.query` and :mod:`flight_serve.flight.sql.engine`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Final
 import pyarrow.flight as flight
 
 from flight_serve.errors import InvalidInputError, OverloadError
-from flight_serve.flight.metrics import method_name
+from flight_serve.flight.ops.metrics import method_name
 from flight_serve.flight.status import to_flight_error
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Final
 
 import pyarrow.flight as flight
 
-from flight_serve.flight.metrics import method_name, status_code_of
+from flight_serve.flight.ops.metrics import method_name, status_code_of
 from flight_serve.flight.status import current_request_id, set_current_request_id
 
 __all__ = ["MIDDLEWARE_KEY", "REQUEST_ID_HEADER", "RequestLogMiddlewareFactory", "request_id_of"]

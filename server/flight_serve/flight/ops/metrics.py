@@ -21,7 +21,7 @@ Families (DESIGN §7, named by Prometheus conventions):
   ``flight_serve_pipeline_checkpoint_duration_seconds{pipeline}`` and
   ``flight_serve_pipeline_checkpoint_size_bytes{pipeline}`` (the last checkpoint's). A
   ``finished`` or ``cancelled`` pipeline has none of them (a ``failed`` one keeps them).
-- The memory budget (:class:`~flight_serve.flight.limits.MemoryBudget`, when the server has one):
+- The memory budget (:class:`~flight_serve.flight.ops.limits.MemoryBudget`, when the server has one):
   ``flight_serve_memory_budget_bytes``, ``flight_serve_memory_held_bytes{kind}`` (``query``,
   ``doput``, ``window_state``), ``flight_serve_memory_peak_held_bytes`` and
   ``flight_serve_memory_refused_total`` (requests refused UNAVAILABLE for want of room).
@@ -124,7 +124,7 @@ class PipelineSource(Protocol):
 
 
 class BudgetSource(Protocol):
-    """What the memory collector needs of a :class:`~flight_serve.flight.limits.MemoryBudget`."""
+    """What the memory collector needs of a :class:`~flight_serve.flight.ops.limits.MemoryBudget`."""
 
     limit_bytes: int
     peak_bytes: int

@@ -15,7 +15,7 @@ Queries are read-only: DDL (``CREATE ...``), DML (``INSERT``, ``COPY ... TO``) a
 cannot parse, plan or run; the message is DataFusion's own. Row order is defined only by
 ``ORDER BY``.
 
-Limits (:class:`~flight_serve.flight.limits.QueryLimits`): under a memory budget a query
+Limits (:class:`~flight_serve.flight.ops.limits.QueryLimits`): under a memory budget a query
 reserves the bytes of the streams it reads plus DataFusion's working memory before it loads
 them (waiting, then UNAVAILABLE), and DataFusion runs with a fair spill pool of that working
 size. DataFusion's stream is pulled on a worker thread (:func:`interruptible_batches`, through
@@ -45,13 +45,12 @@ from typing import Any, Final
 import datafusion
 import pyarrow as pa
 import pyarrow.flight as flight
-import sqlglot
-from sqlglot import exp
 
-from flight_serve.engine.sqlguard import check_sql, check_sql_size
+from flight_serve.engine.sqlguard import check_sql
 from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
-from flight_serve.flight.iceberg_tables import iceberg_input_bytes, register_iceberg_tables
-from flight_serve.flight.limits import QueryLimits, Reservation
+from flight_serve.flight.ops.limits import QueryLimits, Reservation
+from flight_serve.flight.sql.catalog import iceberg_input_bytes, register_iceberg_tables
+from flight_serve.flight.sql.statement import Statement
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore, plain_type, to_plain
 
@@ -63,7 +62,6 @@ __all__ = [
     "new_context",
     "plain_schema",
     "plan",
-    "referenced_tables",
     "reserve_input",
     "split_batch",
     "to_plain",
@@ -75,9 +73,6 @@ SESSION_TIME_ZONE: Final = "UTC"
 #: Upper bound on ``RecordBatch.nbytes`` of every batch a DoGet sends.
 MAX_RESULT_BATCH_BYTES = 4 * 1024 * 1024
 
-_DEFAULT_CATALOG = "datafusion"
-_DEFAULT_SCHEMA = "public"
-
 
 def _sql_options() -> datafusion.SQLOptions:
     return (
@@ -86,37 +81,6 @@ def _sql_options() -> datafusion.SQLOptions:
         .with_allow_dml(False)
         .with_allow_statements(False)
     )
-
-
-def referenced_tables(sql: str) -> set[str] | None:
-    """Return the table names ``sql`` reads, normalised as DataFusion resolves them (unquoted
-    names lower-cased), or ``None`` when sqlglot cannot parse it (then every stream is offered).
-
-    Names qualified with a schema or catalog other than DataFusion's defaults are left out.
-
-    >>> sorted(referenced_tables('SELECT * FROM Flights JOIN "Planes" p ON true'))
-    ['Planes', 'flights']
-    """
-    try:
-        statements = sqlglot.parse(sql)
-    except sqlglot.errors.SqlglotError:
-        return None
-    names: set[str] = set()
-    for statement in statements:
-        if statement is None:
-            continue
-        for table in statement.find_all(exp.Table):
-            identifier = table.this
-            if not isinstance(identifier, exp.Identifier):
-                continue
-            db, catalog = table.db, table.catalog
-            if db and db.lower() != _DEFAULT_SCHEMA:
-                continue
-            if catalog and catalog.lower() != _DEFAULT_CATALOG:
-                continue
-            name: str = identifier.name
-            names.add(name if identifier.quoted else name.lower())
-    return names
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:
@@ -195,11 +159,11 @@ def reserve_input(
     store: StreamStore,
     pins: Iterable[StreamPin],
     what: str,
-    sql: str | None = None,
+    statement: Statement | None = None,
 ) -> Reservation | None:
     """Reserve, in ``limits.budget``, the on-disk bytes of the streams ``pins`` name (what
-    loading them takes, about), the data-file bytes of the Iceberg tables ``sql`` names
-    (:func:`~flight_serve.flight.iceberg_tables.iceberg_input_bytes`), plus
+    loading them takes, about), the data-file bytes of the Iceberg tables ``statement`` names
+    (:func:`~flight_serve.flight.sql.catalog.iceberg_input_bytes`), plus
     ``limits.work_bytes``; ``None`` without a budget.
 
     Raises:
@@ -212,8 +176,8 @@ def reserve_input(
     for pin in pins:
         with contextlib.suppress(StreamNotFoundError):  # a stale ticket, reported later
             nbytes += store.info(pin.stream).num_bytes
-    if sql is not None:
-        nbytes += iceberg_input_bytes(sql, store.data_dir)
+    if statement is not None:
+        nbytes += iceberg_input_bytes(statement.iceberg_refs, store.data_dir)
     return limits.budget.reserve(nbytes, "query", what)
 
 
@@ -238,7 +202,7 @@ def interruptible_batches(
     on a worker thread at most two batches ahead, while this thread waits checking every
     ``limits.poll_s`` seconds for ``is_cancelled()`` and the statement timeout (counted from
     ``started``, a :func:`time.monotonic` value; default now). The worker holds
-    ``reservation`` (:meth:`~flight_serve.flight.limits.Reservation.hold`) while it runs: the
+    ``reservation`` (:meth:`~flight_serve.flight.ops.limits.Reservation.hold`) while it runs: the
     caller's ``release()`` takes effect only once DataFusion's work has really ended.
 
     DataFusion's stream is driven through its async API (``__anext__``) on an event loop of the
@@ -368,13 +332,13 @@ def plan(sql: str, store: StreamStore) -> tuple[pa.Schema, QueryTicket]:
     """
     if not sql.strip():
         raise QueryError("empty SQL query")
-    check_sql_size(sql)  # before sqlglot reads it
-    wanted = referenced_tables(sql)
+    statement = Statement.parse(sql, placeholders=False)  # checks the size before sqlglot
+    wanted = statement.tables
     infos = [info for info in store.list_streams() if wanted is None or info.name in wanted]
     ctx = _new_context()
     for info in infos:
         _register(ctx, info.name, info.schema, [])  # planning needs schemas only
-    register_iceberg_tables(ctx, sql, store.data_dir, data=False)  # <namespace>.<table>
+    register_iceberg_tables(ctx, statement.iceberg_refs, store.data_dir, data=False)
     schema = plain_schema(_schema_of(_dataframe(ctx, sql)))
     pins = tuple(StreamPin(i.name, i.incarnation, i.next_offset) for i in infos)
     return schema, QueryTicket(sql, pins)
@@ -403,7 +367,8 @@ def execute(
             client cancels / the statement timeout passes.
     """
     started = time.monotonic()
-    reservation = reserve_input(limits, store, ticket.pins, "this query", ticket.sql)
+    statement = Statement.parse(ticket.sql, placeholders=False)
+    reservation = reserve_input(limits, store, ticket.pins, "this query", statement)
     try:
         ctx = new_context(limits)
         for pin in ticket.pins:
@@ -420,7 +385,8 @@ def execute(
                     "longer exists (dropped or re-created); plan the query again"
                 ) from None
             _register(ctx, pin.stream, info.schema, batches)
-        register_iceberg_tables(ctx, ticket.sql, store.data_dir, data=True)  # current snapshots
+        refs = statement.iceberg_refs
+        register_iceberg_tables(ctx, refs, store.data_dir, data=True)  # current snapshots
         df = _dataframe(ctx, ticket.sql)
         schema = plain_schema(_schema_of(df))
     except BaseException:

@@ -20,14 +20,13 @@ in SQL (and listed by :func:`iceberg_namespaces` / :func:`iceberg_tables`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import datafusion
 import pyarrow as pa
-import sqlglot
 from datafusion.catalog import Schema
-from sqlglot import exp
 
 from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
 from flight_serve.errors import QueryError
@@ -35,46 +34,11 @@ from flight_serve.errors import QueryError
 __all__ = [
     "iceberg_input_bytes",
     "iceberg_namespaces",
-    "iceberg_references",
     "iceberg_tables",
     "register_iceberg_tables",
 ]
 
 _DEFAULT_SCHEMA = "public"
-_CATALOG = "datafusion"  # DataFusion's default catalog: the one Flight SQL lists
-
-
-def iceberg_references(sql: str) -> list[tuple[str, str]]:
-    """``(namespace, table)`` of each two-part table name ``sql`` reads (``public.x`` excluded:
-    that is DataFusion's default schema), as DataFusion resolves them (unquoted parts
-    lower-cased). Unparseable SQL: none.
-
-    >>> iceberg_references('SELECT * FROM ops.hourly h JOIN flights f ON true')
-    [('ops', 'hourly')]
-    """
-    try:
-        statements = sqlglot.parse(sql)
-    except sqlglot.errors.SqlglotError:
-        return []
-    found: list[tuple[str, str]] = []
-    for statement in statements:
-        if statement is None:
-            continue
-        for table in statement.find_all(exp.Table):
-            db = table.args.get("db")
-            if not isinstance(table.this, exp.Identifier) or not isinstance(db, exp.Identifier):
-                continue
-            catalog = table.args.get("catalog")
-            if catalog is not None and not (
-                isinstance(catalog, exp.Identifier)
-                and (catalog.name if catalog.quoted else catalog.name.lower()) == _CATALOG
-            ):
-                continue
-            namespace = db.name if db.quoted else db.name.lower()
-            name = table.this.name if table.this.quoted else table.this.name.lower()
-            if namespace != _DEFAULT_SCHEMA and (namespace, name) not in found:
-                found.append((namespace, name))
-    return found
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:
@@ -89,15 +53,20 @@ def _plain(schema: pa.Schema) -> pa.Schema:
 
 
 def register_iceberg_tables(
-    ctx: datafusion.SessionContext, sql: str, data_dir: Path, *, data: bool
+    ctx: datafusion.SessionContext,
+    refs: Sequence[tuple[str, str]],
+    data_dir: Path,
+    *,
+    data: bool,
 ) -> list[str]:
-    """Register the Iceberg tables ``sql`` names in ``ctx`` as ``<namespace>.<table>``: their
-    schemas only (``data=False``) or their current snapshot's rows. Returns the names registered.
+    """Register the Iceberg tables ``refs`` names (``(namespace, table)``, a statement's
+    :attr:`~flight_serve.flight.sql.statement.Statement.iceberg_refs`) in ``ctx`` as
+    ``<namespace>.<table>``: their schemas only (``data=False``) or their current snapshot's
+    rows. Returns the names registered.
 
     Raises:
         QueryError: a table exists but cannot be read (pyiceberg's message).
     """
-    refs = iceberg_references(sql)
     if not refs or not (Path(data_dir) / "iceberg" / "catalog.db").exists():
         return []
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -180,16 +149,15 @@ def iceberg_tables(data_dir: Path, *, with_schemas: bool) -> list[tuple[str, str
     return found
 
 
-def iceberg_input_bytes(sql: str, data_dir: Path) -> int:
+def iceberg_input_bytes(refs: Sequence[tuple[str, str]], data_dir: Path) -> int:
     """The data-file bytes (the current snapshot summary's ``total-files-size``) of the Iceberg
-    tables ``sql`` names: what a query reserves in the memory budget for them, as it reserves a
+    tables ``refs`` names (``(namespace, table)``): what a query reserves in the memory budget for them, as it reserves a
     stream's on-disk bytes. A name the catalog does not hold, or a table without a snapshot,
     counts 0.
 
     Raises:
         QueryError: a table exists but its metadata cannot be read (pyiceberg's message).
     """
-    refs = iceberg_references(sql)
     catalog = _embedded_catalog(data_dir) if refs else None
     if catalog is None:
         return 0

@@ -52,16 +52,11 @@ from google.protobuf.message import DecodeError, Message
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve._proto.flight_serve.v1 import flightsql_pb2
 from flight_serve.errors import InvalidInputError, TicketError, UnsupportedError
-from flight_serve.flight import flightsql_metadata as md
-from flight_serve.flight.flightsql_sql import (
-    UPDATE_COUNT_SCHEMA,
-    IngestMode,
-    SqlEngine,
-    check_parameters,
-    rewrite_placeholders,
-)
-from flight_serve.flight.iceberg_tables import iceberg_namespaces, iceberg_tables
-from flight_serve.flight.roles import require_role
+from flight_serve.flight.ops.roles import require_role
+from flight_serve.flight.sql import metadata as md
+from flight_serve.flight.sql.catalog import iceberg_namespaces, iceberg_tables
+from flight_serve.flight.sql.engine import UPDATE_COUNT_SCHEMA, IngestMode, SqlEngine
+from flight_serve.flight.sql.statement import Statement
 from flight_serve.flight.status import to_flight_error
 from flight_serve.flight.tickets import QueryTicket, decode_ticket, encode_ticket
 from flight_serve.store import StreamStore
@@ -248,7 +243,7 @@ class FlightSqlHandler:
     stream maps its own). :meth:`register_actions` adds the Flight SQL actions to the service.
 
     Args:
-        store: the streams; each is a table (see :mod:`flight_serve.flight.flightsql_metadata`).
+        store: the streams; each is a table (see :mod:`flight_serve.flight.sql.metadata`).
     """
 
     def __init__(self, store: StreamStore) -> None:
@@ -308,10 +303,11 @@ class FlightSqlHandler:
         return self._metadata_schema(command)
 
     def _statement_schema(self, sql: str, params: pa.Table | None) -> pa.Schema:
-        info = self.engine.prepare(sql)
+        statement = Statement.parse(sql)
+        info = self.engine.prepare(statement)
         if info.kind != "query":
             return UPDATE_COUNT_SCHEMA
-        schema, _ = self.engine.plan_query(sql, params)
+        schema, _ = self.engine.plan_query(statement, params)
         return schema
 
     def _plan_statement(
@@ -324,15 +320,16 @@ class FlightSqlHandler:
             prepared = self._decode_prepared(command.prepared_statement_handle)
             sql, params_bytes = prepared.sql, prepared.parameters
         params = _read_ipc_stream(params_bytes)
-        info = self.engine.prepare(sql)
+        statement = Statement.parse(sql)
+        info = self.engine.prepare(statement)
         handle = flightsql_pb2.SqlStatementHandle(version=HANDLE_VERSION)
         if info.kind != "query":
-            role = self.engine.required_role(sql)
+            role = self.engine.required_role(statement)
             require_role(context, role, f"Flight SQL {info.kind.upper()} (sent as a query)")
-            count = self.engine.execute_update(sql, params)
+            count = self.engine.execute_update(statement, params)
             handle.update_count.record_count = count
             return UPDATE_COUNT_SCHEMA, handle.SerializeToString(), 1
-        schema, ticket = self.engine.plan_query(sql, params)
+        schema, ticket = self.engine.plan_query(statement, params)
         handle.query.ticket = encode_ticket(ticket)
         handle.query.parameters = params_bytes
         return schema, handle.SerializeToString(), -1
@@ -466,23 +463,25 @@ class FlightSqlHandler:
         """Run an update, bind parameters, or bulk-ingest; write one PutResult."""
         if isinstance(command, sql_pb2.CommandStatementUpdate):
             _no_transaction(command)
-            self._require_update_role(context, command.query)
-            count = self.engine.execute_update(command.query, None, context.is_cancelled)
+            statement = Statement.parse(command.query)
+            self._require_update_role(context, statement)
+            count = self.engine.execute_update(statement, None, context.is_cancelled)
             self._write_count(writer, count)
         elif isinstance(command, sql_pb2.CommandPreparedStatementUpdate):
             prepared = self._decode_prepared(command.prepared_statement_handle)
-            self._require_update_role(context, prepared.sql)
+            statement = Statement.parse(prepared.sql)
+            self._require_update_role(context, statement)
             params = _read_parameters(reader)
             if params is None:
                 params = _read_ipc_stream(prepared.parameters)
-            count = self.engine.execute_update(prepared.sql, params, context.is_cancelled)
+            count = self.engine.execute_update(statement, params, context.is_cancelled)
             self._write_count(writer, count)
         elif isinstance(command, sql_pb2.CommandPreparedStatementQuery):
             require_role(context, "read", "Flight SQL binding a prepared query's parameters")
             prepared = self._decode_prepared(command.prepared_statement_handle)
             params = _read_parameters(reader)
-            if params is not None:  # refused when bound, not only when run
-                check_parameters(rewrite_placeholders(prepared.sql), params)
+            if params is not None:  # refused when bound, not only when run (nothing parsed)
+                Statement.parse(prepared.sql).check_parameters(params)
             prepared.parameters = _ipc_stream(params) if params is not None else b""
             result = sql_pb2.DoPutPreparedStatementResult(
                 prepared_statement_handle=prepared.SerializeToString()
@@ -494,8 +493,8 @@ class FlightSqlHandler:
         else:
             raise self._unsupported(command, "DoPut")
 
-    def _require_update_role(self, context: flight.ServerCallContext, sql: str) -> None:
-        role = self.engine.required_role(sql)
+    def _require_update_role(self, context: flight.ServerCallContext, statement: Statement) -> None:
+        role = self.engine.required_role(statement)
         require_role(context, role, "a Flight SQL query" if role == "read" else "this statement")
 
     @staticmethod
@@ -560,7 +559,7 @@ class FlightSqlHandler:
 
     def _create_prepared(self, request: Any) -> bytes:
         _no_transaction(request)
-        info = self.engine.prepare(request.query)
+        info = self.engine.prepare(Statement.parse(request.query))
         handle = flightsql_pb2.SqlPreparedStatement(version=HANDLE_VERSION, sql=request.query)
         result = sql_pb2.ActionCreatePreparedStatementResult(
             prepared_statement_handle=handle.SerializeToString()

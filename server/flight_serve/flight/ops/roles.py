@@ -29,7 +29,7 @@ A call without credentials, or with a token that is not in the file, fails UNAUT
 known token without the role the call needs fails UNAUTHORIZED (gRPC PERMISSION_DENIED), naming
 the role. Handshake and ListActions need only a known token.
 
-With ``users_auth`` (a :class:`~flight_serve.flight.auth.BasicBearerAuth` over a users file),
+With ``users_auth`` (a :class:`~flight_serve.flight.ops.auth.BasicBearerAuth` over a users file),
 the Basic handshake works too, and the users' bearer tokens have every role.
 """
 
@@ -45,8 +45,8 @@ from typing import Any, Final, Literal
 import pyarrow.flight as flight
 
 from flight_serve.errors import InvalidInputError
-from flight_serve.flight.auth import BasicBearerAuth
-from flight_serve.flight.metrics import method_name
+from flight_serve.flight.ops.auth import BasicBearerAuth
+from flight_serve.flight.ops.metrics import method_name
 from flight_serve.flight.status import with_request_id
 
 __all__ = [
@@ -247,7 +247,7 @@ class RoleAuth(flight.ServerMiddlewareFactory):
 
 
 class UsersAndTokensAuth(BasicBearerAuth):
-    """:class:`~flight_serve.flight.auth.BasicBearerAuth` over a users file that also lets
+    """:class:`~flight_serve.flight.ops.auth.BasicBearerAuth` over a users file that also lets
     through the bearer tokens of a tokens file (their roles are :class:`RoleAuth`'s to check),
     for a server started with both files."""
 

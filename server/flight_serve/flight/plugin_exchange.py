@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flight_serve.errors import InvalidInputError
-from flight_serve.flight.roles import require_role
+from flight_serve.flight.ops.roles import require_role
 from flight_serve.pipelines.plugins import (
     PROTOCOL_VERSION,
     PluginDeclaration,
