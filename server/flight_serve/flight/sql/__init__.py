@@ -1,1 +1,2 @@
-"""Arrow Flight SQL: the protobuf dispatcher, one parsed statement per request, the engine over streams and Iceberg tables."""
+"""Arrow Flight SQL and SQL over streams: the protobuf dispatcher (handler), one parsed
+statement per request (statement), the engine over streams and Iceberg tables."""
