@@ -105,12 +105,48 @@ pub async fn serve_plugin<F, A>(
     input_schema: SchemaRef,
     output_schema: SchemaRef,
     max_in_flight: u32,
-    mut transform: F,
-    mut on_attached: A,
+    transform: F,
+    on_attached: A,
 ) -> Result<PluginStats>
 where
     F: FnMut(&RecordBatch) -> Result<RecordBatch>,
     A: FnMut(i64),
+{
+    let never = futures::future::pending::<()>();
+    serve_plugin_until(
+        location,
+        name,
+        input_schema,
+        output_schema,
+        max_in_flight,
+        transform,
+        on_attached,
+        never,
+    )
+    .await
+}
+
+/// [`serve_plugin`] that also leaves cleanly when `stop` completes (e.g. on SIGTERM): it
+/// finishes writing, so the server ends the call without an error and gives the batches not yet
+/// answered to another instance (or keeps them until one attaches).
+///
+/// # Errors
+/// Those of [`serve_plugin`].
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_plugin_until<F, A, S>(
+    location: &str,
+    name: &str,
+    input_schema: SchemaRef,
+    output_schema: SchemaRef,
+    max_in_flight: u32,
+    mut transform: F,
+    mut on_attached: A,
+    stop: S,
+) -> Result<PluginStats>
+where
+    F: FnMut(&RecordBatch) -> Result<RecordBatch>,
+    A: FnMut(i64),
+    S: std::future::Future<Output = ()>,
 {
     let channel = connect_channel(location).await?;
     let mut client = FlightClient::new(channel);
@@ -136,7 +172,14 @@ where
     let mut frames = Frames::new(response.into_inner());
     let mut stats = PluginStats::default();
     let mut failure: Option<Error> = None;
-    while let Some(frame) = frames.next().await {
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let frame = tokio::select! {
+            biased;
+            _ = &mut stop => break,
+            frame = frames.next() => frame,
+        };
+        let Some(frame) = frame else { break };
         match frame? {
             Frame::Schema => {}
             Frame::Metadata(raw) => {

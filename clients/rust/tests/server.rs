@@ -543,3 +543,43 @@ async fn put_csv_example_streams_nycflights13() {
     );
     let _ = Array::len(result.batches[0].column(0).as_ref());
 }
+
+/// SIGTERM: the Rust plugin finishes writing, so the server ends its call without an error.
+#[tokio::test]
+async fn a_rust_plugin_leaves_cleanly_on_sigterm() {
+    let server = Server::start();
+    let mut plugin = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_double_plugin"))
+            .arg(&server.location)
+            .arg("double"),
+    );
+    let attached = tokio::task::spawn_blocking(move || {
+        let line = plugin.line();
+        (plugin, line)
+    });
+    let (mut plugin, line) = tokio::time::timeout(Duration::from_secs(30), attached)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(line.starts_with("attached "), "{line:?}\n{}", server.log());
+    let pid = plugin.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let (plugin, status, last) = tokio::task::spawn_blocking(move || {
+        let status = plugin.child.wait().unwrap();
+        let last = plugin.line();
+        (plugin, status, last)
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(last, "answered 0 batches");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let log = server.log();
+    assert!(!log.contains("its call was cancelled"), "{log}");
+    assert!(!log.contains("\"code\": \"INVALID_ARGUMENT\""), "{log}");
+    drop(plugin);
+}

@@ -6,13 +6,14 @@
 //! Use it from a pipeline with
 //! `CREATE FUNCTION double() RETURNS TABLE (k VARCHAR, t TIMESTAMP(0), v2 BIGINT)
 //! WITH (connector = 'plugin');`. Prints `attached <instance>` once the server accepted it and
-//! `answered <n> batches` when the server ends the call.
+//! `answered <n> batches` when the call ends. SIGTERM or Ctrl-C leaves cleanly (the server gives
+//! the batches not yet answered to another instance).
 
 use std::sync::Arc;
 
 use arrow_array::{Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use flight_serve_client::plugin::serve_plugin;
+use flight_serve_client::plugin::serve_plugin_until;
 use flight_serve_client::Error;
 
 fn schema(value: &str) -> Arc<Schema> {
@@ -43,7 +44,15 @@ async fn main() {
     let server = args.next().unwrap_or_else(|| "grpc://127.0.0.1:8815".into());
     let name = args.next().unwrap_or_else(|| "double".into());
     let out = schema("v2");
-    let result = serve_plugin(
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+    let stop = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let result = serve_plugin_until(
         &server,
         &name,
         schema("v"),
@@ -51,6 +60,7 @@ async fn main() {
         8,
         |batch| double(batch, &out),
         |instance| println!("attached {instance}"),
+        stop,
     )
     .await;
     match result {
