@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo stream-example test bench lint typecheck unit integration proto clean
+.PHONY: demo stream-example test bench lint typecheck unit integration proto clean rust-test
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -46,9 +46,24 @@ $(VENV)/.stamp-jdbc: | $(BIN)/activate
 	else echo "no mvn/java: the JDBC driver test will be skipped"; fi
 	touch $@
 
-## make test: set up, lint, type-check, check the import layers, run every test.
+## make test: set up, lint, type-check, check the import layers, run every test (Python, then
+## the Rust client's against a live server).
 test: $(VENV)/.stamp-test $(VENV)/.stamp-jdbc lint typecheck
 	$(PY) -m pytest -q
+	$(MAKE) rust-test
+
+# The Rust client (clients/rust): cargo from PATH or rustup's ~/.cargo/bin (its registry cache
+# there is reused, never removed); the build goes to clients/rust/target (git-ignored). The
+# tests start servers with this venv's Python.
+CARGO      ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
+RUST_JOBS  ?= 2
+RUST_TARGET := $(CURDIR)/clients/rust/target
+
+## make rust-test: build and test the Rust client (cargo test) against servers from the venv.
+rust-test: $(VENV)/.stamp-test
+	@test -x "$(CARGO)" || { echo "cargo not found: install Rust with rustup (https://rustup.rs), 1.88 or newer"; exit 1; }
+	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) CARGO_BUILD_JOBS=$(RUST_JOBS) \
+	  FLIGHT_SERVE_PYTHON=$(abspath $(PY)) $(CARGO) test --locked -- --test-threads=2
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .

@@ -22,13 +22,35 @@ from flight_serve.flight.markers import Marker
 from flight_serve.flight.ops.limits import MemoryBudget, Reservation
 from flight_serve.store import PendingAppend, StreamStore
 
-__all__ = ["PutPipeline"]
+__all__ = ["PutPipeline", "encode_put_error", "encode_put_result"]
 
 
 def _marker_ack(offset: int, marker: Marker) -> dict[str, Any]:
     if marker.end_of_input:
         return {"offset": offset, "rows": 0, "end_of_input": True}
     return {"offset": offset, "rows": 0, "watermark_ns": marker.watermark_ns}
+
+
+def encode_put_result(offset: int, rows: int, marker: Marker | None = None) -> bytes:
+    """The app_metadata of the PutResult for a durable entry (schemas/README.md, "Streams"):
+    UTF-8 JSON ``{"offset": int, "rows": int}`` for a batch of ``rows`` rows; for a marker
+    ``{"offset": int, "rows": 0, "watermark_ns": int}`` or ``{..., "end_of_input": true}``.
+
+    >>> encode_put_result(3, 10)
+    b'{"offset": 3, "rows": 10}'
+    """
+    result = {"offset": offset, "rows": rows} if marker is None else _marker_ack(offset, marker)
+    return json.dumps(result).encode()
+
+
+def encode_put_error(message: str) -> bytes:
+    """The app_metadata of the last PutResult of a DoPut whose batch could not be stored:
+    ``{"error": <message>}`` (the call then ends with the error's status).
+
+    >>> encode_put_error("disk full")
+    b'{"error": "disk full"}'
+    """
+    return json.dumps({"error": message}).encode()
 
 
 #: Batches DoPut's reading thread may queue ahead of the one writing them to the store.
@@ -120,7 +142,7 @@ class PutPipeline:
     def _report(self, exc: BaseException) -> None:
         """Send the PutResult ``{"error": <message>}`` (nothing if sending fails too)."""
         with contextlib.suppress(Exception):
-            self._writer.write(pa.py_buffer(json.dumps({"error": str(exc)}).encode()))
+            self._writer.write(pa.py_buffer(encode_put_error(str(exc))))
 
     def _write(self) -> None:
         last: PendingAppend | None = None  # the call's batches land as a prefix of what it sent
@@ -172,13 +194,8 @@ class PutPipeline:
                     held.release()  # durable on disk (or failed): no longer held in memory
             if failed:
                 continue
-            result = (
-                {"offset": offset, "rows": pending.rows}
-                if marker is None
-                else _marker_ack(offset, marker)
-            )
             try:
-                self._writer.write(pa.py_buffer(json.dumps(result).encode()))
+                self._writer.write(pa.py_buffer(encode_put_result(offset, pending.rows, marker)))
             except BaseException as exc:
                 failed = True
                 self._fail(exc)

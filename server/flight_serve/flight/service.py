@@ -389,8 +389,8 @@ class FlightServeService(flight.FlightServerBase):
     ) -> flight.FlightDataStream:
         """Stream what ``ticket`` names: a query result, a stream offset range, or a live tail.
 
-        Every batch is at most 4 MiB (``RecordBatch.nbytes``). Tail batches carry app_metadata
-        JSON ``{"offset": <int>}``; a stored batch above 4 MiB arrives as ``n`` consecutive
+        Every batch is at most 3 MiB (``RecordBatch.nbytes``). Tail batches carry app_metadata
+        JSON ``{"offset": <int>}``; a stored batch above 3 MiB arrives as ``n`` consecutive
         pieces with the same offset, each also carrying ``"piece": i, "pieces": n`` (``i`` from
         0). A tail ends when the stream is dropped, the client cancels, or the server shuts
         down.

@@ -10,7 +10,7 @@ rules). Statement kinds, by their first keyword:
   :func:`flight_serve.flight.sql.query.plan`).
 - ``INSERT INTO t [(cols)] VALUES ... | SELECT ...``: DataFusion plans the INSERT (column list,
   defaults to NULL, casts to the table's types, NOT NULL checks) and runs its input; the rows
-  are appended to stream ``t`` in batches of at most 4 MiB. The count is the rows appended.
+  are appended to stream ``t`` in batches of at most 3 MiB. The count is the rows appended.
 - ``CREATE TABLE [IF NOT EXISTS] t (col type, ...)`` / ``CREATE [OR REPLACE] TABLE t AS
   SELECT ...``: creates stream ``t`` (empty, or holding the query's rows). Count: rows written.
 - ``DROP TABLE [IF EXISTS] t [, ...]``: drops the streams. Count: 0.
@@ -231,7 +231,7 @@ class SqlEngine:
 
     Args:
         store: the streams (tables).
-        max_batch_bytes: largest result batch sent (``RecordBatch.nbytes``), 4 MiB by default.
+        max_batch_bytes: largest result batch sent (``RecordBatch.nbytes``), 3 MiB by default.
         limits: memory budget, statement timeout and DataFusion working memory for queries and
             updates (:mod:`flight_serve.flight.sql.query`, "Limits"); the service sets it.
     """

@@ -25,8 +25,9 @@ DEADLINE_EXCEEDED) and the worker cancels the batch in progress, which drops Dat
 even inside a blocking operator (sort, aggregate, join build). Its memory reservation is held
 until the worker really ends.
 
-Results are sent as record batches of at most :data:`MAX_RESULT_BATCH_BYTES` (4 MiB,
-``RecordBatch.nbytes``; a single row larger than that is sent alone), with view types
+Results are sent as record batches of at most :data:`MAX_RESULT_BATCH_BYTES` (3 MiB,
+``RecordBatch.nbytes``, so that each message with its IPC framing fits the 4 MiB a gRPC client
+receives by default; a single row larger than that is sent alone), with view types
 (``string_view``, ``binary_view``, ``list_view``, ``large_list_view``) converted to their plain
 counterparts in both the announced schema and the batches, so every Flight client can read them.
 """
@@ -70,8 +71,11 @@ __all__ = [
 #: The session time zone of every SQL context (``datafusion.execution.time_zone``).
 SESSION_TIME_ZONE: Final = "UTC"
 
-#: Upper bound on ``RecordBatch.nbytes`` of every batch a DoGet sends.
-MAX_RESULT_BATCH_BYTES = 4 * 1024 * 1024
+#: Upper bound on ``RecordBatch.nbytes`` of every batch a DoGet sends: 3 MiB, so each message
+#: (the batch's IPC body plus its header and padding) stays below the 4 MiB that gRPC clients
+#: receive by default (tonic refused a 4 MiB piece: "decoded message length too large: found
+#: 4194521 bytes, the limit is: 4194304 bytes"; grpc-java and grpc-go have the same default).
+MAX_RESULT_BATCH_BYTES = 3 * 1024 * 1024
 
 
 def _sql_options() -> datafusion.SQLOptions:
