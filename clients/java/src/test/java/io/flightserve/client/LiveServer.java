@@ -74,6 +74,8 @@ final class LiveServer implements AutoCloseable {
       process.destroyForcibly();
       throw new IllegalStateException("flight-serve did not start: " + Files.readString(log));
     }
+    // a JVM that dies (a surefire timeout) still stops the server it started, by its pid
+    Runtime.getRuntime().addShutdownHook(new Thread(process.toHandle()::destroy));
     return new LiveServer(process, location.strip(), log);
   }
 
