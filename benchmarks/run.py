@@ -4,7 +4,8 @@ Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by defau
 ``session``, ``bytewax`` (the tumbling job in Bytewax), ``coldstart`` (``flight-serve run``
 time to first row vs the bare imports), ``checkpoints`` (a checkpoint every second vs none) and
 ``restore`` (1 M open windows from a checkpoint), ``flightsql_fetch`` / ``flightsql_ingest``
-(the ADBC Flight SQL driver vs plain Flight); all run by default. ``--repeat N`` sets the
+(the ADBC Flight SQL driver vs plain Flight), ``doget_java`` (10 M rows into the Java client vs
+the Python client); all run by default. ``--repeat N`` sets the
 runs per side (median reported); ``--json PATH`` also writes every measurement as JSON.
 """
 
@@ -28,6 +29,7 @@ from benchmarks import (
     flight_io,
     flightsql,
     iceberg,
+    java_client,
     plugins,
     remote,
     sync_lag,
@@ -53,6 +55,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "sync_lag": sync_lag.sync_lag,
     "plugins": plugins.plugins,
     "remote_sink": remote.remote_sink,
+    "doget_java": java_client.doget_java,
 }
 
 

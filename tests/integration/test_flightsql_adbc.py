@@ -225,6 +225,28 @@ def test_the_parameter_schema_lists_every_placeholder_a_statement_binds(
         assert cur.fetchall() == [(2,)]
 
 
+def test_the_parameter_schema_types_timestamps_decimals_and_casts(
+    server: FlightServeService,
+) -> None:
+    """arrow-java's JDBC driver binds into a vector of the parameter schema's type (a null one
+    takes no value), so timestamps, decimals and cast placeholders need their types; it writes
+    epoch milliseconds into a timestamp vector of any unit, so timestamps are announced in ms."""
+    with connect(server) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE typed (ts TIMESTAMP, tsz TIMESTAMP WITH TIME ZONE, m DECIMAL(10, 3))")
+        for sql, fields in (
+            (
+                "INSERT INTO typed VALUES (?, ?, ?)",
+                [("$1", pa.timestamp("ms")), ("$2", pa.timestamp("ms", "UTC")), ("$3", pa.decimal128(10, 3))],
+            ),
+            ("SELECT m FROM typed WHERE tsz > ?", [("$1", pa.timestamp("ms", "UTC"))]),
+            (
+                "SELECT CAST(? AS DATE) AS d, CAST(? AS DECIMAL(5, 2)) AS m",
+                [("$1", pa.date32()), ("$2", pa.decimal128(5, 2))],
+            ),
+        ):
+            assert cur.adbc_prepare(sql) == pa.schema(fields), sql
+
+
 def test_executemany_inserts_every_parameter_row_in_order(server: FlightServeService) -> None:
     rows = [(1000 - i, f"r{i}") for i in range(2500)]
     with connect(server) as conn, conn.cursor() as cur:

@@ -37,7 +37,9 @@ VENV = Path(sys.prefix)
 NOT_RUN = {
     "make demo": "builds .venv and downloads from PyPI; the rest of the README runs in this one",
     "scrape_configs:": "a Prometheus configuration, not a command",
-    "jdbc:arrow-flight-sql://": "a JDBC URL for a Java tool",
+    "jdbc:arrow-flight-sql://127.0.0.1": "a JDBC URL for a Java tool",
+    "jdbc:arrow-flight-sql://localhost": "JDBC URLs with TLS; clients/java's JdbcAuthTlsTest runs them",
+    "try (FlightServeClient client": "Java; clients/java's FlightServeClientTest makes the same calls",
     "server/flight_serve/": "the source layout, not code",
 }
 

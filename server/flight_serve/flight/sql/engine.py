@@ -82,9 +82,21 @@ UPDATE_COUNT_SCHEMA: Final = pa.schema([pa.field("count", pa.int64(), nullable=F
 IsCancelled = Callable[[], bool]
 
 _MISSING_TABLE = re.compile(r"table '(?:datafusion\.public\.)?(.+?)' not found")
+# A DataFusion type in a plan's repr: a parametrised timestamp or decimal, or a plain name.
+_DF_TYPE = r'(Timestamp\(\w+, (?:None|Some\("[^"]*"\))\)|Decimal128\(\d+, -?\d+\)|\w+)'
 _PLACEHOLDER = re.compile(
-    r'Placeholder \{ id: "\$([^"]+)", field: (?:Some\(Field \{ name: "[^"]*", data_type: (\w+)|None)'
+    r'Placeholder \{ id: "\$([^"]+)", field: (?:Some\(Field \{ name: "[^"]*", data_type: '
+    + _DF_TYPE
+    + "|None)"
 )
+# An untyped placeholder cast to a type (``CAST(? AS DATE)``) takes the cast's type, as the
+# JDBC driver needs a typed parameter vector to bind into.
+_CAST_PLACEHOLDER = re.compile(
+    r'Cast \{ expr: Placeholder\(Placeholder \{ id: "\$([^"]+)", field: None \}\), '
+    r'(?:field: Field \{ name: "[^"]*", )?data_type: ' + _DF_TYPE
+)
+_TIMESTAMP_TYPE = re.compile(r'Timestamp\(\w+, (?:None|Some\("([^"]*)"\))\)')
+_DECIMAL_TYPE = re.compile(r"Decimal128\((\d+), (-?\d+)\)")
 _DF_TYPES: Final[dict[str, pa.DataType]] = {
     "Boolean": pa.bool_(),
     "Int8": pa.int8(),
@@ -105,6 +117,20 @@ _DF_TYPES: Final[dict[str, pa.DataType]] = {
     "BinaryView": pa.binary(),
     "Date32": pa.date32(),
 }
+
+
+def _arrow_type(df_type: str) -> pa.DataType | None:
+    """The Arrow type of a DataFusion type as a plan prints it (``Int64``,
+    ``Timestamp(Microsecond, Some("UTC"))``, ``Decimal128(10, 3)``), ``None`` for another; a
+    timestamp of any unit is announced in milliseconds, with its zone."""
+    if (timestamp := _TIMESTAMP_TYPE.fullmatch(df_type)) is not None:
+        # Milliseconds whatever the column's unit: arrow-java's JDBC driver (18.3) writes a
+        # java.sql.Timestamp's epoch milliseconds into the vector of the announced unit as they
+        # are. DataFusion casts the bound value to the column's unit.
+        return pa.timestamp("ms", timestamp.group(1))
+    if (decimal := _DECIMAL_TYPE.fullmatch(df_type)) is not None:
+        return pa.decimal128(int(decimal.group(1)), int(decimal.group(2)))
+    return _DF_TYPES.get(df_type)
 
 
 def _message(exc: BaseException) -> str:
@@ -366,8 +392,8 @@ class SqlEngine:
         except Exception:
             plan = ""
         types: dict[str, pa.DataType] = {}
-        for name, df_type in _PLACEHOLDER.findall(plan):
-            known = _DF_TYPES.get(df_type) if df_type else None
+        for name, df_type in [*_PLACEHOLDER.findall(plan), *_CAST_PLACEHOLDER.findall(plan)]:
+            known = _arrow_type(df_type) if df_type else None
             if known is not None:
                 types.setdefault(name, known)
         return pa.schema([pa.field(f"${n}", types.get(n, pa.null())) for n in order])
