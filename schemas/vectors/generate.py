@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 from flight_serve.flight.doput import encode_put_error, encode_put_result
 from flight_serve.flight.markers import Marker
-from flight_serve.flight.plugins import _json as plugin_json
+from flight_serve.flight.plugin_exchange import _json as plugin_json
 from flight_serve.flight.tickets import (
     AnyTicket,
     QueryTicket,

@@ -18,8 +18,8 @@ import pytest
 from flight_serve._proto.flight_serve.v1 import ticket_pb2
 from flight_serve.flight.doput import encode_put_error, encode_put_result
 from flight_serve.flight.markers import Marker
-from flight_serve.flight.plugins import _json as plugin_json
-from flight_serve.flight.plugins import _metadata as plugin_metadata
+from flight_serve.flight.plugin_exchange import _json as plugin_json
+from flight_serve.flight.plugin_exchange import _metadata as plugin_metadata
 from flight_serve.flight.tickets import decode_ticket, encode_ticket
 from flight_serve.pipelines.plugins import PluginDeclaration
 from flight_serve_client.plugin import hello_message
