@@ -40,6 +40,8 @@ NOT_RUN = {
     "jdbc:arrow-flight-sql://127.0.0.1": "a JDBC URL for a Java tool",
     "jdbc:arrow-flight-sql://localhost": "JDBC URLs with TLS; clients/java's JdbcAuthTlsTest runs them",
     "try (FlightServeClient client": "Java; clients/java's FlightServeClientTest makes the same calls",
+    "cd clients/rust": "cargo examples against a running server; make rust-test runs the crate's tests",
+    "let mut client = flight_serve_client::Client": "Rust; clients/rust/tests/server.rs makes the same calls",
     "server/flight_serve/": "the source layout, not code",
 }
 
