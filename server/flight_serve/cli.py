@@ -160,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
         "free one)",
     )
     serve.add_argument(
+        "--console-port",
+        type=int,
+        default=None,
+        help="port of the web console (default: the Flight port + 3; 0 picks a free one)",
+    )
+    serve.add_argument(
+        "--no-console", action="store_true", help="do not serve the web console"
+    )
+    serve.add_argument(
         "--drain-timeout",
         type=_seconds,
         default=30.0,
@@ -810,6 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flight-serve`` console script; returns the process exit code."""
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        from flight_serve.console import start_console
         from flight_serve.flight.server import serve_forever
 
         return serve_forever(
@@ -831,6 +841,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_batch_bytes=args.max_batch_bytes,
             memory_wait_s=args.memory_wait,
             statement_timeout_s=args.statement_timeout,
+            console_port=args.console_port,
+            start_console=None if args.no_console else start_console,
         )
     if args.command == "demo" and args.sync:
         from flight_serve.sync_demo import run_sync_demo

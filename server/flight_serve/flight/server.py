@@ -213,6 +213,7 @@ def start_server(
 
             manager = PipelineManager(store, Path(data_dir), plugins=service.plugins)
             register_pipeline_actions(service, manager)
+            service.pipeline_manager = manager
             if service.memory_budget is not None:
                 service.memory_budget.state_bytes = _window_state_bytes(manager)
             if metrics is not None:
@@ -279,6 +280,8 @@ def serve_forever(
     memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
     statement_timeout_s: float | None = None,
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    console_port: int | None = None,
+    start_console: Callable[..., Any] | None = None,
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
@@ -309,6 +312,11 @@ def serve_forever(
     ``statement_timeout_s`` are :mod:`flight_serve.flight.limits`' and
     :mod:`flight_serve.flight.query`'s limits (``None``: none); a DoPut batch above
     ``max_batch_bytes`` (``RecordBatch.nbytes``) is INVALID_ARGUMENT.
+
+    With ``start_console`` (:func:`flight_serve.console.start_console`, passed in by the CLI:
+    the console sits above this package) the web console listens on ``console_port``
+    (``None``: the Flight port + 3, or a free port when ``port`` is 0) with the server's tokens,
+    users and TLS; the ``listening`` line gives its ``console_url``.
     """
     configure_json_logging()
     tokens = None
@@ -350,6 +358,7 @@ def serve_forever(
 
     previous: dict[signal.Signals, Any] = {}
     health: HealthServer | None = None
+    console: Any = None
     watchdog: threading.Timer | None = None
     metrics = Metrics()
     budget = None
@@ -382,12 +391,23 @@ def serve_forever(
             if metrics_port is None:
                 metrics_port = service.port + 2 if port else 0
             metrics.serve_http(host, metrics_port)
+            if start_console is not None:
+                if console_port is None:
+                    console_port = service.port + 3 if port else 0
+                console = start_console(
+                    service, host, console_port, tokens=tokens, users=users, tls=tls
+                )
             log.info(
                 "listening",
                 extra={
                     "location": service.location,
                     "health_port": health.port,
                     "metrics_port": metrics.http_port,
+                    **(
+                        {"console_port": console.port, "console_url": console.url}
+                        if console is not None
+                        else {}
+                    ),
                     "data_dir": str(data_dir),
                     "fsync": fsync,
                 },
@@ -402,6 +422,9 @@ def serve_forever(
                     except FlightServeError:
                         log.exception("retention failed")
             health.set_draining()  # NOT_SERVING while pipelines checkpoint and calls drain
+            if console is not None:  # before the store and the pipelines close
+                console.stop()
+                console = None
             log.info(
                 "shutting down",
                 extra={
@@ -419,6 +442,8 @@ def serve_forever(
     finally:
         if watchdog is not None:
             watchdog.cancel()
+        if console is not None:
+            console.stop()
         if health is not None:
             health.stop()
         metrics.stop()

@@ -1,0 +1,146 @@
+"""A ring buffer of pipeline status samples, fed by a sampling thread (the console's plots).
+
+Every ``interval_s`` (1 s) the :class:`Sampler` reads each running pipeline's public status
+(:meth:`~flight_serve.console.source.ConsoleSource.status`) and keeps, per pipeline, the last
+``keep`` samples (3600: an hour at 1 s) of::
+
+    {"t": unix seconds, "watermark_lag_s": float | None, "rows_in": int,
+     "rows_per_s": float | None, "open_panes": int, "late_rows": int, "epoch": int | None}
+
+``rows_per_s`` is the rows read since the previous sample over the time between them; the
+status's counters are those of the last checkpoint, so with a 1 s checkpoint interval the rate
+moves in steps of about a second. Each new checkpoint seen (a new epoch in ``last_checkpoint``)
+is also kept, the last ``keep_checkpoints`` (200): the checkpoint history.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from flight_serve.console.source import ConsoleSource
+from flight_serve.errors import FlightServeError
+
+__all__ = ["Sampler"]
+
+log = logging.getLogger("flight_serve.console")
+
+
+class Sampler:
+    """Samples of every running pipeline (see the module docstring).
+
+    Args:
+        source: what the console reads.
+        interval_s: seconds between samples.
+        keep: samples kept per pipeline.
+        keep_checkpoints: checkpoints kept per pipeline.
+    """
+
+    def __init__(
+        self,
+        source: ConsoleSource,
+        interval_s: float = 1.0,
+        keep: int = 3600,
+        keep_checkpoints: int = 200,
+    ) -> None:
+        self.source = source
+        self.interval_s = interval_s
+        self.keep = keep
+        self.keep_checkpoints = keep_checkpoints
+        self._samples: dict[str, deque[dict[str, Any]]] = {}
+        self._checkpoints: dict[str, deque[dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="flight-serve-console-sampler",
+                                        daemon=True)  # fmt: skip
+
+    def start(self) -> None:
+        """Start the sampling thread (a first sample is taken at once)."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the sampling thread (waits for it)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.sample_once()
+            except Exception:  # never let a sampling error end the console's plots
+                log.exception("console sampler failed")
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def sample_once(self, now: float | None = None) -> None:
+        """Take one sample of every running pipeline (and note new checkpoints of all)."""
+        for entry in self.source.pipelines():
+            pid = str(entry["id"])
+            try:
+                status = self.source.status(pid)
+            except FlightServeError:
+                continue
+            self._note_checkpoint(pid, status.get("last_checkpoint"))
+            if status.get("state") != "running":
+                continue
+            t = time.time() if now is None else now
+            rows_in = int(status.get("rows_in") or 0)
+            with self._lock:
+                ring = self._samples.setdefault(pid, deque(maxlen=self.keep))
+                previous = ring[-1] if ring else None
+                rate = None
+                if previous is not None and t > previous["t"]:
+                    rate = round(max(rows_in - previous["rows_in"], 0) / (t - previous["t"]), 3)
+                ring.append({
+                    "t": round(t, 3),
+                    "watermark_lag_s": status.get("watermark_lag_s"),
+                    "rows_in": rows_in,
+                    "rows_per_s": rate,
+                    "open_panes": int(status.get("open_panes") or 0),
+                    "late_rows": sum(int(v) for v in (status.get("late_rows") or {}).values()),
+                    "epoch": (status.get("last_checkpoint") or {}).get("epoch"),
+                })  # fmt: skip
+
+    def _note_checkpoint(self, pid: str, checkpoint: dict[str, Any] | None) -> None:
+        if not checkpoint or checkpoint.get("epoch") is None:
+            return
+        with self._lock:
+            ring = self._checkpoints.setdefault(pid, deque(maxlen=self.keep_checkpoints))
+            if ring and ring[-1]["epoch"] == checkpoint["epoch"]:
+                return
+            ring.append({
+                "epoch": checkpoint["epoch"],
+                "taken_at": checkpoint.get("taken_at"),
+                "duration_ms": checkpoint.get("duration_ms"),
+                "bytes": checkpoint.get("bytes"),
+            })  # fmt: skip
+
+    def samples(self, pid: str, since: float | None = None) -> list[dict[str, Any]]:
+        """``pid``'s samples, oldest first (those after unix time ``since`` when given)."""
+        with self._lock:
+            ring = list(self._samples.get(pid, ()))
+        return ring if since is None else [s for s in ring if s["t"] > since]
+
+    def rate(self, pid: str, window_s: float = 5.0) -> float | None:
+        """Rows read per second over the last ``window_s`` seconds of samples (``None``
+        before two samples)."""
+        with self._lock:
+            ring = list(self._samples.get(pid, ()))
+        if len(ring) < 2:
+            return None
+        last = ring[-1]
+        first = next((s for s in ring if s["t"] >= last["t"] - window_s), ring[0])
+        if first is last:
+            first = ring[-2]
+        dt = last["t"] - first["t"]
+        return round(max(last["rows_in"] - first["rows_in"], 0) / dt, 3) if dt > 0 else None
+
+    def checkpoints(self, pid: str) -> list[dict[str, Any]]:
+        """The checkpoints seen of ``pid``, newest first: ``{epoch, taken_at, duration_ms,
+        bytes}``."""
+        with self._lock:
+            return list(reversed(self._checkpoints.get(pid, ())))
