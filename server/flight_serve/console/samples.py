@@ -7,9 +7,10 @@ Every ``interval_s`` (1 s) the :class:`Sampler` reads each running pipeline's pu
     {"t": unix seconds, "watermark_lag_s": float | None, "rows_in": int,
      "rows_per_s": float | None, "open_panes": int, "late_rows": int, "epoch": int | None}
 
-``rows_per_s`` is the rows read since the previous sample over the time between them; the
-status's counters are those of the last checkpoint, so with a 1 s checkpoint interval the rate
-moves in steps of about a second. Each new checkpoint seen (a new epoch in ``last_checkpoint``)
+The status's counters are those of the last checkpoint, so ``rows_per_s`` is the rows read
+between the last two checkpoints over the time between them (``taken_at``); it drops to 0 once
+no checkpoint came for three sampling intervals plus the last gap between checkpoints (a
+pipeline with nothing to read does not checkpoint). Each new checkpoint seen (a new epoch in ``last_checkpoint``)
 is also kept, the last ``keep_checkpoints`` (200): the checkpoint history.
 """
 
@@ -19,6 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
+from datetime import datetime
 from typing import Any
 
 from flight_serve.console.source import ConsoleSource
@@ -52,6 +54,8 @@ class Sampler:
         self.keep_checkpoints = keep_checkpoints
         self._samples: dict[str, deque[dict[str, Any]]] = {}
         self._checkpoints: dict[str, deque[dict[str, Any]]] = {}
+        #: per pipeline: the last checkpoint's epoch, time, rows_in, the rate and the gap to it
+        self._last: dict[str, tuple[Any, float, int, float | None, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="flight-serve-console-sampler",
@@ -89,12 +93,9 @@ class Sampler:
                 continue
             t = time.time() if now is None else now
             rows_in = int(status.get("rows_in") or 0)
+            rate = self._rate_of(pid, status, rows_in, t)
             with self._lock:
                 ring = self._samples.setdefault(pid, deque(maxlen=self.keep))
-                previous = ring[-1] if ring else None
-                rate = None
-                if previous is not None and t > previous["t"]:
-                    rate = round(max(rows_in - previous["rows_in"], 0) / (t - previous["t"]), 3)
                 ring.append({
                     "t": round(t, 3),
                     "watermark_lag_s": status.get("watermark_lag_s"),
@@ -104,6 +105,29 @@ class Sampler:
                     "late_rows": sum(int(v) for v in (status.get("late_rows") or {}).values()),
                     "epoch": (status.get("last_checkpoint") or {}).get("epoch"),
                 })  # fmt: skip
+
+    def _rate_of(self, pid: str, status: dict[str, Any], rows_in: int, now: float) -> float | None:
+        """Rows per second between the last two checkpoints (see the module docstring)."""
+        checkpoint = status.get("last_checkpoint") or {}
+        epoch, taken = checkpoint.get("epoch"), checkpoint.get("taken_at")
+        if epoch is None or not taken:
+            return None
+        try:
+            at = datetime.fromisoformat(str(taken)).timestamp()
+        except ValueError:
+            return None
+        last = self._last.get(pid)
+        if last is None or last[0] != epoch:
+            rate = None
+            if last is not None and at > last[1]:
+                rate = round(max(rows_in - last[2], 0) / (at - last[1]), 3)
+            gap = at - last[1] if last is not None else self.interval_s
+            self._last[pid] = (epoch, at, rows_in, rate, gap)
+            return rate
+        _, at, _, rate, gap = last
+        if now - at > 3 * self.interval_s + gap:
+            return 0.0
+        return rate
 
     def _note_checkpoint(self, pid: str, checkpoint: dict[str, Any] | None) -> None:
         if not checkpoint or checkpoint.get("epoch") is None:
@@ -125,19 +149,11 @@ class Sampler:
             ring = list(self._samples.get(pid, ()))
         return ring if since is None else [s for s in ring if s["t"] > since]
 
-    def rate(self, pid: str, window_s: float = 5.0) -> float | None:
-        """Rows read per second over the last ``window_s`` seconds of samples (``None``
-        before two samples)."""
+    def rate(self, pid: str) -> float | None:
+        """The last sample's ``rows_per_s`` (``None`` before a rate is known)."""
         with self._lock:
-            ring = list(self._samples.get(pid, ()))
-        if len(ring) < 2:
-            return None
-        last = ring[-1]
-        first = next((s for s in ring if s["t"] >= last["t"] - window_s), ring[0])
-        if first is last:
-            first = ring[-2]
-        dt = last["t"] - first["t"]
-        return round(max(last["rows_in"] - first["rows_in"], 0) / dt, 3) if dt > 0 else None
+            ring = self._samples.get(pid)
+            return ring[-1]["rows_per_s"] if ring else None
 
     def checkpoints(self, pid: str) -> list[dict[str, Any]]:
         """The checkpoints seen of ``pid``, newest first: ``{epoch, taken_at, duration_ms,

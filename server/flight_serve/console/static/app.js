@@ -186,14 +186,14 @@ function graphView(graph) {
       ].filter(Boolean).join(" · ")))))));
 }
 
-function plot(title, id, label, color) {
+function plot(title, id, label, color, integers) {
   const box = el("div", { class: "plot", id });
   if (typeof uPlot === "undefined") { box.append(el("p", { class: "error" }, "plot library missing: run make console-assets")); return { box, update() {} }; }
   const u = new uPlot({
     title, width: 420, height: 200,
     series: [{}, { label, stroke: color, width: 2, fill: color + "22" }],
-    axes: [{}, { size: 60 }],
-    scales: { x: { time: true } },
+    axes: [{}, integers ? { size: 60, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 1e5, 1e6] } : { size: 60 }],
+    scales: { x: { time: true }, y: integers !== undefined ? { range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)] } : {} },
   }, [[], []], box);
   plots.push(u);
   return { box, u, update(xs, ys) { u.setData([xs, ys]); box.dataset.points = String(xs.length); box.dataset.last = ys.length ? String(ys[ys.length - 1]) : ""; } };
@@ -204,8 +204,8 @@ async function pipelinePage(pid) {
   const who = await api("/whoami");
   const admin = who.roles.includes("admin");
   const lag = plot("Watermark lag (s)", "plot-lag", "lag s", "#2a62d8");
-  const thr = plot("Throughput (rows/s)", "plot-throughput", "rows/s", "#237a3b");
-  const panes = plot("Open windows", "plot-panes", "open panes", "#a05a00");
+  const thr = plot("Throughput (rows/s)", "plot-throughput", "rows/s", "#237a3b", false);
+  const panes = plot("Open windows", "plot-panes", "open panes", "#a05a00", true);
   const message = el("span", { id: "action-message" });
   const act = (what) => async () => {
     message.textContent = what + "…";
@@ -241,7 +241,7 @@ async function pipelinePage(pid) {
       card("waiting for", s.waiting || "-", "card-waiting"));
     if (s.last_error) cards.append(card("last error", s.last_error, "card-error"));
     partitions.replaceChildren(d.partitions.length
-      ? sortableTable([{ key: "stream", title: "Stream" }, { key: "writer", title: "Writer" },
+      ? sortableTable([{ key: "stream", title: "Stream" }, { key: "writer", title: "Writer", render: (r) => r.writer || "(unnamed)" },
         { key: "watermark", title: "Watermark", render: (r) => date(r.watermark) },
         { key: "last_offset", title: "Last offset", num: true }, { key: "ended", title: "Ended", render: (r) => r.ended ? "yes" : "no" }],
         d.partitions.map((p) => Object.assign({ id: p.stream + "/" + p.writer }, p)), { id: "partitions-table" })
@@ -280,7 +280,7 @@ async function streamsPage() {
     { key: "bytes", title: "Bytes", num: true, render: (r) => bytes(r.bytes) },
     { key: "first_offset", title: "First offset", num: true }, { key: "next_offset", title: "Next offset", num: true },
     { key: "writers", title: "Writers (pipeline)", sort: (r) => r.writers.length,
-      render: (r) => r.writers.map((w) => w.name + (w.pipeline ? " (" + w.pipeline + ")" : "")).join(", ") || "-" },
+      render: (r) => r.writers.map((w) => (w.name || "(unnamed)") + (w.pipeline ? " (" + w.pipeline + ")" : "")).join(", ") || "-" },
     { key: "created_at", title: "Created", render: (r) => date(r.created_at) },
   ];
   const table = sortableTable(columns, data.streams, { id: "streams" });
@@ -299,7 +299,7 @@ async function streamPage(name) {
     el("div", { class: "two" },
       el("div", {}, el("h2", {}, "Schema"), resultTable([{ name: "column" }, { name: "type" }, { name: "nullable" }],
         s.schema.map((f) => [f.name, f.type, f.nullable ? "yes" : "no"]), "schema")),
-      el("div", {}, el("h2", {}, "Writers"), sortableTable([{ key: "name", title: "Writer" }, { key: "pipeline", title: "Pipeline" },
+      el("div", {}, el("h2", {}, "Writers"), sortableTable([{ key: "name", title: "Writer", render: (r) => r.name || "(unnamed)" }, { key: "pipeline", title: "Pipeline" },
         { key: "watermark", title: "Watermark", render: (r) => date(r.watermark) }, { key: "last_offset", title: "Last offset", num: true },
         { key: "ended", title: "Ended", render: (r) => r.ended ? "yes" : "no" }], s.writers.map((w) => Object.assign({ id: w.name }, w)), { id: "writers" }))),
     el("h2", {}, "Newest rows (live)"), rows);
