@@ -1,6 +1,7 @@
 """The ``flight-serve`` command line: ``serve`` (the daemon), ``demo`` (the main job), ``run`` and
 ``explain`` (pipeline SQL files, embedded), ``submit`` and ``pipelines`` (pipelines on a server),
-``data`` (write a data set to a file).
+``data`` (write a data set to a file), ``streams`` and ``query`` (a server's streams:
+:mod:`flight_serve.cli_streams`).
 
 Sub-commands import their implementation lazily so ``flight-serve --help`` stays fast.
 """
@@ -325,12 +326,27 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
     for flag, what in (("--tls-cert", "certificate"), ("--tls-key", "private key")):
         server.add_argument(flag, type=Path, default=None, help=_TLS_CLIENT_HELP.format(what=what))
-    server.add_argument("--json", action="store_true", help="print the raw JSON result")
+    pipeline_json = argparse.ArgumentParser(add_help=False)
+    pipeline_json.add_argument("--json", action="store_true", help="print the raw JSON result")
     commands = manage.add_subparsers(dest="what", required=True, metavar="COMMAND")
     for name, what, needs_id in _PIPELINE_COMMANDS:
-        command = _sub(commands, name, help=what, parents=[server])
+        command = _sub(commands, name, help=what, parents=[server, pipeline_json])
         if needs_id:
             command.add_argument("id", help="the pipeline id (flight-serve pipelines list)")
+        if name == "logs":
+            command.add_argument("--follow", "-f", action="store_true",
+                                 help="go on printing new lines until the pipeline ends")  # fmt: skip
+        if name in ("logs", "top"):
+            command.add_argument("--interval", type=_seconds, default=1.0, metavar="SECONDS",
+                                 help="seconds between refreshes (default 1)")  # fmt: skip
+        if name == "top":
+            command.add_argument("--iterations", type=_at_least_one, default=None, metavar="N",
+                                 help="stop after N refreshes (default: until Ctrl+C)")  # fmt: skip
+
+    from flight_serve.cli_streams import add_query_command, add_stream_commands
+
+    add_stream_commands(sub, server, _sub)
+    add_query_command(sub, server, _sub)
 
     data = _sub(sub, "data", help="write a bundled data set to a file for pipelines to read")
     data.add_argument(
@@ -347,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``flight-serve pipelines <command>``: name, help, whether it takes a pipeline id.
 _PIPELINE_COMMANDS = (
     ("list", "list the server's pipelines: id, state, last checkpoint, name", False),
+    ("top", "a live table of every pipeline: state, watermark, lag, rows/s, late rows", False),
     ("status", "a pipeline's state, progress, watermarks and metrics", True),
     ("logs", "a pipeline's recent log lines", True),
     ("checkpoint", "take a checkpoint now and wait for it", True),
@@ -694,6 +711,19 @@ def _submit(args: argparse.Namespace) -> int:
 def _pipelines(args: argparse.Namespace) -> int:
     import json
 
+    if args.what == "top" or (args.what == "logs" and args.follow):
+        from flight_serve.cli_streams import follow_logs, pipelines_top
+
+        def act(action: str, body: dict[str, Any]) -> Any:
+            return _action(
+                args.server, action, body, args.user, args.tls_ca, (args.tls_cert, args.tls_key)
+            )
+
+        try:
+            return pipelines_top(args, act) if args.what == "top" else follow_logs(args, act)
+        except RuntimeError as exc:
+            print(f"flight-serve: {exc}", file=sys.stderr)
+            return 1
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
     try:
         result = _action(
@@ -863,6 +893,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _submit(args)
     if args.command == "pipelines":
         return _pipelines(args)
+    if args.command in ("streams", "query"):
+        from flight_serve.cli_streams import run
+
+        return run(args)
     raise AssertionError(args.command)  # argparse enforces the choices
 
 
