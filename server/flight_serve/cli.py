@@ -276,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="--sync: months of 2013 to append, 1 to 12 (default 12)",
     )
 
+    demo.add_argument(
+        "--month-pause",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="--sync: wait this long after each month (to watch the web console's plots; "
+        "make demo uses 1)",
+    )
+
     run = _sub(sub, "run", help="run a pipeline SQL file in this process (no daemon)")
     run.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     run.add_argument(
@@ -877,7 +886,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo" and args.sync:
         from flight_serve.sync_demo import run_sync_demo
 
-        return run_sync_demo(args.data_dir, falkordb_url=args.falkordb, months=args.months)
+        return run_sync_demo(
+            args.data_dir,
+            falkordb_url=args.falkordb,
+            months=args.months,
+            month_pause_s=args.month_pause,
+        )
     if args.command == "demo":
         return _demo(args)
     if args.command in ("run", "explain"):

@@ -139,6 +139,12 @@ class ConsoleServer:
         self._http.server_close()
         self.sampler.stop()
 
+    def __enter__(self) -> ConsoleServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     # --- auth ---------------------------------------------------------------------------------
 
     def caller(self, authorization: str | None) -> _Caller:
