@@ -71,6 +71,36 @@ class ApiError(Exception):
         self.status = status
 
 
+class _Server(ThreadingHTTPServer):
+    """A threading HTTP server; with ``context``, each connection's TLS handshake runs on its
+    own thread (a client that never completes one holds only its thread, for at most
+    :data:`HANDSHAKE_TIMEOUT_S`)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, context: ssl.SSLContext | None) -> None:
+        super().__init__(address, handler)
+        self.context = context
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.context is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            wrapped = self.context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError):
+            return  # not TLS, a refused certificate, or too slow: drop the connection
+        try:
+            wrapped.settimeout(None)
+            super().finish_request(wrapped, client_address)
+        finally:
+            self.shutdown_request(wrapped)  # the wrapper owns the connection now
+
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
 class _Caller:
     def __init__(self, name: str, roles: frozenset[str]) -> None:
         self.name = name
@@ -107,15 +137,14 @@ class ConsoleServer:
         self.users = users
         self.scheme = "https" if tls is not None else "http"
         handler = _handler_class(self)
-        self._http = ThreadingHTTPServer((host, port), handler)
-        self._http.daemon_threads = True
+        context = None
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(str(tls.cert), str(tls.key))
             if tls.client_ca is not None:
                 context.load_verify_locations(str(tls.client_ca))
                 context.verify_mode = ssl.CERT_REQUIRED
-            self._http.socket = context.wrap_socket(self._http.socket, server_side=True)
+        self._http = _Server((host, port), handler, context)
         self.host = host
         self.port = int(self._http.server_address[1])
         self._thread = threading.Thread(
@@ -439,6 +468,7 @@ def _handler_class(console: ConsoleServer) -> type[BaseHTTPRequestHandler]:
     class ConsoleHandler(BaseHTTPRequestHandler):
         server_version = "flight-serve-console"
         protocol_version = "HTTP/1.1"
+        timeout = 120  # an idle keep-alive connection gives its thread back
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: the API polls
             log.debug("console %s", format % args)
