@@ -330,8 +330,9 @@ def _checkpoints(c: ConsoleServer, parts: list[str], q: Any, b: bytes, caller: _
     status = c.source.status(pid)
     seen = c.sampler.checkpoints(pid)
     last = status.get("last_checkpoint")
-    if not seen and last:
-        seen = [{k: last.get(k) for k in ("epoch", "taken_at", "duration_ms", "bytes")}]
+    if last and last.get("epoch") is not None and (not seen or seen[0]["epoch"] < last["epoch"]):
+        # newer than the sampler's last look: the status has it already
+        seen.insert(0, {k: last.get(k) for k in ("epoch", "taken_at", "duration_ms", "bytes")})
     return {"checkpoints": seen}
 
 
