@@ -127,6 +127,7 @@ def test_streams_page(browser: Any, deployment: Deployment) -> None:
     assert counts == f"counts ({deployment.pid})"
     events = page.locator('#streams tr[data-id="events"] [data-col="rows"]').text_content()
     assert events == f"{deployment.feeder.rows:,}"
+    assert (page.text_content("main") or "").endswith("UTC")  # the table, nothing after it
     shot(page, "streams")
     page.click('#streams a:text-is("events")')
     page.wait_for_selector("#rows tbody tr")

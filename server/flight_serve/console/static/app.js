@@ -125,6 +125,9 @@ function resultTable(columns, rows, id) {
       v === null ? "null" : (typeof v === "object" ? JSON.stringify(v) : String(v)))))))));
 }
 
+/* replaceChildren without the nulls of "cond ? null : node" (it would show the text "null") */
+function show(parent, ...nodes) { parent.replaceChildren(...nodes.flat().filter((n) => n !== null && n !== undefined)); }
+
 function every(ms, fn) { fn(); timers.push(setInterval(fn, ms)); }
 function clear() {
   timers.forEach(clearInterval); timers = [];
@@ -154,7 +157,7 @@ async function pipelinesPage() {
     },
   });
   filter.addEventListener("input", () => table.rerender());
-  main.replaceChildren(el("h1", {}, "Pipelines"), el("div", { class: "toolbar" }, filter, status), table,
+  show(main, el("h1", {}, "Pipelines"), el("div", { class: "toolbar" }, filter, status), table,
     el("p", { class: "muted", id: "no-pipelines", hidden: "" }, "No pipelines yet: submit one with flight-serve submit FILE.sql"));
   every(1000, async () => {
     const data = await api("/pipelines");
@@ -216,7 +219,7 @@ async function pipelinePage(pid) {
   const checkpoints = el("div", { id: "checkpoints" });
   const partitions = el("div", { id: "partitions" });
   const cards = el("div", { class: "cards", id: "cards" });
-  main.replaceChildren(
+  show(main,
     el("h1", {}, "Pipeline ", el("span", { id: "pipeline-id" }, pid)),
     el("div", { class: "toolbar" },
       el("button", { id: "checkpoint", onclick: act("checkpoint"), disabled: admin ? null : "", title: admin ? "" : "needs the admin role" }, "Checkpoint now"),
@@ -284,14 +287,14 @@ async function streamsPage() {
     { key: "created_at", title: "Created", render: (r) => date(r.created_at) },
   ];
   const table = sortableTable(columns, data.streams, { id: "streams" });
-  main.replaceChildren(el("h1", {}, "Streams"), table, data.streams.length ? null : el("p", { class: "muted" }, "no streams"), detail);
+  show(main, el("h1", {}, "Streams"), table, data.streams.length ? null : el("p", { class: "muted" }, "no streams"), detail);
 }
 
 async function streamPage(name) {
   const s = await api("/streams/" + encodeURIComponent(name));
   const rows = el("div", { id: "newest-rows" });
   const ret = s.retention;
-  main.replaceChildren(
+  show(main,
     el("h1", {}, "Stream ", el("span", { id: "stream-name" }, s.name)),
     el("div", { class: "cards" }, card("rows", num(s.rows), "card-rows"), card("bytes", bytes(s.bytes), "card-bytes"),
       card("offsets", s.first_offset + " … " + s.next_offset, "card-offsets"),
@@ -332,7 +335,7 @@ async function sqlPage() {
     } catch (e) { info.textContent = e.message; info.className = "error"; }
   }
   box.addEventListener("keydown", (ev) => { if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) run(); });
-  main.replaceChildren(el("h1", {}, "SQL"), el("p", { class: "muted" }, "Read-only queries over the streams (DataFusion). Ctrl+Enter runs."), box,
+  show(main, el("h1", {}, "SQL"), el("p", { class: "muted" }, "Read-only queries over the streams (DataFusion). Ctrl+Enter runs."), box,
     el("div", { class: "toolbar" }, el("button", { id: "run", onclick: run }, "Run"),
       el("button", { id: "csv", onclick: () => download("csv") }, "CSV"),
       el("button", { id: "parquet", onclick: () => download("parquet") }, "Parquet"), info), out);
@@ -344,7 +347,7 @@ async function latePage(pid) {
     list.pipelines.map((p) => el("option", { value: p.id, selected: p.id === pid ? "" : null }, p.id + " (" + num(p.late_rows) + " late)")));
   pick.addEventListener("change", () => { location.hash = "#/late/" + encodeURIComponent(pick.value); });
   const out = el("div", { id: "late-outputs" });
-  main.replaceChildren(el("h1", {}, "Late rows"), el("div", { class: "toolbar" }, pick), out);
+  show(main, el("h1", {}, "Late rows"), el("div", { class: "toolbar" }, pick), out);
   if (!pid) return;
   every(2000, async () => {
     const d = await api("/pipelines/" + encodeURIComponent(pid) + "/late?limit=100");
@@ -371,7 +374,7 @@ async function route() {
     else if (page === "late") await latePage(name);
     else await pipelinesPage();
   } catch (e) {
-    if (e.message !== "unauthenticated") main.replaceChildren(el("p", { class: "error", id: "page-error" }, e.message));
+    if (e.message !== "unauthenticated") show(main, el("p", { class: "error", id: "page-error" }, e.message));
   }
 }
 
