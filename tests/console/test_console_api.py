@@ -9,6 +9,8 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ def get_json(base: str, path: str, token: str | None = READ_TOKEN) -> Any:
 def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
     live, pid = deployment.live, deployment.pid
     deployment.feeder.start()
-    wait_until(lambda: deployment.feeder.batches >= 10, "10 batches fed")
+    wait_until(lambda: deployment.feeder.batches >= 25, "25 batches fed")
     status = deployment.settle()
     row = get_json(live.console_url, "/api/v1/pipelines")["pipelines"][0]
     assert row["id"] == pid
@@ -90,7 +92,17 @@ def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
 
     samples = get_json(live.console_url, f"/api/v1/pipelines/{pid}/samples")["samples"]
     assert samples[-1]["rows_in"] == deployment.feeder.rows
-    assert max(s["rows_per_s"] or 0 for s in samples) > 0
+    # rows/s: the rows between two checkpoints over the time between them (taken_at)
+    checkpoints = get_json(live.console_url, f"/api/v1/pipelines/{pid}/checkpoints")["checkpoints"]
+    taken = {c["epoch"]: datetime.fromisoformat(c["taken_at"]).timestamp() for c in checkpoints}
+    rates = [
+        (s["rows_per_s"], round((s["rows_in"] - p["rows_in"]) / (taken[s["epoch"]] - taken[p["epoch"]]), 3))
+        for p, s in pairwise(samples)
+        if p["epoch"] is not None and s["epoch"] != p["epoch"]
+    ]
+    assert len(rates) >= 3
+    assert [got for got, _ in rates] == [want for _, want in rates]
+    assert max(got for got, _ in rates) > 0
 
 
 def _iso(t: int) -> str:
