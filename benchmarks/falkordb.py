@@ -81,7 +81,7 @@ def edge_upserts(repeat: int) -> list[Comparison]:
     """The comparison described in the module docstring (``repeat`` runs per side)."""
     import falkordb
     from flight_serve.connectors.falkordb import FalkorDBSink
-    from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
+    from flight_serve.demo.falkordb_server import URL_ENV, start_falkordb
 
     server = None
     url = os.environ.get(URL_ENV)

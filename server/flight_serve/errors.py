@@ -1,7 +1,8 @@
 """One error root for flight-serve, grouped by area.
 
 Every error raised on purpose by flight-serve derives from :class:`FlightServeError`. Each class
-carries a ``domain`` (``"input"``, ``"not_found"``, ``"overload"``, ``"internal"``) and a
+carries a ``domain`` (``"input"``, ``"not_found"``, ``"already_exists"``, ``"unsupported"``,
+``"overload"``, ``"external"``, ``"internal"``) and a
 ``retryable`` hint. The Flight layer maps domains to Flight status codes in exactly one function
 (``flight_serve.flight.status.to_flight_error``); nothing else decides a status code.
 
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-Domain = Literal["input", "not_found", "already_exists", "unsupported", "overload", "internal"]
+Domain = Literal[
+    "input", "not_found", "already_exists", "unsupported", "overload", "external", "internal"
+]
 
 
 class FlightServeError(Exception):
@@ -80,6 +83,25 @@ class ConnectorError(InvalidInputError):
     the message names the option or the file."""
 
 
+class ConnectorOptionError(ConnectorError):
+    """One connector option (``WITH (key = value)``) is missing, unknown or has a bad value.
+
+    Attributes:
+        option: the option's key, as the user wrote it.
+        line: 1-based line of the option in the pipeline SQL, when known.
+        col: 1-based column of the option in the pipeline SQL, when known.
+    """
+
+    def __init__(
+        self, option: str, message: str, line: int | None = None, col: int | None = None
+    ) -> None:
+        where = f" (line {line}, column {col})" if line is not None and col is not None else ""
+        super().__init__(f"option {option!r}: {message}{where}")
+        self.option = option
+        self.line = line
+        self.col = col
+
+
 class ActionError(InvalidInputError):
     """An unknown action type or a malformed action body."""
 
@@ -124,6 +146,26 @@ class OverloadError(FlightServeError):
 
     domain: ClassVar[Domain] = "overload"
     retryable: ClassVar[bool] = True
+
+
+# --- something outside flight-serve failed (UNAVAILABLE) --------------------------------------
+
+
+class ExternalError(FlightServeError):
+    """Something outside flight-serve failed: a remote Flight server down or refusing, an
+    Iceberg catalog or a FalkorDB server unreachable, a disk full, a peer's error. The request
+    was fine; it may succeed later (``retryable``), so it maps to UNAVAILABLE. The message names
+    the outside system and what it said.
+
+    Connectors raise a subclass of their own (see ``connectors/``); the domain comes from
+    Arroyo's ``ErrorDomain::External`` (ArroyoSystems/arroyo:crates/arroyo-rpc/src/errors.rs).
+    """
+
+    domain: ClassVar[Domain] = "external"
+    retryable: ClassVar[bool] = True
+
+
+# --- input too large (INVALID_ARGUMENT) ---------------------------------------------------------
 
 
 class BatchTooLargeError(InvalidInputError):

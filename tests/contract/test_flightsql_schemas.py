@@ -23,10 +23,10 @@ import pyarrow.flight as flight
 import pytest
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve._proto.flight_serve.v1 import flightsql_pb2
-from flight_serve.flight import flightsql_metadata as md
-from flight_serve.flight.flightsql import pack, unpack_command
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.sql import metadata as md
+from flight_serve.flight.sql.handler import pack, unpack_command
 
 ROOT = Path(__file__).resolve().parents[2]
 utf8, i32 = pa.string(), pa.int32()

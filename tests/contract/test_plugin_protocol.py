@@ -10,7 +10,7 @@ import json
 import pyarrow as pa
 import pytest
 from flight_serve.errors import InvalidInputError
-from flight_serve.flight.plugins import HEARTBEAT_S
+from flight_serve.flight.plugin_exchange import HEARTBEAT_S
 from flight_serve.pipelines.plugins import MAX_IN_FLIGHT_LIMIT, PROTOCOL_VERSION, PluginDeclaration
 from flight_serve_client.plugin import PROTOCOL_VERSION as CLIENT_PROTOCOL_VERSION
 from flight_serve_client.plugin import hello_message

@@ -11,6 +11,9 @@ nodes.
 ``stop_after``: ``stop_after(runtime, source, n)`` asks a run to stop once its source has handed
 out ``n`` batches (a resumable cut in the middle of a stream).
 
+``servers``: a dict, name -> :class:`helpers.ServeProcess`, for a test to fill; every process in
+it is closed when the test ends.
+
 ``pki``: a throw-away certificate authority and a server and a client certificate signed by it
 (``ca.pem``, ``server.pem``/``server.key``, ``client.pem``/``client.key``, valid for 127.0.0.1
 and localhost), made once per module with the openssl command line.
@@ -30,7 +33,8 @@ from typing import Any
 import falkordb
 import pytest
 import redis
-from flight_serve.connectors.falkordb_server import URL_ENV, start_falkordb
+from flight_serve.demo.falkordb_server import URL_ENV, start_falkordb
+from helpers import ServeProcess
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +80,17 @@ def stop_after() -> Callable[[Any, Any, int], None]:
         source.counted = count
 
     return arm
+
+
+@pytest.fixture
+def servers() -> Iterator[dict[str, ServeProcess]]:
+    """Name -> ``flight-serve serve`` process; each is closed (SIGTERM, then SIGKILL) at the end."""
+    running: dict[str, ServeProcess] = {}
+    try:
+        yield running
+    finally:
+        for server in running.values():
+            server.close()
 
 
 def openssl(*args: str, cwd: Path) -> None:

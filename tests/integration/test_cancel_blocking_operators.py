@@ -12,9 +12,10 @@ from pathlib import Path
 import pyarrow.flight as flight
 import pytest
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-from flight_serve.flight.flightsql import pack
-from flight_serve.flight.limits import MemoryBudget
+from flight_serve.flight.ops.limits import MemoryBudget
 from flight_serve.flight.server import start_server
+from flight_serve.flight.sql.handler import pack
+from helpers import cancel_flight_info_body
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +35,6 @@ def process_cpu_s() -> float:
 def flight_info(client: flight.FlightClient, flightsql: bool) -> flight.FlightInfo:
     command = pack(sql_pb2.CommandStatementQuery(query=BLOCKING)) if flightsql else BLOCKING
     return client.get_flight_info(flight.FlightDescriptor.for_command(command))
-
-
-def cancel_flight_info_body(info: flight.FlightInfo) -> bytes:
-    """``CancelFlightInfoRequest {FlightInfo info = 1}`` (pyarrow has no binding)."""
-    data = info.serialize()
-    length, size = bytearray(), len(data)
-    while True:
-        length.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
-        size >>= 7
-        if not size:
-            break
-    return b"\x0a" + bytes(length) + data
 
 
 def query_workers() -> int:

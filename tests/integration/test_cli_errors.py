@@ -2,7 +2,7 @@
 say what to do (a misspelled column, statement word or option, a missing input, a wrong server
 scheme or port; docs/pipelines.md, "Errors") and the CLI's own surface (help with defaults,
 ``--version``, ``pipelines <command>``, the late-row count of ``run``). The same errors through
-the Python API are in tests/unit/test_pipeline_errors.py."""
+the Python API are in tests/unit/pipelines/test_pipeline_errors.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve import __version__
-from flight_serve.flight.health import HealthServer
+from flight_serve.flight.ops.health import HealthServer
 from flight_serve.flight.server import start_server
 
 pytestmark = pytest.mark.integration

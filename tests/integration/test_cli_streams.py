@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.flight.roles import TlsFiles, TokenGrant
+from flight_serve.flight.ops.roles import TlsFiles, TokenGrant
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve_client import FlightServeClient

@@ -7,7 +7,6 @@ values, tail seeing later appends, stream_info, list, drop, the error mapping, a
 from __future__ import annotations
 
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +18,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
 from flight_serve_client import FlightServeClient
+from helpers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +48,9 @@ def _location(value: object) -> str:
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[FlightServeClient]:
-    with (
-        start_server(tmp_path / "data", port=0) as service,
-        FlightServeClient(_location(service.location)) as c,
-    ):
+def client(server: FlightServeService) -> Iterator[FlightServeClient]:
+    """The Python client (not pyarrow's) connected to the shared ``server``."""
+    with FlightServeClient(_location(server.location)) as c:
         yield c
 
 
@@ -170,13 +169,6 @@ def test_exchange_tumbling_window_with_a_late_row(client: FlightServeClient) -> 
     assert late.column("_late_reason").to_pylist() == ["late"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _serve(data_dir: Path, port: int) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         [
@@ -207,7 +199,7 @@ def _kill(process: subprocess.Popen[str]) -> None:
 
 @pytest.mark.slow
 def test_tail_reconnects_after_the_server_is_killed_and_restarted(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     data_dir = tmp_path / "data"
     server = _serve(data_dir, port)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.roles import TlsFiles, load_tokens_file
+from flight_serve.flight.ops.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
 from flight_serve_client import FlightServeClient
 
@@ -41,6 +41,7 @@ class Secured:
         )
 
 
+# Private: one server per module with mutual TLS, a tokens file and a users file.
 @pytest.fixture(scope="module")
 def secured(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
     """A server with mutual TLS, a tokens file and a users file (the README's setup)."""

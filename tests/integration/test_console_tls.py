@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from flight_serve.console import start_console
-from flight_serve.flight.roles import TlsFiles
+from flight_serve.flight.ops.roles import TlsFiles
 from flight_serve.flight.server import start_server
 
 pytestmark = pytest.mark.integration

@@ -9,18 +9,16 @@ the server is down.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.metrics import Metrics
+from flight_serve.flight.ops.metrics import Metrics
 from flight_serve.flight.server import start_server
 from flight_serve.store import StreamStore
+from helpers import act, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
@@ -39,19 +37,6 @@ def rows(n: int, start: int = 0) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
         [{"k": "a", "t": start + i, "v": i} for i in range(n)], schema=SCHEMA
     )
-
-
-def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
-    (result,) = client.do_action(flight.Action(action, json.dumps(body).encode()))
-    return json.loads(result.body.to_pybytes())
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def data_loss_samples(port: int) -> dict[str, float]:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-from flight_serve.flight.flightsql import pack
+from flight_serve.flight.sql.handler import pack
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +29,7 @@ SCHEMA = pa.schema([("x", pa.int64())])
 REQUEST_ID = re.compile(r"\(request id ([0-9A-Za-z_.:-]+)\)")
 
 
+# Private: a `flight-serve serve` process whose stderr log the tests read.
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("errors")

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.connectors.nycflights13 import FLIGHTS_ROWS
+from flight_serve.demo.nycflights13 import FLIGHTS_ROWS
 
 pytestmark = pytest.mark.integration
 

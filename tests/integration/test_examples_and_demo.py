@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.connectors.nycflights13 import load_flights
-from flight_serve.flight.server import start_server
+from flight_serve.demo.nycflights13 import load_flights
+from flight_serve.flight.service import FlightServeService
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "clients" / "examples").glob("*.py"))
@@ -32,9 +31,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def location(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with start_server(tmp_path_factory.mktemp("data")) as service:
-        yield service.location
+def location(module_server: FlightServeService) -> str:
+    return module_server.location
 
 
 def run(*args: str) -> str:

@@ -9,13 +9,12 @@ import contextlib
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +40,11 @@ def batch(rows: list[tuple[str, int | None]]) -> pa.RecordBatch:
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[flight.FlightClient]:
-    data: Path = tmp_path_factory.mktemp("data")
-    with start_server(data) as service:
-        c = flight.connect(service.location)
-        yield c
-        c.close()
+def client(module_server: FlightServeService) -> Iterator[flight.FlightClient]:
+    """One client for the module (on the module's server)."""
+    c = flight.connect(module_server.location)
+    yield c
+    c.close()
 
 
 def read_until(

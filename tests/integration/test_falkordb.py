@@ -1,4 +1,4 @@
-"""The ``falkordb`` sink against a real FalkorDB server (issue 5, item 4).
+"""The ``falkordb`` sink against a real FalkorDB server.
 
 Every test writes its own graph on the session's server (``falkordb_url``, tests/integration/
 conftest.py) and reads it back with plain Cypher through the ``falkordb`` client.

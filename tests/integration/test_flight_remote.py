@@ -1,4 +1,4 @@
-"""Remote ``flight`` connectors (issue 7 item 3) against real servers: the exactly-once stream
+"""Remote ``flight`` connectors against real servers: the exactly-once stream
 sink into another flight-serve (:class:`FlightStreamTarget` under a checkpointed run), its retry
 rules, the at-least-once rule into a plain Flight server, and the bounded ticket source.
 
@@ -13,7 +13,7 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import pytest
 from flight_serve.connectors.flight import FlightStreamTarget, FlightTicketSource
 from flight_serve.errors import CheckpointError, ConnectorError
 from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
@@ -67,9 +68,9 @@ def read_stream(location: str, stream: str) -> tuple[list[dict[str, Any]], dict[
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
-    with start_server(tmp_path / "data", pipelines=False) as service:
-        yield service.location
+def server(start_flight_server: Callable[..., FlightServeService]) -> str:
+    """The location of a server without pipelines (only its streams are under test)."""
+    return start_flight_server(pipelines=False).location
 
 
 class PlainServer(flight.FlightServerBase):  # type: ignore[misc]

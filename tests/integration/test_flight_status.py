@@ -37,6 +37,7 @@ class Raiser(flight.FlightServerBase):
         raise to_flight_error(ERRORS[action.type], rpc="DoAction") from None
 
 
+# Private: a plain Flight server that raises each error class, not flight-serve.
 @pytest.fixture(scope="module")
 def location() -> Iterator[str]:
     with Raiser("grpc://127.0.0.1:0") as server:

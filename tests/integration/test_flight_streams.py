@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +17,17 @@ import grpc  # type: ignore[import-untyped]
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from flight_serve.flight.config import ServerConfig
 from flight_serve.flight.server import serve_forever, start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve.flight.tickets import decode_ticket
-from flight_serve.store import StreamStore, streams
+from flight_serve.store import StreamStore
+from flight_serve.store import log as stream_log
 
 pytestmark = pytest.mark.integration
 
 FOUR_MIB = 4 * 1024 * 1024
 TIMEOUT = flight.FlightCallOptions(timeout=20)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FlightServeService]:
-    with start_server(tmp_path / "data") as service:
-        yield service
-
-
-@pytest.fixture
-def client(server: FlightServeService) -> Iterator[flight.FlightClient]:
-    with flight.connect(server.location) as c:
-        yield c
 
 
 def put(client: flight.FlightClient, name: str, *batches: pa.RecordBatch) -> list[dict[str, int]]:
@@ -508,7 +497,8 @@ def test_serve_forever_returns_1_when_the_data_dir_is_taken(
     level = root.level
     try:
         with StreamStore(tmp_path / "data"):
-            assert serve_forever("127.0.0.1", 0, tmp_path / "data", "never") == 1
+            config = ServerConfig(tmp_path / "data", host="127.0.0.1", port=0, fsync="never")
+            assert serve_forever(config) == 1
     finally:
         for handler in root.handlers[:]:
             if handler not in handlers:
@@ -536,7 +526,7 @@ def test_a_put_result_is_sent_only_after_an_fdatasync_covered_its_batch(
     # durable (the size when it started), after a pause that gives a PutResult sent too early
     # the time to arrive first.
     durable = [0]
-    real_sync = streams._sync
+    real_sync = stream_log._sync
 
     def slow_sync(fd: int) -> None:
         size = os.fstat(fd).st_size
@@ -544,7 +534,7 @@ def test_a_put_result_is_sent_only_after_an_fdatasync_covered_its_batch(
         real_sync(fd)
         durable.append(max(durable[-1], size))
 
-    monkeypatch.setattr(streams, "_sync", slow_sync)
+    monkeypatch.setattr(stream_log, "_sync", slow_sync)
     small = [pa.record_batch({"x": pa.array(range(i, i + 10), pa.int64())}) for i in range(8)]
     big = pa.record_batch({"x": pa.array(range(300_000), pa.int64())})  # 2.4 MB: O_DIRECT
     batches = [small[0], big, *small[1:4], big, big, *small[4:]]
@@ -573,17 +563,17 @@ def test_a_storage_failure_mid_put_is_reported_at_once(
 ) -> None:
     # The disk fills up at the third frame. The handler thread is then blocked reading the
     # next batch while the client waits for PutResults: the client must learn of it anyway.
-    real_write = StreamStore._write_staged
+    real_write = stream_log.StreamLog._write_staged
     frames = 0
 
-    def disk_full(self: StreamStore, stream: Any, frame: Any) -> None:
+    def disk_full(self: stream_log.StreamLog, frame: Any) -> None:
         nonlocal frames
         frames += 1
         if frames == 3:
             raise OSError(28, "No space left on device")
-        real_write(self, stream, frame)
+        real_write(self, frame)
 
-    monkeypatch.setattr(StreamStore, "_write_staged", disk_full)
+    monkeypatch.setattr(stream_log.StreamLog, "_write_staged", disk_full)
     batches = [pa.record_batch({"x": pa.array([i], pa.int64())}) for i in range(40)]
     outcome: list[BaseException | list[dict[str, Any]]] = []
     with start_server(tmp_path / "data") as server:

@@ -15,7 +15,7 @@ import datafusion
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from flight_serve.connectors.nycflights13 import FLIGHTS_ROWS, load_flights
+from flight_serve.demo.nycflights13 import FLIGHTS_ROWS, load_flights
 from flight_serve.pipelines.query import parse_window_query
 
 pytestmark = pytest.mark.integration

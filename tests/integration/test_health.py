@@ -18,7 +18,7 @@ import grpc  # type: ignore[import-untyped]
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.health import FLIGHT_SERVICE_NAME, HealthServer
+from flight_serve.flight.ops.health import FLIGHT_SERVICE_NAME, HealthServer
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
 pytestmark = pytest.mark.integration
@@ -41,6 +41,7 @@ def wait_for(port: int, status: Any, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+# Private: the gRPC health server alone, without a Flight server.
 @pytest.fixture
 def health(tmp_path: Path) -> Iterator[tuple[HealthServer, Path]]:
     data = tmp_path / "data"

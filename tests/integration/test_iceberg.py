@@ -1,4 +1,4 @@
-"""The Iceberg connector (issue 5 items 1-3) against a real pyiceberg SqlCatalog on SQLite in a
+"""The Iceberg connector (sink, source and tables) against a real pyiceberg SqlCatalog on SQLite in a
 temporary directory: the exactly-once sink (racing writers, an unknown commit outcome, replays,
 snapshot expiry, upserts, types and partitions), the incremental source (non-append snapshots,
 start strategies, rate limits, expired offsets), a pipeline killed and resumed, and Iceberg
@@ -1035,7 +1035,7 @@ INSERT INTO out SELECT origin FROM f;
         PipelineRuntime(parse_pipeline(bad_spec), output_dir=tmp_path)
 
 
-# --- review (issue 5): metadata, messages -----------------------------------------------------
+# --- metadata, messages -------------------------------------------------------------------------
 
 
 @pytest.mark.integration
@@ -1453,7 +1453,7 @@ def test_a_query_over_an_iceberg_table_reserves_its_data_in_the_memory_budget(
     reserves its data files' bytes (the snapshot summary's total-files-size): a table larger
     than the whole budget is refused with the budget named, instead of being loaded anyway."""
     import pyarrow.flight as flight
-    from flight_serve.flight.limits import MemoryBudget
+    from flight_serve.flight.ops.limits import MemoryBudget
     from flight_serve.flight.server import start_server
 
     catalog = new_catalog(tmp_path / "iceberg")

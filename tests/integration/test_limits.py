@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.roles import load_tokens_file
+from flight_serve.flight.ops.roles import load_tokens_file
 from flight_serve.flight.server import start_server
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The load test of issue 8 (loopback only, bounded in time): 8 concurrent DoPut writers, 8 DoGet
+"""A load test (loopback only, bounded in time): 8 concurrent DoPut writers, 8 DoGet
 readers (SQL group-by counts, full stream range reads) and 2 server pipelines (tumble, hop)
 against one ``flight-serve serve --memory-budget 1GiB`` subprocess for 60 s
 (``FLIGHT_SERVE_LOAD_SECONDS`` to change it). No acknowledged row may be lost, the server's

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,10 @@ import pyarrow.flight as flight
 import pytest
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve.errors import InvalidInputError, OverloadError
-from flight_serve.flight.flightsql import pack
-from flight_serve.flight.limits import MemoryBudget
+from flight_serve.flight.ops.limits import MemoryBudget
 from flight_serve.flight.server import start_server
+from flight_serve.flight.service import FlightServeService
+from flight_serve.flight.sql.handler import pack
 
 pytestmark = pytest.mark.integration
 
@@ -63,11 +64,10 @@ def sql_ticket(client: flight.FlightClient, sql: str, flightsql: bool) -> flight
 
 
 @pytest.fixture
-def timed(tmp_path: Path) -> Iterator[flight.FlightClient]:
-    with (
-        start_server(tmp_path / "data", pipelines=False, statement_timeout_s=0.5) as service,
-        flight.FlightClient(service.location) as client,
-    ):
+def timed(start_flight_server: Callable[..., FlightServeService]) -> Iterator[flight.FlightClient]:
+    """A client of a server with a 0.5 s statement timeout, holding the stream ``t``."""
+    service = start_flight_server(pipelines=False, statement_timeout_s=0.5)
+    with flight.FlightClient(service.location) as client:
         put_rows(client, "t", ROWS)
         yield client
 
@@ -184,7 +184,7 @@ def test_window_state_counts_against_the_budget() -> None:
 
 
 def test_the_budget_is_scraped() -> None:
-    from flight_serve.flight.metrics import Metrics
+    from flight_serve.flight.ops.metrics import Metrics
     from prometheus_client.parser import text_string_to_metric_families
 
     budget = MemoryBudget(1000, wait_s=0.0)

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight.metrics import Metrics
+from flight_serve.flight.ops.metrics import Metrics
 from flight_serve.flight.server import start_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -167,7 +167,7 @@ def test_no_series_appears_twice_with_streams_pipelines_and_a_query_in_flight(
     import threading
     import time
 
-    from flight_serve.flight.limits import MemoryBudget
+    from flight_serve.flight.ops.limits import MemoryBudget
 
     metrics = Metrics()
     budget = MemoryBudget(1 << 30, wait_s=1.0)

@@ -14,13 +14,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from helpers import act, rows_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +40,7 @@ def batch(*rows: tuple[str, int, int]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([{"k": k, "t": t, "v": v} for k, t, v in rows], schema=SCHEMA)
 
 
+# Private: a `flight-serve serve` process (its pid and data dir are under test), not the shared in-process server.
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path, int]]:
     """``(location, data dir, pid)`` of a ``flight-serve serve`` subprocess."""
@@ -72,12 +73,6 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def act(location: str, action: str, body: dict[str, Any]) -> Any:
-    with flight.connect(location) as client:
-        (result,) = client.do_action(flight.Action(action, json.dumps(body).encode()))
-    return json.loads(result.body.to_pybytes())
-
-
 def put(location: str, stream: str, *batches: pa.RecordBatch, writer: str | None = None) -> None:
     path = (stream,) if writer is None else (stream, writer)
     with flight.connect(location) as client:
@@ -100,20 +95,6 @@ def doput_error(
     except pa.ArrowInvalid as exc:
         return str(exc)
     return None
-
-
-def rows_of(location: str, stream: str) -> list[dict[str, Any]]:
-    with flight.connect(location) as client:
-        info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
-        return client.do_get(info.endpoints[0].ticket).read_all().to_pylist()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_a_second_submit_of_one_file_is_refused_unless_renamed_or_replacing(

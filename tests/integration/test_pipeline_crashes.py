@@ -1,4 +1,4 @@
-"""Crashes (issue 4): ``flight-serve serve`` killed with SIGKILL at seeded random moments while
+"""Crashes: ``flight-serve serve`` killed with SIGKILL at seeded random moments while
 two clients ingest and two submitted pipelines run, then restarted; and a pipeline that keeps
 delivering its results, each once, across two server restarts after its client left.
 
@@ -29,9 +29,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
@@ -39,12 +41,14 @@ from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.store import StreamStore
+from helpers import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CLI = Path(sys.executable).parent / "flight-serve"
 TRIALS = 20
 WAIT_S = 30.0
+act = partial(helpers.act, timeout_s=30)
 SCHEMA = pa.schema(
     [
         ("w", pa.string()),
@@ -88,6 +92,7 @@ END_OF_INPUT = b'{"end_of_input": true}'
 RESUMED: dict[int, list[int]] = {}
 
 
+# Private: unlike helpers.ServeProcess it serves on a port it picks itself and `stop` asserts a clean exit.
 class Server:
     """``flight-serve serve`` on a free port over ``data``, as a real process."""
 
@@ -125,17 +130,6 @@ class Server:
         self.log.close()
 
 
-def act(location: str, action: str, body: dict[str, Any]) -> Any:
-    with flight.connect(location) as client:
-        results = list(
-            client.do_action(
-                flight.Action(action, json.dumps(body).encode()),
-                options=flight.FlightCallOptions(timeout=30),
-            )
-        )
-    return json.loads(results[0].body.to_pybytes())
-
-
 def read_stream(location: str, stream: str) -> list[pa.RecordBatch]:
     with flight.connect(location) as client:
         info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
@@ -144,14 +138,6 @@ def read_stream(location: str, stream: str) -> list[pa.RecordBatch]:
 
 def rows(batches: list[pa.RecordBatch]) -> list[dict[str, Any]]:
     return [row for b in batches for row in b.to_pylist()]
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Writer(threading.Thread):

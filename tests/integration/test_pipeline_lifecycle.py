@@ -13,9 +13,7 @@ import json
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from helpers import act, free_port, rows_of, scrape_metrics, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +43,8 @@ FROM TUMBLE(a_out, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end
 """
 
 
+# Private: `flight-serve serve` as a process that a test stops and starts again over the same data dir, with a
+# metrics port and a JSON log the tests read; the shared fixtures serve in-process.
 class Server:
     def __init__(self, data: Path) -> None:
         self.data = data
@@ -54,8 +54,7 @@ class Server:
         self.metrics_port = 0
 
     def start(self) -> None:
-        with socket_port() as port:
-            self.metrics_port = port
+        self.metrics_port = free_port()
         with self.log.open("a") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 [str(CLI), "serve", "--port", "0", "--data-dir", str(self.data),
@@ -88,20 +87,6 @@ class Server:
         return lines
 
 
-class socket_port:
-    """A free loopback port (closed again before the server binds it)."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        return int(self.sock.getsockname()[1])
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     s = Server(tmp_path / "data")
@@ -110,12 +95,6 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield s
     finally:
         s.stop()
-
-
-def act(location: str, action: str, body: dict[str, Any]) -> Any:
-    with flight.connect(location) as client:
-        (result,) = client.do_action(flight.Action(action, json.dumps(body).encode()))
-    return json.loads(result.body.to_pybytes())
 
 
 def put(location: str, stream: str, rows: list[tuple[str, int, int]], writer: str) -> None:
@@ -137,38 +116,14 @@ def end_input(location: str, stream: str, writer: str) -> None:
             reader.read()
 
 
-def rows_of(location: str, stream: str) -> list[dict[str, Any]]:
-    with flight.connect(location) as client:
-        info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
-        return client.do_get(info.endpoints[0].ticket).read_all().to_pylist()
-
-
 def writers_of(location: str, stream: str) -> dict[str, Any]:
     with flight.connect(location) as client:
         info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
     return dict(json.loads(info.app_metadata)["writers"])
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def state(location: str, pid: str) -> str:
     return str(act(location, "pipeline.status", {"id": pid})["state"])
-
-
-def scrape(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
-    return samples
 
 
 def pipelines_in(samples: dict[str, dict[frozenset[tuple[str, str]], float]]) -> set[str]:
@@ -236,10 +191,10 @@ def test_an_ended_pipeline_has_no_metrics_and_no_checkpoints_and_restarts_name_t
     act(loc, "pipeline.checkpoint", {"id": cancelled})
     checkpoints = server.data / "checkpoints"
     assert (checkpoints / cancelled).is_dir()
-    assert {cancelled, running} <= pipelines_in(scrape(server.metrics_port))
+    assert {cancelled, running} <= pipelines_in(scrape_metrics(server.metrics_port))
 
     assert act(loc, "pipeline.cancel", {"id": cancelled}) == {"id": cancelled, "state": "cancelled"}
-    samples = scrape(server.metrics_port)
+    samples = scrape_metrics(server.metrics_port)
     assert pipelines_in(samples) == {running}
     assert samples["flight_serve_pipeline_rows_in_total"] == {
         frozenset({("pipeline", running)}): pytest.approx(

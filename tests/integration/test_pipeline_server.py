@@ -1,4 +1,4 @@
-"""Submitted pipelines on a real in-process server (issue 4, "submit and walk away"): the
+"""Submitted pipelines on a real in-process server ("submit and walk away"): the
 ``pipeline.*`` actions, exactly-once results in server streams, failures and retries, and a
 pipeline that goes on after a server restart. Crashes (SIGKILL) are in test_pipeline_crashes.py.
 
@@ -9,22 +9,24 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import helpers
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.server import start_server
-from flight_serve.flight.service import FlightServeService
+from helpers import act, rows_of
 
 pytestmark = pytest.mark.integration
 
 SCHEMA = pa.schema([("k", pa.string()), ("t", pa.timestamp("s")), ("v", pa.int64())])
 WAIT_S = 20.0
+wait_until = partial(helpers.wait_until, timeout_s=WAIT_S)
 COUNTS = """
 CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
 WITH (connector = 'flight', stream = 'events');
@@ -46,37 +48,6 @@ def put(client: flight.FlightClient, stream: str, *batches: pa.RecordBatch) -> N
         for b in batches:
             writer.write_batch(b)
             reader.read()
-
-
-def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
-    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
-    return json.loads(results[0].body.to_pybytes())
-
-
-def rows_of(client: flight.FlightClient, stream: str) -> list[dict[str, Any]]:
-    info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
-    table = client.do_get(info.endpoints[0].ticket).read_all()
-    return table.to_pylist()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FlightServeService]:
-    with start_server(tmp_path / "data") as service:
-        yield service
-
-
-@pytest.fixture
-def client(server: FlightServeService) -> Iterator[flight.FlightClient]:
-    with flight.connect(server.location) as c:
-        yield c
 
 
 def window(k: str, start: int, n: int, total: int, d: int) -> dict[str, Any]:
@@ -273,7 +244,7 @@ def test_the_command_line_authenticates_with_a_token_or_a_user(tmp_path: Path) -
     import subprocess
     import sys
 
-    from flight_serve.flight.roles import load_tokens_file
+    from flight_serve.flight.ops.roles import load_tokens_file
 
     cli = Path(sys.executable).parent / "flight-serve"
     tokens_file = tmp_path / "tokens.txt"

@@ -26,9 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as flight
 import pytest
-from flight_serve.flight import plugins as flight_plugins
+from flight_serve.flight import plugin_exchange as flight_plugins
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
+from helpers import act, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -221,17 +222,6 @@ def answer_upper(n: int, batch: pa.RecordBatch, seq: int) -> list[bytes]:
 # --- the server side ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FlightServeService]:
-    with start_server(tmp_path / "data") as service:
-        yield service
-
-
-def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
-    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
-    return json.loads(results[0].body.to_pybytes())
-
-
 def feed(location: str, n_batches: int) -> list[dict[str, Any]]:
     """Batch b: rows (k = "a<b>", v = 10 b + i) for i in 0, 1, 2; one DoPut (entry) each."""
     rows = []
@@ -243,13 +233,6 @@ def feed(location: str, n_batches: int) -> list[dict[str, Any]]:
             writer.close()
             rows += part
     return rows
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def out_rows(client: flight.FlightClient, expected: int, pid: str) -> list[dict[str, Any]]:

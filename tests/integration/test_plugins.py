@@ -1,5 +1,5 @@
-"""Out-of-process transform plugins (issue 7 items 1, 2, 4's plugin, 5's attach_plugin) against a
-real in-process server and real plugin processes (killed with SIGKILL by pid).
+"""Out-of-process transform plugins (pipeline stages, ``attach_plugin``, the plugin protocol) against
+a real in-process server and real plugin processes (killed with SIGKILL by pid).
 
 Rows of the pass-through tests are (k, t, v) with t in integer seconds and v unique; the plugin
 ``double`` (tests/integration/plugin_proc.py) answers (k, t, v2 = 2 v). "Exactly once" is: the
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,13 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.connectors.nycflights13 import load_airports, load_flights, load_weather
-from flight_serve.flight.roles import load_tokens_file
+from flight_serve.demo.nycflights13 import load_airports, load_flights, load_weather
+from flight_serve.flight.ops.roles import load_tokens_file
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve_client import FlightServeClient
 from flight_serve_client.plugin import hello_message
+from helpers import act, rows_of, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -54,26 +55,8 @@ INSERT INTO doubled SELECT k, t, v2 FROM double(events);
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def act(client: flight.FlightClient, action: str, body: dict[str, Any]) -> Any:
-    results = list(client.do_action(flight.Action(action, json.dumps(body).encode())))
-    return json.loads(results[0].body.to_pybytes())
-
-
 def status(client: flight.FlightClient, pid: str) -> dict[str, Any]:
     return dict(act(client, "pipeline.status", {"id": pid}))
-
-
-def rows_of(client: flight.FlightClient, stream: str) -> list[dict[str, Any]]:
-    info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
-    return list(client.do_get(info.endpoints[0].ticket).read_all().to_pylist())
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def events(n_batches: int, rows: int) -> list[pa.RecordBatch]:
@@ -108,18 +91,6 @@ def stop(proc: subprocess.Popen[str]) -> None:
     proc.wait(10)
     if proc.stdout is not None:
         proc.stdout.close()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FlightServeService]:
-    with start_server(tmp_path / "data") as service:
-        yield service
-
-
-@pytest.fixture
-def client(server: FlightServeService) -> Iterator[flight.FlightClient]:
-    with flight.connect(server.location) as c:
-        yield c
 
 
 def feed(server: FlightServeService, batches: list[pa.RecordBatch], end: bool = True) -> None:

@@ -180,6 +180,7 @@ def wait_until_serving(client_args: dict[str, object], location: str, log: Path)
             time.sleep(0.2)
 
 
+# Private: the server the README's commands start, as the README starts it.
 @pytest.fixture
 def server(work: Path) -> Iterator[tuple[Path, int]]:
     """The README's ``flight-serve serve`` block, on a free port."""

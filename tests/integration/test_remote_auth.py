@@ -1,4 +1,4 @@
-"""``flight`` connectors with a ``server`` that needs TLS and a token (review of issue 7): a
+"""``flight`` connectors with a ``server`` that needs TLS and a token: a
 flight-serve on another host must use TLS and credentials (``serve`` refuses a non-loopback
 address without them), so a remote source or sink takes ``tls_ca``, ``tls_cert`` / ``tls_key``
 (mutual TLS) and ``token_env`` (the environment variable holding its bearer token).
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve.errors import PipelineSQLError
-from flight_serve.flight.roles import TlsFiles, load_tokens_file
+from flight_serve.flight.ops.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime
 from flight_serve.pipelines.pipeline import parse_pipeline

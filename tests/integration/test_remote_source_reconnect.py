@@ -1,4 +1,4 @@
-"""A remote ``flight`` tail source whose server goes away mid-run (review of issue 7): each
+"""A remote ``flight`` tail source whose server goes away mid-run: each
 outage gets the whole reconnection budget (an earlier outage, followed by a quiet stream, does not
 use it up), the wait shows in ``on_retry`` (a pipeline's ``pipeline.status`` ``waiting``), and a close
 ends it at once.
@@ -9,7 +9,6 @@ B is a real flight-serve (in-process, restarted on the same port and data direct
 from __future__ import annotations
 
 import re
-import socket
 import time
 from pathlib import Path
 
@@ -19,21 +18,12 @@ from flight_serve.connectors.flight import FlightSource, SourceEvent
 from flight_serve.errors import ConnectorError
 from flight_serve.flight.server import start_server
 from flight_serve_client import FlightServeClient
+from helpers import ID_TIMES as SCHEMA
+from helpers import free_port
+from helpers import id_rows as rows
 
 pytestmark = pytest.mark.integration
 
-SCHEMA = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
-
-
-def rows(first: int, count: int) -> pa.Table:
-    ids = list(range(first, first + count))
-    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=SCHEMA)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def put(location: str, table: pa.Table) -> None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 from flight_serve.errors import InvalidInputError
-from flight_serve.flight.roles import TlsFiles, load_tokens_file
+from flight_serve.flight.ops.roles import TlsFiles, load_tokens_file
 from flight_serve.flight.server import start_server
 
 pytestmark = pytest.mark.integration
@@ -55,6 +55,7 @@ def get(client: flight.FlightClient, token: str | None) -> int:
     return int(client.do_get(info.endpoints[0].ticket, options=options(token)).read_all().num_rows)
 
 
+# Private: one server per module with a tokens file and a stream written with a token.
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("roles")
@@ -229,7 +230,7 @@ def _sql_put(client: flight.FlightClient, token: str, command: bytes) -> int:
 
 def _sql_query(client: flight.FlightClient, token: str, sql: str) -> pa.Table:
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     descriptor = flight.FlightDescriptor.for_command(
         pack(sql_pb2.CommandStatementQuery(query=sql))
@@ -240,7 +241,7 @@ def _sql_query(client: flight.FlightClient, token: str, sql: str) -> pa.Table:
 
 def test_flightsql_statements_need_the_role_of_what_they_do(client: flight.FlightClient) -> None:
     from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
-    from flight_serve.flight.flightsql import pack
+    from flight_serve.flight.sql.handler import pack
 
     def update(sql: str) -> bytes:
         return pack(sql_pb2.CommandStatementUpdate(query=sql))

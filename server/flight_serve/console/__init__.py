@@ -17,7 +17,7 @@ from typing import Any
 from flight_serve.console.http import STATIC_DIR, ConsoleServer
 from flight_serve.console.samples import Sampler
 from flight_serve.console.source import ConsoleSource
-from flight_serve.flight.roles import TlsFiles, TokenGrant
+from flight_serve.flight.ops.roles import TlsFiles, TokenGrant
 
 __all__ = ["STATIC_DIR", "ConsoleServer", "ConsoleSource", "Sampler", "start_console"]
 

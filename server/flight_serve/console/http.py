@@ -42,7 +42,7 @@ from flight_serve.errors import (
     StreamNotFoundError,
     TicketError,
 )
-from flight_serve.flight.roles import TlsFiles, TokenGrant
+from flight_serve.flight.ops.roles import TlsFiles, TokenGrant
 
 __all__ = ["STATIC_DIR", "ConsoleServer"]
 

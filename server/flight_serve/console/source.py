@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from flight_serve.errors import FlightServeError, NotFoundError
-from flight_serve.flight import query as sql_query
-from flight_serve.flight.limits import QueryLimits
+from flight_serve.flight.ops.limits import QueryLimits
+from flight_serve.flight.sql import query as sql_query
 from flight_serve.pipelines.manager import PipelineManager
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.store import StreamStore

@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_serve._arrow import ColumnMismatch, conform_batch, ipc_bytes, read_ipc_table
 from flight_serve.engine.aggregate import AggregateCall, quote_ident
 from flight_serve.engine.sqlguard import check_sql
 from flight_serve.engine.watermark import WatermarkTracker
@@ -187,17 +188,17 @@ class OperatorSnapshot:
     def to_bytes(self) -> bytes:
         """Serialise as one Arrow IPC stream: a one-row table whose columns hold each table as
         Arrow IPC bytes and ``meta`` as JSON."""
-        row = {
-            name: [_ipc(getattr(self, name))]
-            for name in ("panes", "buffer", "closed_sessions", "known_keys")
-        }
+        row: dict[str, list[bytes]] = {}
+        for name in ("panes", "buffer", "closed_sessions", "known_keys"):
+            part: pa.Table = getattr(self, name)
+            row[name] = [ipc_bytes(part.schema, part.to_batches())]
         table = pa.table(
             {
                 **{k: pa.array(v, pa.large_binary()) for k, v in row.items()},
                 "meta": pa.array([json.dumps(self.meta)], pa.large_string()),
             }
         )
-        return _ipc(table)
+        return ipc_bytes(table.schema, table.to_batches())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> OperatorSnapshot:
@@ -207,9 +208,9 @@ class OperatorSnapshot:
             CheckpointError: ``data`` is not a serialised operator snapshot.
         """
         try:
-            table = pa.ipc.open_stream(data).read_all()
+            table = read_ipc_table(data)
             tables = {
-                name: pa.ipc.open_stream(table[name][0].as_py()).read_all()
+                name: read_ipc_table(table[name][0].as_py())
                 for name in ("panes", "buffer", "closed_sessions", "known_keys")
             }
             meta = json.loads(table["meta"][0].as_py())
@@ -228,13 +229,6 @@ def _plain_schema(schema: pa.Schema) -> pa.Schema:
             f = f.with_type(pa.binary())
         fields.append(f)
     return pa.schema(fields)
-
-
-def _ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 @dataclass(frozen=True)
@@ -731,15 +725,13 @@ class WindowOperator:
         if missing:
             raise InvalidInputError(f"input batch lacks column(s) {', '.join(missing)}")
         try:
-            return pa.RecordBatch.from_arrays(
-                [
-                    batch.column(n).cast(f.type)
-                    for n, f in zip(self.input_schema.names, self.input_schema, strict=True)
-                ],
-                schema=self.input_schema,
+            return conform_batch(
+                batch, self.input_schema, by_name=True, cast="arrow", check_metadata=True
             )
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise InvalidInputError(f"input batch does not match the input schema: {exc}") from exc
+        except ColumnMismatch as exc:
+            raise InvalidInputError(
+                f"input batch does not match the input schema: {exc.cause}"
+            ) from exc.cause
 
     def _threshold(self, watermark: int) -> int:
         """Windows with ``window_end <= threshold`` are closed (late / ready to fire)."""

@@ -3,7 +3,7 @@
 A query runs only while its DoGet streams (GetFlightInfo plans it, nothing more), so cancelling
 a FlightInfo cancels the DoGet calls in progress for its endpoints' tickets: each ends with
 CANCELLED between two batches, and a query's DataFusion stream is dropped exactly as when the
-client cancels the call itself (:func:`flight_serve.flight.query.interruptible_batches`). A
+client cancels the call itself (:func:`flight_serve.flight.sql.query.interruptible_batches`). A
 stream range read or a tail of that FlightInfo ends the same way.
 
 Bodies (Flight's ``Flight.proto`` and Flight SQL's ``FlightSql.proto``):

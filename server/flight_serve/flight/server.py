@@ -19,7 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -28,30 +29,28 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flight_serve.errors import FlightServeError
-from flight_serve.flight.auth import load_users_file
-from flight_serve.flight.health import HealthServer
-from flight_serve.flight.limits import (
-    DEFAULT_MAX_STREAMS,
-    DEFAULT_MEMORY_WAIT_S,
+from flight_serve.flight.config import ServerConfig
+from flight_serve.flight.ops.auth import load_users_file
+from flight_serve.flight.ops.health import HealthServer
+from flight_serve.flight.ops.limits import MIDDLEWARE_KEY as STREAM_LIMIT_KEY
+from flight_serve.flight.ops.limits import (
     MemoryBudget,
     StreamLimit,
 )
-from flight_serve.flight.limits import MIDDLEWARE_KEY as STREAM_LIMIT_KEY
-from flight_serve.flight.metrics import MeteredStreamStore, Metrics, MetricsMiddlewareFactory
-from flight_serve.flight.requestlog import MIDDLEWARE_KEY as REQUEST_LOG_KEY
-from flight_serve.flight.requestlog import RequestLogMiddlewareFactory
-from flight_serve.flight.roles import MIDDLEWARE_KEY as ROLES_KEY
-from flight_serve.flight.roles import (
+from flight_serve.flight.ops.metrics import MeteredStreamStore, Metrics, MetricsMiddlewareFactory
+from flight_serve.flight.ops.requestlog import MIDDLEWARE_KEY as REQUEST_LOG_KEY
+from flight_serve.flight.ops.requestlog import RequestLogMiddlewareFactory
+from flight_serve.flight.ops.roles import MIDDLEWARE_KEY as ROLES_KEY
+from flight_serve.flight.ops.roles import (
     RoleAuth,
-    TlsFiles,
     TokenGrant,
     UsersAndTokensAuth,
     load_tokens_file,
 )
-from flight_serve.flight.service import DEFAULT_MAX_BATCH_BYTES, FlightServeService
+from flight_serve.flight.service import FlightServeService
 from flight_serve.flight.startup import MIDDLEWARE_KEY as STARTUP_KEY
 from flight_serve.flight.startup import StartupGate
-from flight_serve.store import FsyncMode, StreamStore
+from flight_serve.store import StreamStore
 
 __all__ = ["JsonLinesFormatter", "configure_json_logging", "serve_forever", "start_server"]
 
@@ -110,25 +109,18 @@ def configure_json_logging(level: int = logging.INFO, stream: TextIO | None = No
 
 @contextmanager
 def start_server(
-    data_dir: Path,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    fsync: FsyncMode = "batch",
-    pipelines: bool = True,
-    metrics: Metrics | None = None,
-    tokens: Mapping[str, TokenGrant] | None = None,
-    tls: TlsFiles | None = None,
-    max_streams: int = DEFAULT_MAX_STREAMS,
-    retention_bytes: int | None = None,
-    retention_age: timedelta | None = None,
-    **service_options: Any,
+    config: ServerConfig | Path | str, /, **options: Any
 ) -> Iterator[FlightServeService]:
-    """Open the store in ``data_dir``, serve it on ``host:port`` and yield the running service.
+    """Open the store in ``config.data_dir``, serve it on ``config.host:config.port`` and yield
+    the running service.
+
+    ``config`` is a :class:`~flight_serve.flight.config.ServerConfig`; ``options`` override its
+    fields. A data directory instead is short for ``ServerConfig(data_dir, **options)``
+    (``start_server(tmp_path, port=0, pipelines=False)``).
 
     The service has ``.port`` (the real port when ``port=0``), ``.location``
     (``grpc://HOST:PORT``) and ``.store``. On exit the server shuts down (running tails end,
-    in-flight calls finish) and the store is closed. ``service_options`` go to
-    :class:`~flight_serve.flight.service.FlightServeService` (``max_batch_bytes``, ...).
+    in-flight calls finish) and the store is closed.
 
     With ``pipelines`` (the default) the server runs submitted pipelines
     (:class:`~flight_serve.pipelines.manager.PipelineManager`, the ``pipeline.*`` actions): it
@@ -137,65 +129,89 @@ def start_server(
     No call is answered before the server is whole: until the pipeline actions are registered
     and the running pipelines resumed, calls wait (:mod:`flight_serve.flight.startup`).
     Every call gets a request id and one JSON log line when it ends
-    (:mod:`flight_serve.flight.requestlog`). With ``metrics`` the server counts rows and bytes per stream, times every call and reports
-    its pipelines there (:mod:`flight_serve.flight.metrics`).
+    (:mod:`flight_serve.flight.ops.requestlog`). With ``metrics`` the server counts rows and
+    bytes per stream, times every call and reports its pipelines there
+    (:mod:`flight_serve.flight.ops.metrics`).
 
-    With ``tokens`` (:func:`~flight_serve.flight.roles.load_tokens_file`) every call needs a
-    bearer token with the role its method and action need (:mod:`flight_serve.flight.roles`).
+    With ``tokens`` / ``tokens_file`` (:func:`~flight_serve.flight.ops.roles.load_tokens_file`)
+    every call needs a bearer token with the role its method and action need
+    (:mod:`flight_serve.flight.ops.roles`); with ``users`` / ``users_file`` the Basic handshake.
     With ``tls`` the server speaks TLS (mutual TLS with ``tls.client_ca``) and its location is
     ``grpc+tls://``. At most ``max_streams`` DoGet/DoPut/DoExchange calls run at once; more are
-    refused UNAVAILABLE with a retry hint (:mod:`flight_serve.flight.limits`).
+    refused UNAVAILABLE with a retry hint (:mod:`flight_serve.flight.ops.limits`).
     ``retention_bytes`` / ``retention_age`` are the store's per-stream retention limits
-    (:class:`~flight_serve.store.streams.StreamStore`). With ``memory_budget=``
-    (:class:`~flight_serve.flight.limits.MemoryBudget`, a service option) the running
-    pipelines' window state (the size of each one's last checkpoint) counts against it.
+    (:class:`~flight_serve.store.streams.StreamStore`). With a memory budget
+    (:class:`~flight_serve.flight.ops.limits.MemoryBudget`) the running pipelines' window state
+    (the size of each one's last checkpoint) counts against it.
 
     Raises:
+        TypeError: an option that is not a :class:`ServerConfig` field.
+        ValueError: contradicting options (:class:`ServerConfig`).
         StorageError: the data directory cannot be opened or another store owns it.
+        FlightServeError: the users or tokens file cannot be read.
     """
+    if isinstance(config, ServerConfig):
+        config = replace(config, **options) if options else config
+    else:
+        config = ServerConfig(Path(config), **options)
+    tokens, users = _credentials(config)
+    metrics = config.metrics
+    budget = config.memory_budget
+    if config.memory_budget_bytes is not None:
+        budget = MemoryBudget(config.memory_budget_bytes, wait_s=config.memory_wait_s)
+        if metrics is not None:
+            metrics.watch_budget(budget)
+    data_dir = Path(config.data_dir)
     store = (
         StreamStore(
-            Path(data_dir),
-            fsync=fsync,
-            retention_bytes=retention_bytes,
-            retention_age=retention_age,
+            data_dir,
+            fsync=config.fsync,
+            retention_bytes=config.retention_bytes,
+            retention_age=config.retention_age,
         )
         if metrics is None
         else MeteredStreamStore(
-            Path(data_dir),
-            fsync=fsync,
+            data_dir,
+            fsync=config.fsync,
             metrics=metrics,
-            retention_bytes=retention_bytes,
-            retention_age=retention_age,
+            retention_bytes=config.retention_bytes,
+            retention_age=config.retention_age,
         )
     )
     gate = StartupGate()  # first: no call is answered before the server is whole
     middleware: dict[str, flight.ServerMiddlewareFactory] = {STARTUP_KEY: gate}
-    middleware.update(service_options.pop("middleware", None) or {})
     middleware[REQUEST_LOG_KEY] = RequestLogMiddlewareFactory()
-    middleware[STREAM_LIMIT_KEY] = StreamLimit(max_streams)
+    middleware[STREAM_LIMIT_KEY] = StreamLimit(config.max_streams)
     if tokens is not None:
-        users = service_options.get("users")
         users_auth = None
         if users is not None:  # both files: handshake tokens have every role
             users_auth = UsersAndTokensAuth(users, tokens)
             middleware["flight_serve_auth"] = users_auth  # instead of the users-only check
         middleware[ROLES_KEY] = RoleAuth(tokens, users_auth)
     scheme = "grpc"
-    if tls is not None:
+    tls_options: dict[str, Any] = {}
+    if config.tls is not None:
         scheme = "grpc+tls"
         try:
-            service_options.update(tls.server_options())
+            tls_options = config.tls.server_options()
         except BaseException:
             store.close()
             raise
     if metrics is not None:
         middleware["flight_serve_metrics"] = MetricsMiddlewareFactory(metrics)
-    service_options["middleware"] = middleware
+    host, port = config.host, config.port
     try:
         uri_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
         service = FlightServeService(
-            f"{scheme}://{uri_host}:{port}", store=store, **service_options
+            f"{scheme}://{uri_host}:{port}",
+            store=store,
+            max_batch_bytes=config.max_batch_bytes,
+            users=users,
+            memory_budget=budget,
+            statement_timeout_s=config.statement_timeout_s,
+            query_work_bytes=config.query_work_bytes,
+            middleware=middleware,
+            **tls_options,
         )
     except pa.ArrowException as exc:  # pyarrow says "Server did not start properly"
         store.close()
@@ -207,12 +223,12 @@ def start_server(
         raise
     manager = None
     try:
-        if pipelines:
-            from flight_serve.flight.pipeline_actions import register_pipeline_actions
+        if config.pipelines:
+            from flight_serve.flight.actions import register_pipeline_actions
             from flight_serve.pipelines.manager import PipelineManager
 
-            manager = PipelineManager(store, Path(data_dir), plugins=service.plugins)
-            register_pipeline_actions(service, manager)
+            manager = PipelineManager(store, data_dir, plugins=service.plugins)
+            register_pipeline_actions(service.register_action, manager)
             service.pipeline_manager = manager
             if service.memory_budget is not None:
                 service.memory_budget.state_bytes = _window_state_bytes(manager)
@@ -232,6 +248,23 @@ def start_server(
             store.close()
 
 
+def _credentials(
+    config: ServerConfig,
+) -> tuple[Mapping[str, TokenGrant] | None, Mapping[str, str] | None]:
+    """``(tokens, users)`` of ``config``: given, or read from ``tokens_file`` then ``users_file``.
+
+    Raises:
+        InvalidInputError: a file cannot be read or a line is malformed (naming the line).
+    """
+    tokens = config.tokens
+    if config.tokens_file is not None:
+        tokens = load_tokens_file(config.tokens_file)
+    users = config.users
+    if config.users_file is not None:
+        users = load_users_file(config.users_file)
+    return tokens, users
+
+
 def _window_state_bytes(manager: Any) -> Callable[[], int]:
     """Bytes of window state the running pipelines of ``manager`` hold: the size of each one's
     last checkpoint (at most one checkpoint interval old)."""
@@ -247,10 +280,6 @@ def _window_state_bytes(manager: Any) -> Callable[[], int]:
     return state_bytes
 
 
-#: How long ``flight-serve serve`` waits for calls in flight after SIGTERM (seconds).
-DEFAULT_DRAIN_TIMEOUT_S = 30.0
-
-
 def _drain_deadline(timeout_s: float) -> None:
     """Called when the drain after SIGTERM took longer than ``timeout_s``: exit now."""
     log.warning(
@@ -262,24 +291,8 @@ def _drain_deadline(timeout_s: float) -> None:
 
 
 def serve_forever(
-    host: str,
-    port: int,
-    data_dir: Path,
-    fsync: FsyncMode,
-    users_file: Path | None = None,
-    health_port: int | None = None,
-    metrics_port: int | None = None,
-    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
-    tokens_file: Path | None = None,
-    tls: TlsFiles | None = None,
-    insecure_allow_remote: bool = False,
-    max_streams: int = DEFAULT_MAX_STREAMS,
-    retention_bytes: int | None = None,
-    retention_age: timedelta | None = None,
-    memory_budget_bytes: int | None = None,
-    memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
-    statement_timeout_s: float | None = None,
-    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+    config: ServerConfig,
+    *,
     console_port: int | None = None,
     start_console: Callable[..., Any] | None = None,
 ) -> int:
@@ -287,12 +300,12 @@ def serve_forever(
 
     Logs JSON lines to stderr (a ``listening`` line with the ``location``) and prints the
     location on stdout. Returns 0 after a clean shutdown, 1 if the server could not start (the
-    data dir is unusable or owned by another server, the port is taken, or ``users_file`` cannot
-    be read). With ``users_file`` (``user:password`` lines, see
-    :func:`flight_serve.flight.auth.load_users_file`) every call needs those credentials;
-    without it the server is open, and a warning is logged when it listens beyond loopback.
+    data dir is unusable or owned by another server, the port is taken, or ``users_file`` /
+    ``tokens_file`` cannot be read). With users (``users_file``: ``user:password`` lines, see
+    :func:`flight_serve.flight.ops.auth.load_users_file`) every call needs those credentials;
+    without them the server is open, and a warning is logged when it listens beyond loopback.
 
-    The gRPC health service (:class:`~flight_serve.flight.health.HealthServer`) listens on
+    The gRPC health service (:class:`~flight_serve.flight.ops.health.HealthServer`) listens on
     ``health_port`` (``None``: the Flight port + 1, or a free port when ``port`` is 0); it answers
     NOT_SERVING from the signal on, while the server drains. Prometheus metrics are served at
     ``/metrics`` on ``metrics_port`` (``None``: the Flight port + 2, or a free port when ``port``
@@ -303,15 +316,16 @@ def serve_forever(
     after ``drain_timeout_s`` seconds the process logs the fact and exits 0 anyway (every
     acknowledged batch is already durable).
 
-    ``tokens_file`` (:func:`~flight_serve.flight.roles.load_tokens_file`) turns on bearer
+    ``tokens_file`` (:func:`~flight_serve.flight.ops.roles.load_tokens_file`) turns on bearer
     tokens with roles, ``tls`` TLS or mutual TLS. On an address other than loopback the server
     refuses to start (exit 1) without TLS and credentials (tokens or users), unless
     ``insecure_allow_remote``.
 
     ``memory_budget_bytes`` (waiting up to ``memory_wait_s`` seconds for room) and
-    ``statement_timeout_s`` are :mod:`flight_serve.flight.limits`' and
-    :mod:`flight_serve.flight.query`'s limits (``None``: none); a DoPut batch above
-    ``max_batch_bytes`` (``RecordBatch.nbytes``) is INVALID_ARGUMENT.
+    ``statement_timeout_s`` are :mod:`flight_serve.flight.ops.limits`' and
+    :mod:`flight_serve.flight.sql.query`'s limits (``None``: none); a DoPut batch above
+    ``max_batch_bytes`` (``RecordBatch.nbytes``) is INVALID_ARGUMENT. All the settings are
+    :class:`~flight_serve.flight.config.ServerConfig`'s.
 
     With ``start_console`` (:func:`flight_serve.console.start_console`, passed in by the CLI:
     the console sits above this package) the web console listens on ``console_port``
@@ -319,29 +333,21 @@ def serve_forever(
     users and TLS; the ``listening`` line gives its ``console_url``.
     """
     configure_json_logging()
-    tokens = None
-    if tokens_file is not None:
-        try:
-            tokens = load_tokens_file(tokens_file)
-        except FlightServeError as exc:
-            log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
-            return 1
-    users = None
-    if users_file is not None:
-        try:
-            users = load_users_file(users_file)
-        except FlightServeError as exc:
-            log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
-            return 1
-    elif host not in ("127.0.0.1", "localhost", "::1"):
+    host, port, data_dir = config.host, config.port, Path(config.data_dir)
+    try:
+        tokens, users = _credentials(config)
+    except FlightServeError as exc:
+        log.error("cannot serve: %s", exc, extra={"error_class": type(exc).__name__})
+        return 1
+    if users is None and host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "open server: no --users-file, so anyone who can reach %s may read and write",
             host,
             extra={"host": host},
         )
     loopback = host in ("localhost", "::1", "[::1]") or host.startswith("127.")
-    unprotected = tls is None or (tokens is None and users is None)
-    if not loopback and unprotected and not insecure_allow_remote:
+    unprotected = config.tls is None or (tokens is None and users is None)
+    if not loopback and unprotected and not config.insecure_allow_remote:
         log.error(
             "refusing to listen on %s without TLS and credentials (--tls-cert/--tls-key, and "
             "--tokens-file or --users-file); pass --insecure-allow-remote to do it anyway",
@@ -360,34 +366,31 @@ def serve_forever(
     health: HealthServer | None = None
     console: Any = None
     watchdog: threading.Timer | None = None
-    metrics = Metrics()
-    budget = None
-    if memory_budget_bytes is not None:
-        budget = MemoryBudget(memory_budget_bytes, wait_s=memory_wait_s)
+    metrics = config.metrics if config.metrics is not None else Metrics()
+    budget = config.memory_budget
+    if config.memory_budget_bytes is not None:
+        budget = MemoryBudget(config.memory_budget_bytes, wait_s=config.memory_wait_s)
         metrics.watch_budget(budget)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     try:
-        with start_server(
-            Path(data_dir),
-            host=host,
-            port=port,
-            fsync=fsync,
-            metrics=metrics,
+        resolved = replace(  # the files read, the budget made: start_server takes the objects
+            config,
             users=users,
+            users_file=None,
             tokens=tokens,
-            tls=tls,
-            max_streams=max_streams,
-            retention_bytes=retention_bytes,
-            retention_age=retention_age,
+            tokens_file=None,
+            metrics=metrics,
             memory_budget=budget,
-            statement_timeout_s=statement_timeout_s,
-            max_batch_bytes=max_batch_bytes,
-        ) as service:
+            memory_budget_bytes=None,
+        )
+        with start_server(resolved) as service:
+            health_port = config.health_port
             if health_port is None:
                 health_port = service.port + 1 if port else 0
-            health = HealthServer(host, health_port, Path(data_dir), flight_port=service.port)
+            health = HealthServer(host, health_port, data_dir, flight_port=service.port)
+            metrics_port = config.metrics_port
             if metrics_port is None:
                 metrics_port = service.port + 2 if port else 0
             metrics.serve_http(host, metrics_port)
@@ -395,7 +398,7 @@ def serve_forever(
                 if console_port is None:
                     console_port = service.port + 3 if port else 0
                 console = start_console(
-                    service, host, console_port, tokens=tokens, users=users, tls=tls
+                    service, host, console_port, tokens=tokens, users=users, tls=config.tls
                 )
             log.info(
                 "listening",
@@ -409,13 +412,13 @@ def serve_forever(
                         else {}
                     ),
                     "data_dir": str(data_dir),
-                    "fsync": fsync,
+                    "fsync": config.fsync,
                 },
             )
             print(service.location, flush=True)
             next_retention = time.monotonic() + 60.0
             while not stop.wait(0.5):
-                if retention_age is not None and time.monotonic() >= next_retention:
+                if config.retention_age is not None and time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + 60.0
                     try:
                         service.store.enforce_retention()
@@ -429,10 +432,11 @@ def serve_forever(
                 "shutting down",
                 extra={
                     "signal": received[0] if received else None,
-                    "drain_timeout_s": drain_timeout_s,
+                    "drain_timeout_s": config.drain_timeout_s,
                 },
             )
-            watchdog = threading.Timer(drain_timeout_s, _drain_deadline, (drain_timeout_s,))
+            drain = config.drain_timeout_s
+            watchdog = threading.Timer(drain, _drain_deadline, (drain,))
             watchdog.daemon = True
             watchdog.start()
     except (FlightServeError, pa.ArrowException, OSError) as exc:

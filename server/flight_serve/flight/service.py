@@ -5,13 +5,13 @@ The wire contract is ``schemas/README.md``; this module implements its "Streams"
 turns failures into Flight statuses through :func:`flight_serve.flight.status.to_flight_error`
 and nowhere else.
 
-Descriptors:
+Descriptors (read by :mod:`flight_serve.flight.descriptors`):
 
 - ``path = [stream]``: one stream (DoPut, GetFlightInfo, GetSchema).
 - ``path = [stream, writer]``: DoPut as a named writer (one watermark partition of the stream).
 - ``cmd = <SQL text, UTF-8>``: a DataFusion query over the streams (GetFlightInfo, GetSchema).
 - ``cmd = <google.protobuf.Any of an arrow.flight.protocol.sql message>``: Flight SQL, handed to
-  :class:`~flight_serve.flight.flightsql.FlightSqlHandler` (GetFlightInfo, GetSchema, DoPut; its
+  :class:`~flight_serve.flight.sql.handler.FlightSqlHandler` (GetFlightInfo, GetSchema, DoPut; its
   tickets come back to DoGet and its actions are registered here).
 
 Actions (body and result are UTF-8 JSON unless noted; unknown body keys are ignored):
@@ -25,14 +25,10 @@ Other layers add actions with :meth:`FlightServeService.register_action`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import math
-import queue
-import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -46,11 +42,10 @@ from flight_serve.errors import (
     ActionError,
     BatchTooLargeError,
     InvalidInputError,
-    QueryError,
     StreamNotFoundError,
     TicketError,
 )
-from flight_serve.flight.auth import auth_server_options
+from flight_serve.flight.actions import ActionHandler, body_stream, json_action_body
 from flight_serve.flight.cancel import (
     CANCEL_STATUS_CANCELLED,
     CancellableContext,
@@ -60,17 +55,20 @@ from flight_serve.flight.cancel import (
     parse_cancel_flight_info,
     stop_when,
 )
-from flight_serve.flight.flightsql import (
+from flight_serve.flight.config import DEFAULT_MAX_BATCH_BYTES
+from flight_serve.flight.descriptors import put_target, sql_of, stream_of
+from flight_serve.flight.doput import PutPipeline
+from flight_serve.flight.markers import parse_marker
+from flight_serve.flight.ops.auth import auth_server_options
+from flight_serve.flight.ops.limits import DEFAULT_QUERY_WORK_BYTES, MemoryBudget, QueryLimits
+from flight_serve.flight.ops.roles import require_action_role, require_role
+from flight_serve.flight.sql.handler import (
     FlightSqlHandler,
     flightsql_command,
     pack,
     unpack_command,
 )
-from flight_serve.flight.limits import DEFAULT_QUERY_WORK_BYTES, MemoryBudget, QueryLimits
-from flight_serve.flight.limits import Reservation as _Reservation
-from flight_serve.flight.markers import Marker, parse_marker
-from flight_serve.flight.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
-from flight_serve.flight.roles import require_action_role, require_role
+from flight_serve.flight.sql.query import MAX_RESULT_BATCH_BYTES, execute, plan, split_batch
 from flight_serve.flight.status import for_get_schema, to_flight_error
 from flight_serve.flight.tickets import (
     QueryTicket,
@@ -80,18 +78,12 @@ from flight_serve.flight.tickets import (
     encode_ticket,
 )
 from flight_serve.pipelines.plugins import PluginHub
-from flight_serve.store import PendingAppend, StreamInfo, StreamStore, validate_stream_name
+from flight_serve.store import StreamInfo, StreamStore
 from flight_serve.store.streams import WriterHold
 
-__all__ = ["DEFAULT_MAX_BATCH_BYTES", "ActionHandler", "FlightServeService", "json_action_body"]
+__all__ = ["FlightServeService"]
 
 log = logging.getLogger("flight_serve.flight")
-
-#: Largest DoPut batch accepted, in bytes of ``RecordBatch.nbytes`` (64 MiB).
-DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
-
-#: An action handler: ``(context, body bytes) -> result bodies``.
-ActionHandler = Callable[[flight.ServerCallContext, bytes], Iterable[bytes]]
 
 
 @dataclass(frozen=True)
@@ -109,211 +101,6 @@ def _fail(exc: BaseException, rpc: str) -> NoReturn:
     raise to_flight_error(exc, rpc=rpc) from None
 
 
-def _not_json(text: str) -> Any:
-    raise ValueError(f"{text} is not a JSON number")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is beyond a double")
-    return value
-
-
-def json_action_body(body: bytes, action: str) -> dict[str, Any]:
-    """An action's body as a JSON object: strict JSON (``NaN``, ``Infinity`` and numbers beyond
-    a double, which Python's parser would take, are refused).
-
-    Raises:
-        ActionError: the body is not UTF-8 JSON, or not an object (INVALID_ARGUMENT).
-    """
-    try:
-        value = (
-            json.loads(body.decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
-            if body
-            else {}
-        )
-    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
-        raise ActionError(f"{action}: the body is not UTF-8 JSON ({exc})") from None
-    if not isinstance(value, dict):
-        raise ActionError(f"{action}: the body must be a JSON object")
-    return value
-
-
-def _body_stream(body: dict[str, Any], action: str) -> str:
-    name = body.get("stream")
-    if not isinstance(name, str):
-        raise ActionError(f'{action}: the body needs "stream": a stream name')
-    return validate_stream_name(name)
-
-
-#: Writer names a client may give (``path = [stream, writer]``); ``path = [stream]`` writes as
-#: the stream's unnamed writer ``""``.
-WRITER_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:@\-]{1,200}")
-
-
-def _marker_ack(offset: int, marker: Marker) -> dict[str, Any]:
-    if marker.end_of_input:
-        return {"offset": offset, "rows": 0, "end_of_input": True}
-    return {"offset": offset, "rows": 0, "watermark_ns": marker.watermark_ns}
-
-
-#: Batches DoPut's reading thread may queue ahead of the one writing them to the store.
-_PUT_QUEUE_BATCHES = 4
-
-
-class _PutPipeline:
-    """DoPut's pipeline: the handler thread only reads batches; a writing thread stages each in
-    the store (:meth:`StreamStore.write`: encode, checksum, reserve the offset) and an
-    acknowledging thread commits them in order (:meth:`StreamStore.commit`: write the staged
-    frames, one fdatasync for all of them) and sends each PutResult only after the commit that
-    covers its batch.
-
-    So reading the next batch overlaps encoding this one, which overlaps the disk writing the
-    previous ones. The reading thread cannot send PutResults itself: it blocks reading the next
-    batch while a client may wait for PutResults before it writes more.
-
-    After a failure no further batch is written; the batches written before it are still
-    committed (and acknowledged while the client can still be sent PutResults), and
-    :meth:`check` / :meth:`finish` raise the first error. Every staged batch is committed
-    before :meth:`finish` returns even when a PutResult could not be sent (the client is gone):
-    its offset is reserved, so the next commit of the stream by any writer would make it
-    durable and visible anyway, and it must be there before the call ends (a producer that lost
-    the call reads back what landed once no call of its writer is in progress:
-    ``stream.writer_wait``). A failure of the writing or acknowledging thread is also told to
-    the client at once, by a last PutResult ``{"error": <message>}``: the handler thread may be
-    blocked reading the next batch while the client waits for PutResults before it writes
-    more, so the call can only end (with the error's status) once the client writes again or
-    finishes writing.
-    """
-
-    def __init__(
-        self,
-        store: StreamStore,
-        name: str,
-        writer: flight.FlightMetadataWriter,
-        writer_name: str = "",
-        budget: MemoryBudget | None = None,
-    ) -> None:
-        self._budget = budget  # each queued batch holds its nbytes until committed
-        self._store = store
-        self._name = name
-        self._writer = writer
-        self._writer_name = writer_name
-        self._batches: queue.Queue[
-            tuple[pa.RecordBatch | Marker, _Reservation | None] | None
-        ] = queue.Queue(_PUT_QUEUE_BATCHES)
-        self._pending: queue.SimpleQueue[
-            tuple[PendingAppend, Marker | None, _Reservation | None] | None
-        ] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._threads = [
-            threading.Thread(target=self._write, name="flight-serve-doput-write"),
-            threading.Thread(target=self._acknowledge, name="flight-serve-doput-ack"),
-        ]
-        for thread in self._threads:
-            thread.start()
-        self._finished = False
-
-    def put(self, batch: pa.RecordBatch | Marker) -> None:
-        """Queue ``batch`` (or a marker) for writing (blocks while the writing thread is
-        behind, and under a memory budget while it has no room: OverloadError after its
-        wait)."""
-        self.check()
-        held = None
-        if self._budget is not None and isinstance(batch, pa.RecordBatch):
-            held = self._budget.reserve(batch.nbytes, "doput", "this DoPut batch")
-        self._batches.put((batch, held))
-
-    def check(self) -> None:
-        """Raise the first error of the pipeline's threads, if any."""
-        if self._error is not None:
-            raise self._error
-
-    def finish(self) -> None:
-        """Wait until every batch queued so far is written and acknowledged (or skipped after a
-        failure); raise the first error, if any."""
-        if not self._finished:
-            self._finished = True
-            self._batches.put(None)
-            for thread in self._threads:
-                thread.join()
-        self.check()
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._error is None:
-            self._error = exc
-
-    def _report(self, exc: BaseException) -> None:
-        """Send the PutResult ``{"error": <message>}`` (nothing if sending fails too)."""
-        with contextlib.suppress(Exception):
-            self._writer.write(pa.py_buffer(json.dumps({"error": str(exc)}).encode()))
-
-    def _write(self) -> None:
-        last: PendingAppend | None = None  # the call's batches land as a prefix of what it sent
-        try:
-            while (item := self._batches.get()) is not None:
-                batch, held = item
-                if self._error is not None and held is not None:
-                    held.release()
-                if self._error is None:  # after a failure, only drain the queue
-                    try:
-                        if isinstance(batch, Marker):
-                            last = self._store.write_marker(
-                                self._name,
-                                self._writer_name,
-                                watermark_ns=batch.watermark_ns,
-                                end_of_input=batch.end_of_input,
-                                after=last,
-                            )
-                            self._pending.put((last, batch, held))
-                        else:
-                            last = self._store.write(
-                                self._name, batch, writer=self._writer_name, after=last
-                            )
-                            self._pending.put((last, None, held))
-                    except BaseException as exc:
-                        if held is not None:
-                            held.release()
-                        self._fail(exc)
-                        self._pending.put(None)  # the acknowledging thread reports it now
-        finally:
-            self._pending.put(None)
-
-    def _acknowledge(self) -> None:
-        failed = False  # no PutResult after a failed commit or send
-        while (item := self._pending.get()) is not None:
-            pending, marker, held = item
-            try:
-                # Committed even after a failure: a staged frame's offset is reserved, and the
-                # stream's next commit by any writer would publish it after this call ended.
-                offset = self._store.commit(pending)
-            except BaseException as exc:
-                if not failed:
-                    failed = True
-                    self._fail(exc)
-                    self._report(exc)
-                continue
-            finally:
-                if held is not None:
-                    held.release()  # durable on disk (or failed): no longer held in memory
-            if failed:
-                continue
-            result = (
-                {"offset": offset, "rows": pending.rows}
-                if marker is None
-                else _marker_ack(offset, marker)
-            )
-            try:
-                self._writer.write(pa.py_buffer(json.dumps(result).encode()))
-            except BaseException as exc:
-                failed = True
-                self._fail(exc)
-                self._report(exc)
-        if not failed and self._error is not None:
-            self._report(self._error)  # the writing thread failed
-
-
 class FlightServeService(flight.FlightServerBase):
     """flight-serve's Flight service over a :class:`~flight_serve.store.StreamStore`.
 
@@ -326,11 +113,11 @@ class FlightServeService(flight.FlightServerBase):
         max_batch_bytes: largest DoPut batch accepted (``RecordBatch.nbytes``), 64 MiB by default.
         tail_poll_s: how often (seconds) a waiting tail checks for cancellation and shutdown.
         users: user name -> password; every call then needs them (Basic handshake, then the
-            bearer token it returns; :mod:`flight_serve.flight.auth`). ``None``: open.
+            bearer token it returns; :mod:`flight_serve.flight.ops.auth`). ``None``: open.
         memory_budget: bounds query inputs, DoPut batches in flight and window state
-            (:class:`~flight_serve.flight.limits.MemoryBudget`); ``None``: no budget.
+            (:class:`~flight_serve.flight.ops.limits.MemoryBudget`); ``None``: no budget.
         statement_timeout_s: seconds a SQL query (DoGet) or Flight SQL statement may run
-            before DEADLINE_EXCEEDED (:mod:`flight_serve.flight.query`); ``None``: no limit.
+            before DEADLINE_EXCEEDED (:mod:`flight_serve.flight.sql.query`); ``None``: no limit.
         query_work_bytes: DataFusion's memory pool per query under a budget, bytes.
         **kwargs: passed to :class:`pyarrow.flight.FlightServerBase` (auth, TLS, middleware).
 
@@ -376,21 +163,21 @@ class FlightServeService(flight.FlightServerBase):
         self._puts_changed = threading.Condition()
         self.register_action(
             "stream.writer_wait",
-            'Wait until no DoPut of a named writer is in progress (the batches of a call whose '
+            "Wait until no DoPut of a named writer is in progress (the batches of a call whose "
             'client is gone are all written first). Body: {"stream": name, "writer": name, '
             '"timeout_s": 10}. Result: {"active": <DoPut calls still in progress>}.',
             self._action_writer_wait,
         )
         self.flightsql = FlightSqlHandler(store)
         self.flightsql.engine.limits = self.query_limits
-        self.plugins = PluginHub()  # attached plugin instances (flight/plugins.py, issue 7)
+        self.plugins = PluginHub()  # attached plugin instances (flight/plugin_exchange.py)
         #: the server's PipelineManager, set by start_server (None: no pipelines); the console
         #: reads pipelines through it (flight_serve.console.source)
         self.pipeline_manager: Any = None
         self.register_action(
             "plugin.list",
-            "The attached plugin instances. Body: {} (or empty). Result: {\"instances\": {name: "
-            "[{id, max_in_flight, outstanding, sent, answered, timeouts}]}, \"errors\": {name: "
+            'The attached plugin instances. Body: {} (or empty). Result: {"instances": {name: '
+            '[{id, max_in_flight, outstanding, sent, answered, timeouts}]}, "errors": {name: '
             "last error}}.",
             lambda context, body: [json.dumps(self.plugins.describe()).encode()],
         )
@@ -450,7 +237,7 @@ class FlightServeService(flight.FlightServerBase):
         as an entry without rows and acknowledged like a batch. Ending the call without
         ``{"end_of_input": true}`` does not end the writer.
 
-        Pipelined with group commit (see :class:`_PutPipeline`): reading, encoding and the
+        Pipelined with group commit (see :class:`~flight_serve.flight.doput.PutPipeline`): reading, encoding and the
         disk overlap, one fdatasync covers every batch written so far, and each PutResult is
         sent only after the fdatasync that covers its batch.
 
@@ -463,12 +250,12 @@ class FlightServeService(flight.FlightServerBase):
                 return
         except Exception as exc:
             _fail(exc, "DoPut")
-        pipeline: _PutPipeline | None = None
+        pipeline: PutPipeline | None = None
         target: tuple[str, str] | None = None
         hold: WriterHold | None = None
         try:
             require_role(context, "write", "DoPut")
-            name, writer_name = self._put_target(descriptor)
+            name, writer_name = put_target(descriptor)
             if writer_name:  # a named writer has one live DoPut (the unnamed one is shared)
                 since = datetime.now(UTC).isoformat(timespec="seconds")
                 hold = self.store.hold_writer(
@@ -476,7 +263,7 @@ class FlightServeService(flight.FlightServerBase):
                 )
             target = self._put_begins(name, writer_name)
             self.store.create(name, reader.schema)
-            pipeline = _PutPipeline(self.store, name, writer, writer_name, self.memory_budget)
+            pipeline = PutPipeline(self.store, name, writer, writer_name, self.memory_budget)
             for chunk in reader:
                 batch = chunk.data
                 if batch is None:  # metadata-only message: a marker
@@ -536,8 +323,8 @@ class FlightServeService(flight.FlightServerBase):
             if (command := flightsql_command(descriptor)) is not None:
                 return self.flightsql.get_flight_info(context, descriptor, command)
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
-                return self._stream_flight_info(self.store.info(self._stream_of(descriptor)))
-            schema, ticket = plan(self._sql_of(descriptor), self.store)
+                return self._stream_flight_info(self.store.info(stream_of(descriptor)))
+            schema, ticket = plan(sql_of(descriptor), self.store)
             endpoint = flight.FlightEndpoint(encode_ticket(ticket), [])
             return flight.FlightInfo(schema, descriptor, [endpoint], -1, -1)
         except Exception as exc:
@@ -551,9 +338,9 @@ class FlightServeService(flight.FlightServerBase):
             if (command := flightsql_command(descriptor)) is not None:
                 return flight.SchemaResult(self.flightsql.get_schema(context, command))
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
-                schema = self.store.info(self._stream_of(descriptor)).schema
+                schema = self.store.info(stream_of(descriptor)).schema
             else:
-                schema, _ = plan(self._sql_of(descriptor), self.store)
+                schema, _ = plan(sql_of(descriptor), self.store)
             return flight.SchemaResult(schema)
         except Exception as exc:
             raise for_get_schema(to_flight_error(exc, rpc="GetSchema")) from None
@@ -730,9 +517,9 @@ class FlightServeService(flight.FlightServerBase):
         writer: flight.MetadataRecordBatchWriter,
     ) -> None:
         """Run an inline streaming transform (:mod:`flight_serve.flight.exchange`), or serve an
-        attached plugin for ``path = ["plugins", name]`` (:mod:`flight_serve.flight.plugins`)."""
+        attached plugin for ``path = ["plugins", name]`` (:mod:`flight_serve.flight.plugin_exchange`)."""
         from flight_serve.flight.exchange import handle_exchange
-        from flight_serve.flight.plugins import handle_plugin_exchange
+        from flight_serve.flight.plugin_exchange import handle_plugin_exchange
 
         try:
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
@@ -770,7 +557,7 @@ class FlightServeService(flight.FlightServerBase):
         ]
 
     def _action_stream_drop(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
-        name = _body_stream(json_action_body(body, "stream.drop"), "stream.drop")
+        name = body_stream(json_action_body(body, "stream.drop"), "stream.drop")
         self.store.drop(name)
         return [json.dumps({"dropped": name}).encode()]
 
@@ -779,7 +566,7 @@ class FlightServeService(flight.FlightServerBase):
         progress: a producer that lost its connection calls it before it reads back what
         landed, so that no batch of its old call is written after the read."""
         parsed = json_action_body(body, "stream.writer_wait")
-        name = _body_stream(parsed, "stream.writer_wait")
+        name = body_stream(parsed, "stream.writer_wait")
         writer = parsed.get("writer")
         if not isinstance(writer, str):
             raise ActionError('stream.writer_wait: "writer" must be a writer name (a string)')
@@ -795,56 +582,9 @@ class FlightServeService(flight.FlightServerBase):
 
     def _action_stream_tail(self, context: flight.ServerCallContext, body: bytes) -> list[bytes]:
         parsed = json_action_body(body, "stream.tail")
-        name = _body_stream(parsed, "stream.tail")
+        name = body_stream(parsed, "stream.tail")
         offset = parsed.get("offset", 0)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ActionError('stream.tail: "offset" must be an integer >= 0')
         info = self.store.info(name)
         return [encode_ticket(TailTicket(name, info.incarnation, offset))]
-
-    # --- descriptors -------------------------------------------------------------------------
-
-    @staticmethod
-    def _stream_of(descriptor: flight.FlightDescriptor) -> str:
-        if descriptor.descriptor_type != flight.DescriptorType.PATH:
-            raise InvalidInputError("expected a path descriptor naming one stream")
-        path = descriptor.path or []
-        if len(path) != 1:
-            raise InvalidInputError(
-                f"a stream path descriptor has exactly one element, got {len(path)}"
-            )
-        raw = path[0]
-        try:
-            name = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-        except UnicodeDecodeError:
-            raise InvalidInputError("the stream name is not UTF-8") from None
-        return validate_stream_name(name)
-
-    def _put_target(self, descriptor: flight.FlightDescriptor) -> tuple[str, str]:
-        """``(stream, writer)`` of a DoPut: ``path = [stream]`` (the unnamed writer ``""``) or
-        ``[stream, writer]``."""
-        path = []
-        if descriptor.descriptor_type == flight.DescriptorType.PATH:
-            path = list(descriptor.path or [])
-        if len(path) != 2:
-            return self._stream_of(descriptor), ""
-        stream = self._stream_of(flight.FlightDescriptor.for_path(path[0]))
-        raw = path[1]
-        try:
-            writer = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-        except UnicodeDecodeError:
-            raise InvalidInputError("the writer name is not UTF-8") from None
-        if WRITER_NAME_PATTERN.fullmatch(writer) is None:
-            raise InvalidInputError(
-                f"invalid writer name {writer!r}: use 1 to 200 characters out of [A-Za-z0-9_.:@-]"
-            )
-        return stream, writer
-
-    @staticmethod
-    def _sql_of(descriptor: flight.FlightDescriptor) -> str:
-        if descriptor.descriptor_type != flight.DescriptorType.CMD:
-            raise InvalidInputError("expected a path or command descriptor")
-        try:
-            return (descriptor.command or b"").decode("utf-8")
-        except UnicodeDecodeError:
-            raise QueryError("the SQL command is not UTF-8") from None

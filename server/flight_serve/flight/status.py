@@ -15,8 +15,9 @@ against pyarrow 26 (``tests/integration/test_flight_streams.py::test_status_code
   offers no way to send ALREADY_EXISTS from a Python handler).
 - ``UnsupportedError`` (``unsupported``): UNIMPLEMENTED; the client raises
   ``pa.ArrowNotImplementedError``.
-- ``OverloadError`` (``overload``): UNAVAILABLE; ``flight.FlightUnavailableError``, with a retry
-  hint in the message and ``extra_info`` JSON ``{"retryable": true}``.
+- ``OverloadError`` (``overload``) and ``ExternalError`` (``external``: a remote server, catalog,
+  graph or disk failed): UNAVAILABLE; ``flight.FlightUnavailableError``, with a retry hint in the
+  message and ``extra_info`` JSON ``{"retryable": true}``.
 - ``StorageError`` and other ``internal`` errors: INTERNAL; ``flight.FlightInternalError``.
 - a ``pa.ArrowInvalid`` raised by pyarrow itself (e.g. a malformed upload): INVALID_ARGUMENT.
 - any ``flight.FlightError`` (e.g. ``FlightCancelledError``): its class, message and
@@ -29,7 +30,7 @@ against pyarrow 26 (``tests/integration/test_flight_streams.py::test_status_code
 is UNKNOWN too -- both are avoided here.)
 
 What a client sees: flight-serve's own message, then ``(request id <id>)`` (the call's
-``x-request-id``, :mod:`flight_serve.flight.requestlog`), never server internals. The failure is
+``x-request-id``, :mod:`flight_serve.flight.ops.requestlog`), never server internals. The failure is
 logged under the same ``request_id`` with its traceback (``exc`` in the JSON line).
 
 pyarrow appends ``". Detail: Python exception: Traceback ..."`` (the handler's frames and file
@@ -44,7 +45,7 @@ InvalidArgument"``. (CPython 3.11 / 3.12 read ``__notes__`` unguarded; the test
 back.)
 
 Log level per class: user mistakes (``input``, ``not_found``, ``already_exists``) at INFO,
-overload at WARNING, internal errors and bugs at ERROR with the traceback, a cancelled call at
+overload and external failures at WARNING, internal errors and bugs at ERROR with the traceback, a cancelled call at
 DEBUG.
 """
 
@@ -54,12 +55,12 @@ import json
 import logging
 import threading
 import uuid
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flight_serve.errors import FlightServeError, InvalidInputError
+from flight_serve.errors import Domain, FlightServeError, InvalidInputError
 
 __all__ = [
     "Failed",
@@ -155,6 +156,7 @@ _LEVEL_BY_DOMAIN: Final = {
     "already_exists": logging.INFO,
     "unsupported": logging.INFO,
     "overload": logging.WARNING,
+    "external": logging.WARNING,
     "internal": logging.ERROR,
 }
 
@@ -189,6 +191,28 @@ def _clip(message: str) -> str:
     if len(message) <= MAX_MESSAGE_CHARS:
         return message
     return f"{message[:MAX_MESSAGE_CHARS]}… ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+
+
+def _by_domain(domain: Domain, message: str) -> Exception | None:
+    """The client-side exception for a :class:`FlightServeError` of ``domain``, or ``None`` for
+    ``internal`` (logged with its traceback and an error id by the caller). Exhaustive over
+    :data:`~flight_serve.errors.Domain`: a new domain fails the type check until it is mapped."""
+    match domain:
+        case "input" | "already_exists":
+            return InvalidArgument(with_request_id(message))
+        case "not_found":
+            return NotFound(with_request_id(message))
+        case "unsupported":
+            return Unimplemented(with_request_id(message))
+        case "overload" | "external":
+            return flight.FlightUnavailableError(
+                with_request_id(f"{message} (retryable: try again after a short delay)"),
+                json.dumps({"retryable": True}).encode(),
+            )
+        case "internal":
+            return None
+        case _:
+            assert_never(domain)
 
 
 def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
@@ -230,21 +254,10 @@ def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
         log.log(level, "request failed: %s", text, extra=fields, exc_info=exc)
         return client
 
-    if isinstance(exc, FlightServeError) and exc.domain != "internal":
-        if exc.domain in ("input", "already_exists"):
-            return logged(message, InvalidArgument(with_request_id(message)))
-        if exc.domain == "not_found":
-            return logged(message, NotFound(with_request_id(message)))
-        if exc.domain == "unsupported":
-            return logged(message, Unimplemented(with_request_id(message)))
-        if exc.domain == "overload":
-            return logged(
-                message,
-                flight.FlightUnavailableError(
-                    with_request_id(f"{message} (retryable: try again after a short delay)"),
-                    json.dumps({"retryable": True}).encode(),
-                ),
-            )
+    if isinstance(exc, FlightServeError):
+        mapped = _by_domain(exc.domain, message)
+        if mapped is not None:
+            return logged(message, mapped)
     if isinstance(exc, InvalidArgument | NotFound | Unimplemented):
         return exc  # already mapped (and logged) by an inner handler
     if isinstance(exc, flight.FlightError):

@@ -2,7 +2,7 @@
 
 A plugin process attaches with ``DoExchange(path = ["plugins", <name>])`` (the wire protocol is
 specified in schemas/README.md, "Plugin protocol"; the Flight handler is
-:mod:`flight_serve.flight.plugins`). The handler registers one :class:`PluginInstance` per attached
+:mod:`flight_serve.flight.plugin_exchange`). The handler registers one :class:`PluginInstance` per attached
 exchange in the server's :class:`PluginHub`; a pipeline stage (``CREATE FUNCTION … WITH
 (connector = 'plugin')``, docs/pipelines.md) calls the plugin through a :class:`PluginStage`:
 

@@ -1,4 +1,4 @@
--- issue 3: TUMBLE 10, count, B = 0, L = 5 (a pipeline option), emit final (the default).
+-- TUMBLE 10, count, B = 0, L = 5 (a pipeline option), emit final (the default).
 -- rows (a,1) (a,4) (a,12) (a,7) (a,16) (a,8): [0,10) fires once at W = 16 >= 10 + 5 with count 3
 -- ((a,7) arrived at W = 12 < 15: accepted); (a,8) at W = 16 is late; [10,20) fires at end.
 SET allowed_lateness = '5s';

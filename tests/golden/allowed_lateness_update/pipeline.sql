@@ -1,4 +1,4 @@
--- issue 3: the same rows with emit update and L = 5 as per-query options (named arguments):
+-- the same rows with emit update and L = 5 as per-query options (named arguments):
 -- (a,0,10,2) revision 0 at W = 12; (a,0,10,3) revision 1 when (a,7) arrives;
 -- (a,8) at W = 16 >= 10 + 5 is late; (a,10,20,2) revision 0 at end.
 CREATE SOURCE input (

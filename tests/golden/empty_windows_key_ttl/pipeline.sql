@@ -1,4 +1,4 @@
--- issue 3: opt-in empty windows. TUMBLE 10, count and sum, B = 0, key_ttl 15 s; one row per batch.
+-- opt-in empty windows. TUMBLE 10, count and sum, B = 0, key_ttl 15 s; one row per batch.
 -- rows (a,1) (b,3) (a,12) (a,45) (b,71). A key gets an empty window [s,e) (count 0, sum NULL)
 -- when it had a row in [s - 15, s) and none in [s,e):
 --   [0,10)   a 1, b 1 (real)

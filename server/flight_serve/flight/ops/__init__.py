@@ -1,0 +1,1 @@
+"""Operating the server: authentication, roles, limits, metrics, request logs and health."""

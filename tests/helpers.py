@@ -1,0 +1,261 @@
+"""Helpers shared by the test files (importable as ``helpers``: pytest puts ``tests/`` on the path).
+
+``wait_until``: poll a condition until it holds or a deadline passes.
+``act``: a Flight action with a JSON body, its one result read as JSON.
+``rows_of``: a stream's rows, read through GetFlightInfo and DoGet.
+``tuples`` and ``Run``: a window operator's emissions, step by step, as rows.
+``KTV_EVENTS`` and ``KTV_COUNTS_SQL``: rows (k, t, v) and a tumbling count over them.
+``free_port``, ``ServeProcess``: a free loopback port; ``flight-serve serve`` as a real process.
+``scrape_metrics``: a Prometheus scrape; ``cancel_flight_info_body``: a CancelFlightInfo action body.
+``ID_TIMES``, ``id_rows``: rows (id, t = id ms).
+``stream_rows``, ``ID_EVENTS``, ``id_batches``: what two chained servers pass on, by unique id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from flight_serve.engine.operator import Emission, WindowOperator
+
+WAIT_S = 30.0
+CLI = Path(sys.executable).parent / "flight-serve"
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    what: str,
+    timeout_s: float = WAIT_S,
+    poll_s: float = 0.05,
+    ignoring: tuple[type[BaseException], ...] = (),
+) -> None:
+    """Call ``condition`` every ``poll_s`` seconds until it returns true.
+
+    An exception of a class in ``ignoring`` counts as "not yet" (a server that is restarting).
+    Raises ``AssertionError`` naming ``what`` after ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if condition():
+                return
+        except ignoring:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def act(
+    client: flight.FlightClient | str, action: str, body: object, timeout_s: float | None = None
+) -> Any:
+    """Run the Flight action ``action`` with ``body`` sent as JSON; its one result read as JSON.
+
+    ``client`` is a connected client, or a location (``grpc://HOST:PORT``) to connect to for
+    this one call. ``timeout_s`` bounds the call (None: no bound). Fails unless the action
+    answers with exactly one result.
+    """
+    if isinstance(client, str):
+        with flight.connect(client) as connected:
+            return act(connected, action, body, timeout_s)
+    options = flight.FlightCallOptions(timeout=timeout_s) if timeout_s is not None else None
+    (result,) = client.do_action(flight.Action(action, json.dumps(body).encode()), options=options)
+    return json.loads(result.body.to_pybytes())
+
+
+def rows_of(client: flight.FlightClient | str, stream: str) -> list[dict[str, Any]]:
+    """The rows of ``stream`` (its first endpoint) as dicts, in stream order.
+
+    ``client`` is a connected client, or a location to connect to for this one read.
+    """
+    if isinstance(client, str):
+        with flight.connect(client) as connected:
+            return rows_of(connected, stream)
+    info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
+    rows: list[dict[str, Any]] = client.do_get(info.endpoints[0].ticket).read_all().to_pylist()
+    return rows
+
+
+def tuples(table: pa.Table) -> list[tuple[Any, ...]]:
+    """The rows of ``table`` as tuples, in column order."""
+    return [tuple(r.values()) for r in table.to_pylist()]
+
+
+@dataclass
+class Run:
+    """A window operator fed step by step: ``steps[i]`` is the emission after the i-th feed and
+    ``steps[-1]`` the one of ``finish()``."""
+
+    op: WindowOperator
+    steps: list[Emission]
+
+    @property
+    def outputs(self) -> list[list[tuple[Any, ...]]]:
+        """Output rows per step (last: end of input)."""
+        return [tuples(e.output) for e in self.steps]
+
+    @property
+    def late(self) -> list[list[tuple[Any, ...]]]:
+        """Late side-output rows per step: key, t, v, _late_reason, _window_start, _window_end."""
+        return [tuples(e.late) for e in self.steps]
+
+
+#: rows ``(k, t, v)``: a key, an event time in whole seconds, a value
+KTV_EVENTS = pa.schema([("k", pa.string()), ("t", pa.timestamp("s")), ("v", pa.int64())])
+
+#: a pipeline counting and summing ``v`` per key in 10 s tumbling windows of a source ``events``
+#: of :data:`KTV_EVENTS`; ``.format(source=<its WITH options>, sink=<the output stream>)``
+KTV_COUNTS_SQL = """
+SET checkpoint_interval = '1h';
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH ({source});
+CREATE SINK {sink} WITH (connector = 'flight', stream = '{sink}');
+INSERT INTO {sink}
+SELECT k, window_start, window_end, count(*) AS n, sum(v) AS total
+FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
+"""
+
+
+# --- flight-serve as a real process, and the rows two chained servers pass on ---------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServeProcess:
+    """``flight-serve serve`` on ``port`` over ``data``, as a real process (``env``: extra
+    environment, e.g. a fault-injection point)."""
+
+    def __init__(self, data: Path, port: int, **env: str) -> None:
+        self.data, self.port = data, port
+        self.location = f"grpc://127.0.0.1:{port}"
+        self.log = open(data.parent / f"{data.name}.log", "a")  # noqa: SIM115 (closed in close)
+        self.proc = subprocess.Popen(
+            [
+                str(CLI),
+                "serve",
+                "--port",
+                str(port),
+                "--health-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--data-dir",
+                str(data),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env={**os.environ, **env},
+        )
+        assert self.proc.stdout is not None
+        if not self.proc.stdout.readline().strip():
+            self.proc.wait(10)
+            raise AssertionError(f"the server did not start: see {self.log.name}")
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(20) == -signal.SIGKILL
+        self.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(20)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def stream_rows(location: str, stream: str) -> list[dict[str, Any]]:
+    """The rows of ``stream`` at ``location`` (first endpoint); [] while it does not exist."""
+    try:
+        with flight.connect(location) as client:
+            info = client.get_flight_info(flight.FlightDescriptor.for_path(stream))
+            table = client.do_get(info.endpoints[0].ticket).read_all()
+    except pa.ArrowKeyError:
+        return []
+    return [row for row in table.to_pylist()]
+
+
+#: rows with a unique ``id``, a key, an event time in milliseconds and a value
+ID_EVENTS = pa.schema(
+    [("id", pa.int64()), ("k", pa.string()), ("t", pa.timestamp("ms")), ("v", pa.int64())]
+)
+
+
+def id_batches(first_id: int, count: int, rows: int = 10) -> list[pa.RecordBatch]:
+    """``count`` batches of ``rows`` rows, ids from ``first_id``, t = id seconds."""
+    out = []
+    for b in range(count):
+        ids = list(range(first_id + b * rows, first_id + (b + 1) * rows))
+        out.append(
+            pa.RecordBatch.from_pydict(
+                {
+                    "id": ids,
+                    "k": ["abc"[i % 3] for i in ids],
+                    "t": [i * 1000 for i in ids],
+                    "v": [i * i % 97 for i in ids],
+                },
+                schema=ID_EVENTS,
+            )
+        )
+    return out
+
+
+# --- Prometheus, CancelFlightInfo, rows by id -----------------------------------------------
+
+
+def scrape_metrics(port: int) -> dict[str, dict[frozenset[tuple[str, str]], float]]:
+    """The samples of the Prometheus text at ``http://127.0.0.1:PORT/metrics``: name -> labels -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples: dict[str, dict[frozenset[tuple[str, str]], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+    return samples
+
+
+def cancel_flight_info_body(info: flight.FlightInfo) -> bytes:
+    """``CancelFlightInfoRequest {FlightInfo info = 1}`` (pyarrow has no binding)."""
+    data = info.serialize()
+    length, size = bytearray(), len(data)
+    while True:
+        length.append((size & 0x7F) | (0x80 if size > 0x7F else 0))
+        size >>= 7
+        if not size:
+            break
+    return b"\x0a" + bytes(length) + data
+
+
+#: rows ``(id, t)`` with ``t`` = ``id`` milliseconds
+ID_TIMES = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))])
+
+
+def id_rows(first: int, count: int) -> pa.Table:
+    """``count`` rows of :data:`ID_TIMES`, ids from ``first``."""
+    ids = list(range(first, first + count))
+    return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=ID_TIMES)
