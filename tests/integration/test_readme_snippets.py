@@ -5,7 +5,7 @@ where ``.venv`` is this test's virtual environment (so ``.venv/bin/flight-serve`
 fresh interpreter there.
 
 Two changes are made to the text, both for a shared test machine, never to what a block does: the
-Flight port ``8815`` becomes a free port (its health and metrics ports, +1 and +2, free too), and
+Flight port ``8815`` becomes a free port (its health, metrics and console ports, +1 to +3, free too), and
 ``--host 0.0.0.0`` becomes ``--host 127.0.0.1 --port <free>`` (tests listen on loopback only).
 """
 
@@ -88,21 +88,22 @@ def test_every_block_is_run_or_listed_with_a_reason() -> None:
 
 
 def free_port() -> int:
-    """A port with the next two free as well (health and metrics default to +1 and +2)."""
+    """A port with the next three free as well (health, metrics and the console default to +1,
+    +2 and +3)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port + 2 > 65535:
+        if port + 3 > 65535:
             continue
         try:
-            for p in (port + 1, port + 2):
+            for p in (port + 1, port + 2, port + 3):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", p))
         except OSError:
             continue
         return port
-    raise RuntimeError("no three free consecutive ports")
+    raise RuntimeError("no four free consecutive ports")
 
 
 @pytest.fixture

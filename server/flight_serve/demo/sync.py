@@ -54,6 +54,7 @@ from flight_serve.connectors.iceberg import (
     default_catalog_properties,
     load_iceberg_catalog,
 )
+from flight_serve.console import start_console
 from flight_serve.demo.falkordb_server import URL_ENV, start_falkordb
 from flight_serve.demo.nycflights13 import load_airports, load_flights
 from flight_serve.flight.server import start_server
@@ -241,6 +242,8 @@ def run_sync_demo(
     months: int = 12,
     timeout_s: float = 120.0,
     console: Console | None = None,
+    month_pause_s: float = 0.0,
+    web_console: bool = True,
 ) -> int:
     """Run the sync demo (see the module docstring); return the exit code (0).
 
@@ -252,6 +255,10 @@ def run_sync_demo(
         months: how many months of 2013 to append (1 to 12).
         timeout_s: seconds to wait for the graph to show one month.
         console: where to print.
+        month_pause_s: seconds to wait after each month (``make demo``: 1 s, so the web
+            console's plots can be watched moving).
+        web_console: serve the web console (:mod:`flight_serve.console`) on a free port and
+            print its address.
 
     Raises:
         TimeoutError: the pipeline did not catch up with a month in ``timeout_s`` seconds.
@@ -273,9 +280,15 @@ def run_sync_demo(
     with (
         _falkordb(falkordb_url or os.environ.get(URL_ENV)) as url,
         start_server(data_dir) as service,
+        contextlib.ExitStack() as stack,
     ):
         location = service.location
         console.print(f"FalkorDB: {url}   flight-serve: {location}   Iceberg: {data_dir}/iceberg")
+        if web_console:
+            web = stack.enter_context(start_console(service))
+            console.print(
+                f"web console: {web.url} (pipeline flights_sync: its lag and throughput plots)"
+            )
         catalog = load_iceberg_catalog("default", default_catalog_properties(data_dir))
         names = SyncNames(
             "lake.flights", "lake.hourly_delays", "routes", data_dir / "demo" / "airports.parquet",
@@ -331,6 +344,7 @@ def run_sync_demo(
                 f"{snapshot.snapshot_id if snapshot else '?'}; graph updated through "
                 f"{target[:10]} {lag:5.2f} s after the commit"
             )
+            time.sleep(month_pause_s)
         lags.sort()
         console.print(
             f"sync lag (Iceberg commit -> graph update): median {lags[len(lags) // 2]:.2f} s, "

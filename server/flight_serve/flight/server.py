@@ -229,6 +229,7 @@ def start_server(
 
             manager = PipelineManager(store, data_dir, plugins=service.plugins)
             register_pipeline_actions(service.register_action, manager)
+            service.pipeline_manager = manager
             if service.memory_budget is not None:
                 service.memory_budget.state_bytes = _window_state_bytes(manager)
             if metrics is not None:
@@ -289,7 +290,12 @@ def _drain_deadline(timeout_s: float) -> None:
     os._exit(0)
 
 
-def serve_forever(config: ServerConfig) -> int:
+def serve_forever(
+    config: ServerConfig,
+    *,
+    console_port: int | None = None,
+    start_console: Callable[..., Any] | None = None,
+) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the process exit code.
 
     Logs JSON lines to stderr (a ``listening`` line with the ``location``) and prints the
@@ -320,6 +326,11 @@ def serve_forever(config: ServerConfig) -> int:
     :mod:`flight_serve.flight.sql.query`'s limits (``None``: none); a DoPut batch above
     ``max_batch_bytes`` (``RecordBatch.nbytes``) is INVALID_ARGUMENT. All the settings are
     :class:`~flight_serve.flight.config.ServerConfig`'s.
+
+    With ``start_console`` (:func:`flight_serve.console.start_console`, passed in by the CLI:
+    the console sits above this package) the web console listens on ``console_port``
+    (``None``: the Flight port + 3, or a free port when ``port`` is 0) with the server's tokens,
+    users and TLS; the ``listening`` line gives its ``console_url``.
     """
     configure_json_logging()
     host, port, data_dir = config.host, config.port, Path(config.data_dir)
@@ -353,6 +364,7 @@ def serve_forever(config: ServerConfig) -> int:
 
     previous: dict[signal.Signals, Any] = {}
     health: HealthServer | None = None
+    console: Any = None
     watchdog: threading.Timer | None = None
     metrics = config.metrics if config.metrics is not None else Metrics()
     budget = config.memory_budget
@@ -382,12 +394,23 @@ def serve_forever(config: ServerConfig) -> int:
             if metrics_port is None:
                 metrics_port = service.port + 2 if port else 0
             metrics.serve_http(host, metrics_port)
+            if start_console is not None:
+                if console_port is None:
+                    console_port = service.port + 3 if port else 0
+                console = start_console(
+                    service, host, console_port, tokens=tokens, users=users, tls=config.tls
+                )
             log.info(
                 "listening",
                 extra={
                     "location": service.location,
                     "health_port": health.port,
                     "metrics_port": metrics.http_port,
+                    **(
+                        {"console_port": console.port, "console_url": console.url}
+                        if console is not None
+                        else {}
+                    ),
                     "data_dir": str(data_dir),
                     "fsync": config.fsync,
                 },
@@ -402,6 +425,9 @@ def serve_forever(config: ServerConfig) -> int:
                     except FlightServeError:
                         log.exception("retention failed")
             health.set_draining()  # NOT_SERVING while pipelines checkpoint and calls drain
+            if console is not None:  # before the store and the pipelines close
+                console.stop()
+                console = None
             log.info(
                 "shutting down",
                 extra={
@@ -420,6 +446,8 @@ def serve_forever(config: ServerConfig) -> int:
     finally:
         if watchdog is not None:
             watchdog.cancel()
+        if console is not None:
+            console.stop()
         if health is not None:
             health.stop()
         metrics.stop()

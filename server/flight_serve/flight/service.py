@@ -171,6 +171,9 @@ class FlightServeService(flight.FlightServerBase):
         self.flightsql = FlightSqlHandler(store)
         self.flightsql.engine.limits = self.query_limits
         self.plugins = PluginHub()  # attached plugin instances (flight/plugin_exchange.py)
+        #: the server's PipelineManager, set by start_server (None: no pipelines); the console
+        #: reads pipelines through it (flight_serve.console.source)
+        self.pipeline_manager: Any = None
         self.register_action(
             "plugin.list",
             'The attached plugin instances. Body: {} (or empty). Result: {"instances": {name: '

@@ -1,0 +1,258 @@
+"""The console in a real browser: Playwright driving Debian's chromium (/usr/bin/chromium,
+installed by ``make chromium``; never a downloaded browser), headless, against a live
+``flight-serve serve`` (conftest.py). Screenshots go to build/console-screenshots/.
+
+``make screenshot`` runs :func:`test_readme_screenshot` with ``CONSOLE_SCREENSHOT=docs/console.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ADMIN_TOKEN, READ_TOKEN, Deployment, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = Path(__file__).parents[2] / "build" / "console-screenshots"
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (make chromium installs Debian's)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright (the [test] extra)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        yield browser
+        browser.close()
+
+
+def page_with(browser: Any, deployment: Deployment, token: str | None, path: str = "") -> Any:
+    """A new page on the console, signed in with ``token`` (None: not signed in)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.errors = errors
+    page.goto(deployment.live.console_url + path)
+    if token is not None:
+        page.fill("#token", token)
+        page.click("#login-form button")
+        page.wait_for_selector("#login", state="hidden")
+    return page
+
+
+def shot(page: Any, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_a_plot_moves_while_the_pipeline_runs(browser: Any, deployment: Deployment) -> None:
+    deployment.feeder.start()
+    page = page_with(browser, deployment, READ_TOKEN, f"#/pipeline/{deployment.pid}")
+    page.wait_for_selector("#plot-throughput canvas")
+    wait_until(lambda: int(page.get_attribute("#plot-lag", "data-points") or 0) >= 3, "3 points")
+    first = int(page.get_attribute("#plot-lag", "data-points") or 0)
+    first_lag = float(page.get_attribute("#plot-lag", "data-last") or "nan")
+    time.sleep(3)
+    later = int(page.get_attribute("#plot-lag", "data-points") or 0)
+    later_lag = float(page.get_attribute("#plot-lag", "data-last") or "nan")
+    assert later >= first + 2  # a sample a second
+    assert later_lag < first_lag  # event time runs ~50x the wall clock: the lag shrinks
+    wait_until(lambda: page.text_content("#card-rate") not in ("-", "0"), "a rate shown")
+    assert page.locator("#graph .node").count() == 5
+    assert "rows out" in (page.text_content('[data-node="source:events"]') or "")
+    wait_until(lambda: "submitted" in (page.text_content("#logs") or ""), "live logs")
+    assert page.locator("#checkpoints-table tbody tr").count() >= 1
+    assert page.is_disabled("#cancel")  # a read token: no admin buttons
+    assert page.is_disabled("#checkpoint")
+    shot(page, "pipeline-running")
+    assert page.errors == []
+    page.context.close()
+
+
+def test_pipelines_page_numbers_equal_the_flight_status(browser: Any, deployment: Deployment) -> None:
+    status = deployment.settle()
+    page = page_with(browser, deployment, READ_TOKEN, "#/pipelines")
+    row = page.locator(f'#pipelines tr[data-id="{deployment.pid}"]')
+    row.wait_for()
+    wait_until(
+        lambda: row.locator('[data-col="rows_in"]').text_content() == f"{status['rows_in']:,}",
+        "rows in shown",
+    )
+    cells = {c: row.locator(f'[data-col="{c}"]').text_content() for c in
+             ("id", "state", "watermark", "watermark_lag_s", "rows_in", "late_rows")}  # fmt: skip
+    watermark = status["watermark"].replace("T", " ").replace("+00:00", " UTC")
+    assert cells["id"] == deployment.pid
+    assert cells["state"] == "running"
+    assert cells["watermark"] == watermark
+    assert cells["rows_in"] == f"{deployment.feeder.rows:,}"
+    assert cells["late_rows"] == f"{deployment.feeder.late:,}"
+    h, m, s = (int(x) for x in (cells["watermark_lag_s"] or "").split(":"))
+    assert abs(h * 3600 + m * 60 + s - deployment.live.status(deployment.pid)["watermark_lag_s"]) < 3
+    page.fill("#filter", "no-such-pipeline")
+    assert page.locator("#pipelines tbody tr").count() == 0
+    page.fill("#filter", "run")
+    assert page.locator("#pipelines tbody tr").count() == 1
+    page.click('#pipelines th[data-key="rows_in"]')
+    assert page.get_attribute('#pipelines th[data-key="rows_in"]', "class") == "sortable sorted-asc"
+    shot(page, "pipelines")
+    assert page.errors == []
+    page.context.close()
+
+
+def test_streams_page(browser: Any, deployment: Deployment) -> None:
+    deployment.settle()
+    page = page_with(browser, deployment, READ_TOKEN, "#/streams")
+    page.wait_for_selector("#streams tbody tr")
+    names = page.locator('#streams [data-col="name"]').all_text_contents()
+    assert names == ["counts", "events", "late_rows"]
+    counts = page.locator('#streams tr[data-id="counts"] [data-col="writers"]').text_content()
+    assert counts == f"counts ({deployment.pid})"
+    events = page.locator('#streams tr[data-id="events"] [data-col="rows"]').text_content()
+    assert events == f"{deployment.feeder.rows:,}"
+    assert (page.text_content("main") or "").endswith("UTC")  # the table, nothing after it
+    shot(page, "streams")
+    page.click('#streams a:text-is("events")')
+    page.wait_for_selector("#rows tbody tr")
+    assert page.text_content("#card-rows") == f"{deployment.feeder.rows:,}"
+    assert page.locator("#schema tbody tr").all_text_contents() == [
+        "kstringyes", "ttimestamp[s]yes", "vint64yes"
+    ]
+    newest = deployment.feeder.batch(deployment.feeder.batches - 1).to_pylist()[-1]
+    first_row = page.locator("#rows tbody tr").first.locator("td").all_text_contents()
+    assert first_row == [str(deployment.feeder.batches - 1), newest["k"], newest["t"].isoformat(),
+                         str(newest["v"])]  # fmt: skip
+    shot(page, "stream-events")
+    assert page.errors == []
+    page.context.close()
+
+
+def test_sql_box_returns_the_right_rows(browser: Any, deployment: Deployment) -> None:
+    deployment.settle()
+    sql = "SELECT k, count(*) AS n, sum(v) AS total FROM events GROUP BY k ORDER BY k"
+    expected = deployment.live.query(sql).to_pylist()
+    page = page_with(browser, deployment, READ_TOKEN, "#/sql")
+    page.fill("#sql-input", sql)
+    page.click("#run")
+    page.wait_for_selector("#result tbody tr")
+    got = [row.locator("td").all_text_contents() for row in page.locator("#result tbody tr").all()]
+    assert got == [[r["k"], str(r["n"]), str(r["total"])] for r in expected]
+    assert re.fullmatch(r"2 rows in \d+\.\d ms", page.text_content("#sql-info") or "")
+    with page.expect_download() as download:
+        page.click("#csv")
+    assert download.value.suggested_filename == "result.csv"
+    text = Path(download.value.path()).read_text()
+    assert text.splitlines() == ['"k","n","total"'] + [
+        f'"{r["k"]}",{r["n"]},{r["total"]}' for r in expected
+    ]
+    shot(page, "sql")
+    page.fill("#sql-input", "SELECT * FROM nope")
+    page.click("#run")
+    page.wait_for_selector("#sql-info.error")
+    assert "nope" in (page.text_content("#sql-info") or "")
+    assert page.errors == []
+    page.context.close()
+
+
+def test_late_rows_page(browser: Any, deployment: Deployment) -> None:
+    deployment.settle()
+    page = page_with(browser, deployment, READ_TOKEN, f"#/late/{deployment.pid}")
+    page.wait_for_selector("#late-rows tbody tr")
+    rows = page.locator("#late-rows tbody tr").count()
+    assert rows == min(deployment.feeder.late, 100)
+    assert f"{deployment.feeder.late:,} late rows so far" in (page.text_content("#late-outputs") or "")
+    shot(page, "late-rows")
+    assert page.errors == []
+    page.context.close()
+
+
+def test_a_bad_token_is_refused(browser: Any, deployment: Deployment) -> None:
+    page = page_with(browser, deployment, None)
+    page.wait_for_selector("#login", state="visible")
+    assert page.text_content("#login-error") == ""
+    page.fill("#token", "not-a-token")
+    page.click("#login-form button")
+    page.wait_for_function("document.getElementById('login-error').textContent !== ''")
+    assert page.text_content("#login-error") == "unknown token or credentials"
+    assert page.is_visible("#login")
+    assert page.locator("#pipelines").count() == 0
+    shot(page, "bad-token")
+    page.context.close()
+
+
+def test_a_read_token_cannot_cancel_and_an_admin_can(browser: Any, deployment: Deployment) -> None:
+    page = page_with(browser, deployment, READ_TOKEN, f"#/pipeline/{deployment.pid}")
+    page.wait_for_selector("#cancel")
+    assert page.is_disabled("#cancel")
+    answer = page.evaluate(
+        """async (pid) => {
+             const r = await fetch('/api/v1/pipelines/' + pid + '/cancel', {method: 'POST',
+               headers: {Authorization: 'Bearer ' + sessionStorage.getItem('flight-serve-token')}});
+             return [r.status, (await r.json()).error];
+           }""",
+        deployment.pid,
+    )
+    assert answer == [
+        403, f"this token lacks the admin role that POST /api/v1/pipelines/{deployment.pid}/cancel needs"
+    ]
+    assert deployment.live.status(deployment.pid)["state"] == "running"
+    page.context.close()
+
+    # last: an admin cancels from the page (the pipeline stays cancelled for the module)
+    page = page_with(browser, deployment, ADMIN_TOKEN, f"#/pipeline/{deployment.pid}")
+    page.wait_for_selector("#cancel:not([disabled])")
+    page.click("#checkpoint")
+    page.wait_for_function("document.getElementById('action-message').textContent.includes('completed')")
+    assert '"completed":true' in (page.text_content("#action-message") or "")
+    page.click("#cancel")
+    wait_until(lambda: deployment.live.status(deployment.pid)["state"] == "cancelled", "cancelled")
+    page.wait_for_function("document.getElementById('card-state').textContent === 'cancelled'")
+    page.context.close()
+
+
+def test_readme_screenshot(browser: Any, deployment: Deployment) -> None:
+    """The README's picture (docs/console.png with CONSOLE_SCREENSHOT set): a pipeline's page
+    while it is fed."""
+    out = os.environ.get("CONSOLE_SCREENSHOT")
+    live = deployment.live
+    pid = live.action(
+        "pipeline.submit",
+        {"sql": deployment_sql(), "name": "hourly"},
+    )["id"]
+    deployment.feeder.start()
+    page = page_with(browser, deployment, ADMIN_TOKEN, f"#/pipeline/{pid}")
+    wait_until(lambda: int(page.get_attribute("#plot-lag", "data-points") or 0) >= 12, "12 s of plot",
+               timeout_s=60)  # fmt: skip
+    deployment.feeder.stop()
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    path = SHOTS / "readme.png"
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), full_page=False)
+    if out:
+        shutil.copyfile(path, out)
+    page.context.close()
+
+
+def deployment_sql() -> str:
+    from .conftest import PIPELINE
+
+    return PIPELINE.replace("'counts'", "'counts_hourly'").replace(
+        "'late_rows'", "'late_hourly'"
+    ).replace("INTERVAL '10' SECOND)", "INTERVAL '1' MINUTE)")
