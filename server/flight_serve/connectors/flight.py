@@ -57,11 +57,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, cast
 
 import pyarrow as pa
 import pyarrow.flight as paflight
 
+from flight_serve.connectors.base import SourceEvent
 from flight_serve.connectors.columns import conform
 from flight_serve.connectors.columns import same_rows as _same_rows
 from flight_serve.errors import ConnectorError, FlightServeError
@@ -91,30 +92,6 @@ _BACKOFF_S: Final = (0.05, 2.0)
 _QUEUE_ENTRIES: Final = 64
 #: How often the reading thread looks for a stream that does not exist yet (seconds).
 _WAIT_FOR_STREAM_S: Final = 0.1
-
-SourceEventKind = Literal["batch", "partition", "watermark", "end", "backlog"]
-
-
-@dataclass(frozen=True)
-class SourceEvent:
-    """One thing a :class:`FlightSource` read (see the module docstring).
-
-    Attributes:
-        kind: ``batch`` (rows of ``partition``), ``partition`` (a new writer), ``watermark``
-            (``partition``'s explicit watermark, ``watermark_ns``), ``end`` (``partition`` ended)
-            or ``backlog`` (whether the tail has unread entries, ``backlog``).
-        partition: the writer.
-        batch: the rows of a ``batch`` event, in the source's schema.
-        offset: the stream offset of a ``batch``, ``watermark`` or ``end`` event.
-    """
-
-    kind: SourceEventKind
-    partition: str = ""
-    batch: pa.RecordBatch | None = None
-    watermark_ns: int | None = None
-    backlog: bool = False
-    offset: int = -1
-
 
 @dataclass(frozen=True)
 class WriterHistory:

@@ -81,8 +81,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_serve.connectors.base import SourceEvent
 from flight_serve.connectors.columns import conform, floor_timestamps
-from flight_serve.connectors.flight import SourceEvent
 from flight_serve.errors import CheckpointError, ConnectorError
 
 if TYPE_CHECKING:

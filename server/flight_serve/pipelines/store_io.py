@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from flight_serve.connectors.base import SourceEvent
 from flight_serve.connectors.columns import conform
-from flight_serve.connectors.flight import SourceEvent
 from flight_serve.errors import (
     CheckpointError,
     ConnectorError,
