@@ -115,10 +115,17 @@ class Source(Protocol):
         rows: rows handed out so far (restored ones included).
     """
 
-    schema: pa.Schema
-    partitions: tuple[str, ...]
-    initial_watermarks: dict[str, int]
-    rows: int
+    @property
+    def schema(self) -> pa.Schema: ...
+
+    @property
+    def partitions(self) -> tuple[str, ...]: ...
+
+    @property
+    def initial_watermarks(self) -> dict[str, int]: ...
+
+    @property
+    def rows(self) -> int: ...
 
     @property
     def live(self) -> bool:
@@ -155,8 +162,8 @@ class Source(Protocol):
 class Sink(Protocol):
     """A sink of a run without checkpoints: rows go out as they are produced."""
 
-    def write(self, batch: pa.RecordBatch, /) -> None:
-        """Write ``batch`` (in the sink's schema)."""
+    def write(self, batch: pa.RecordBatch, /) -> object:
+        """Write ``batch`` (in the sink's schema); what it returns is not used."""
         ...
 
     def end_input(self) -> None:

@@ -55,7 +55,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -332,11 +332,6 @@ class FlightSource:
         self.schema: pa.Schema = schema if schema is not None else info[0]  # type: ignore[index]
         #: rows handed out (from a checkpoint on, when a checkpointed run sets it)
         self.rows = 0
-        #: called before each poll (a checkpointed run's barrier: every event polled before
-        #: has been processed, so :meth:`position_state` is a consistent cut there)
-        self.barrier: Any = lambda: None
-        #: called with each batch handed out
-        self.counted: Any = lambda batch: None
         #: ``None``: give up after :data:`RECONNECT_ATTEMPTS` failed reconnections in a row;
         #: else after this many seconds of them (checkpointed runs: :data:`RETRY_BUDGET_S`;
         #: also the wait of a source whose server was unreachable when it was made)
@@ -475,6 +470,17 @@ class FlightSource:
         """Entries the server held beyond the last one handed out, as of the last message."""
         return max(self._server_end - self._position, 0)
 
+    #: a live source: polls may wait for input (connectors/base.py)
+    live: Final = True
+
+    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
+        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
+        self.start()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The offset as checkpoint JSON (:meth:`position_state`)."""
+        return dict(self.position_state())
+
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON: the next entry not handed out, the incarnation, and
         the columns read (``schema``: the Arrow IPC schema in base64; a resumed run whose
@@ -509,7 +515,6 @@ class FlightSource:
         """
         if self._done:
             return []
-        self.barrier()
         self.start()
         events: list[SourceEvent] = []
         try:
@@ -568,7 +573,6 @@ class FlightSource:
                 SourceEvent("batch", writer, conform(entry.batch, self.schema, self.what), offset=entry.offset)
             )
             self.rows += entry.batch.num_rows
-            self.counted(entry.batch)
         elif entry.end_of_input:
             if writer not in self._ended:
                 self._ended.add(writer)
@@ -1523,10 +1527,6 @@ class FlightTicketSource(_Retrying):
             self.retry_s = retry_s
             self.schema = schema if schema is not None else reader.schema
             self._check_columns(reader.schema)
-        #: called before each poll: a checkpointed run's barrier
-        self.barrier: Any = lambda: None
-        #: called with each batch handed out
-        self.counted: Any = lambda batch: None
 
     @property
     def done(self) -> bool:
@@ -1540,6 +1540,17 @@ class FlightTicketSource(_Retrying):
 
     def start(self) -> None:
         """Nothing to start: reads happen in :meth:`poll`."""
+
+    #: a live source: polls may wait for input (connectors/base.py)
+    live: Final = True
+
+    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
+        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
+        self.start()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The offset as checkpoint JSON (:meth:`position_state`)."""
+        return dict(self.position_state())
 
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON: rows handed out, whether the DoGet ended, and the
@@ -1607,7 +1618,6 @@ class FlightTicketSource(_Retrying):
         """
         if self._done:
             return []
-        self.barrier()
         if self.waiting_to_open:  # the server was unreachable when the pipeline was planned
             reader = self._retry("opening the DoGet", self._open, failed=self._unreachable)
             self.waiting_to_open = False
@@ -1624,7 +1634,6 @@ class FlightTicketSource(_Retrying):
             offset = self.rows
             self.rows += batch.num_rows
             events.append(SourceEvent("batch", "", conform(batch, self.schema, self.what), offset=offset))
-            self.counted(batch)
         return events
 
     def close(self) -> None:

@@ -72,11 +72,11 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -857,10 +857,6 @@ class IcebergSource:
         self.rows = 0
         self.snapshots_read = 0
         self.skipped: list[str] = []
-        #: called before each poll: the runtime's barrier (a checkpoint may be taken there)
-        self.barrier: Callable[[], None] = lambda: None
-        #: called with each batch handed out
-        self.counted: Callable[[pa.RecordBatch | None], None] = lambda batch: None
         self._ended = False
         self._done = False
         self._backlog = False
@@ -971,6 +967,17 @@ class IcebergSource:
 
     def close(self) -> None:
         """Nothing to close (the catalog is shared)."""
+
+    #: a live source: polls may wait for input (connectors/base.py)
+    live: Final = True
+
+    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
+        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
+        self.start()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The offset as checkpoint JSON (:meth:`position_state`)."""
+        return dict(self.position_state())
 
     def position_state(self) -> dict[str, Any]:
         """The offset as checkpoint JSON: the last consumed snapshot id, and the bounds."""
@@ -1263,15 +1270,14 @@ class IcebergSource:
     def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
         """Read the next snapshots (up to the rate limits, and no further snapshot once the poll
         holds ``max_entries`` batches: a snapshot is never split), waiting up to ``timeout_s``
-        seconds for the next check when it is not due. The barrier runs first (every event of
-        the previous poll has been processed).
+        seconds for the next check when it is not due (every event of the previous poll has
+        been processed: a checkpoint barrier may have been taken since).
 
         Raises:
             NonAppendSnapshotError: an overwrite or delete snapshot not to be skipped.
             SnapshotExpiredError, SnapshotNotInHistoryError: see :meth:`pending`.
             ConnectorError: the table is gone, or a data file does not fit.
         """
-        self.barrier()
         if self._done:
             return []
         if self._ended:
@@ -1314,7 +1320,6 @@ class IcebergSource:
                 for batch in batches:
                     events.append(SourceEvent("batch", self.partition, batch))
                     self.rows += batch.num_rows
-                    self.counted(batch)
             self._queue.popleft()
             self.snapshot_id, self._first = snapshot.snapshot_id, None
             self._seq = _sequence(snapshot)

@@ -29,7 +29,8 @@ name a stream of *this* server, and go straight to its
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final
 
 import pyarrow as pa
 
@@ -168,10 +169,6 @@ class StoreSource:
         self.position = start_offset  # the next entry to read
         self.end_offset = info.next_offset if info is not None else 0
         self._backlog = self.end_offset > start_offset
-        #: called before each poll: the runtime's barrier (a checkpoint may be taken there)
-        self.barrier: Callable[[], None] = lambda: None
-        #: called with each batch handed out
-        self.counted: Callable[[pa.RecordBatch | None], None] = lambda batch: None
 
     @property
     def done(self) -> bool:
@@ -185,6 +182,17 @@ class StoreSource:
 
     def start(self) -> None:
         """Nothing to start: reads happen in :meth:`poll`."""
+
+    #: a live source: polls may wait for input (connectors/base.py)
+    live: Final = True
+
+    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
+        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
+        self.start()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The offset as checkpoint JSON (:meth:`position_state`)."""
+        return dict(self.position_state())
 
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON."""
@@ -201,12 +209,11 @@ class StoreSource:
     def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
         """The next entries (up to ``max_entries``), waiting up to ``timeout_s`` seconds when
         there are none. Every event returned by the previous poll has been processed when this
-        is called, so the barrier runs first.
+        is called (a checkpoint barrier may have been taken since).
 
         Raises:
             ConnectorError: the stream was dropped, or a batch does not fit the declared columns.
         """
-        self.barrier()
         if self.incarnation is None:
             if not self.store.exists(self.stream):
                 time.sleep(min(timeout_s, _WAIT_FOR_STREAM_S))
@@ -229,7 +236,6 @@ class StoreSource:
                 if batch is not None:
                     events.append(SourceEvent("batch", writer, conform(batch, self.schema, self.what), offset=offset))
                     self.rows += batch.num_rows
-                    self.counted(batch)
                 elif entry.end_of_input:
                     if writer not in self._ended:  # a writer ends once
                         self._ended.add(writer)
