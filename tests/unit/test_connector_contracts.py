@@ -1,5 +1,5 @@
 """The contracts between the runtime and its connectors (connectors/base.py), the connector
-registry (pipelines/connectors.py) and the checkpoint coordinator's barriers
+registry (pipelines/connect.py) and the checkpoint coordinator's barriers
 (pipelines/coordinator.py), against real files and a real checkpointed run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from flight_serve.connectors.base import Source, SourceEvent
 from flight_serve.connectors.file import FileSource
 from flight_serve.errors import CheckpointError, PipelineSQLError
-from flight_serve.pipelines.connectors import CONNECTORS, REGISTRY, check_checkpointed
+from flight_serve.pipelines.connect import CONNECTORS, REGISTRY, check_checkpointed
 from flight_serve.pipelines.durable import DurableRuntime
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.run_options import RunOptions

@@ -43,9 +43,10 @@ as :class:`~flight_serve.errors.ConnectorOptionError` with the option's name and
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import pyarrow as pa
 
@@ -54,6 +55,7 @@ from flight_serve.errors import ConnectorOptionError
 __all__ = [
     "EpochSink",
     "OptionValue",
+    "ResumedSource",
     "Sink",
     "Source",
     "SourceEvent",
@@ -157,6 +159,31 @@ class Source(Protocol):
     def close(self) -> None:
         """Stop reading and let go of connections. Idempotent."""
         ...
+
+
+class ResumedSource(ABC):
+    """The :class:`Source` methods of a live source that is built from its offset (the resume
+    state goes to its constructor, which checks it): :meth:`open` starts it, :meth:`snapshot`
+    is its :meth:`position_state`."""
+
+    #: a live source: polls may wait for input
+    live: Final = True
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start reading (a reading thread, a connection)."""
+
+    @abstractmethod
+    def position_state(self) -> Mapping[str, Any]:
+        """The offset of every event handed out so far, as checkpoint JSON."""
+
+    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
+        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
+        self.start()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The offset as checkpoint JSON (:meth:`position_state`)."""
+        return dict(self.position_state())
 
 
 class Sink(Protocol):

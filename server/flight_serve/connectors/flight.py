@@ -55,14 +55,14 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import pyarrow as pa
 import pyarrow.flight as paflight
 
-from flight_serve.connectors.base import SourceEvent
+from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform
 from flight_serve.connectors.columns import same_rows as _same_rows
 from flight_serve.errors import ConnectorError, FlightServeError
@@ -262,7 +262,7 @@ class _Closed(Exception):
     """The source was closed while its reading thread waited."""
 
 
-class FlightSource:
+class FlightSource(ResumedSource):
     """Tails a server stream as a pipeline source (see the module docstring).
 
     Args:
@@ -469,17 +469,6 @@ class FlightSource:
     def lag_entries(self) -> int:
         """Entries the server held beyond the last one handed out, as of the last message."""
         return max(self._server_end - self._position, 0)
-
-    #: a live source: polls may wait for input (connectors/base.py)
-    live: Final = True
-
-    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
-        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
-        self.start()
-
-    def snapshot(self) -> dict[str, Any]:
-        """The offset as checkpoint JSON (:meth:`position_state`)."""
-        return dict(self.position_state())
 
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON: the next entry not handed out, the incarnation, and
@@ -1441,7 +1430,7 @@ class FlightStreamTarget(_Retrying):
         self._drop()
 
 
-class FlightTicketSource(_Retrying):
+class FlightTicketSource(_Retrying, ResumedSource):
     """A bounded pipeline source: the batches of one DoGet ticket on any Flight server.
 
     The source has one watermark partition (``""``) that ends when the DoGet ends. Its offset
@@ -1540,17 +1529,6 @@ class FlightTicketSource(_Retrying):
 
     def start(self) -> None:
         """Nothing to start: reads happen in :meth:`poll`."""
-
-    #: a live source: polls may wait for input (connectors/base.py)
-    live: Final = True
-
-    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
-        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
-        self.start()
-
-    def snapshot(self) -> dict[str, Any]:
-        """The offset as checkpoint JSON (:meth:`position_state`)."""
-        return dict(self.position_state())
 
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON: rows handed out, whether the DoGet ended, and the

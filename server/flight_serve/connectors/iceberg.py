@@ -72,16 +72,16 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flight_serve.connectors.base import SourceEvent
+from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform, floor_timestamps
 from flight_serve.errors import CheckpointError, ConnectorError
 
@@ -763,7 +763,7 @@ def _added_records(snapshot: Snapshot) -> int:
     return int(text) if text.isdigit() else 0
 
 
-class IcebergSource:
+class IcebergSource(ResumedSource):
     """An Iceberg table as a live pipeline source (see the module docstring).
 
     Output: batches of ``schema`` (the declared columns, cast; else the table's columns with
@@ -967,17 +967,6 @@ class IcebergSource:
 
     def close(self) -> None:
         """Nothing to close (the catalog is shared)."""
-
-    #: a live source: polls may wait for input (connectors/base.py)
-    live: Final = True
-
-    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
-        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
-        self.start()
-
-    def snapshot(self) -> dict[str, Any]:
-        """The offset as checkpoint JSON (:meth:`position_state`)."""
-        return dict(self.position_state())
 
     def position_state(self) -> dict[str, Any]:
         """The offset as checkpoint JSON: the last consumed snapshot id, and the bounds."""

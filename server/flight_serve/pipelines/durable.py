@@ -58,7 +58,7 @@ from flight_serve.connectors.flight import (
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.errors import CheckpointError, ConnectorError, FlightServeError
 from flight_serve.pipelines.checkpoint import CheckpointStore
-from flight_serve.pipelines.connectors import check_checkpointed
+from flight_serve.pipelines.connect import check_checkpointed
 from flight_serve.pipelines.coordinator import (
     CRASH_ENV,
     CheckpointCoordinator,

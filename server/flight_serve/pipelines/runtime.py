@@ -59,7 +59,7 @@ from flight_serve.errors import (
     FlightServeError,
     PipelineSQLError,
 )
-from flight_serve.pipelines.connectors import CONNECTORS, FLIGHT_AUTH_OPTIONS, connector_of
+from flight_serve.pipelines.connect import CONNECTORS, FLIGHT_AUTH_OPTIONS, connector_of
 from flight_serve.pipelines.coordinator import CheckpointCoordinator
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.graph import (
@@ -89,7 +89,7 @@ from flight_serve.pipelines.pipeline import (
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.store.streams import data_dir_holder
 
-__all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]  # CONNECTORS: see .connectors
+__all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]  # CONNECTORS: see .connect
 
 #: How often (seconds) windowed queries re-check idle partitions while a live source is quiet:
 #: a quarter of the smallest ``idle_timeout``, within these bounds.
@@ -279,7 +279,7 @@ class PipelineRuntime:
     # --- building -----------------------------------------------------------------------------
 
     def _connector(self, options: dict[str, Option], role: str, what: str) -> str:
-        """The name of the connector ``options`` name (checked: :func:`.connectors.connector_of`)."""
+        """The name of the connector ``options`` name (checked: :func:`.connect.connector_of`)."""
         return connector_of(options, role, what).name
 
     def _file_source(self, relation: RelationDef, role: str) -> FileSource:

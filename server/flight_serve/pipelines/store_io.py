@@ -29,12 +29,11 @@ name a stream of *this* server, and go straight to its
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from flight_serve.connectors.base import SourceEvent
+from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform
 from flight_serve.errors import (
     CheckpointError,
@@ -52,7 +51,7 @@ PARTITION = ""
 _WAIT_FOR_STREAM_S = 0.05
 
 
-class StoreSource:
+class StoreSource(ResumedSource):
     """A stream of this server as a pipeline source (see the module docstring).
 
     Args:
@@ -182,17 +181,6 @@ class StoreSource:
 
     def start(self) -> None:
         """Nothing to start: reads happen in :meth:`poll`."""
-
-    #: a live source: polls may wait for input (connectors/base.py)
-    live: Final = True
-
-    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
-        """Start reading (:meth:`start`); the offset to resume from was given when it was built."""
-        self.start()
-
-    def snapshot(self) -> dict[str, Any]:
-        """The offset as checkpoint JSON (:meth:`position_state`)."""
-        return dict(self.position_state())
 
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON."""
