@@ -63,21 +63,21 @@ def graph(falkordb_url: str) -> Iterator[tuple[str, Any]]:
 @pytest.fixture
 def stop_after() -> Callable[[Any, Any, int], None]:
     """``stop_after(runtime, source, n)``: ``runtime.request_stop()`` once ``source`` (a live
-    source of the run) has handed out its ``n``-th batch (its ``counted`` hook, which still
-    counts)."""
+    source of the run) has handed out its ``n``-th batch (the checkpoint coordinator's
+    ``event_hooks``, called for each event it counts)."""
 
     def arm(runtime: Any, source: Any, n: int) -> None:
-        counted = source.counted
+        name = next(k for k, s in runtime.flight_sources.items() if s is source)
         seen = 0
 
-        def count(batch: Any) -> None:
+        def count(counted: str, event: Any) -> None:
             nonlocal seen
-            counted(batch)
-            seen += 1
-            if seen == n:
-                runtime.request_stop()
+            if counted == name and event.kind == "batch":
+                seen += 1
+                if seen == n:
+                    runtime.request_stop()
 
-        source.counted = count
+        runtime.coordinator.event_hooks.append(count)
 
     return arm
 

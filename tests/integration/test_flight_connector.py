@@ -24,8 +24,9 @@ import pyarrow.csv as pacsv
 import pyarrow.flight as flight
 import pytest
 from flight_serve.flight.service import FlightServeService
+from flight_serve.pipelines.graph import WindowNode as _WindowNode
 from flight_serve.pipelines.pipeline import parse_pipeline
-from flight_serve.pipelines.runtime import PipelineRuntime, _WindowNode
+from flight_serve.pipelines.runtime import PipelineRuntime
 from flight_serve_client import FlightServeClient
 
 pytestmark = pytest.mark.integration

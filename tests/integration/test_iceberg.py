@@ -738,16 +738,12 @@ def test_pipeline_killed_at_each_batch_and_resumed_equals_the_straight_run(
 ) -> None:
     flights_table(tmp_path)
     runtime = durable_run(tmp_path)
-    barrier = runtime.barrier
 
-    def dying() -> None:
-        if runtime._events >= cut:
+    def dying(counted: int) -> None:
+        if counted >= cut:
             raise Crash
-        barrier()
 
-    runtime.barrier = dying  # type: ignore[method-assign]
-    for source in runtime._iceberg_sources().values():
-        source.barrier = dying
+    runtime.coordinator.barrier_hooks.append(dying)
     with pytest.raises(Crash):
         for _ in runtime.run():
             pass
@@ -1315,16 +1311,12 @@ INSERT INTO o SELECT * FROM s;
             output_dir=tmp_path / "out",
         )
         if cut is not None:
-            barrier = runtime.barrier
 
-            def dying() -> None:
-                if runtime._events >= cut:
+            def dying(counted: int) -> None:
+                if counted >= cut:
                     raise Crash
-                barrier()
 
-            runtime.barrier = dying  # type: ignore[method-assign]
-            for source in runtime._iceberg_sources().values():
-                source.barrier = dying
+            runtime.coordinator.barrier_hooks.append(dying)
         for _ in runtime.run():
             pass
         return runtime

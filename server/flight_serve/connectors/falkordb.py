@@ -1043,6 +1043,9 @@ class FalkorDBSink:
         )
         return [str(line) for line in plan]
 
+    def end_input(self) -> None:
+        """Nothing to mark at the end of input (:class:`~flight_serve.connectors.base.Sink`)."""
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
         if self._db is not None:

@@ -7,7 +7,11 @@ Source (:class:`FileSource`)
     :meth:`FileSource.round_robin` reads them one batch at a time in turn, so the slowest file
     holds the operator watermark back and no file makes another's rows late. A file's end is its
     partition's end of input. Every batch has exactly ``batch_rows`` rows except the last of a file.
-    Replay: a file source is bounded; a rerun reads every file again from the start.
+    Replay: a file source is bounded; a rerun reads every file again from the start. In a
+    checkpointed run it is the :class:`~flight_serve.connectors.base.Source` of
+    :meth:`FileSource.poll`: its offset (:meth:`FileSource.snapshot`) is, per file, the batches
+    read and whether it ended, and the file read next; :meth:`FileSource.restore` resumes from one
+    in the same round-robin order, so a resumed run reads the same batches as the straight run.
 
 Static table (:meth:`FileSource.read_all`)
     The same reader, read once, in full.
@@ -29,9 +33,9 @@ from __future__ import annotations
 
 import glob
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -40,8 +44,9 @@ if TYPE_CHECKING:  # pyarrow.parquet pulls in pyarrow.fs and ssl: imported when 
     import pyarrow.parquet as pq
 import pyarrow.json as pajson
 
+from flight_serve.connectors.base import SourceEvent
 from flight_serve.connectors.columns import conform, json_value
-from flight_serve.errors import ConnectorError
+from flight_serve.errors import CheckpointError, ConnectorError
 
 __all__ = ["DEFAULT_BATCH_ROWS", "FORMATS", "FileSink", "FileSource", "format_of", "resolve_paths"]
 
@@ -150,10 +155,14 @@ class FileSource:
         schema: the declared columns, or ``None`` to infer them from the first file.
         delimiter: the CSV field delimiter (one character).
         base_dir: partitions are named by their path relative to this directory when inside it.
+        name: the source's name (for messages).
 
     Raises:
         ConnectorError: ``batch_rows`` < 1, a bad delimiter or an unknown format.
     """
+
+    #: a bounded source: one batch per poll, round-robin with the other files of the run
+    live: Final = False
 
     def __init__(
         self,
@@ -164,6 +173,7 @@ class FileSource:
         schema: pa.Schema | None = None,
         delimiter: str = ",",
         base_dir: Path | None = None,
+        name: str = "",
     ) -> None:
         if batch_rows < 1:
             raise ConnectorError(f"file connector: batch_rows must be at least 1, got {batch_rows}")
@@ -182,6 +192,19 @@ class FileSource:
                 names.append(str(path))
         self.partitions: tuple[str, ...] = tuple(names)
         self._schema: pa.Schema | None = schema
+        self.name = name
+        self.initial_watermarks: dict[str, int] = {}
+        # the cursor (see the module docstring): batches read and ended, per file; the next file
+        count = len(paths)
+        self.read_batches = [0] * count
+        self.ended = [False] * count
+        self.next_index = 0
+        self.rows = 0
+        #: partitions of files gone since the checkpoint (``offset_reset = 'earliest'``): each
+        #: ends ahead of every other event
+        self.ghosts: list[str] = []
+        self.sizes: list[int] = []
+        self._open: dict[int, Iterator[pa.RecordBatch]] = {}
 
     @property
     def schema(self) -> pa.Schema:
@@ -270,6 +293,161 @@ class FileSource:
                     still.append((name, batches))
             live = still
 
+    # --- the Source contract (connectors/base.py) ----------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether every file has ended (and every gone file's end was handed out)."""
+        return not self.ghosts and all(self.ended)
+
+    @property
+    def backlog(self) -> bool:
+        """A file being read always has unread rows until it ends."""
+        return not self.done
+
+    def measure(self) -> None:
+        """Record the size of every file (a checkpoint names it, and a resume compares it).
+
+        Raises:
+            ConnectorError: a file cannot be read.
+        """
+        try:
+            self.sizes = [p.stat().st_size for p in self.paths]
+        except OSError as exc:
+            raise ConnectorError(f"source {self.name}: {exc}") from exc
+
+    def restore(
+        self,
+        state: Mapping[str, Any],
+        epoch: int | None,
+        *,
+        offset_reset: str = "latest",
+        on_gap: Callable[[str], None] | None = None,
+    ) -> None:
+        """Resume from a :meth:`snapshot` taken at checkpoint ``epoch`` (call :meth:`measure`
+        first). A file read to its end may be gone; one that is not ends its partition under
+        ``offset_reset = 'earliest'`` (``on_gap`` is told), else it is refused.
+
+        Raises:
+            CheckpointError: a file appeared, changed or (not read to its end) vanished since
+                the checkpoint; the message says what to do.
+        """
+        what = f"source {self.name} (checkpoint {epoch})"
+        recorded = [dict(f) for f in state["files"]]
+        by_name = {f["partition"]: f for f in recorded}
+        current = list(self.partitions)
+        added = [p for p in current if p not in by_name]
+        if added:
+            raise CheckpointError(
+                f"{what}: file(s) {', '.join(added)} appeared since the checkpoint; a resume "
+                "reads the files it started with: move the new ones away until the run "
+                "finishes, or start over with --fresh"
+            )
+        for i, partition in enumerate(current):
+            entry = by_name[partition]
+            if int(entry["size"]) != self.sizes[i]:
+                raise CheckpointError(
+                    f"{what}: {self.paths[i]} changed since the checkpoint ({entry['size']} -> "
+                    f"{self.sizes[i]} bytes); its offset (batch {entry['batches']}) no longer "
+                    "names the same rows: restore the file, or start over with --fresh"
+                )
+            self.read_batches[i] = int(entry["batches"])
+            self.ended[i] = bool(entry["ended"])
+        for entry in recorded:
+            if entry["partition"] in current or entry["ended"]:
+                continue  # a file read to its end may go: nothing of it is needed
+            if offset_reset != "earliest":
+                raise CheckpointError(
+                    f"{what}: {entry['path']} is gone, and the run had read {entry['batches']} "
+                    "of its batches (not all): its offset cannot be resumed. Restore the file, "
+                    "start over with --fresh, or SET offset_reset = 'earliest' to end that "
+                    "partition there and go on (its unread rows are skipped and reported)"
+                )
+            self.ghosts.append(str(entry["partition"]))
+            if on_gap is not None:
+                on_gap(
+                    f"source {self.name}: {entry['path']} is gone after {entry['batches']} "
+                    "batches; its unread rows are skipped and its partition ends "
+                    "(offset_reset = 'earliest')"
+                )
+        self.rows = int(state.get("rows", 0))
+        # the next file: the first one still live at or after the recorded position
+        order = [f["partition"] for f in recorded]
+        following = order[int(state.get("next", 0)) :] + order
+        index = {p: i for i, p in enumerate(current)}
+        self.next_index = next(
+            (index[p] for p in following if p in index and not self.ended[index[p]]), 0
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The offset as JSON (see the module docstring; :meth:`measure` first)."""
+        return {
+            "kind": "file",
+            "files": [
+                {
+                    "partition": partition,
+                    "path": str(path),
+                    "size": size,
+                    "batches": batches,
+                    "ended": ended,
+                }
+                for partition, path, size, batches, ended in zip(
+                    self.partitions,
+                    self.paths,
+                    self.sizes,
+                    self.read_batches,
+                    self.ended,
+                    strict=True,
+                )
+            ],
+            "next": self.next_index,
+            "rows": self.rows,
+        }
+
+    def open(self, resume: Mapping[str, Any] | None = None, /) -> None:
+        """Nothing to open: files are opened as they are read (the factory restored the offset)."""
+
+    def poll(self, timeout_s: float = 0.0, max_events: int = 1, /) -> list[SourceEvent]:
+        """The next event of the round-robin (never waits, one event a poll): a batch of the
+        next file, or its end; a gone file's end first.
+
+        Raises:
+            ConnectorError: a file cannot be read or does not match the schema.
+            CheckpointError: a file holds fewer batches than the offset restored.
+        """
+        if self.ghosts:  # files gone under offset_reset = 'earliest': they end here
+            return [SourceEvent("end", self.ghosts.pop(0))]
+        live = [i for i in range(len(self.paths)) if not self.ended[i]]
+        if not live:
+            return []
+        index = next((i for i in live if i >= self.next_index), live[0])
+        batches = self._open.get(index)
+        if batches is None:
+            batches = self._open[index] = self._skipping(index)
+        batch = next(batches, None)
+        self.next_index = index + 1
+        if batch is None:
+            self.ended[index] = True
+            del self._open[index]
+            return [SourceEvent("end", self.partitions[index])]
+        self.read_batches[index] += 1
+        self.rows += batch.num_rows
+        return [SourceEvent("batch", self.partitions[index], batch)]
+
+    def _skipping(self, index: int) -> Iterator[pa.RecordBatch]:
+        batches = self.read_file(index)
+        for done in range(self.read_batches[index]):
+            if next(batches, None) is None:
+                raise CheckpointError(
+                    f"{self.paths[index]} has {done} batches, but the checkpoint had read "
+                    f"{self.read_batches[index]}: it changed; start over with --fresh"
+                )
+        return batches
+
+    def close(self) -> None:
+        """Let go of the files being read. Idempotent."""
+        self._open.clear()
+
     def read_all(self) -> pa.Table:
         """Every file, in order, as one table (for a static table read once)."""
         batches = [b for i in range(len(self.paths)) for b in self.read_file(i)]
@@ -324,6 +502,9 @@ class FileSink:
                 for row in batch.to_pylist()
             )
             self._text.write("".join(line + "\n" for line in lines))
+
+    def end_input(self) -> None:
+        """Nothing to mark at the end of input (:class:`~flight_serve.connectors.base.Sink`)."""
 
     def close(self) -> None:
         """Finish the file (Parquet footer, flush); writing after ``close`` is an error."""

@@ -57,11 +57,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, cast
 
 import pyarrow as pa
 import pyarrow.flight as paflight
 
+from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform
 from flight_serve.connectors.columns import same_rows as _same_rows
 from flight_serve.errors import ConnectorError, FlightServeError
@@ -91,30 +92,6 @@ _BACKOFF_S: Final = (0.05, 2.0)
 _QUEUE_ENTRIES: Final = 64
 #: How often the reading thread looks for a stream that does not exist yet (seconds).
 _WAIT_FOR_STREAM_S: Final = 0.1
-
-SourceEventKind = Literal["batch", "partition", "watermark", "end", "backlog"]
-
-
-@dataclass(frozen=True)
-class SourceEvent:
-    """One thing a :class:`FlightSource` read (see the module docstring).
-
-    Attributes:
-        kind: ``batch`` (rows of ``partition``), ``partition`` (a new writer), ``watermark``
-            (``partition``'s explicit watermark, ``watermark_ns``), ``end`` (``partition`` ended)
-            or ``backlog`` (whether the tail has unread entries, ``backlog``).
-        partition: the writer.
-        batch: the rows of a ``batch`` event, in the source's schema.
-        offset: the stream offset of a ``batch``, ``watermark`` or ``end`` event.
-    """
-
-    kind: SourceEventKind
-    partition: str = ""
-    batch: pa.RecordBatch | None = None
-    watermark_ns: int | None = None
-    backlog: bool = False
-    offset: int = -1
-
 
 @dataclass(frozen=True)
 class WriterHistory:
@@ -285,7 +262,7 @@ class _Closed(Exception):
     """The source was closed while its reading thread waited."""
 
 
-class FlightSource:
+class FlightSource(ResumedSource):
     """Tails a server stream as a pipeline source (see the module docstring).
 
     Args:
@@ -355,11 +332,6 @@ class FlightSource:
         self.schema: pa.Schema = schema if schema is not None else info[0]  # type: ignore[index]
         #: rows handed out (from a checkpoint on, when a checkpointed run sets it)
         self.rows = 0
-        #: called before each poll (a checkpointed run's barrier: every event polled before
-        #: has been processed, so :meth:`position_state` is a consistent cut there)
-        self.barrier: Any = lambda: None
-        #: called with each batch handed out
-        self.counted: Any = lambda batch: None
         #: ``None``: give up after :data:`RECONNECT_ATTEMPTS` failed reconnections in a row;
         #: else after this many seconds of them (checkpointed runs: :data:`RETRY_BUDGET_S`;
         #: also the wait of a source whose server was unreachable when it was made)
@@ -532,7 +504,6 @@ class FlightSource:
         """
         if self._done:
             return []
-        self.barrier()
         self.start()
         events: list[SourceEvent] = []
         try:
@@ -591,7 +562,6 @@ class FlightSource:
                 SourceEvent("batch", writer, conform(entry.batch, self.schema, self.what), offset=entry.offset)
             )
             self.rows += entry.batch.num_rows
-            self.counted(entry.batch)
         elif entry.end_of_input:
             if writer not in self._ended:
                 self._ended.add(writer)
@@ -1460,7 +1430,7 @@ class FlightStreamTarget(_Retrying):
         self._drop()
 
 
-class FlightTicketSource(_Retrying):
+class FlightTicketSource(_Retrying, ResumedSource):
     """A bounded pipeline source: the batches of one DoGet ticket on any Flight server.
 
     The source has one watermark partition (``""``) that ends when the DoGet ends. Its offset
@@ -1546,10 +1516,6 @@ class FlightTicketSource(_Retrying):
             self.retry_s = retry_s
             self.schema = schema if schema is not None else reader.schema
             self._check_columns(reader.schema)
-        #: called before each poll: a checkpointed run's barrier
-        self.barrier: Any = lambda: None
-        #: called with each batch handed out
-        self.counted: Any = lambda batch: None
 
     @property
     def done(self) -> bool:
@@ -1630,7 +1596,6 @@ class FlightTicketSource(_Retrying):
         """
         if self._done:
             return []
-        self.barrier()
         if self.waiting_to_open:  # the server was unreachable when the pipeline was planned
             reader = self._retry("opening the DoGet", self._open, failed=self._unreachable)
             self.waiting_to_open = False
@@ -1647,7 +1612,6 @@ class FlightTicketSource(_Retrying):
             offset = self.rows
             self.rows += batch.num_rows
             events.append(SourceEvent("batch", "", conform(batch, self.schema, self.what), offset=offset))
-            self.counted(batch)
         return events
 
     def close(self) -> None:

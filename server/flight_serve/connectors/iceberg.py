@@ -81,8 +81,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform, floor_timestamps
-from flight_serve.connectors.flight import SourceEvent
 from flight_serve.errors import CheckpointError, ConnectorError
 
 if TYPE_CHECKING:
@@ -763,7 +763,7 @@ def _added_records(snapshot: Snapshot) -> int:
     return int(text) if text.isdigit() else 0
 
 
-class IcebergSource:
+class IcebergSource(ResumedSource):
     """An Iceberg table as a live pipeline source (see the module docstring).
 
     Output: batches of ``schema`` (the declared columns, cast; else the table's columns with
@@ -857,10 +857,6 @@ class IcebergSource:
         self.rows = 0
         self.snapshots_read = 0
         self.skipped: list[str] = []
-        #: called before each poll: the runtime's barrier (a checkpoint may be taken there)
-        self.barrier: Callable[[], None] = lambda: None
-        #: called with each batch handed out
-        self.counted: Callable[[pa.RecordBatch | None], None] = lambda batch: None
         self._ended = False
         self._done = False
         self._backlog = False
@@ -1263,15 +1259,14 @@ class IcebergSource:
     def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
         """Read the next snapshots (up to the rate limits, and no further snapshot once the poll
         holds ``max_entries`` batches: a snapshot is never split), waiting up to ``timeout_s``
-        seconds for the next check when it is not due. The barrier runs first (every event of
-        the previous poll has been processed).
+        seconds for the next check when it is not due (every event of the previous poll has
+        been processed: a checkpoint barrier may have been taken since).
 
         Raises:
             NonAppendSnapshotError: an overwrite or delete snapshot not to be skipped.
             SnapshotExpiredError, SnapshotNotInHistoryError: see :meth:`pending`.
             ConnectorError: the table is gone, or a data file does not fit.
         """
-        self.barrier()
         if self._done:
             return []
         if self._ended:
@@ -1314,7 +1309,6 @@ class IcebergSource:
                 for batch in batches:
                     events.append(SourceEvent("batch", self.partition, batch))
                     self.rows += batch.num_rows
-                    self.counted(batch)
             self._queue.popleft()
             self.snapshot_id, self._first = snapshot.snapshot_id, None
             self._seq = _sequence(snapshot)

@@ -157,6 +157,9 @@ class StdoutSink:
         width = None if stream.isatty() else 200
         Console(file=stream, width=width, soft_wrap=True).print(view)
 
+    def end_input(self) -> None:
+        """Nothing to mark at the end of input (:class:`~flight_serve.connectors.base.Sink`)."""
+
     def close(self) -> None:
         """Flush the output stream."""
         self.stream.flush()

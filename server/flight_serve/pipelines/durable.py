@@ -40,49 +40,45 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import signal
-import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 
+from flight_serve.connectors.base import EpochSink, Source
 from flight_serve.connectors.falkordb import FalkorDBSink
-from flight_serve.connectors.file import FileSource
 from flight_serve.connectors.flight import (
     RETRY_BUDGET_S,
     FlightSource,
     FlightStreamTarget,
     FlightTicketSource,
 )
-from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.connectors.stdout import StdoutSink
-from flight_serve.engine.operator import OperatorSnapshot
 from flight_serve.errors import CheckpointError, ConnectorError, FlightServeError
-from flight_serve.pipelines.checkpoint import (
-    CheckpointStore,
-    Manifest,
-    fingerprint,
-    now_utc,
-    recovery_neutral_fingerprint,
+from flight_serve.pipelines.checkpoint import CheckpointStore
+from flight_serve.pipelines.connect import check_checkpointed
+from flight_serve.pipelines.coordinator import (
+    CRASH_ENV,
+    CheckpointCoordinator,
+    CheckpointInfo,
+    PipelineStopped,
+    ResumeFrom,
 )
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink, read_ipc
+from flight_serve.pipelines.graph import WindowNode
 from flight_serve.pipelines.graph_io import EpochGraphSink
 from flight_serve.pipelines.iceberg_io import EpochIcebergSink, iceberg_source
 from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.run_options import RunOptions
-from flight_serve.pipelines.runtime import LiveSource, PipelineRuntime, RunSummary, _WindowNode
+from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.pipelines.store_io import StoreSource, StoreTarget
 from flight_serve.store import StreamStore
 from flight_serve.store.streams import WriterBusyError, WriterHold
-from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
+from flight_serve.types import MIN_WATERMARK_NS
 
 __all__ = [
     "CRASH_ENV",
@@ -94,203 +90,12 @@ __all__ = [
 
 log = logging.getLogger("flight_serve.pipelines")
 
-#: The fault-injection variable (see the module docstring).
-CRASH_ENV = "FLIGHT_SERVE_CRASH_AT"
-
-#: ``"latest"`` (resume the newest unfinished checkpoint, else start), ``"fresh"`` or an epoch.
-ResumeFrom = Literal["latest", "fresh"] | int
-
-
 def _schema_of(text: str) -> pa.Schema | None:
     """A schema a checkpoint recorded (Arrow IPC, base64), or ``None`` if it does not read."""
     try:
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
     except (ValueError, pa.ArrowException):
         return None
-
-
-class PipelineStopped(Exception):
-    """Raised out of :meth:`DurableRuntime.run` after :meth:`DurableRuntime.request_stop`: the
-    run took a checkpoint and stopped; it resumes from that checkpoint."""
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One completed checkpoint.
-
-    Attributes:
-        epoch: its epoch.
-        taken_at: aware UTC instant.
-        duration_s: seconds from the barrier to the committed sinks.
-        bytes: bytes written to the state root.
-        finished: whether the input had ended.
-    """
-
-    epoch: int
-    taken_at: datetime
-    duration_s: float
-    bytes: int
-    finished: bool
-
-
-def _crash_point(kind: str, number: int) -> None:
-    if os.environ.get(CRASH_ENV) == f"{kind}:{number}":
-        os.kill(os.getpid(), signal.SIGKILL)  # a real, unclean death: nothing after this runs
-        time.sleep(60)  # pragma: no cover  (the signal is delivered asynchronously)
-
-
-class _FileCursor(FileSource):
-    """A file source that knows its offset and resumes from one (round-robin order kept).
-
-    The offset: per file, the batches read and whether it ended, and the file read next. Files
-    are visited in ascending cyclic order among those that have not ended, which is exactly
-    :meth:`FileSource.round_robin`'s order, so a resumed run reads the same batches in the same
-    order as the straight run from that point on.
-    """
-
-    runtime: DurableRuntime
-    read_batches: list[int]
-    ended: list[bool]
-    next_index: int
-    rows: int
-    ghosts: list[str]
-    sizes: list[int]
-
-    @classmethod
-    def wrap(
-        cls,
-        name: str,
-        source: FileSource,
-        runtime: DurableRuntime,
-        state: dict[str, Any] | None,
-        epoch: int | None,
-    ) -> _FileCursor:
-        cursor = cls.__new__(cls)
-        cursor.__dict__.update(source.__dict__)
-        cursor.runtime = runtime
-        count = len(cursor.paths)
-        cursor.read_batches = [0] * count
-        cursor.ended = [False] * count
-        cursor.next_index = 0
-        cursor.rows = 0
-        cursor.ghosts = []
-        try:
-            cursor.sizes = [p.stat().st_size for p in cursor.paths]
-        except OSError as exc:
-            raise ConnectorError(f"source {name}: {exc}") from exc
-        if state is not None:
-            cursor._restore(name, state, epoch)
-        return cursor
-
-    def _restore(self, name: str, state: dict[str, Any], epoch: int | None) -> None:
-        what = f"source {name} (checkpoint {epoch})"
-        recorded = [dict(f) for f in state["files"]]
-        by_name = {f["partition"]: f for f in recorded}
-        current = list(self.partitions)
-        added = [p for p in current if p not in by_name]
-        if added:
-            raise CheckpointError(
-                f"{what}: file(s) {', '.join(added)} appeared since the checkpoint; a resume "
-                "reads the files it started with: move the new ones away until the run "
-                "finishes, or start over with --fresh"
-            )
-        for i, partition in enumerate(current):
-            entry = by_name[partition]
-            if int(entry["size"]) != self.sizes[i]:
-                raise CheckpointError(
-                    f"{what}: {self.paths[i]} changed since the checkpoint ({entry['size']} -> "
-                    f"{self.sizes[i]} bytes); its offset (batch {entry['batches']}) no longer "
-                    "names the same rows: restore the file, or start over with --fresh"
-                )
-            self.read_batches[i] = int(entry["batches"])
-            self.ended[i] = bool(entry["ended"])
-        for entry in recorded:
-            if entry["partition"] in current or entry["ended"]:
-                continue  # a file read to its end may go: nothing of it is needed
-            if self.runtime.options.offset_reset != "earliest":
-                raise CheckpointError(
-                    f"{what}: {entry['path']} is gone, and the run had read {entry['batches']} "
-                    "of its batches (not all): its offset cannot be resumed. Restore the file, "
-                    "start over with --fresh, or SET offset_reset = 'earliest' to end that "
-                    "partition there and go on (its unread rows are skipped and reported)"
-                )
-            self.ghosts.append(str(entry["partition"]))
-            self.runtime.report_gap(
-                f"source {name}: {entry['path']} is gone after {entry['batches']} batches; its "
-                "unread rows are skipped and its partition ends (offset_reset = 'earliest')"
-            )
-        self.rows = int(state.get("rows", 0))
-        # the next file: the first one still live at or after the recorded position
-        order = [f["partition"] for f in recorded]
-        following = order[int(state.get("next", 0)) :] + order
-        index = {p: i for i, p in enumerate(current)}
-        self.next_index = next(
-            (index[p] for p in following if p in index and not self.ended[index[p]]), 0
-        )
-
-    def position(self) -> dict[str, Any]:
-        """The offset as JSON (see the class docstring)."""
-        return {
-            "kind": "file",
-            "files": [
-                {
-                    "partition": partition,
-                    "path": str(path),
-                    "size": size,
-                    "batches": batches,
-                    "ended": ended,
-                }
-                for partition, path, size, batches, ended in zip(
-                    self.partitions,
-                    self.paths,
-                    self.sizes,
-                    self.read_batches,
-                    self.ended,
-                    strict=True,
-                )
-            ],
-            "next": self.next_index,
-            "rows": self.rows,
-        }
-
-    def _skipping(self, index: int) -> Iterator[pa.RecordBatch]:
-        batches = self.read_file(index)
-        for done in range(self.read_batches[index]):
-            if next(batches, None) is None:
-                raise CheckpointError(
-                    f"{self.paths[index]} has {done} batches, but the checkpoint had read "
-                    f"{self.read_batches[index]}: it changed; start over with --fresh"
-                )
-        return batches
-
-    def round_robin(self) -> Iterator[tuple[str, pa.RecordBatch | None]]:
-        """``(partition, batch)`` from the offset on; ``(partition, None)`` ends a partition.
-        Before each batch, the runtime's barrier may take a checkpoint."""
-        for ghost in self.ghosts:  # files gone under offset_reset = 'earliest': they end here
-            yield ghost, None
-        self.ghosts = []
-        open_files: dict[int, Iterator[pa.RecordBatch]] = {}
-        count = len(self.paths)
-        while True:
-            live = [i for i in range(count) if not self.ended[i]]
-            if not live:
-                return
-            index = next((i for i in live if i >= self.next_index), live[0])
-            self.runtime.barrier()
-            batches = open_files.get(index)
-            if batches is None:
-                batches = open_files[index] = self._skipping(index)
-            batch = next(batches, None)
-            self.next_index = index + 1
-            self.runtime.count_event(batch)
-            if batch is None:
-                self.ended[index] = True
-                del open_files[index]
-                yield self.partitions[index], None
-            else:
-                self.read_batches[index] += 1
-                self.rows += batch.num_rows
-                yield self.partitions[index], batch
 
 
 class DurableRuntime(PipelineRuntime):
@@ -339,128 +144,48 @@ class DurableRuntime(PipelineRuntime):
         self.restart_finished = restart_finished
         self.store = store
         self.name = name
-        self._check_connectors(plan)
+        check_checkpointed(plan, server=store is not None)
         root = state_root or self.options.state_root
         if root is None:
             base = output_dir if output_dir is not None else Path.cwd()
             root = str(base / "checkpoints" / name)
         self.checkpoints = CheckpointStore(root)
-        # recovery options (offset_reset, expired_snapshot) may be set after a failure
-        self.fingerprint = recovery_neutral_fingerprint(plan.text)
-        self._text_fingerprint = fingerprint(plan.text)  # what older checkpoints recorded
-        self.on_checkpoint = on_checkpoint
-        self.gaps: list[str] = []
         self._writer_holds: list[WriterHold] = []
-        self.last_checkpoint: CheckpointInfo | None = None
-        self.resumed_from: int | None = None
-        self._txn: dict[
-            str, EpochFileSink | EpochStreamSink | EpochIcebergSink | EpochGraphSink
-        ] = {}
-        self._events = 0
-        self._events_at_checkpoint = 0
-        self._force = threading.Event()
-        self._stop = threading.Event()
-        self._checkpoint_done = threading.Condition()
-        interval = self.options.checkpoint_interval
-        self._interval_s = interval.total_seconds() if interval is not None else None
-        self._next_due = time.monotonic() + (self._interval_s or 0.0)
-        self.manifest = self._pick(resume)
-        self.epoch = self.manifest.epoch if self.manifest is not None else 0
+        #: the barriers and the checkpoint resumed from (composed into the run loop)
+        coordinator = CheckpointCoordinator(
+            self.checkpoints,
+            self.options,
+            name,
+            plan.text,
+            resume=resume,
+            restart_finished=restart_finished,
+            on_checkpoint=on_checkpoint,
+        )
+        self._coordinator = coordinator
+        self.manifest = coordinator.manifest
         #: rows skipped by earlier resumes (offset_reset = 'earliest'), from the checkpoint
         self._data_loss_before = (
             int(self.manifest.metrics.get("data_loss_rows", 0)) if self.manifest is not None else 0
         )
-        # opens the sources (from their offsets)
+        # opens the sources (from their offsets) and builds the operators (from their snapshots)
         super().__init__(
             plan,
             output_dir=output_dir,
             plugins=plugins,
             data_dir=store.data_dir if store is not None else None,
+            coordinator=coordinator,
         )
-        self._restore_operators()
-        for name_, source in list(self.sources.items()):
-            state = self.manifest.sources.get(name_) if self.manifest is not None else None
-            epoch = self.manifest.epoch if self.manifest is not None else None
-            self.sources[name_] = _FileCursor.wrap(name_, source, self, state, epoch)
+        coordinator.graph = self
 
     # --- building -----------------------------------------------------------------------------
-
-    def _check_connectors(self, plan: PipelinePlan) -> None:
-        server = self.store is not None
-        for relation in plan.sources.values():
-            option = relation.connector["connector"]
-            connector = option.text.lower()
-            if connector in ("file", "iceberg") or (
-                connector == "flight" and (server or "server" in relation.connector)
-            ):
-                continue
-            raise option.error(self._refusal(connector, "source", server))
-        for sink in plan.sinks.values():
-            option = sink.connector["connector"]
-            connector = option.text.lower()
-            if connector == "falkordb":  # epoch marker in the graph: exactly once anywhere
-                continue
-            if connector in ("file", "stdout", "iceberg") or (
-                connector == "flight" and (server or "server" in sink.connector)
-            ):
-                continue
-            raise option.error(self._refusal(connector, "sink", server))
 
     def _store_backed(self) -> bool:
         """A server pipeline's ``flight`` connectors without ``server`` are its streams."""
         return self.store is not None
 
-    @staticmethod
-    def _refusal(connector: str, role: str, server: bool) -> str:
-        if server:
-            return (
-                f"a server pipeline takes file and iceberg sources and sinks, stdout and "
-                f"falkordb sinks, this server's streams (connector 'flight' without a server "
-                f"option) and other Flight servers' (connector 'flight' with a server option), "
-                f"not a {connector!r} {role}"
-            )
-        return (
-            f"a checkpointed run of flight-serve run covers file and iceberg sources, file, "
-            f"stdout, iceberg and falkordb sinks, and flight connectors with a server option, "
-            f"not a {connector!r} {role} (a "
-            f"'flight' {role} needs server = …): submit the pipeline to the server "
-            "(flight-serve submit), where it reads and writes streams exactly once, or run it "
-            "without checkpoints"
-        )
-
-    def _pick(self, resume: ResumeFrom) -> Manifest | None:
-        if resume == "fresh":
-            self.checkpoints.clear()
-            return None
-        if resume == "latest":
-            manifest = self.checkpoints.latest()
-            if manifest is None:
-                return None
-            if manifest.finished and self.restart_finished:
-                self.note(
-                    f"the last run finished at epoch {manifest.epoch}; starting over "
-                    f"(state root {self.checkpoints.uri})"
-                )
-                self.checkpoints.clear()
-                return None
-        else:
-            manifest = self.checkpoints.load(int(resume))
-            dropped = self.checkpoints.discard_after(int(resume))
-            if dropped:
-                self.note(f"resuming from epoch {resume}: checkpoints {dropped} deleted")
-        if manifest.fingerprint not in (self.fingerprint, self._text_fingerprint):
-            raise CheckpointError(
-                f"the pipeline text changed since checkpoint {manifest.epoch} in "
-                f"{self.checkpoints.uri} was taken; a checkpoint restores only the pipeline it "
-                "was taken of (changing offset_reset or expired_snapshot is allowed): restore "
-                "the file, or start over with --fresh"
-            )
-        self.resumed_from = manifest.epoch
-        return manifest
-
-    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> LiveSource:
+    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
         options = relation.connector
-        state = self.manifest.sources.get(relation.name, {}) if self.manifest is not None else {}
+        state = self.coordinator_state(relation.name)
         if "server" in options or self.store is None:  # another server (checked for runs)
             return self._remote_source(relation, state)
         stream = options["stream"].text if "stream" in options else relation.name
@@ -488,28 +213,26 @@ class DurableRuntime(PipelineRuntime):
                 f"(columns: {', '.join(source.schema.names)})",
                 relation.node.this,
             )
-        source.barrier = self.barrier
-        source.counted = self.count_event
         return source
 
-    def _iceberg_source(self, relation: RelationDef) -> LiveSource:
+    def _iceberg_source(self, relation: RelationDef) -> Source:
         """The Iceberg source, from the checkpoint's offset (its last consumed snapshot)."""
         state = self.manifest.sources.get(relation.name) if self.manifest is not None else None
-        source = iceberg_source(
+        return iceberg_source(
             relation,
             self.data_dir,
             batch_rows=self.plan.batch_rows or 65_536,
             offset=state,
             on_gap=self.report_gap,
         )
-        source.barrier = self.barrier
-        source.counted = self.count_event
-        return source
 
-    def _iceberg_sources(self) -> dict[str, IcebergSource]:
-        return {n: s for n, s in self.flight_sources.items() if isinstance(s, IcebergSource)}
+    def coordinator_state(self, name: str) -> dict[str, Any]:
+        """Source ``name``'s offsets in the checkpoint resumed from (``{}``: none)."""
+        if self.manifest is None:
+            return {}
+        return dict(self.manifest.sources.get(name, {}))
 
-    def _remote_source(self, relation: RelationDef, state: dict[str, Any]) -> LiveSource:
+    def _remote_source(self, relation: RelationDef, state: dict[str, Any]) -> Source:
         """A source on another Flight server: a ticket's DoGet, or a stream's tail, resumed
         from the checkpoint's offset (rows of the ticket, or the stream offset)."""
         if relation.columns is None and isinstance(state.get("schema"), str):
@@ -519,8 +242,6 @@ class DurableRuntime(PipelineRuntime):
         if ticket is not None:
             ticket_source = self._ticket_source(relation, ticket, int(state.get("rows", 0)))
             assert isinstance(ticket_source, FlightTicketSource)
-            ticket_source.barrier = self.barrier
-            ticket_source.counted = self.count_event
             return ticket_source
         start = int(state["offset"]) if "offset" in state else None
         source = super()._flight_source(relation, start_offset=start)
@@ -542,8 +263,6 @@ class DurableRuntime(PipelineRuntime):
                 assert isinstance(source, FlightSource)
         source.rows = int(state.get("rows", 0))
         source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
-        source.barrier = self.barrier
-        source.counted = self.count_event
         return source
 
     def _check_resume(
@@ -588,42 +307,13 @@ class DurableRuntime(PipelineRuntime):
     def _store_sources(self) -> dict[str, StoreSource]:
         return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}
 
-    def _remote_sources(self) -> dict[str, FlightSource | FlightTicketSource]:
-        return {
-            n: s
-            for n, s in self.flight_sources.items()
-            if isinstance(s, (FlightSource, FlightTicketSource))
-        }
+    def _window_nodes(self) -> list[WindowNode]:
+        return [n for n in self.nodes if isinstance(n, WindowNode)]
 
-    def _window_nodes(self) -> list[_WindowNode]:
-        return [n for n in self.nodes if isinstance(n, _WindowNode)]
-
-    def _restore_operators(self) -> None:
-        manifest = self.manifest
-        if manifest is None:
-            return
-        for node in self._window_nodes():
-            entry = manifest.operators.get(str(node.query.index))
-            if entry is None:
-                raise CheckpointError(
-                    f"checkpoint {manifest.epoch} has no state for {node.query.label}; start "
-                    "over with --fresh"
-                )
-            snapshot = OperatorSnapshot.from_bytes(
-                self.checkpoints.read(manifest.epoch, str(entry["file"]))
-            )
-            try:
-                node.op = node.query.window.build(  # type: ignore[union-attr]
-                    node.input.schema,
-                    restore=snapshot,
-                    clock_ns=self.clock_ns,
-                    wall_clock_ns=self.wall_clock_ns,
-                )
-            except CheckpointError as exc:
-                raise CheckpointError(f"{node.query.label}: {exc}") from exc
-            node.finished = node.op.watermark_ns == MAX_WATERMARK_NS
-        for name, slot in self.sinks.items():
-            slot.rows = int(manifest.sinks.get(name, {}).get("rows", 0))
+    @property
+    def _txn(self) -> dict[str, EpochSink]:
+        """The exactly-once sinks, by name."""
+        return {n: s.epoch for n, s in self.sinks.items() if s.epoch is not None}
 
     def _open_writers(self) -> None:
         manifest = self.manifest
@@ -632,46 +322,32 @@ class DurableRuntime(PipelineRuntime):
         for name, slot in self.sinks.items():
             if slot.schema is None:
                 continue
-            entry = manifest.sinks.get(name, {}) if manifest is not None else {}
+            entry = self._coordinator.sink_mark(name)
             rows = int(entry.get("rows", 0))
             try:
                 if slot.connector == "stdout":
                     slot.writer = StdoutSink(name, slot.schema, slot.format)
-                elif slot.graph is not None:
-                    graph = EpochGraphSink(
+                    continue
+                epoch: EpochSink
+                if slot.graph is not None:
+                    epoch = EpochGraphSink(
                         name,
                         FalkorDBSink(name, slot.graph, slot.schema, pipeline=self.name),
                         restored_epoch=restored,
                         rows=rows,
                     )
-                    if manifest is not None:
-                        staged_graph = entry.get("staged")
-                        graph.recover(
-                            read_ipc(self.checkpoints.read(manifest.epoch, staged_graph))
-                            if staged_graph
-                            else []
-                        )
-                    self._txn[name] = graph
                 elif slot.iceberg is not None:
-                    txn = EpochIcebergSink(
+                    epoch = EpochIcebergSink(
                         name,
                         slot.iceberg,
                         f"{self.name}/{name}",
                         slot.schema,
                         mark=entry or None,
+                        restored_epoch=restored,
                     )
-                    if manifest is not None:
-                        staged = entry.get("staged")
-                        txn.recover(
-                            manifest.epoch,
-                            read_ipc(self.checkpoints.read(manifest.epoch, staged))
-                            if staged
-                            else [],
-                        )
-                    self._txn[name] = txn
                 elif slot.connector == "file":
                     assert slot.path is not None
-                    self._txn[name] = EpochFileSink(
+                    epoch = EpochFileSink(
                         name,
                         slot.path,
                         slot.format,
@@ -695,7 +371,7 @@ class DurableRuntime(PipelineRuntime):
                         )
                     else:
                         target = StoreTarget(self.store, stream, slot.schema, writer)
-                    sink = EpochStreamSink(
+                    epoch = EpochStreamSink(
                         name,
                         target,
                         slot.schema,
@@ -703,14 +379,10 @@ class DurableRuntime(PipelineRuntime):
                         incarnation=entry.get("incarnation"),
                         rows=rows,
                     )
-                    staged = entry.get("staged")
-                    assert manifest is not None or staged is None
-                    sink.recover(
-                        read_ipc(self.checkpoints.read(manifest.epoch, staged))
-                        if manifest is not None and staged
-                        else []
-                    )
-                    self._txn[name] = sink
+                slot.epoch = epoch
+                if manifest is not None:  # redo the commit of the checkpoint resumed from
+                    staged = self._coordinator.staged(entry)
+                    epoch.recover(read_ipc(staged) if staged is not None else [])
             except ConnectorError as exc:
                 raise sql_error(f"SINK {name}: {exc}", slot.definition.node) from exc
 
@@ -720,66 +392,41 @@ class DurableRuntime(PipelineRuntime):
         """Log ``message`` about this run (info)."""
         log.info(message, extra={"pipeline": getattr(self, "name", None)})
 
-    def report_gap(self, message: str) -> None:
-        """A source offset was gone and ``offset_reset = 'earliest'`` skipped input: log it as
-        a warning and keep it (:attr:`gaps`, the checkpoint's metrics)."""
-        self.gaps.append(message)
-        log.warning(message, extra={"pipeline": getattr(self, "name", None)})
+    @property
+    def on_checkpoint(self) -> Callable[[CheckpointInfo], None] | None:
+        """Called after every completed checkpoint."""
+        return self._coordinator.on_checkpoint
 
-    def count_event(self, batch: pa.RecordBatch | None) -> None:
-        """A source handed out one more batch (``None``: a partition's end)."""
-        self._events += 1
+    @on_checkpoint.setter
+    def on_checkpoint(self, callback: Callable[[CheckpointInfo], None] | None) -> None:
+        self._coordinator.on_checkpoint = callback
+
+    @property
+    def epoch(self) -> int:
+        """The last completed checkpoint's epoch (or the one resumed from; 0: none)."""
+        return self._coordinator.epoch
+
+    @property
+    def last_checkpoint(self) -> CheckpointInfo | None:
+        """The last checkpoint this run completed."""
+        return self._coordinator.last_checkpoint
+
+    @property
+    def resumed_from(self) -> int | None:
+        """The epoch the run resumed from (``None``: it started fresh)."""
+        return self._coordinator.resumed_from
 
     def request_checkpoint(self) -> None:
         """Take a checkpoint at the next barrier."""
-        self._force.set()
+        self._coordinator.request()
 
     def wait_checkpoint(self, after: int, timeout_s: float) -> CheckpointInfo | None:
         """Wait until a checkpoint of an epoch above ``after`` completes; ``None`` on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._checkpoint_done:
-            while self.last_checkpoint is None or self.last_checkpoint.epoch <= after:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._checkpoint_done.wait(left)
-            return self.last_checkpoint
+        return self._coordinator.wait(after, timeout_s)
 
     def request_stop(self) -> None:
         """Checkpoint at the next barrier, then stop (:class:`PipelineStopped`)."""
-        self._stop.set()
-
-    def barrier(self) -> None:
-        """Called between source batches (every batch so far went through every operator and
-        sink): take a checkpoint if one is due; stop if asked to."""
-        _crash_point("event", self._events)
-        pending = self._events > self._events_at_checkpoint or any(
-            t.has_pending for t in self._txn.values()
-        )
-        every = self.options.checkpoint_every
-        due = self._force.is_set() or self._stop.is_set()
-        if pending and every is not None and self._events - self._events_at_checkpoint >= every:
-            due = True
-        if pending and self._interval_s is not None and time.monotonic() >= self._next_due:
-            due = True
-        if due:
-            self._force.clear()
-            self.checkpoint()
-        if self._stop.is_set():
-            raise PipelineStopped(f"pipeline {self.name} stopped after epoch {self.epoch}")
-
-    def plugin_wait(self, node: Any, waiting: str | None) -> None:
-        """A plugin stage waits (see the base class); stop here when asked to: the run resumes
-        from its last checkpoint and sends the batches after it again."""
-        super().plugin_wait(node, waiting)
-        if self._stop.is_set():
-            raise PipelineStopped(f"pipeline {self.name} stopped while {waiting or 'waiting'}")
-
-    def connector_wait(self, waiting: str | None) -> None:
-        """A remote sink retries its server (see the base class); stop here when asked to."""
-        super().connector_wait(waiting)
-        if waiting is not None and self._stop.is_set():
-            raise PipelineStopped(f"pipeline {self.name} stopped while {waiting}")
+        self._coordinator.request_stop()
 
     def metrics(self) -> dict[str, Any]:
         """Counters now: rows read from sources, rows written per sink, late rows per windowed
@@ -787,28 +434,17 @@ class DurableRuntime(PipelineRuntime):
         ``data_loss_rows``: the rows resumes under ``offset_reset = 'earliest'`` skipped
         because retention had removed them (cumulative over the pipeline's resumes)."""
         windows = self._window_nodes()
+        sources: list[Source] = [*self.sources.values(), *self.flight_sources.values()]
         return {
-            "rows_in": self._source_rows(),
+            "rows_in": sum(s.rows for s in sources),
             "rows_out": {name: slot.rows for name, slot in self.sinks.items()},
-            "late_rows": {
-                n.query.label: n.op.metrics.rows_late
-                + n.op.metrics.rows_null_time
-                + n.op.metrics.rows_out_of_range
-                + n.op.metrics.rows_future
-                for n in windows
-            },
+            "late_rows": {n.query.label: n.late_rows() for n in windows},
             "watermark_ns": {n.query.label: n.op.watermark_ns for n in windows},
             "open_panes": sum(n.op.open_panes for n in windows),
             "gaps": list(self.gaps),
             "data_loss_rows": self._data_loss_before
             + sum(s.data_loss_rows for s in self._store_sources().values()),
         }
-
-    def _source_rows(self) -> int:
-        files = sum(s.rows for s in self.sources.values() if isinstance(s, _FileCursor))
-        files += sum(s.rows for s in self._remote_sources().values())
-        iceberg = sum(s.rows for s in self._iceberg_sources().values())
-        return files + iceberg + sum(s.rows for s in self._store_sources().values())
 
     def watermark_ns(self) -> int | None:
         """The lowest watermark of the windowed queries (``None`` without one, or before any)."""
@@ -817,78 +453,12 @@ class DurableRuntime(PipelineRuntime):
         return None if low is None or low == MIN_WATERMARK_NS else low
 
     def checkpoint(self, *, finished: bool = False) -> CheckpointInfo:
-        """Take checkpoint ``epoch + 1`` now (see :mod:`~flight_serve.pipelines.checkpoint`):
-        snapshots, offsets, sinks prepared, manifest written last, then the sinks commit and old
-        checkpoints are pruned.
+        """Take checkpoint ``epoch + 1`` now (:meth:`CheckpointCoordinator.take`).
 
         Raises:
             CheckpointError: the state root cannot be written (nothing is committed then).
         """
-        self._drain_plugins()  # no batch stays in flight across a barrier
-        started = time.perf_counter()
-        epoch = self.epoch + 1
-        files: dict[str, bytes] = {}
-        operators: dict[str, dict[str, Any]] = {}
-        for node in self._window_nodes():
-            file = f"op-{node.query.index}.snapshot"
-            files[file] = node.op.snapshot().to_bytes()
-            operators[str(node.query.index)] = {
-                "file": file,
-                "label": node.query.label,
-                "watermark_ns": node.op.watermark_ns,
-                "open_panes": node.op.open_panes,
-            }
-        sources = {
-            name: source.position()
-            for name, source in self.sources.items()
-            if isinstance(source, _FileCursor)
-        }
-        for name, live in self._store_sources().items():
-            sources[name] = live.position_state()
-        for name, remote in self._remote_sources().items():
-            sources[name] = remote.position_state()
-        for name, table in self._iceberg_sources().items():
-            sources[name] = table.position_state()
-        sinks: dict[str, dict[str, Any]] = {}
-        for name, slot in self.sinks.items():
-            txn = self._txn.get(name)
-            if isinstance(txn, EpochGraphSink):
-                sinks[name] = txn.prepare(epoch, files)
-            elif isinstance(txn, EpochFileSink):
-                sinks[name] = txn.prepare(epoch)
-            elif isinstance(txn, EpochStreamSink | EpochIcebergSink):
-                sinks[name] = txn.prepare(epoch, files)
-            else:
-                sinks[name] = {"kind": slot.connector, "rows": slot.rows}
-        taken_at = now_utc()
-        manifest = Manifest(
-            pipeline=self.name,
-            epoch=epoch,
-            fingerprint=self.fingerprint,
-            taken_at=taken_at,
-            finished=finished,
-            operators=operators,
-            sources=sources,
-            sinks=sinks,
-            metrics=self.metrics(),
-        )
-        written = self.checkpoints.write(manifest, files)
-        _crash_point("checkpoint", epoch)
-        for txn in self._txn.values():
-            txn.commit(epoch)
-        self.epoch = epoch
-        _crash_point("commit", epoch)
-        self.checkpoints.prune(self.options.checkpoint_retain)
-        info = CheckpointInfo(epoch, taken_at, time.perf_counter() - started, written, finished)
-        self._events_at_checkpoint = self._events
-        if self._interval_s is not None:
-            self._next_due = time.monotonic() + self._interval_s
-        with self._checkpoint_done:
-            self.last_checkpoint = info
-            self._checkpoint_done.notify_all()
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(info)
-        return info
+        return self._coordinator.take(finished=finished)
 
     def run(
         self, *, write: bool = True, collect: bool = False
@@ -902,22 +472,21 @@ class DurableRuntime(PipelineRuntime):
         """
         if not write or collect:
             raise ValueError("a durable run writes its sinks; collect with PipelineRuntime")
+        epochs = self._txn
         try:
-            if self.manifest is None or not self.manifest.finished:
+            if not self._coordinator.finished:
                 yield from super().run(write=True)
                 self.checkpoint(finished=True)
             else:  # a crash after the finished checkpoint: only complete what it interrupted
                 self._open_writers()
-            for txn in self._txn.values():
-                if isinstance(txn, EpochFileSink):
-                    txn.finalize()
-                else:
-                    txn.end_input()
+            epochs = self._txn
+            for epoch in epochs.values():
+                epoch.end_input()
         except FlightServeError:
             raise
         finally:
-            for txn in self._txn.values():
-                txn.close()
+            for epoch in self._txn.values():
+                epoch.close()
             self.release_writers()
 
     def waiting_for(self) -> str | None:
@@ -999,12 +568,3 @@ class DurableRuntime(PipelineRuntime):
             if slot.flight is not None and "server" not in slot.definition.connector:
                 targets[name] = f"stream {slot.flight[1]}"
         return RunSummary(summary.rows, targets, summary.late_rows)
-
-    def deliver(self, sink: str, batch: pa.RecordBatch) -> None:
-        """Hand ``batch`` to the sink's current epoch (committed at the next checkpoint)."""
-        txn = self._txn.get(sink)
-        if txn is None:
-            super().deliver(sink, batch)
-            return
-        self.sinks[sink].rows += batch.num_rows
-        txn.write(batch)

@@ -133,7 +133,7 @@ class EpochFileSink:
             if restored_epoch is None:
                 shutil.rmtree(self.parts, ignore_errors=True)
             else:
-                self.recover(restored_epoch)
+                self._recover_parts(restored_epoch)
             if not finished:  # the parts directory exists until the file is written
                 self.parts.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -142,7 +142,11 @@ class EpochFileSink:
     def _part(self, epoch: int, pending: bool) -> Path:
         return self.parts / f"{epoch:010d}.arrow{'.pending' if pending else ''}"
 
-    def recover(self, epoch: int) -> None:
+    def recover(self, staged: list[pa.RecordBatch]) -> None:
+        """Nothing left to redo: a file sink stages no rows in the checkpoint, and building it
+        from a checkpoint already published that epoch's parts and deleted the later ones."""
+
+    def _recover_parts(self, epoch: int) -> None:
         """Commit the prepared parts of epochs ``≤ epoch``; delete every part after it."""
         if not self.parts.is_dir():
             return
@@ -186,8 +190,9 @@ class EpochFileSink:
                     os.close(fd)
         self._writer = self._file = None
 
-    def prepare(self, epoch: int) -> dict[str, Any]:
-        """Make epoch ``epoch``'s part durable; return the commit mark for the manifest."""
+    def prepare(self, epoch: int, files: dict[str, bytes] | None = None) -> dict[str, Any]:
+        """Make epoch ``epoch``'s part durable; return the commit mark for the manifest (the part
+        lives beside the output file: nothing goes into the checkpoint's ``files``)."""
         assert epoch == self.epoch, (epoch, self.epoch)
         self._close_part(sync=True)
         self.rows += self._epoch_rows
@@ -210,6 +215,10 @@ class EpochFileSink:
                 match = _PART.fullmatch(entry.name)
                 if match is not None and match.group(2) is None:
                     yield entry
+
+    def end_input(self) -> None:
+        """The pipeline reached the end of its input: :meth:`finalize`."""
+        self.finalize()
 
     def finalize(self) -> None:
         """The pipeline reached the end of its input and its last epoch is committed: write

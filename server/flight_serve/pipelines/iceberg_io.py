@@ -375,6 +375,9 @@ class IcebergRunSink:
             self.sink.commit(self._epoch, self._batches)
         self._batches, self._rows = [], 0
 
+    def end_input(self) -> None:
+        """Nothing to mark at the end of input (:class:`~flight_serve.connectors.base.Sink`)."""
+
     def close(self) -> None:
         """Commit what is buffered."""
         self.flush()
@@ -399,6 +402,7 @@ class EpochIcebergSink(StagedEpochSink):
         schema: the schema of every batch.
         mark: the commit mark of the checkpoint resumed from, or ``None`` (a fresh run: a new run
             id).
+        restored_epoch: the epoch of that checkpoint (:meth:`recover` redoes its commit).
     """
 
     def __init__(
@@ -409,14 +413,17 @@ class EpochIcebergSink(StagedEpochSink):
         schema: pa.Schema,
         *,
         mark: dict[str, Any] | None = None,
+        restored_epoch: int | None = None,
     ) -> None:
         super().__init__(name, int(mark.get("rows", 0)) if mark is not None else 0)
         self.schema = schema
+        self.restored_epoch = restored_epoch
         run = str(mark["run"]) if mark is not None and mark.get("run") else uuid.uuid4().hex
         self.sink = spec.open(writer, run)
 
-    def recover(self, epoch: int, staged: list[pa.RecordBatch]) -> None:
-        """Redo the commit of checkpoint ``epoch`` (its staged batches).
+    def recover(self, staged: list[pa.RecordBatch]) -> None:
+        """Redo the commit of the checkpoint resumed from (``restored_epoch``: its staged
+        batches).
 
         Raises:
             CheckpointError: the table holds a later epoch of this run (``resume = N`` older than
@@ -426,6 +433,8 @@ class EpochIcebergSink(StagedEpochSink):
             table = self.sink.load_or_create(None)
         except ConnectorError:
             table = None  # not created yet: nothing was committed
+        assert self.restored_epoch is not None, "recover() is for a sink built from a checkpoint"
+        epoch = self.restored_epoch
         done = self.sink.committed_epoch(table) if table is not None else None
         if done is not None and done > epoch:
             raise CheckpointError(

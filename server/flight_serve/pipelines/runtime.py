@@ -29,22 +29,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 import time
-from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
-import datafusion
 import pyarrow as pa
-import sqlglot
-from sqlglot import exp
 
-from flight_serve.connectors.falkordb import FALKORDB_OPTIONS, FalkorDBSink
+from flight_serve.connectors.base import EpochSink, Sink, Source, SourceEvent
+from flight_serve.connectors.falkordb import FalkorDBSink
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
 from flight_serve.connectors.flight import (
     DEFAULT_SERVER,
@@ -52,83 +49,56 @@ from flight_serve.connectors.flight import (
     FlightSink,
     FlightSource,
     FlightTicketSource,
-    SourceEvent,
     server_uri_problem,
 )
-from flight_serve.connectors.iceberg import IcebergSource, default_catalog_properties
+from flight_serve.connectors.iceberg import default_catalog_properties
 from flight_serve.connectors.stdout import StdoutSink
-from flight_serve.engine.operator import Emission, WindowOperator
-from flight_serve.engine.sqlguard import check_sql
-from flight_serve.engine.windows import (
-    CalendarWindow,
-    CumulateWindow,
-    HoppingWindow,
-    SessionWindow,
-    TumblingWindow,
-    WindowSpec,
+from flight_serve.errors import (
+    CheckpointError,
+    ConnectorError,
+    FlightServeError,
+    PipelineSQLError,
 )
-from flight_serve.errors import ConnectorError, FlightServeError, PipelineSQLError, QueryError
-from flight_serve.pipelines.dialect import position, sql_error
+from flight_serve.pipelines.connect import CONNECTORS, FLIGHT_AUTH_OPTIONS, connector_of
+from flight_serve.pipelines.coordinator import CheckpointCoordinator
+from flight_serve.pipelines.dialect import sql_error
+from flight_serve.pipelines.graph import (
+    Node,
+    PluginNode,
+    RowNode,
+    Stream,
+    WindowNode,
+    check_row_columns,
+    columns_text,
+)
 from flight_serve.pipelines.graph_io import graph_sink_options
-from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
-from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
 from flight_serve.pipelines.iceberg_io import (
     IcebergRunSink,
     IcebergSinkSpec,
     catalog_of,
     iceberg_sink_spec,
     iceberg_source,
-    is_catalog_option,
 )
 from flight_serve.pipelines.pipeline import (
-    FunctionDef,
     Option,
     PipelinePlan,
     QueryDef,
     RelationDef,
     SinkDef,
 )
-from flight_serve.pipelines.plugins import PluginHub, send_slices
-from flight_serve.pipelines.query import QueryOptions, did_you_mean, unknown_column
+from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.store.streams import data_dir_holder
-from flight_serve.types import MAX_WATERMARK_NS, timedelta_to_ns
 
-__all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]
+__all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]  # CONNECTORS: see .connect
 
-#: Options of a ``flight`` connector with a ``server``: TLS trust and identity, bearer token.
-FLIGHT_AUTH_OPTIONS: tuple[str, ...] = ("tls_ca", "tls_cert", "tls_key", "token_env")
-#: Connectors of embedded runs and the options each takes, by role.
-CONNECTORS: dict[str, dict[str, tuple[str, ...]]] = {
-    "source": {
-        "file": ("connector", "path", "format", "batch_rows", "delimiter"),
-        "flight": (
-            "connector",
-            "server",
-            "stream",
-            "start_offset",
-            "stop_at_end",
-            "ticket",
-            "ticket_base64",
-            *FLIGHT_AUTH_OPTIONS,
-        ),
-        "iceberg": ICEBERG_SOURCE_OPTIONS,
-    },
-    "table": {"file": ("connector", "path", "format", "delimiter")},
-    "sink": {
-        "file": ("connector", "path", "format"),
-        "stdout": ("connector", "format"),
-        "falkordb": FALKORDB_OPTIONS,
-        "flight": ("connector", "server", "stream", "writer", *FLIGHT_AUTH_OPTIONS),
-        "iceberg": ICEBERG_SINK_OPTIONS,
-    },
-}
-#: Connectors of DESIGN §5 that only the server will run.
-_SERVER_CONNECTORS = ("falkordb", "plugin")
 #: How often (seconds) windowed queries re-check idle partitions while a live source is quiet:
 #: a quarter of the smallest ``idle_timeout``, within these bounds.
 _TICK_BOUNDS_S = (0.01, 0.5)
 _EXTENSION = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
-_INPUT = "__input"
+#: Events a live source hands out per poll at most.
+_LIVE_MAX_EVENTS = 64
+
+log = logging.getLogger("flight_serve.pipelines")
 
 
 @dataclass(frozen=True)
@@ -146,134 +116,9 @@ class RunSummary:
     late_rows: dict[str, int]
 
 
-def _duration(value: timedelta | None) -> str:
-    """``1h``, ``15m``, ``90s``, ``250ms``, …: the largest unit that divides the value."""
-    if value is None:
-        return "none"
-    ns = timedelta_to_ns(value)
-    if ns == 0:
-        return "0s"
-    for unit, size in (
-        ("d", 86_400 * 10**9),
-        ("h", 3_600 * 10**9),
-        ("m", 60 * 10**9),
-        ("s", 10**9),
-        ("ms", 10**6),
-        ("us", 10**3),
-    ):
-        if ns % size == 0:
-            return f"{ns // size}{unit}"
-    return f"{ns}ns"
-
-
-def _columns_text(schema: pa.Schema) -> str:
-    return ", ".join(f"{f.name} {f.type}" for f in schema)
-
-
-def _one_batch(table: pa.Table) -> pa.RecordBatch | None:
-    if not table.num_rows:
-        return None
-    batches = table.combine_chunks().to_batches()
-    return batches[0]
-
-
 def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     return a.names == b.names and all(x.type == y.type for x, y in zip(a, b, strict=True))
 
-
-def _nullable(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([f.with_nullable(True) for f in schema])
-
-
-def _describe_window(spec: WindowSpec, time_column: str) -> str:
-    t = time_column
-    if isinstance(spec, TumblingWindow):
-        return (
-            f"TUMBLE size {_duration(spec.size)} offset {_duration(spec.offset)}: one window per "
-            f"row, window_start = {t} - (({t} - offset) mod size)"
-        )
-    if isinstance(spec, HoppingWindow):
-        return (
-            f"HOP size {_duration(spec.size)} slide {_duration(spec.slide)} offset "
-            f"{_duration(spec.offset)}: windows start at offset + k*slide; a row belongs to every "
-            f"window [s, s + size) holding {t} (up to {spec.windows_per_row})"
-        )
-    if isinstance(spec, SessionWindow):
-        return (
-            f"SESSION gap {_duration(spec.gap)} per key: each row opens [{t}, {t} + gap); "
-            "overlapping sessions of a key merge into [first, last + gap)"
-        )
-    if isinstance(spec, CumulateWindow):
-        return (
-            f"CUMULATE step {_duration(spec.step)} max_size {_duration(spec.max_size)} offset "
-            f"{_duration(spec.offset)}: windows [p, p + k*step) within each max_size period p"
-        )
-    assert isinstance(spec, CalendarWindow)
-    return (
-        f"TUMBLE one calendar {spec.unit} in {spec.time_zone}: from local midnight to the next "
-        "(23 or 25 hours across a DST change)"
-    )
-
-
-def _pretty_sql(sql: str) -> str:
-    try:
-        return str(sqlglot.parse_one(sql).sql(pretty=True))
-    except sqlglot.errors.SqlglotError:
-        return sql
-
-
-def _partial_sql(merge_sql: str) -> str:
-    """The per-batch partial aggregation: the right side of the merge's ``UNION ALL``."""
-    try:
-        union = sqlglot.parse_one(merge_sql).find(exp.Union)
-    except sqlglot.errors.SqlglotError:
-        union = None
-    if union is None or union.expression is None:
-        return merge_sql
-    return str(union.expression.sql(pretty=True))
-
-
-def _indent(text: str, spaces: int = 4) -> str:
-    return "\n".join(" " * spaces + line for line in text.splitlines())
-
-
-class LiveSource(Protocol):
-    """What the run loop needs of a live source: :class:`~flight_serve.connectors.flight.FlightSource`
-    (a stream over Flight), or a server pipeline's stream read from the store directly."""
-
-    schema: pa.Schema
-    partitions: tuple[str, ...]
-    initial_watermarks: dict[str, int]
-    server: str
-    stream: str
-    start_offset: int
-    stop_at_end: bool
-    end_offset: int
-
-    @property
-    def done(self) -> bool: ...
-
-    @property
-    def backlog(self) -> bool: ...
-
-    def start(self) -> None: ...
-
-    def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]: ...
-
-    def close(self) -> None: ...
-
-
-# --- the graph --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Stream:
-    """A stream inside the run: a source, a view, or a late side output."""
-
-    name: str
-    schema: pa.Schema
-    partitions: tuple[str, ...]
-    consumers: list[_Node] = field(default_factory=list)
 
 
 @dataclass
@@ -283,11 +128,13 @@ class _Sink:
     format: str
     path: Path | None
     schema: pa.Schema | None = None
-    #: falkordb sinks: the options (text), and the writer of an unchecked run
+    #: falkordb sinks: the options (text)
     graph: dict[str, str] | None = None
-    graph_writer: FalkorDBSink | None = None
     fed_by: list[str] = field(default_factory=list)
-    writer: FileSink | StdoutSink | FlightSink | IcebergRunSink | None = None
+    #: the sink of a run without checkpoints (and stdout's in any run)
+    writer: Sink | None = None
+    #: the exactly-once sink of a checkpointed run
+    epoch: EpochSink | None = None
     rows: int = 0
     #: flight sinks: (server, stream, writer), and how to authenticate there
     flight: tuple[str, str, str] | None = None
@@ -306,335 +153,6 @@ class _Sink:
             return f"{server} stream {stream} (writer {writer})"
         return str(self.path) if self.path is not None else "stdout"
 
-
-class _Node(ABC):
-    """One query of the run; subclasses say what it does with a batch."""
-
-    def __init__(
-        self, runtime: PipelineRuntime, query: QueryDef, input: _Stream, schema: pa.Schema
-    ) -> None:
-        self.runtime = runtime
-        self.query = query
-        self.input = input
-        self.schema = schema
-        self.output: _Stream | None = None
-        input.consumers.append(self)
-
-    def start(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
-        """Called once before the first source batch."""
-
-    @abstractmethod
-    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
-        """One input batch of ``partition``."""
-
-    @abstractmethod
-    def on_end(self, partition: str) -> None:
-        """End of input of ``partition``."""
-
-    def on_partition(self, partition: str) -> None:  # noqa: B027 - an optional hook, a no-op by default
-        """A partition that appeared after the start (a new writer of a live source)."""
-
-    def on_watermark(self, partition: str, watermark_ns: int) -> None:  # noqa: B027 - an optional hook, a no-op by default
-        """An explicit watermark of ``partition`` (a writer's watermark marker)."""
-
-    def on_backlog(self, partition: str, backlog: bool) -> None:  # noqa: B027 - an optional hook, a no-op by default
-        """Whether ``partition`` has unread input (then it is never idle)."""
-
-    def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
-        if batch is None or not batch.num_rows:
-            return
-        if self.query.sink is not None:
-            self.runtime.deliver(self.query.sink, batch)
-        if self.output is not None:
-            self.runtime.push(self.output, partition, batch)
-
-
-class _WindowNode(_Node):
-    def __init__(
-        self, runtime: PipelineRuntime, query: QueryDef, input: _Stream, op: WindowOperator
-    ) -> None:
-        super().__init__(runtime, query, input, op.output_schema)
-        self.op = op
-        self.late: _Stream | None = None
-        self.finished = False
-        self.partition = query.view or f"query {query.index + 1}"
-
-    def start(self) -> None:
-        for partition in self.input.partitions:
-            self.op.add_partition(partition)
-            self.op.set_backlog(partition, True)  # embedded: unread input until it ends
-
-    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
-        self.handle(self.op.process(batch, partition=partition))
-
-    def on_end(self, partition: str) -> None:
-        self.op.set_backlog(partition, False)
-        self.handle(self.op.finish(partition))
-
-    def on_partition(self, partition: str) -> None:
-        self.op.add_partition(partition)
-
-    def on_watermark(self, partition: str, watermark_ns: int) -> None:
-        self.handle(self.op.advance_watermark(partition, watermark_ns))
-
-    def on_backlog(self, partition: str, backlog: bool) -> None:
-        self.op.set_backlog(partition, backlog)
-
-    def tick(self) -> None:
-        """Re-evaluate idle partitions now (live sources) and fire what that closes."""
-        if not self.finished:
-            self.handle(self.op.tick())
-
-    def finish_all(self) -> None:
-        if not self.finished:
-            self.handle(self.op.finish())
-
-    def handle(self, emission: Emission) -> None:
-        self.emit(self.partition, _one_batch(emission.output))
-        if self.late is not None:
-            late = _one_batch(emission.late)
-            if late is not None:
-                self.runtime.push(self.late, self.late.partitions[0], late)
-        if emission.watermark_ns == MAX_WATERMARK_NS and not self.finished:
-            self.finished = True
-            if self.output is not None:
-                self.runtime.end(self.output, self.partition)
-            if self.late is not None:
-                self.runtime.end(self.late, self.late.partitions[0])
-
-
-class _RowNode(_Node):
-    def __init__(
-        self,
-        runtime: PipelineRuntime,
-        query: QueryDef,
-        input: _Stream,
-        tables: dict[str, pa.Table],
-    ) -> None:
-        self.ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
-        for name in query.tables:
-            table = tables[name]
-            batches = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
-            self.ctx.register_record_batches(_table_name(name), [batches])
-        self.sql = _row_sql(query, input.name)
-        check_sql(self.sql)  # DataFusion would crash on a deeply nested expression
-        self.label = query.label
-        empty = pa.RecordBatch.from_pylist([], input.schema)
-        try:
-            schema = _nullable(self.run_sql(empty).schema)
-        except QueryError as exc:  # its message starts with the label already
-            said = " ".join(str(exc).split())  # DataFusion's message is on several lines
-            raise sql_error(said, query.select) from None
-        super().__init__(runtime, query, input, schema)
-
-    def run_sql(self, batch: pa.RecordBatch) -> pa.Table:
-        self.ctx.register_record_batches(_INPUT, [[batch]])
-        try:
-            return self.ctx.sql(self.sql).to_arrow_table()
-        except Exception as exc:  # DataFusion raises generic exceptions: wrap them
-            raise QueryError(f"{self.label}: {exc}") from exc
-        finally:
-            self.ctx.deregister_table(_INPUT)
-
-    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            self.emit(partition, _one_batch(self.run_sql(batch).cast(self.schema)))
-
-    def on_end(self, partition: str) -> None:
-        if self.output is not None:
-            self.runtime.end(self.output, partition)
-
-    # a per-row query keeps its input's partitions: pass their progress on
-    def on_partition(self, partition: str) -> None:
-        if self.output is not None:
-            self.runtime.add_partition(self.output, partition)
-
-    def on_watermark(self, partition: str, watermark_ns: int) -> None:
-        if self.output is not None:
-            self.runtime.advance(self.output, partition, watermark_ns)
-
-    def on_backlog(self, partition: str, backlog: bool) -> None:
-        if self.output is not None:
-            self.runtime.set_backlog(self.output, partition, backlog)
-
-
-class _PluginNode(_Node):
-    """``<f>(<stream>)``: every batch goes through an attached plugin (a
-    :class:`~flight_serve.pipelines.plugins.PluginStage`); its results go on, in the order the
-    batches came, to the query's hidden stream ``<f>(<stream>)``, which the per-row query reads.
-    Partition events (end, watermark, new partition, backlog) wait behind the batches sent
-    before them, so downstream operators see the same sequence as without the plugin.
-    """
-
-    def __init__(
-        self,
-        runtime: PipelineRuntime,
-        query: QueryDef,
-        input: _Stream,
-        function: FunctionDef,
-        hub: PluginHub,
-    ) -> None:
-        super().__init__(runtime, query, input, _nullable(function.returns))
-        self.function = function
-        self.stage = hub.stage(
-            function.plugin,
-            input.schema,
-            function.returns,
-            timeout=function.timeout,
-            max_in_flight=function.max_in_flight,
-            label=f"FUNCTION {function.name}",
-        )
-        # per event in arrival order: a submitted batch's seq, or a deferred partition event
-        self.events: deque[int | Callable[[], None]] = deque()
-        self.hidden = _Stream(f"{function.name}({input.name})", self.schema, input.partitions)
-        self.output = self.hidden
-
-    def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
-        if batch is not None and batch.num_rows:
-            self.runtime.push(self.hidden, partition, batch)
-
-    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
-        if not batch.num_rows:
-            return
-        for piece in send_slices(batch):  # each message under gRPC's default 4 MiB
-            while self.stage.outstanding >= self.function.max_in_flight:  # backpressure
-                self.pump(block=True)
-            self.events.append(self.stage.submit(piece, partition))
-        self.pump(block=False)
-
-    def later(self, event: Callable[[], None]) -> None:
-        if self.events:
-            self.events.append(event)
-        else:
-            event()
-
-    def on_end(self, partition: str) -> None:
-        self.later(lambda: self.runtime.end(self.hidden, partition))
-
-    def on_partition(self, partition: str) -> None:
-        self.later(lambda: self.runtime.add_partition(self.hidden, partition))
-
-    def on_watermark(self, partition: str, watermark_ns: int) -> None:
-        self.later(lambda: self.runtime.advance(self.hidden, partition, watermark_ns))
-
-    def on_backlog(self, partition: str, backlog: bool) -> None:
-        self.later(lambda: self.runtime.set_backlog(self.hidden, partition, backlog))
-
-    def pump(self, *, block: bool) -> None:
-        """Emit what is ready at the head; with ``block``, wait until at least the head batch's
-        result is in (retrying meanwhile; :meth:`PipelineRuntime.plugin_wait` sees the wait)."""
-        if block and self.events and isinstance(self.events[0], int):
-            while not self.stage.wait(0.2):
-                self.runtime.plugin_wait(self, self.stage.waiting_for())
-            self.runtime.plugin_wait(self, None)
-        results = {seq: (partition, batch) for seq, partition, batch in self.stage.ready()}
-        pending = dict(results)
-        while self.events:
-            head = self.events[0]
-            if isinstance(head, int):
-                if head not in pending:
-                    break
-                partition, batch = pending.pop(head)
-                self.events.popleft()
-                try:
-                    out = batch.cast(self.schema)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
-                    raise QueryError(f"{self.stage.label}: a result cannot be read: {exc}") from exc
-                self.emit(partition, out)
-            else:
-                self.events.popleft()
-                head()
-        assert not pending, "results arrive in order"
-
-    def drain(self) -> None:
-        """Wait for every batch sent so far and emit the results (a barrier, the end of input)."""
-        while self.events:
-            self.pump(block=True)
-
-    def close(self) -> None:
-        self.stage.close()
-
-
-def _table_name(name: str) -> str:
-    return f"__table_{name}"
-
-
-def _row_sql(query: QueryDef, input_name: str) -> str:
-    """The per-row query as DataFusion SQL: the stream reads ``__input``, each static table
-    ``__table_<name>`` (aliased back to the name written); identifiers are quoted, so names are
-    case-sensitive as written."""
-    select = query.select.copy()
-    with_ = select.args.get("with_") or select.args.get("with")
-    ctes = {c.alias_or_name for c in with_.expressions} if with_ is not None else set()
-
-    def fix(node: exp.Expr) -> exp.Expr:
-        if not isinstance(node, exp.Table):
-            return node
-        alias = node.args.get("alias")
-        if isinstance(node.this, exp.Anonymous):  # LATE(x) or f(x): the only stream of the query
-            internal = _INPUT
-        else:
-            name = str(node.this.name)
-            if name in ctes:
-                return node
-            if name == input_name:
-                internal = _INPUT
-            elif name in query.tables:
-                internal = _table_name(name)
-            else:
-                return node
-            if alias is None:
-                alias = exp.TableAlias(this=exp.to_identifier(name))
-        return exp.Table(this=exp.to_identifier(internal, quoted=True), alias=alias)
-
-    return str(select.transform(fix).sql(dialect="postgres", identify=True))
-
-
-def check_row_columns(query: QueryDef, input: _Stream, tables: dict[str, pa.Table]) -> None:
-    """Check that every column a per-row query names exists in the relation it reads: the stream
-    or a joined static table (by name or alias, or unqualified in any of them).
-
-    Queries reading a CTE or a subquery are left to DataFusion.
-
-    Raises:
-        PipelineSQLError: the first unknown column, with the nearest name and its position.
-    """
-    select = query.select
-    if select.args.get("with_") or select.args.get("with"):
-        return
-    from_ = select.args.get("from_") or select.args.get("from")
-    items = [from_.this] if from_ is not None else []
-    items += [join.this for join in select.args.get("joins") or []]
-    scope: dict[str, tuple[str, list[str]]] = {}  # name or alias -> (what, columns)
-    for item in items:
-        if not isinstance(item, exp.Table):
-            return
-        if isinstance(item.this, exp.Anonymous):  # LATE(x) or f(x): the stream
-            what, names = input.name, input.schema.names
-        else:
-            what = str(item.this.name)
-            names = tables[what].schema.names if what in tables else input.schema.names
-            scope[what] = (what, names)
-        if item.alias:
-            scope[item.alias] = (what, names)
-    if not scope:
-        return
-    aliases = {e.alias for e in select.expressions if isinstance(e, exp.Alias)}
-    everything = [n for _, names in scope.values() for n in names]
-    for column in select.find_all(exp.Column):
-        if isinstance(column.this, exp.Star) or column.parent_select is not select:
-            continue
-        qualifier = column.table
-        if qualifier:
-            if qualifier not in scope:
-                continue  # DataFusion names the unknown table
-            what, names = scope[qualifier]
-            if column.name not in names:
-                raise unknown_column(column.name, names, what, column)
-        elif column.name not in everything and column.name not in aliases:
-            whats = sorted({w for w, _ in scope.values()})
-            where = whats[0] if len(whats) == 1 else " or ".join(whats)
-            raise unknown_column(column.name, list(dict.fromkeys(everything)), where, column)
 
 
 # --- the runtime ------------------------------------------------------------------------------
@@ -669,8 +187,13 @@ class PipelineRuntime:
         data_dir: Path | None = None,
         clock_ns: Callable[[], int] | None = None,
         wall_clock_ns: Callable[[], int] | None = None,
+        coordinator: CheckpointCoordinator | None = None,
     ) -> None:
         self.plan = plan
+        #: the checkpoints of a checkpointed run (the state it resumes from, its barriers)
+        self.coordinator = coordinator
+        #: inputs skipped under ``offset_reset = 'earliest'`` (see :meth:`report_gap`)
+        self.gaps: list[str] = []
         #: processing time (monotonic ns) of the run loop and of every windowed query's idle
         #: timeouts, and wall-clock time (ns since the epoch); injectable for tests
         self.clock_ns: Callable[[], int] = clock_ns or time.monotonic_ns
@@ -691,13 +214,13 @@ class PipelineRuntime:
         #: waits any more (``None``); called from the connector's thread (the CLI prints it)
         self.on_wait: Callable[[str | None], None] | None = None
         self.output_dir = output_dir if output_dir is not None else Path.cwd()
-        self.streams: dict[str, _Stream] = {}
+        self.streams: dict[str, Stream] = {}
         self.sources: dict[str, FileSource] = {}
-        self.flight_sources: dict[str, LiveSource] = {}
+        self.flight_sources: dict[str, Source] = {}
         self.table_sources: dict[str, FileSource] = {}
         self.tables: dict[str, pa.Table] = {}
-        self.nodes: list[_Node] = []
-        self.late_streams: dict[int, _Stream] = {}
+        self.nodes: list[Node] = []
+        self.late_streams: dict[int, Stream] = {}
         self.sinks: dict[str, _Sink] = {}
         self._pending: deque[tuple[str, pa.RecordBatch]] = deque()
         self._collect = False
@@ -720,7 +243,7 @@ class PipelineRuntime:
                     else self._iceberg_source(relation)
                 )
                 self.flight_sources[relation.name] = live
-                self.streams[relation.name] = _Stream(relation.name, live.schema, live.partitions)
+                self.streams[relation.name] = Stream(relation.name, live.schema, live.partitions)
                 continue
             source = self._file_source(relation, "source")
             self.sources[relation.name] = source
@@ -735,31 +258,29 @@ class PipelineRuntime:
                 and schema.get_field_index(relation.time_column) < 0
             ):
                 raise relation.no_time_column(schema.names, f"the files of {relation.name}")
-            self.streams[relation.name] = _Stream(relation.name, schema, source.partitions)
+            self.streams[relation.name] = Stream(relation.name, schema, source.partitions)
         for sink in plan.sinks.values():
             self.sinks[sink.name] = self._sink(sink)
         self._build_queries()
+        if coordinator is not None:
+            for name, source in self.sources.items():  # their offsets, checked against the files
+                source.measure()
+                state = coordinator.source_state(name)
+                if state is not None:
+                    source.restore(
+                        state,
+                        coordinator.resumed_from,
+                        offset_reset=coordinator.options.offset_reset,
+                        on_gap=self.report_gap,
+                    )
+            for name, slot in self.sinks.items():
+                slot.rows = int(coordinator.sink_mark(name).get("rows", 0))
 
     # --- building -----------------------------------------------------------------------------
 
     def _connector(self, options: dict[str, Option], role: str, what: str) -> str:
-        option = options["connector"]
-        name = option.text.lower()
-        available = CONNECTORS[role]
-        if name not in available:
-            if name in _SERVER_CONNECTORS or (role != "sink" and name == "stdout"):
-                raise option.error(
-                    f"connector {name!r} cannot be a {role} of an embedded run; use "
-                    f"{' or '.join(repr(c) for c in available)}"
-                )
-            raise option.error(
-                f"unknown connector {name!r} for a {role}{did_you_mean(name, list(available))} "
-                f"(use {' or '.join(repr(c) for c in available)})"
-            )
-        for key, extra in options.items():
-            if key not in available[name] and not (name == "iceberg" and is_catalog_option(key)):
-                raise extra.unknown(f"the {name} connector of {what}", available[name])
-        return name
+        """The name of the connector ``options`` name (checked: :func:`.connect.connector_of`)."""
+        return connector_of(options, role, what).name
 
     def _file_source(self, relation: RelationDef, role: str) -> FileSource:
         what = f"{role.upper()} {relation.name}"
@@ -788,6 +309,7 @@ class PipelineRuntime:
                 schema=relation.columns,
                 delimiter=options["delimiter"].text if "delimiter" in options else ",",
                 base_dir=self.plan.base_dir,
+                name=relation.name,
             )
         except ConnectorError as exc:
             raise sql_error(f"{what}: {exc}", relation.node.this) from exc
@@ -862,7 +384,7 @@ class PipelineRuntime:
                 raise option.error(f"not base64: {exc}") from None
         return None
 
-    def _ticket_source(self, relation: RelationDef, ticket: bytes, rows: int) -> LiveSource:
+    def _ticket_source(self, relation: RelationDef, ticket: bytes, rows: int) -> Source:
         options = relation.connector
         server = self._server(options)
         try:
@@ -885,7 +407,7 @@ class PipelineRuntime:
             raise relation.no_time_column(source.schema.names, "the DoGet")
         return source
 
-    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> LiveSource:
+    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
         """A ``flight`` source: a ticket's DoGet, or a stream's tail from ``start_offset``
         (default: the ``start_offset`` option, else 0)."""
         options = relation.connector
@@ -930,7 +452,7 @@ class PipelineRuntime:
             raise relation.no_time_column(source.schema.names, f"stream {stream}")
         return source
 
-    def _iceberg_source(self, relation: RelationDef) -> LiveSource:
+    def _iceberg_source(self, relation: RelationDef) -> Source:
         """An Iceberg table as a live source (:mod:`~flight_serve.pipelines.iceberg_io`)."""
         return iceberg_source(
             relation, self.data_dir, batch_rows=self.plan.batch_rows or DEFAULT_BATCH_ROWS
@@ -1016,7 +538,7 @@ class PipelineRuntime:
                 self._build(query)
                 pending.remove(query)
 
-    def _input_of(self, query: QueryDef) -> _Stream | None:
+    def _input_of(self, query: QueryDef) -> Stream | None:
         if query.late_of is not None:
             return self.late_streams.get(query.late_of)
         return self.streams.get(query.input)
@@ -1024,44 +546,55 @@ class PipelineRuntime:
     def _build(self, query: QueryDef) -> None:
         input = self._input_of(query)
         assert input is not None
-        node: _Node
+        node: Node
         if query.window is not None:
+            restore = (
+                self.coordinator.operator_state(query.index, query.label)
+                if self.coordinator is not None
+                else None
+            )
             try:
                 op = query.window.build(
-                    input.schema, clock_ns=self.clock_ns, wall_clock_ns=self.wall_clock_ns
+                    input.schema,
+                    restore=restore,
+                    clock_ns=self.clock_ns,
+                    wall_clock_ns=self.wall_clock_ns,
                 )
             except PipelineSQLError:  # a column of the query, with its own position
                 raise
+            except CheckpointError as exc:  # the snapshot does not fit the query
+                raise CheckpointError(f"{query.label}: {exc}") from exc
             except FlightServeError as exc:
                 func = query.select.args["from_"].this.this
                 raise sql_error(f"{query.label}: {exc}", func) from exc
-            node = _WindowNode(self, query, input, op)
+            window = WindowNode(self, query, input, op)
             if any(q.late_of == query.index for q in self.plan.queries):
                 name = f"LATE({query.view or query.input})"
-                node.late = self.late_streams[query.index] = _Stream(name, op.late_schema, (name,))
-            partitions: tuple[str, ...] = (node.partition,)
+                window.late = self.late_streams[query.index] = Stream(name, op.late_schema, (name,))
+            node = window
+            partitions: tuple[str, ...] = (window.partition,)
         else:
             if query.function is not None:
                 input = self._plugin_stage(query, input)
             check_row_columns(query, input, self.tables)
-            node = _RowNode(self, query, input, self.tables)
+            node = RowNode(self, query, input, self.tables)
             partitions = input.partitions
         if query.view is not None:
-            node.output = self.streams[query.view] = _Stream(query.view, node.schema, partitions)
+            node.output = self.streams[query.view] = Stream(query.view, node.schema, partitions)
         if query.sink is not None:
             sink = self.sinks[query.sink]
             if sink.schema is None:
                 sink.schema = node.schema
             elif not _same_columns(sink.schema, node.schema):
                 raise sql_error(
-                    f"{query.label}: its columns ({_columns_text(node.schema)}) differ from "
+                    f"{query.label}: its columns ({columns_text(node.schema)}) differ from "
                     f"those {sink.fed_by[0]} inserts into {query.sink} "
-                    f"({_columns_text(sink.schema)})",
+                    f"({columns_text(sink.schema)})",
                     query.select,
                 )
             sink.fed_by.append(query.label)
-            if sink.iceberg is not None and isinstance(node, _WindowNode):
-                config = node.op.config
+            if sink.iceberg is not None and query.window is not None:
+                config = window.op.config
                 try:
                     sink.iceberg = sink.iceberg.for_emit(
                         config.emit, config.key_columns, node.schema
@@ -1070,7 +603,7 @@ class PipelineRuntime:
                     raise sql_error(f"{query.label}: {exc}", query.select) from exc
         self.nodes.append(node)
 
-    def _plugin_stage(self, query: QueryDef, input: _Stream) -> _Stream:
+    def _plugin_stage(self, query: QueryDef, input: Stream) -> Stream:
         """The plugin node in front of ``query`` (``FROM <f>(<input>)``); its hidden stream."""
         assert query.function is not None
         function = self.plan.functions[query.function]
@@ -1080,20 +613,33 @@ class PipelineRuntime:
                 "pipeline (flight-serve submit) instead of running it embedded",
                 function.node.this,
             )
-        node = _PluginNode(self, query, input, function, self.plugins)
+        node = PluginNode(self, query, input, function, self.plugins)
         self.nodes.append(node)
         return node.hidden
 
-    def plugin_wait(self, node: _PluginNode, waiting: str | None) -> None:
+    def plugin_wait(self, node: PluginNode, waiting: str | None) -> None:
         """A plugin stage waits for a result (``waiting``: why, or ``None`` when it is over).
-        Durable runs also stop here when asked to."""
+        A checkpointed run also stops here when asked to: it resumes from its last checkpoint
+        and sends the batches after it again."""
         self.waiting = waiting
+        if self.coordinator is not None:
+            self.coordinator.stop_if_asked(waiting or "waiting")
 
     def connector_wait(self, waiting: str | None) -> None:
-        """A connector retries its server (``waiting``: why, or ``None`` once through)."""
+        """A connector retries its server (``waiting``: why, or ``None`` once through); a
+        checkpointed run stops here when asked to."""
         previous, self.connector_waiting = self.connector_waiting, waiting
         if self.on_wait is not None and (previous is None) != (waiting is None):
             self.on_wait(waiting)
+        if waiting is not None and self.coordinator is not None:
+            self.coordinator.stop_if_asked(waiting)
+
+    def report_gap(self, message: str) -> None:
+        """A source offset was gone and ``offset_reset = 'earliest'`` skipped input: log it as
+        a warning and keep it (:attr:`gaps`, the checkpoint's metrics)."""
+        self.gaps.append(message)
+        name = self.coordinator.name if self.coordinator is not None else None
+        log.warning(message, extra={"pipeline": name})
 
     def plugin_waiting(self) -> str | None:
         """``waiting for plugin <name>`` while a plugin stage has batches and no instance that
@@ -1102,10 +648,9 @@ class PipelineRuntime:
         if self.connector_waiting is not None:
             return self.connector_waiting
         for node in self.nodes:
-            if isinstance(node, _PluginNode):
-                waiting = node.stage.waiting_for()
-                if waiting is not None:
-                    return waiting
+            waiting = node.waiting_for()
+            if waiting is not None:
+                return waiting
         return None
 
     def plugin_errors(self) -> dict[str, str]:
@@ -1113,30 +658,29 @@ class PipelineRuntime:
         result schema, garbage, a timeout), by function name."""
         errors: dict[str, str] = {}
         for node in self.nodes:
-            if isinstance(node, _PluginNode):
-                error = node.stage.error or node.stage.hub.last_error(node.function.plugin)
-                if error is not None:
-                    errors[node.function.name] = error
+            error = node.error()
+            if error is not None:
+                errors[error[0]] = error[1]
         return errors
 
-    def _drain_plugins(self) -> None:
+    def drain(self) -> None:
+        """Every node emits what is in flight (plugin stages wait for their results)."""
         for node in self.nodes:
-            if isinstance(node, _PluginNode):
-                node.drain()
+            node.on_barrier()
 
-    # --- running ------------------------------------------------------------------------------
+    # --- running: the edges of the graph (graph.Collector) ----------------------------------
 
-    def push(self, stream: _Stream, partition: str, batch: pa.RecordBatch) -> None:
+    def push(self, stream: Stream, partition: str, batch: pa.RecordBatch) -> None:
         """Hand ``batch`` of ``partition`` to every query reading ``stream``."""
         for node in stream.consumers:
             node.on_batch(partition, batch)
 
-    def end(self, stream: _Stream, partition: str) -> None:
+    def end(self, stream: Stream, partition: str) -> None:
         """End of input of ``partition`` for every query reading ``stream``."""
         for node in stream.consumers:
             node.on_end(partition)
 
-    def add_partition(self, stream: _Stream, partition: str) -> None:
+    def add_partition(self, stream: Stream, partition: str) -> None:
         """A new partition of ``stream`` (a live source's new writer): it holds the watermark
         of every windowed query reading ``stream`` back from now on."""
         if partition not in stream.partitions:
@@ -1144,24 +688,38 @@ class PipelineRuntime:
         for node in stream.consumers:
             node.on_partition(partition)
 
-    def advance(self, stream: _Stream, partition: str, watermark_ns: int) -> None:
+    def advance(self, stream: Stream, partition: str, watermark_ns: int) -> None:
         """An explicit watermark of ``partition`` for every query reading ``stream``."""
         for node in stream.consumers:
             node.on_watermark(partition, watermark_ns)
 
-    def set_backlog(self, stream: _Stream, partition: str, backlog: bool) -> None:
+    def set_backlog(self, stream: Stream, partition: str, backlog: bool) -> None:
         """Whether ``partition`` of ``stream`` has unread input."""
         for node in stream.consumers:
             node.on_backlog(partition, backlog)
 
-    def _live_event(self, stream: _Stream, event: SourceEvent) -> None:
-        """Hand one event of a live (flight) source to the queries reading ``stream``."""
+    def deliver(self, sink: str, batch: pa.RecordBatch) -> None:
+        """Write ``batch`` to ``sink``: its epoch (committed at the next checkpoint) in a
+        checkpointed run, else its writer (and queue it for :meth:`run`'s caller when
+        collecting)."""
+        slot = self.sinks[sink]
+        slot.rows += batch.num_rows
+        if slot.epoch is not None:
+            slot.epoch.write(batch)
+            return
+        if slot.writer is not None:
+            slot.writer.write(batch)
+        if self._collect:
+            self._pending.append((sink, batch))
+
+    def _event(self, stream: Stream, source: Source, event: SourceEvent) -> None:
+        """Hand one event of a source to the queries reading ``stream``."""
         if event.kind == "batch":
             assert event.batch is not None
             self.push(stream, event.partition, event.batch)
         elif event.kind == "partition":
             self.add_partition(stream, event.partition)
-            self.set_backlog(stream, event.partition, self.flight_sources[stream.name].backlog)
+            self.set_backlog(stream, event.partition, source.backlog)
         elif event.kind == "watermark":
             assert event.watermark_ns is not None
             self.advance(stream, event.partition, event.watermark_ns)
@@ -1171,39 +729,35 @@ class PipelineRuntime:
             for partition in stream.partitions:
                 self.set_backlog(stream, partition, event.backlog)
 
+    def _poll(
+        self, stream: Stream, name: str, source: Source, timeout_s: float, max_events: int
+    ) -> None:
+        """One poll of ``source``, after the checkpoint barrier (a consistent cut: every event
+        polled before went through every query and sink)."""
+        if self.coordinator is not None:
+            self.coordinator.barrier()
+        for event in source.poll(timeout_s, max_events):
+            if self.coordinator is not None:
+                self.coordinator.counted(name, event, bounded=not source.live)
+            self._event(stream, source, event)
+
     def _wake_ns(self, next_tick_ns: int) -> int:
         """When (``clock_ns``) the run loop re-checks its windowed queries next: the periodic
         tick, or earlier the instant a partition reaches ``last row + idle_timeout`` or (with
         ``idle_watermark_advance``) a window closes by the wall clock."""
         wake = next_tick_ns
         for node in self.nodes:
-            if isinstance(node, _WindowNode) and not node.finished:
-                due = node.op.next_wake_ns()
-                if due is not None and due < wake:
-                    wake = due
+            due = node.next_wake_ns()
+            if due is not None and due < wake:
+                wake = due
         return wake
 
     def _tick_s(self) -> float:
-        timeouts = [
-            n.op.config.idle_timeout.total_seconds()
-            for n in self.nodes
-            if isinstance(n, _WindowNode) and n.op.config.idle_timeout is not None
-        ]
+        timeouts = [t for t in (n.idle_timeout_s() for n in self.nodes) if t is not None]
         low, high = _TICK_BOUNDS_S
-        if any(isinstance(n, _PluginNode) for n in self.nodes):
+        if any(n.ticks_often for n in self.nodes):
             return low  # plugin results are emitted at ticks while the sources are quiet
         return min(max(min(timeouts) / 4, low), high) if timeouts else high
-
-    def deliver(self, sink: str, batch: pa.RecordBatch) -> None:
-        """Write ``batch`` to ``sink`` (and queue it for :meth:`run`'s caller when collecting)."""
-        slot = self.sinks[sink]
-        slot.rows += batch.num_rows
-        if slot.writer is not None:
-            slot.writer.write(batch)
-        if slot.graph_writer is not None:
-            slot.graph_writer.write(batch)
-        if self._collect:
-            self._pending.append((sink, batch))
 
     def _open_writers(self) -> None:
         for slot in self.sinks.values():
@@ -1214,7 +768,7 @@ class PipelineRuntime:
                     slot.writer = StdoutSink(slot.definition.name, slot.schema, slot.format)
                 elif slot.graph is not None:
                     stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
-                    slot.graph_writer = FalkorDBSink(
+                    slot.writer = FalkorDBSink(
                         slot.definition.name, slot.graph, slot.schema, pipeline=stem
                     )
                 elif slot.flight is not None:
@@ -1252,94 +806,80 @@ class PipelineRuntime:
         if write:
             self._open_writers()
         try:
-            for node in self.nodes:
-                node.start()
-            live = [
-                (self.streams[name], source)
-                for name, source in self.flight_sources.items()
-                if self.streams[name].consumers
-            ]
-            for stream, source in live:
-                for partition, watermark_ns in source.initial_watermarks.items():
-                    self.advance(stream, partition, watermark_ns)
-                for partition in stream.partitions:
-                    self.set_backlog(stream, partition, source.backlog)
-                source.start()
-            readers: list[tuple[_Stream, Iterator[tuple[str, pa.RecordBatch | None]]]] = [
-                (self.streams[name], source.round_robin())
-                for name, source in self.sources.items()
-                if self.streams[name].consumers
-            ]
-            tick_ns = round(self._tick_s() * 1e9)
-            clock = self.clock_ns
-            next_tick = clock() + tick_ns
-            while readers or live:
-                wake = self._wake_ns(next_tick)
-                still = []
-                for stream, reader in readers:
-                    event = next(reader, None)
-                    if event is None:
-                        continue
-                    partition, batch = event
-                    if batch is None:
-                        self.end(stream, partition)
-                    else:
-                        self.push(stream, partition, batch)
-                    while self._pending:
-                        yield self._pending.popleft()
-                    still.append((stream, reader))
-                readers = still
-                for stream, source in live:
-                    # a live source waits for its next entries only when no file is left to read
-                    wait = 0.0 if readers else max(wake - clock(), 0) / 1e9 / len(live)
-                    for live_event in source.poll(wait):
-                        self._live_event(stream, live_event)
-                        while self._pending:
-                            yield self._pending.popleft()
-                live = [(stream, source) for stream, source in live if not source.done]
-                now = clock()
-                # a tick is due, or a partition has reached its last row + idle_timeout (``wake``
-                # from before the wait: once the partition is idle it has no instant left)
-                if now >= wake:
-                    for node in self.nodes:
-                        if isinstance(node, _WindowNode):
-                            node.tick()
-                        elif isinstance(node, _PluginNode) and now >= next_tick:
-                            node.pump(block=False)
-                    while self._pending:
-                        yield self._pending.popleft()
-                    if now >= next_tick:
-                        next_tick = clock() + tick_ns
-            self._drain_plugins()
-            for node in self.nodes:
-                if isinstance(node, _WindowNode):
-                    node.finish_all()
-            while self._pending:
-                yield self._pending.popleft()
+            yield from self._loop()
             for slot in self.sinks.values():  # the run reached the end of its input
-                if isinstance(slot.writer, FlightSink):
+                if slot.writer is not None:
                     slot.writer.end_input()
         finally:
             for node in self.nodes:
-                if isinstance(node, _PluginNode):
-                    node.close()
+                node.close()
             for source in self.flight_sources.values():
                 source.close()
             for slot in self.sinks.values():
                 if slot.writer is not None:
                     slot.writer.close()
-                if slot.graph_writer is not None:
-                    slot.graph_writer.close()
+
+    def _loop(self) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """The run loop: bounded sources one batch each in turn, then the live ones (waiting
+        only when no bounded input is left), the nodes' ticks; at the end every node finishes."""
+        for node in self.nodes:
+            node.start()
+        live = [
+            (self.streams[name], name, source)
+            for name, source in self.flight_sources.items()
+            if self.streams[name].consumers
+        ]
+        for stream, name, source in live:
+            for partition, watermark_ns in source.initial_watermarks.items():
+                self.advance(stream, partition, watermark_ns)
+            for partition in stream.partitions:
+                self.set_backlog(stream, partition, source.backlog)
+            source.open(self.coordinator.source_state(name) if self.coordinator else None)
+        bounded: list[tuple[Stream, str, Source]] = [
+            (self.streams[name], name, source)
+            for name, source in self.sources.items()
+            if self.streams[name].consumers
+        ]
+        tick_ns = round(self._tick_s() * 1e9)
+        clock = self.clock_ns
+        next_tick = clock() + tick_ns
+        while bounded or live:
+            wake = self._wake_ns(next_tick)
+            bounded = [entry for entry in bounded if not entry[2].done]
+            for stream, name, source in bounded:
+                self._poll(stream, name, source, 0.0, 1)
+                while self._pending:
+                    yield self._pending.popleft()
+            for stream, name, source in live:
+                if source.done:
+                    continue
+                # a live source waits for its next entries only when no file is left to read
+                wait = 0.0 if bounded else max(wake - clock(), 0) / 1e9 / len(live)
+                self._poll(stream, name, source, wait, _LIVE_MAX_EVENTS)
+                while self._pending:
+                    yield self._pending.popleft()
+            live = [entry for entry in live if not entry[2].done]
+            now = clock()
+            # a tick is due, or a partition has reached its last row + idle_timeout (``wake``
+            # from before the wait: once the partition is idle it has no instant left)
+            if now >= wake:
+                periodic = now >= next_tick
+                for node in self.nodes:
+                    node.on_tick(periodic=periodic)
+                while self._pending:
+                    yield self._pending.popleft()
+                if periodic:
+                    next_tick = clock() + tick_ns
+        self.drain()
+        for node in self.nodes:
+            node.on_finish()
+        while self._pending:
+            yield self._pending.popleft()
 
     def summary(self) -> RunSummary:
         """Rows per sink, targets and late rows so far."""
         late = {
-            n.query.label: n.op.metrics.rows_late
-            + n.op.metrics.rows_null_time
-            + n.op.metrics.rows_out_of_range
-            + n.op.metrics.rows_future
-            for n in self.nodes
-            if isinstance(n, _WindowNode)
+            n.query.label: rows for n in self.nodes if (rows := n.late_rows()) is not None
         }
         return RunSummary(
             rows={name: slot.rows for name, slot in self.sinks.items()},
@@ -1347,234 +887,50 @@ class PipelineRuntime:
             late_rows=late,
         )
 
+    # --- checkpoints (coordinator.Checkpointed) ----------------------------------------------
+
+    def has_pending(self) -> bool:
+        """Whether an epoch sink holds rows for the next checkpoint."""
+        return any(s.epoch is not None and s.epoch.has_pending for s in self.sinks.values())
+
+    def snapshot_operators(self, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+        """Each windowed query's manifest entry, by query index; snapshots into ``files``."""
+        operators: dict[str, dict[str, Any]] = {}
+        for node in self.nodes:
+            entry = node.snapshot(files)
+            if entry is not None:
+                operators[str(node.query.index)] = entry
+        return operators
+
+    def snapshot_sources(self) -> dict[str, dict[str, Any]]:
+        """Each source's offsets, files first."""
+        states = {name: source.snapshot() for name, source in self.sources.items()}
+        states.update((name, source.snapshot()) for name, source in self.flight_sources.items())
+        return states
+
+    def prepare_sinks(self, epoch: int, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+        """Each sink's commit mark: an epoch sink prepares ``epoch``; another (stdout) records
+        its rows."""
+        marks: dict[str, dict[str, Any]] = {}
+        for name, slot in self.sinks.items():
+            if slot.epoch is not None:
+                marks[name] = slot.epoch.prepare(epoch, files)
+            else:
+                marks[name] = {"kind": slot.connector, "rows": slot.rows}
+        return marks
+
+    def commit_sinks(self, epoch: int) -> None:
+        """Every epoch sink commits ``epoch``."""
+        for slot in self.sinks.values():
+            if slot.epoch is not None:
+                slot.epoch.commit(epoch)
+
     # --- explain ------------------------------------------------------------------------------
 
     def explain(self) -> str:
         """The plan as text: sources (connector, partitions, watermark rule), static tables, each
         query (input, window assignment, partial and merge aggregation SQL, final projection,
-        output columns, late side output), and sinks."""
-        plan = self.plan
-        out: list[str] = [f"pipeline {plan.path if plan.path is not None else '(SQL text)'}"]
-        out.append(f"settings: {_options_text(plan.settings)}")
-        for name, source in self.sources.items():
-            relation = plan.sources[name]
-            stream = self.streams[name]
-            out += ["", f"SOURCE {name}{_at(relation.node)}"]
-            out.append(
-                f"  connector file, format {source.format}, batch_rows {source.batch_rows}; "
-                f"read round-robin, one batch per file in turn"
-            )
-            out.append(f"  partitions ({len(source.partitions)}, one per file):")
-            out += [f"    {p}" for p in source.partitions]
-            out.append(f"  columns: {_columns_text(stream.schema)}")
-            if relation.time_column is not None:
-                bound = _duration(relation.options.max_out_of_orderness)
-                out.append(
-                    f"  watermark: W_p = max({relation.time_column}) - {bound} per partition; "
-                    "W = min over live partitions, never decreasing; a file's end sets W_p = +inf"
-                )
-            else:
-                out.append("  watermark: none declared (windows over it use max_out_of_orderness)")
-            out.append(f"  options: {_options_text(relation.options)}")
-            if not stream.consumers:
-                out.append("  not read by any query")
-        for name, live in self.flight_sources.items():
-            relation = plan.sources[name]
-            stream = self.streams[name]
-            out += ["", f"SOURCE {name}{_at(relation.node)}"]
-            if isinstance(live, IcebergSource):
-                out += [*live.describe(), f"  columns: {_columns_text(stream.schema)}"]
-                continue
-            if isinstance(live, FlightTicketSource):
-                out.append(
-                    f"  connector flight, server {live.server}, {live.stream}: one DoGet, bounded; "
-                    "offset = rows handed out (a cut DoGet is opened again and they are skipped)"
-                )
-                out.append("  partitions: one, ended when the DoGet ends")
-                if live.waiting_to_open:
-                    out.append("  the server is unreachable now: the run waits for it")
-            else:
-                out.append(
-                    f"  connector flight, server {live.server}, stream {live.stream}, from offset "
-                    f"{live.start_offset}; "
-                    + (
-                        f"stop_at_end: reads up to offset {live.end_offset} (the stream's end "
-                        "now), then every writer ends"
-                        if live.stop_at_end
-                        and not (isinstance(live, FlightSource) and live.waiting_to_open)
-                        else "stop_at_end: reads up to the stream's end when the run reaches the "
-                        "server, then every writer ends"
-                        if live.stop_at_end
-                        else "runs until every writer it knows has sent end_of_input"
-                    )
-                )
-                out.append(
-                    f"  partitions: one per DoPut writer; known now ({len(stream.partitions)}): "
-                    + (", ".join(stream.partitions) or "none")
-                )
-                if isinstance(live, FlightSource) and live.waiting_to_open:
-                    out.append(
-                        "  the server is unreachable now: the run waits for it (the stream's "
-                        "writers are read then)"
-                    )
-            out.append(f"  columns: {_columns_text(stream.schema)}")
-            if relation.time_column is not None:
-                bound = _duration(relation.options.max_out_of_orderness)
-                out.append(
-                    f"  watermark: W_p = max(max({relation.time_column}) - {bound}, the writer's "
-                    "watermark markers) per writer; W = min over writers neither ended nor idle, "
-                    "never decreasing; end_of_input sets W_p = +inf"
-                )
-            out.append(f"  options: {_options_text(relation.options)}")
-            if not stream.consumers:
-                out.append("  not read by any query")
-            live.close()
-        for name, table_source in self.table_sources.items():
-            relation = plan.tables[name]
-            out += ["", f"TABLE {name}{_at(relation.node)}"]
-            out.append(
-                f"  connector file, format {table_source.format}; static: read once, in full, "
-                f"before the first source batch ({len(table_source.paths)} file(s))"
-            )
-            out.append(f"  columns: {_columns_text(table_source.schema)}")
-        for node in self.nodes:
-            out += ["", *self._explain_query(node)]
-        for name, slot in self.sinks.items():
-            out += ["", f"SINK {name}{_at(slot.definition.node)}"]
-            if slot.connector == "stdout":
-                out.append(f"  connector stdout, format {slot.format}: rows printed as they arrive")
-            elif slot.graph is not None:
-                out.append(
-                    f"  connector falkordb -> {slot.target}: UNWIND … MERGE … SET upserts in "
-                    "batches (per batch as it arrives; with checkpoints: per epoch, under the "
-                    "sink's epoch marker)"
-                )
-            elif slot.iceberg is not None:
-                out.append(
-                    f"  connector iceberg -> {slot.target}: one Iceberg commit per checkpoint "
-                    "epoch, with exactly-once markers (without checkpoints: every "
-                    "100,000 rows and at the end)"
-                )
-            elif slot.flight is not None and plan.run_options.checkpoints:
-                out.append(
-                    f"  connector flight -> {slot.target}: checkpointed: each epoch's batches "
-                    "committed after its checkpoint, one DoPut per commit (up to 8 batches ahead "
-                    "of their PutResults), retried while the server is unreachable; a replay is "
-                    "matched against the writer's batches (exactly-once into flight-serve, "
-                    "at-least-once into other Flight servers); end_of_input when the run ends"
-                )
-            elif slot.flight is not None:
-                out.append(
-                    f"  connector flight -> {slot.target}: one DoPut for the run, each batch "
-                    "acknowledged (durable) before the next; end_of_input when the run ends"
-                )
-            else:
-                out.append(
-                    f"  connector file, format {slot.format} -> {slot.path} (one file per run, "
-                    "replaced on every run)"
-                )
-            if slot.schema is None:
-                out.append("  nothing is inserted into it (no file is written)")
-            else:
-                out.append(f"  fed by: {'; '.join(slot.fed_by)}")
-                out.append(f"  columns: {_columns_text(slot.schema)}")
-        return "\n".join(out) + "\n"
+        output columns, late side output), and sinks (:mod:`~flight_serve.pipelines.explain`)."""
+        from flight_serve.pipelines.explain import explain
 
-    def _explain_query(self, node: _Node) -> list[str]:
-        query = node.query
-        out = [f"QUERY {query.index + 1}: {query.label}"]
-        reads = query.input if query.late_of is None else f"{node.input.name} (late side output)"
-        if query.function is not None:  # two stages: the plugin, then the per-row query
-            plugin_stage = isinstance(node, _PluginNode)
-            out[0] += f", stage {1 if plugin_stage else 2} of 2"
-            reads = query.input if plugin_stage else f"{node.input.name} (the plugin's results)"
-        out.append(f"  reads: {reads} ({len(node.input.partitions)} partition(s))")
-        if isinstance(node, _WindowNode):
-            op, cfg = node.op, node.op.config
-            out.append(f"  windowed aggregation, emit {cfg.emit}")
-            out.append(f"  window assignment: {_describe_window(cfg.window, cfg.time_column)}")
-            out.append(
-                f"  watermark: W = min over input partitions of max({cfg.time_column}) - "
-                f"{_duration(cfg.max_out_of_orderness)}; a window fires when W >= window_end + "
-                f"allowed_lateness {_duration(cfg.allowed_lateness)}"
-                + (
-                    ", first at W >= window_end, then once per step with late rows"
-                    if cfg.emit == "update"
-                    else ""
-                )
-            )
-            out.append(
-                f"  idle_timeout {_duration(cfg.idle_timeout)}, max_future_skew "
-                f"{_duration(cfg.max_future_skew)}"
-                + (
-                    ""
-                    if cfg.idle_watermark_advance is None
-                    else f", idle_watermark_advance {_duration(cfg.idle_watermark_advance)} "
-                    "(while every partition is idle, W = max(W, wall clock - it))"
-                )
-            )
-            out.append(f"  keys: {', '.join(cfg.key_columns) or '(none)'}")
-            if cfg.filter_sql is not None:
-                out.append(f"  filter (before windowing): {cfg.filter_sql}")
-            aggregates = [
-                f"__a{i} = {a.func}({a.column or '*'})" for i, a in enumerate(cfg.aggregates)
-            ]
-            out.append(f"  aggregates: {', '.join(aggregates)}")
-            merge = op.merge_sql
-            out.append("  partial aggregation (DataFusion, over the buffered rows `buf`):")
-            out.append(_indent(_partial_sql(merge)))
-            out.append(
-                "  merge aggregation (DataFusion, pane state `state` UNION ALL the partials):"
-            )
-            out.append(_indent(_pretty_sql(merge)))
-            if cfg.projection_sql is not None:
-                out.append("  final projection (DataFusion, over the fired windows `fired`):")
-                out.append(_indent(_pretty_sql(cfg.projection_sql)))
-            else:
-                columns = cfg.columns or ()
-                text = ", ".join(
-                    c.name if c.name == c.source else f"{c.name} := {c.source}" for c in columns
-                )
-                out.append(
-                    f"  final projection: {text or 'keys, window_start, window_end, aggregates'}"
-                )
-            if node.late is not None:
-                readers = [n.query.label for n in node.late.consumers]
-                out.append(f"  late side output: {node.late.name}, read by {'; '.join(readers)}")
-            else:
-                out.append("  late side output: not read (late rows are counted)")
-        elif isinstance(node, _PluginNode):
-            fn = node.function
-            out.append(
-                f"  plugin {fn.plugin} (FUNCTION {fn.name}): every batch sent to an attached "
-                f"instance, results in order; timeout {_duration(fn.timeout)}, max_in_flight "
-                f"{fn.max_in_flight}"
-            )
-        else:
-            assert isinstance(node, _RowNode)
-            tables = f", joined with {', '.join(query.tables)}" if query.tables else ""
-            out.append(f"  per-row query (DataFusion, once per input batch{tables}):")
-            out.append(_indent(_pretty_sql(node.sql)))
-        out.append(f"  output: {_columns_text(node.schema)}")
-        if query.view is not None:
-            out.append(f"  view {query.view}: a stream read by later queries")
-        return out
-
-
-def _at(node: exp.Expr) -> str:
-    line, _ = position(node)
-    return f"  (line {line})" if line is not None else ""
-
-
-def _options_text(options: QueryOptions) -> str:
-    return (
-        f"allowed_lateness {_duration(options.allowed_lateness)}, emit {options.emit}, "
-        f"idle_timeout {_duration(options.idle_timeout)}, max_future_skew "
-        f"{_duration(options.max_future_skew)}, time_zone {options.time_zone or 'UTC'}, "
-        f"max_out_of_orderness {_duration(options.max_out_of_orderness)}"
-        + (
-            ""
-            if options.idle_watermark_advance is None
-            else f", idle_watermark_advance {_duration(options.idle_watermark_advance)}"
-        )
-    )
+        return explain(self)

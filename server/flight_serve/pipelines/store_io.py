@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
+from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform
-from flight_serve.connectors.flight import SourceEvent
 from flight_serve.errors import (
     CheckpointError,
     ConnectorError,
@@ -51,7 +51,7 @@ PARTITION = ""
 _WAIT_FOR_STREAM_S = 0.05
 
 
-class StoreSource:
+class StoreSource(ResumedSource):
     """A stream of this server as a pipeline source (see the module docstring).
 
     Args:
@@ -168,10 +168,6 @@ class StoreSource:
         self.position = start_offset  # the next entry to read
         self.end_offset = info.next_offset if info is not None else 0
         self._backlog = self.end_offset > start_offset
-        #: called before each poll: the runtime's barrier (a checkpoint may be taken there)
-        self.barrier: Callable[[], None] = lambda: None
-        #: called with each batch handed out
-        self.counted: Callable[[pa.RecordBatch | None], None] = lambda batch: None
 
     @property
     def done(self) -> bool:
@@ -201,12 +197,11 @@ class StoreSource:
     def poll(self, timeout_s: float, max_entries: int = 64) -> list[SourceEvent]:
         """The next entries (up to ``max_entries``), waiting up to ``timeout_s`` seconds when
         there are none. Every event returned by the previous poll has been processed when this
-        is called, so the barrier runs first.
+        is called (a checkpoint barrier may have been taken since).
 
         Raises:
             ConnectorError: the stream was dropped, or a batch does not fit the declared columns.
         """
-        self.barrier()
         if self.incarnation is None:
             if not self.store.exists(self.stream):
                 time.sleep(min(timeout_s, _WAIT_FOR_STREAM_S))
@@ -229,7 +224,6 @@ class StoreSource:
                 if batch is not None:
                     events.append(SourceEvent("batch", writer, conform(batch, self.schema, self.what), offset=offset))
                     self.rows += batch.num_rows
-                    self.counted(batch)
                 elif entry.end_of_input:
                     if writer not in self._ended:  # a writer ends once
                         self._ended.add(writer)

@@ -447,8 +447,9 @@ def test_the_run_loop_wakes_at_the_instant_a_partition_goes_idle() -> None:
     """A live source's partition silent since 100 s with idle_timeout 5 s: the run loop's next
     wake-up is at 105 s exactly, not at its next periodic tick (a quarter of the timeout, 0.5 s
     at most, after the previous one); without a partition that can go idle it is the tick."""
+    from flight_serve.pipelines.graph import WindowNode as _WindowNode
     from flight_serve.pipelines.pipeline import parse_pipeline
-    from flight_serve.pipelines.runtime import PipelineRuntime, _WindowNode
+    from flight_serve.pipelines.runtime import PipelineRuntime
 
     clock = FakeClock(origin_s=100)
     plan = parse_pipeline(

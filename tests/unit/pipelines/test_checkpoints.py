@@ -106,14 +106,12 @@ def run_to_end(runtime: DurableRuntime) -> DurableRuntime:
 
 def crash_after(runtime: DurableRuntime, events: int) -> None:
     """Run until ``events`` source batches went through, then "die" at the next barrier."""
-    barrier = runtime.barrier
 
-    def dying() -> None:
-        if runtime._events >= events:
+    def dying(counted: int) -> None:
+        if counted >= events:
             raise Crash
-        barrier()
 
-    runtime.barrier = dying  # type: ignore[method-assign]
+    runtime.coordinator.barrier_hooks.append(dying)
     with pytest.raises(Crash):
         run_to_end(runtime)
 
