@@ -120,6 +120,7 @@ _COLUMN_ALIASES: Final = {"null-rate": "null_rate", "max-out-of-orderness": "max
 ColumnKind = Literal["sequence", "random"]
 _ColumnClass = Literal["int", "float", "bool", "string", "timestamp"]
 
+_WORDS: Final = {"int": "integer", "float": "float", "string": "string", "timestamp": "timestamp"}
 _INT_TYPES: Final[dict[pa.DataType, int]] = {
     pa.int8(): 8,
     pa.int16(): 16,
@@ -372,7 +373,7 @@ def _column(name: str, data_type: pa.DataType, given: dict[str, str], seed: int)
         allowed |= {"min", "max"}
     for option in given:
         if option not in allowed:
-            what = f"{kind} {cls}" if cls != "bool" else "boolean"
+            what = "boolean" if cls == "bool" else f"{kind} {_WORDS[cls]}"
             raise ConnectorOptionError(
                 key(option),
                 f"does not apply to a {what} column; its options: {', '.join(sorted(allowed))}",
@@ -636,11 +637,6 @@ class DatagenOptions:
                         option, f"the column list declares the type of {name}; drop this option"
                     )
                 fields.append(pa.field(name, _sql_type(option, given_options["type"])))
-        if not fields:
-            raise ConnectorOptionError(
-                "fields.<column>.type",
-                "a datagen source needs columns: declare them, or give fields.<column>.type",
-            )
         if schema is None:
             untyped = [c for c, o in by_column.items() if "type" not in o]
             if untyped:
@@ -648,6 +644,11 @@ class DatagenOptions:
                     f"fields.{untyped[0]}.type",
                     f"column {untyped[0]} needs a type (no columns are declared)",
                 )
+        if not fields:
+            raise ConnectorOptionError(
+                "fields.<column>.type",
+                "a datagen source needs columns: declare them, or give fields.<column>.type",
+            )
         columns = []
         for field in fields:
             spec = _column(field.name, field.type, by_column.get(field.name, {}), seed)
@@ -905,6 +906,7 @@ class DatagenSource:
         self._opened_at: float | None = None
         self._base = 0  # rows handed out before open (a restore)
         self._behind = False
+        self._turn = self._next_turn = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -943,6 +945,7 @@ class DatagenSource:
         self._pending = deque(SourceEvent("partition", partition) for partition in self.partitions)
         self._base = sum(self._next)
         self._behind = False
+        self._turn = self._next_turn = 0  # the partition the next round starts at
         self._opened_at = self._clock()
 
     def close(self) -> None:
@@ -1034,9 +1037,11 @@ class DatagenSource:
         progress = True
         while progress and len(events) < max_events:
             progress = False
-            for p, partition in enumerate(self.partitions):
+            for step in range(count):  # round-robin from where the last poll stopped
                 if len(events) >= max_events:
                     break
+                p = (self._turn + step) % count
+                partition = self.partitions[p]
                 if self._ended[p]:
                     continue
                 rows = min(self._available(p, due), batch_rows)
@@ -1046,10 +1051,13 @@ class DatagenSource:
                     self._next[p] = first + rows
                     events.append(SourceEvent("batch", partition, batch, offset=first))
                     progress = True
+                    self._next_turn = (p + 1) % count
                 elif self._exhausted(p):
                     self._ended[p] = True
                     events.append(SourceEvent("end", partition, offset=self._next[p]))
                     progress = True
+                    self._next_turn = (p + 1) % count
+            self._turn = self._next_turn
         self._behind = len(events) >= max_events and any(
             not self._ended[p] and (self._available(p, due) > 0 or self._exhausted(p))
             for p in range(count)
