@@ -715,3 +715,33 @@ def test_durations_take_the_pipeline_forms() -> None:
     ):
         options = DatagenOptions.from_options({"fields.t.interval": text}, schema)
         assert options.columns[0].step == ns, text
+
+
+def test_the_docs_example_parses_as_a_pipeline_and_as_datagen_options() -> None:
+    """docs/pipelines.md's ``datagen`` example: parse_pipeline keeps its dotted keys whole and
+    DatagenOptions reads them with the declared columns."""
+    from pathlib import Path
+
+    from flight_serve.pipelines.pipeline import parse_pipeline
+
+    text = (Path(__file__).parents[2] / "docs" / "pipelines.md").read_text()
+    start = text.index("CREATE SOURCE orders")
+    sql = text[start : text.index("```", start)]
+    plan = parse_pipeline(
+        sql + "\nCREATE SINK o WITH (connector = 'stdout');\nINSERT INTO o SELECT * FROM orders;"
+    )
+    relation = plan.sources["orders"]
+    options = DatagenOptions.from_options(
+        {key: option.text for key, option in relation.connector.items()}, relation.columns
+    )
+    assert (options.partitions, options.rows_per_second, options.seed) == (4, 1000.0, 7)
+    kinds = [(c.name, c.kind) for c in options.columns]
+    assert kinds == [
+        ("order_id", "sequence"),
+        ("customer", "random"),
+        ("amount", "random"),
+        ("note", "random"),
+        ("placed", "sequence"),
+    ]
+    placed = options.columns[4]
+    assert (placed.step, placed.jitter) == (1, 2000)  # 1 ms (1 s / 1000 rows), 2 s, in ms
