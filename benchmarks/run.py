@@ -4,7 +4,8 @@ Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by defau
 ``session``, ``bytewax`` (the tumbling job in Bytewax), ``coldstart`` (``flight-serve run``
 time to first row vs the bare imports), ``checkpoints`` (a checkpoint every second vs none) and
 ``restore`` (1 M open windows from a checkpoint), ``flightsql_fetch`` / ``flightsql_ingest``
-(the ADBC Flight SQL driver vs plain Flight); all run by default. ``--repeat N`` sets the
+(the ADBC Flight SQL driver vs plain Flight), ``datagen`` (the datagen source vs numpy's own
+random streams); all run by default. ``--repeat N`` sets the
 runs per side (median reported); ``--json PATH`` also writes every measurement as JSON.
 """
 
@@ -24,6 +25,7 @@ from rich.console import Console
 from benchmarks import (
     checkpoints,
     coldstart,
+    datagen,
     falkordb,
     flight_io,
     flightsql,
@@ -53,6 +55,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "sync_lag": sync_lag.sync_lag,
     "plugins": plugins.plugins,
     "remote_sink": remote.remote_sink,
+    "datagen": datagen.datagen,
 }
 
 
