@@ -282,6 +282,19 @@ def test_a_column_seed_overrides_the_source_seed() -> None:
     )
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    words=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=20), width=st.integers(1, 2**64)
+)
+def test_range_reduction_is_the_high_word_of_the_product(words: list[int], width: int) -> None:
+    """``_below(u, w) = ⌊u · w / 2⁶⁴⌋`` exactly (the 128-bit product from 32-bit halves)."""
+    import numpy as np
+    from flight_serve.connectors.datagen import _below
+
+    got = _below(np.array(words, dtype=np.uint64), width)
+    assert [int(x) for x in got] == [(u * width) >> 64 for u in words]
+
+
 # --- snapshot and restore ---------------------------------------------------------------------
 
 
@@ -596,6 +609,13 @@ ERRORS: list[tuple[dict[str, str], pa.Schema | None, str, str]] = [
         "does not apply to a random integer column; its options: kind, max, min, null_rate, seed, type",
     ),
     ({"fields.s.length": "-1"}, MIXED, "fields.s.length", "must be at least 0, got -1"),
+    (
+        {"fields.s.kind": "sequence", "fields.s.start": str(2**63)},
+        MIXED,
+        "fields.s.start",
+        "9223372036854775808 is outside the range of int64 "
+        "(-9223372036854775808 to 9223372036854775807)",
+    ),
     (
         {"fields.id.kind": "sequence", "fields.id.step": "0"},
         MIXED,

@@ -44,6 +44,7 @@ option value; :class:`~flight_serve.errors.ConnectorError` for a resume state th
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import math
 import time
@@ -431,13 +432,14 @@ def _column(name: str, data_type: pa.DataType, given: dict[str, str], seed: int)
     end = read(key("end"), given["end"]) if "end" in given else None
     if step == 0:
         raise ConnectorOptionError(key("step"), "must not be 0")
-    if cls == "int":
-        bits = _INT_TYPES[data_type]
+    if cls in ("int", "string"):  # a string sequence counts in int64
+        bits = _INT_TYPES.get(data_type, 64)
         low, high = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+        counted = data_type if cls == "int" else pa.int64()
         for option, bound in (("start", start), ("end", end)):
             if bound is not None and not low <= bound <= high:
                 raise ConnectorOptionError(
-                    key(option), f"{bound} is outside the range of {data_type} ({low} to {high})"
+                    key(option), f"{bound} is outside the range of {counted} ({low} to {high})"
                 )
     if end is not None and (end - start) * step < 0:
         relation = "greater" if step > 0 else "less"
@@ -706,8 +708,10 @@ def _rows_below(bound: int, partition: int, partitions: int) -> int:
 # --- generation -------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def _key(seed: int, column: str, partition: int, purpose: int) -> U64Array:
-    """The Philox key of a column's words of one purpose in one partition."""
+    """The Philox key of a column's words of one purpose in one partition (cached; never
+    written to: Philox copies it)."""
     name = int.from_bytes(hashlib.blake2b(column.encode(), digest_size=8).digest(), "little")
     state = np.random.SeedSequence([seed, name, partition, purpose]).generate_state(2, np.uint64)
     return np.asarray(state, dtype=np.uint64)
@@ -773,24 +777,6 @@ def _random_strings(
     )
 
 
-class _Keys:
-    """The Philox keys of a source, made once per (column, partition, purpose)."""
-
-    def __init__(self) -> None:
-        self._keys: dict[tuple[int, str, int, int], U64Array] = {}
-
-    def __call__(self, seed: int, column: str, partition: int, purpose: int) -> U64Array:
-        found = self._keys.get((seed, column, partition, purpose))
-        if found is None:
-            found = self._keys[seed, column, partition, purpose] = _key(
-                seed, column, partition, purpose
-            )
-        return found
-
-
-_KEYS = _Keys()
-
-
 def _column_values(
     column: DatagenColumn, partition: int, partitions: int, first: int, count: int
 ) -> pa.Array[Any]:
@@ -811,7 +797,7 @@ def _column_values(
                 np.uint64(start % _U64) + global_row.astype(np.uint64) * np.uint64(step % _U64)
             ).view(np.int64)
             if cls == "timestamp" and column.jitter:
-                key = _KEYS(column.seed, column.name, partition, _JITTER)
+                key = _key(column.seed, column.name, partition, _JITTER)
                 ints = ints - _ints_between(_words(key, first, count), 0, column.jitter)
             if cls == "string":
                 array = pa.array(ints, type=pa.int64()).cast(data_type)
@@ -820,7 +806,7 @@ def _column_values(
             else:
                 array = pa.array(ints.astype(data_type.to_pandas_dtype()), type=data_type)
     else:
-        key = _KEYS(column.seed, column.name, partition, _VALUES)
+        key = _key(column.seed, column.name, partition, _VALUES)
         if cls == "string":
             array = _random_strings(
                 key, first, count, column.length, pa.types.is_large_string(data_type)
@@ -840,7 +826,7 @@ def _column_values(
                 else:
                     array = pa.array(ints.astype(data_type.to_pandas_dtype()), type=data_type)
     if column.null_rate > 0.0:
-        key = _KEYS(column.seed, column.name, partition, _NULLS)
+        key = _key(column.seed, column.name, partition, _NULLS)
         nulls = _unit_floats(_words(key, first, count)) < column.null_rate
         array = pc.if_else(pa.array(nulls), pa.scalar(None, data_type), array)
     return array
@@ -855,6 +841,13 @@ def generate_rows(
 
     Raises:
         ValueError: ``partition`` is not in ``[0, partitions)``, or ``first`` or ``count`` < 0.
+
+    >>> options = DatagenOptions.from_options(
+    ...     {"partitions": "2", "fields.id.kind": "sequence", "fields.id.start": "10"},
+    ...     pa.schema([("id", pa.int64())]),
+    ... )
+    >>> generate_rows(options, 1, 0, 3).column("id").to_pylist()  # g = 1, 3, 5
+    [11, 13, 15]
     """
     if not 0 <= partition < options.partitions:
         raise ValueError(f"partition {partition} is not in [0, {options.partitions})")
@@ -1006,7 +999,8 @@ class DatagenSource:
         return max(at - now, 0.0)
 
     def poll(self, timeout_s: float, max_events: int = 64) -> list[SourceEvent]:
-        """The next events, at most ``max_events``: first one ``partition`` event per partition,
+        """The next events, at most ``max_events``: first (after every :meth:`open`, a restore
+        too) one ``partition`` event per partition,
         then ``batch`` events (``offset`` = the partition's row index of the batch's first row)
         of the rows due, round-robin over the partitions, and an ``end`` event for each
         partition whose rows are all handed out. With nothing due it waits (``sleep``) up to
