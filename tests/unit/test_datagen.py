@@ -642,6 +642,12 @@ ERRORS: list[tuple[dict[str, str], pa.Schema | None, str, str]] = [
         "fields.v.null_rate",
         "must be between 0 and 1, got 1.5",
     ),
+    (  # the key as written: an alias, and a column in another case
+        {"fields.V.null-rate": "2"},
+        MIXED,
+        "fields.V.null-rate",
+        "must be between 0 and 1, got 2.0",
+    ),
     (
         {"fields.t.interval": "soon"},
         MIXED,

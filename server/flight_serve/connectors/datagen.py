@@ -341,11 +341,18 @@ def _sql_type(option: str, text: str) -> pa.DataType:
     return arrow
 
 
-def _column(name: str, data_type: pa.DataType, given: dict[str, str], seed: int) -> DatagenColumn:
-    """One column's generator from its ``fields.<name>.*`` options (``given``: by option)."""
+def _column(
+    name: str,
+    data_type: pa.DataType,
+    given: dict[str, str],
+    seed: int,
+    written: Mapping[str, str] | None = None,
+) -> DatagenColumn:
+    """One column's generator from its ``fields.<name>.*`` options (``given``: by option;
+    ``written``: the key each was given as, for errors)."""
 
     def key(option: str) -> str:
-        return f"fields.{name}.{option}"
+        return (written or {}).get(option, f"fields.{name}.{option}")
 
     cls = _class_of(data_type)
     if cls is None:
@@ -615,6 +622,7 @@ class DatagenOptions:
         # the columns: declared, or from fields.<column>.type
         declared = {f.name: f for f in schema} if schema is not None else {}
         by_column: dict[str, dict[str, str]] = {}
+        given_as: dict[str, str] = {}  # column → the name the options gave it
         fields: list[pa.Field[Any]] = list(schema) if schema is not None else []
         for column, given_options in per_column.items():
             name = column
@@ -632,6 +640,7 @@ class DatagenOptions:
                 option = written[column, next(iter(given_options))]
                 raise ConnectorOptionError(option, f"column {name} is configured twice")
             by_column[name] = given_options
+            given_as[name] = column
             if "type" in given_options:
                 option = written[column, "type"]
                 if schema is not None:
@@ -653,7 +662,9 @@ class DatagenOptions:
             )
         columns = []
         for field in fields:
-            spec = _column(field.name, field.type, by_column.get(field.name, {}), seed)
+            given_options = by_column.get(field.name, {})
+            keys = {option: written[given_as[field.name], option] for option in given_options}
+            spec = _column(field.name, field.type, given_options, seed, keys)
             if (
                 spec.kind == "sequence"
                 and isinstance(field.type, pa.TimestampType)
