@@ -731,6 +731,30 @@ def test_every_bad_option_is_named_with_an_exact_message(
     assert str(e.value) == f"option {option!r}: {message}"
 
 
+def test_describe_says_how_each_column_is_made() -> None:
+    options = DatagenOptions.from_options(
+        {**MIXED_OPTIONS, "number_of_rows": "1000", "partitions": "2"}, MIXED
+    )
+    assert options.describe() == [
+        "datagen: no rate limit, 1,000 rows; 2 partitions (p0, p1) interleaving global rows "
+        "g = i*2 + p; seed 0",
+        "  id int64: sequence start 0 step 1",
+        "  k int32: random min -5 max 5",
+        "  v double: random min 10.0 max 20.0 null_rate 0.25",
+        "  s string: random length 6",
+        "  b bool: random",
+        "  t timestamp[ms, tz=UTC]: sequence start 2026-01-01T00:00:00+00:00 interval 1000 ms "
+        "max_out_of_orderness 400 ms",
+    ]
+    random_t = DatagenOptions.from_options(
+        {"fields.t.kind": "random", "fields.t.min": "2026-01-01", "fields.t.max": "2026-01-02"},
+        pa.schema([("t", pa.timestamp("s"))]),
+    )
+    assert random_t.describe()[1] == (
+        "  t timestamp[s]: random min 2026-01-01 00:00:00+00:00 max 2026-01-02 00:00:00+00:00"
+    )
+
+
 def test_durations_take_the_pipeline_forms() -> None:
     schema = pa.schema([("t", pa.timestamp("ns"))])
     for text, ns in (

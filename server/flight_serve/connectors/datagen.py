@@ -51,7 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -682,6 +682,39 @@ class DatagenOptions:
             seed=seed,
         )
 
+    def describe(self) -> list[str]:
+        """What ``explain`` shows of the source: its rate, rows and partitions, then one line
+        per column (how it is generated; instants and durations in the column's unit as ISO
+        8601 / ``<n> <unit>``).
+
+        >>> options = DatagenOptions.from_options(
+        ...     {"rows_per_second": "100", "partitions": "2", "fields.id.kind": "sequence"},
+        ...     pa.schema([("id", pa.int64()), ("t", pa.timestamp("ms"))]),
+        ... )
+        >>> for line in options.describe():
+        ...     print(line)
+        datagen: 100 rows/s in all, unbounded; 2 partitions (p0, p1) interleaving global rows g = i*2 + p; seed 0
+          id int64: sequence start 0 step 1
+          t timestamp[ms]: sequence start 1970-01-01T00:00:00+00:00 interval 10 ms
+        """
+        rate = (
+            "no rate limit"
+            if self.rows_per_second is None
+            else f"{self.rows_per_second:g} rows/s in all"
+        )
+        rows = self.global_rows
+        # an int64 sequence's limit is no bound in practice
+        bound = "unbounded" if rows is None or rows >= 2**53 else f"{rows:,} rows"
+        names = ", ".join(self.partition_names)
+        plural = "partition" if self.partitions == 1 else "partitions"
+        lines = [
+            f"datagen: {rate}, {bound}; {self.partitions} {plural} ({names}) "
+            f"interleaving global rows g = i*{self.partitions} + p; seed {self.seed}"
+        ]
+        for column in self.columns:
+            lines.append(f"  {column.name} {column.type}: {_describe(column)}")
+        return lines
+
     @property
     def partition_names(self) -> tuple[str, ...]:
         """``("p0", …, "p{N-1}")``."""
@@ -700,6 +733,43 @@ class DatagenOptions:
         """Rows of partition ``partition`` (0-based): ``⌈(L - p) / N⌉``; ``None`` if unbounded."""
         total = self.global_rows
         return None if total is None else _rows_below(total, partition, self.partitions)
+
+
+def _describe(column: DatagenColumn) -> str:
+    data_type = column.type
+    unit = data_type.unit if isinstance(data_type, pa.TimestampType) else None
+
+    def instant(value: int | float) -> str:
+        assert unit is not None
+        return str(datetime.fromtimestamp(0, UTC) + _micro(int(value) * NS_PER_UNIT[unit]))
+
+    parts: list[str] = [column.kind]
+    if column.kind == "sequence" and unit is not None:
+        parts += [
+            f"start {instant(column.start).replace(' ', 'T')}",
+            f"interval {column.step} {unit}",
+        ]
+        if column.end is not None:
+            parts.append(f"end {instant(column.end).replace(' ', 'T')}")
+        if column.jitter:
+            parts.append(f"max_out_of_orderness {column.jitter} {unit}")
+    elif column.kind == "sequence":
+        parts += [f"start {column.start}", f"step {column.step}"]
+        if column.end is not None:
+            parts.append(f"end {column.end}")
+    elif pa.types.is_string(data_type) or pa.types.is_large_string(data_type):
+        parts.append(f"length {column.length}")
+    elif unit is not None:
+        parts += [f"min {instant(column.minimum)}", f"max {instant(column.maximum)}"]
+    elif not pa.types.is_boolean(data_type):
+        parts += [f"min {column.minimum}", f"max {column.maximum}"]
+    if column.null_rate:
+        parts.append(f"null_rate {column.null_rate:g}")
+    return " ".join(parts)
+
+
+def _micro(ns: int) -> timedelta:
+    return timedelta(microseconds=ns // 1_000)
 
 
 def _rate_interval(data_type: pa.TimestampType, rate: float | None) -> int:
