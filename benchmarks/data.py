@@ -41,3 +41,48 @@ def events(count: int, keys: int, spacing_ns: int = 100_000, seed: int = 7) -> p
             "v": rng.random(count),
         }
     )
+
+
+def datagen_events(
+    count: int,
+    keys: int,
+    spacing_ns: int = 100_000,
+    seed: int = 7,
+    partitions: int = 1,
+    batch_rows: int = 65_536,
+) -> list[pa.RecordBatch]:
+    """The :func:`events` columns (``key``, ``t``, ``v``) made by the ``datagen`` source
+    (``flight_serve.connectors.datagen``) as it hands them to a pipeline: ``partitions``
+    partitions, batches of at most ``batch_rows`` rows, partition by partition in poll order.
+
+    ``key`` is uniform over ``keys`` values and ``v`` in [0, 1), from ``seed`` (other values than
+    :func:`events`, which uses a stateful numpy stream); ``t`` is :data:`EVENTS_START_NS` + global
+    row * ``spacing_ns``, so with one partition the rows are in event-time order.
+    """
+    from datetime import UTC, datetime
+
+    from flight_serve.connectors.datagen import DatagenOptions, DatagenSource
+
+    start = datetime.fromtimestamp(EVENTS_START_NS // 1_000_000_000, UTC).isoformat()
+    options = DatagenOptions.from_options(
+        {
+            "rows_per_second": "unlimited",
+            "number_of_rows": str(count),
+            "partitions": str(partitions),
+            "batch_rows": str(batch_rows),
+            "seed": str(seed),
+            "fields.key.min": "0",
+            "fields.key.max": str(keys - 1),
+            "fields.t.start": start,
+            "fields.t.interval": f"{spacing_ns}ns",
+        },
+        pa.schema(
+            [("key", pa.int64()), ("t", pa.timestamp("ns", tz="UTC")), ("v", pa.float64())]
+        ),
+    )
+    source = DatagenSource(options)
+    source.open(None)
+    out: list[pa.RecordBatch] = []
+    while not source.done:
+        out += [e.batch for e in source.poll(0.0, 64) if e.batch is not None]
+    return out

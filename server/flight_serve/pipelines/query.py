@@ -420,6 +420,14 @@ def apply_option(
     return options
 
 
+def _dotted(key: exp.Expression) -> str:
+    """A ``WITH`` key as written: ``fields.k.kind`` (a dotted name, as RisingWave's ``datagen``
+    options are written) whole, not only its last part."""
+    if isinstance(key, exp.Dot):
+        return f"{_dotted(key.this)}.{key.expression.name}"
+    return str(key.name)
+
+
 def property_items(create: exp.Create) -> list[tuple[str, exp.Expression, exp.Expression]]:
     """``(lower-case key, value, node)`` for each ``WITH (key = value)`` property
     (``format = …`` too, which sqlglot reads as a file-format property)."""
@@ -429,7 +437,7 @@ def property_items(create: exp.Create) -> list[tuple[str, exp.Expression, exp.Ex
         if isinstance(prop, exp.FileFormatProperty) and isinstance(prop.this, exp.Expression):
             items.append(("format", prop.this, prop))
             continue
-        key = prop.this.name if isinstance(prop.this, exp.Expression) else str(prop.name)
+        key = _dotted(prop.this) if isinstance(prop.this, exp.Expression) else str(prop.name)
         value = prop.args.get("value")
         if value is not None:
             items.append((key.lower(), value, prop))

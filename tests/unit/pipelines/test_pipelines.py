@@ -154,6 +154,23 @@ def test_option_precedence_query_over_source_over_pipeline() -> None:
     assert agg.max_out_of_orderness == timedelta(seconds=2)  # the WATERMARK bound
 
 
+def test_a_dotted_with_key_is_kept_whole() -> None:
+    """RisingWave writes column options unquoted and dotted (``fields.k.kind = 'sequence'``):
+    the key is the whole name, not its last part (``kind``)."""
+    plan = parse_pipeline(
+        "CREATE SOURCE s (k BIGINT) WITH (connector = 'datagen', fields.k.kind = 'sequence',"
+        " datagen.split.num = '2', \"fields.k.start\" = '5');\n"
+        "CREATE SINK out WITH (connector = 'stdout');\nINSERT INTO out SELECT * FROM s;"
+    )
+    options = {key: option.text for key, option in plan.sources["s"].connector.items()}
+    assert options == {
+        "connector": "datagen",
+        "fields.k.kind": "sequence",
+        "datagen.split.num": "2",
+        "fields.k.start": "5",
+    }
+
+
 def test_a_view_without_the_watermark_column_falls_back_to_max_out_of_orderness() -> None:
     sql = (
         "SET max_out_of_orderness = '7s';\n"
