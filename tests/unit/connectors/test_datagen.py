@@ -774,7 +774,7 @@ def test_the_docs_example_parses_as_a_pipeline_and_as_datagen_options() -> None:
 
     from flight_serve.pipelines.pipeline import parse_pipeline
 
-    text = (Path(__file__).parents[2] / "docs" / "pipelines.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "pipelines.md").read_text()
     start = text.index("CREATE SOURCE orders")
     sql = text[start : text.index("```", start)]
     plan = parse_pipeline(
