@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from flight_serve._arrow import ipc_bytes
 from flight_serve.engine.operator import DEFAULT_PARTITION, Emission, WindowOperator
 from flight_serve.errors import InvalidInputError
 from flight_serve.flight.markers import watermark_request
@@ -45,13 +46,6 @@ def _watermark_json(watermark_ns: int) -> int | None:
     return None if watermark_ns in (MIN_WATERMARK_NS, MAX_WATERMARK_NS) else watermark_ns
 
 
-def _ipc_bytes(table: pa.Table) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as ipc:
-        ipc.write_table(table)
-    return sink.getvalue()
-
-
 def _write_results(
     writer: flight.MetadataRecordBatchWriter, emission: Emission, meta: dict[str, Any]
 ) -> None:
@@ -59,7 +53,8 @@ def _write_results(
         if batch.num_rows:
             writer.write_with_metadata(batch, _json(meta))
     if emission.late.num_rows:
-        writer.write_metadata(_ipc_bytes(emission.late))
+        late = emission.late
+        writer.write_metadata(pa.py_buffer(ipc_bytes(late.schema, late.to_batches())))
 
 
 def handle_exchange(

@@ -54,6 +54,8 @@ def parse_marker(metadata: bytes, *, rpc: str = "DoPut", allow_end: bool = True)
     forms = _WATERMARK_FORMS + (' or {"end_of_input": true}' if allow_end else "")
     expected = f"a metadata-only {rpc} message must be JSON {forms}"
     try:
+        # not _wire.decode_json: json.loads of bytes also reads UTF-16/32 and a UTF-8 BOM,
+        # which clients may send today; decode_json refuses them (strict UTF-8)
         message = json.loads(metadata)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise InvalidInputError(expected) from None

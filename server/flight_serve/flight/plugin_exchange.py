@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from flight_serve._wire import WireError, decode_json
 from flight_serve.errors import InvalidInputError
 from flight_serve.flight.ops.roles import require_role
 from flight_serve.pipelines.plugins import (
@@ -61,13 +62,12 @@ def _json(payload: dict[str, Any]) -> pa.Buffer:
 
 
 def _metadata(buffer: pa.Buffer | None) -> dict[str, Any] | None:
-    if buffer is None:
-        return None
+    """A plugin message's app_metadata as a JSON object; ``None`` when there is none or it is
+    not one (the caller says what it expected)."""
     try:
-        value = json.loads(buffer.to_pybytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return decode_json(buffer, "plugin message")
+    except (WireError, RecursionError):  # RecursionError: JSON nested too deep to decode
         return None
-    return value if isinstance(value, dict) else None
 
 
 def plugin_name(descriptor: flight.FlightDescriptor) -> str:

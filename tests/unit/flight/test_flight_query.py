@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from flight_serve._arrow import ColumnMismatch
 from flight_serve.errors import QueryError, TicketError
 from flight_serve.flight.sql.query import (
+    conform_result,
     execute,
     plain_schema,
     plan,
@@ -100,3 +102,22 @@ def test_split_batch_keeps_rows_in_order_within_the_limit(lengths: list[int], li
     )
     for piece in pieces:
         assert piece.nbytes <= limit or piece.num_rows == 1
+
+
+def test_conform_result_gives_plain_types_and_the_schema_flags() -> None:
+    schema = pa.schema([pa.field("s", pa.string(), nullable=False)], metadata={b"k": b"v"})
+    batch = pa.record_batch({"s": pa.array(["a", "b"], pa.string_view())})
+    conformed = conform_result(batch, schema)
+    assert conformed.schema.equals(schema, check_metadata=True)
+    assert conformed.column(0).to_pylist() == ["a", "b"]
+    same = pa.record_batch({"s": pa.array(["a"], pa.string())}, schema=schema)
+    assert conform_result(same, schema) is same
+
+
+def test_conform_result_raises_the_arrow_error_not_the_helpers() -> None:
+    # the Flight status of a result column that does not convert is the Arrow error's
+    batch = pa.record_batch({"x": pa.array(["not a number"], pa.string_view())})
+    with pytest.raises(pa.ArrowInvalid) as raised:
+        conform_result(batch, pa.schema([("x", pa.int64())]))
+    assert not isinstance(raised.value, ColumnMismatch)
+    assert "not a number" in str(raised.value)

@@ -62,6 +62,7 @@ from flight_serve.flight.ops.limits import QueryLimits, Reservation
 from flight_serve.flight.sql.catalog import register_iceberg_tables
 from flight_serve.flight.sql.query import (
     MAX_RESULT_BATCH_BYTES,
+    conform_result,
     interruptible_batches,
     new_context,
     plain_schema,
@@ -166,14 +167,6 @@ def _param_rows(params: pa.Table | None) -> list[dict[str, Any] | None]:
     if params is None:
         return [None]
     return [_param_values(params, row) for row in range(params.num_rows)]
-
-
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """``batch`` with ``schema``'s plain types, names and nullability flags."""
-    if batch.schema.equals(schema):
-        return batch
-    columns = [to_plain(c, f.type) for c, f in zip(batch.columns, schema, strict=True)]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _check(is_cancelled: IsCancelled | None) -> None:
@@ -510,7 +503,7 @@ class SqlEngine:
                     "the result schema changed with the bound parameters; "
                     f"planned {schema}, got {batch.schema}"
                 )
-            for piece in split_batch(_conform(batch, schema), self.max_batch_bytes):
+            for piece in split_batch(conform_result(batch, schema), self.max_batch_bytes):
                 yield piece
                 _check(is_cancelled)
 
@@ -682,7 +675,7 @@ class SqlEngine:
         if exists:
             self.store.drop(name)
         self.store.create(name, schema)
-        return self._append_all(name, (_conform(b, schema) for b in batches))
+        return self._append_all(name, (conform_result(b, schema) for b in batches))
 
     def _drop(self, statement: Statement) -> None:
         drop = statement.ddl("drop")

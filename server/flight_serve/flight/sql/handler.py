@@ -49,6 +49,7 @@ import pyarrow.flight as flight
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError, Message
 
+from flight_serve._arrow import ipc_bytes, read_ipc_table
 from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_pb2
 from flight_serve._proto.flight_serve.v1 import flightsql_pb2
 from flight_serve.errors import InvalidInputError, TicketError, UnsupportedError
@@ -198,18 +199,11 @@ def flightsql_command(descriptor: flight.FlightDescriptor) -> Message | None:
     return unpack_command(descriptor.command)
 
 
-def _ipc_stream(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 def _read_ipc_stream(data: bytes) -> pa.Table | None:
     if not data:
         return None
     try:
-        return pa.ipc.open_stream(data).read_all()
+        return read_ipc_table(data)
     except pa.ArrowInvalid as exc:
         raise TicketError(f"malformed parameters in a Flight SQL handle: {exc}") from None
 
@@ -482,7 +476,9 @@ class FlightSqlHandler:
             params = _read_parameters(reader)
             if params is not None:  # refused when bound, not only when run (nothing parsed)
                 Statement.parse(prepared.sql).check_parameters(params)
-            prepared.parameters = _ipc_stream(params) if params is not None else b""
+            prepared.parameters = (
+                ipc_bytes(params.schema, params.to_batches()) if params is not None else b""
+            )
             result = sql_pb2.DoPutPreparedStatementResult(
                 prepared_statement_handle=prepared.SerializeToString()
             )

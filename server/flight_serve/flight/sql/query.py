@@ -47,17 +47,19 @@ import datafusion
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from flight_serve._arrow import ColumnMismatch, conform_batch, plain_schema
 from flight_serve.engine.sqlguard import check_sql
 from flight_serve.errors import QueryError, StreamNotFoundError, TicketError
 from flight_serve.flight.ops.limits import QueryLimits, Reservation
 from flight_serve.flight.sql.catalog import iceberg_input_bytes, register_iceberg_tables
 from flight_serve.flight.sql.statement import Statement
 from flight_serve.flight.tickets import QueryTicket, StreamPin
-from flight_serve.store import StreamStore, plain_type, to_plain
+from flight_serve.store import StreamStore, to_plain
 
 __all__ = [
     "MAX_RESULT_BATCH_BYTES",
     "SESSION_TIME_ZONE",
+    "conform_result",
     "execute",
     "interruptible_batches",
     "new_context",
@@ -87,25 +89,19 @@ def _sql_options() -> datafusion.SQLOptions:
     )
 
 
-def plain_schema(schema: pa.Schema) -> pa.Schema:
-    """Return ``schema`` with view (and dictionary) types replaced by plain ones, at every
-    nesting level (:func:`flight_serve.store.plain_type`).
+def conform_result(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` (a DataFusion result batch, columns in ``schema``'s order) with ``schema``'s
+    plain types, names and nullability flags (:func:`flight_serve._arrow.conform_batch`).
 
-    >>> plain_schema(pa.schema([("s", pa.string_view())]))
-    s: string
+    Raises:
+        pyarrow.ArrowInvalid / pyarrow.ArrowNotImplementedError: a column does not convert:
+            the Arrow error itself, not the helper's :class:`~flight_serve._arrow.ColumnMismatch`.
+        ValueError: ``batch`` has another number of columns than ``schema``.
     """
-    fields = [f.with_type(plain_type(f.type)) for f in schema]
-    metadata: Any = schema.metadata
-    return pa.schema(fields, metadata=metadata)
-
-
-def _conform_batch(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    if batch.schema.equals(schema):
-        return batch
-    columns = [
-        to_plain(column, field.type) for column, field in zip(batch.columns, schema, strict=True)
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    try:
+        return conform_batch(batch, schema)
+    except ColumnMismatch as exc:
+        raise (exc.cause or exc) from None
 
 
 def split_batch(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
@@ -413,7 +409,7 @@ def _run(
         for batch in pulled:
             if batch.num_rows == 0:
                 continue
-            yield from split_batch(_conform_batch(batch, schema), max_batch_bytes)
+            yield from split_batch(conform_result(batch, schema), max_batch_bytes)
     finally:
         pulled.close()  # (a generator) stops the worker before the bytes are given back
         if reservation is not None:
