@@ -69,11 +69,30 @@ def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
     detail = get_json(live.console_url, f"/api/v1/pipelines/{pid}")
     assert detail["sql"].strip().startswith("CREATE SOURCE events")
     nodes = {n["id"]: n for n in detail["graph"]["nodes"]}
-    assert nodes["source:events"]["rows_out"] == deployment.feeder.rows
-    assert nodes["sink:counts"]["rows_in"] == status["rows_out"]["counts"]
-    assert nodes["sink:late_rows"]["rows_in"] == deployment.feeder.late
+    # by hand from what was fed: batch i holds event times t0 + 10 i + j (j < 10, key "ab"[j % 2]),
+    # every 5th batch one late row more; the watermark is the newest time - 5 s, and a 10 s
+    # window (key, start) fires once start + 10 <= it, the others are open panes
+    feeder = deployment.feeder
+    rows, late = feeder.rows, feeder.late
+    newest = feeder.t0 + 10 * (feeder.batches - 1) + 9
+    panes = {("ab"[j % 2], (feeder.t0 + 10 * i + j) // 10 * 10)
+             for i in range(feeder.batches) for j in range(10)}  # fmt: skip
+    fired = sum(1 for _, start in panes if start + 10 <= newest - 5)
+    assert rows == 10 * feeder.batches + late
+    assert fired > 0
+    assert nodes["source:events"]["rows_out"] == rows
     assert nodes["query:0"]["kind"] == "window"
-    assert nodes["query:0"]["late_rows"] == deployment.feeder.late
+    assert (nodes["query:0"]["rows_in"], nodes["query:0"]["rows_out"]) == (rows, fired)
+    assert nodes["query:0"]["late_rows"] == late
+    assert nodes["query:0"]["open_windows"] == len(panes) - fired == status["open_panes"]
+    assert nodes["query:1"]["kind"] == "map"  # SELECT * FROM LATE(events)
+    assert (nodes["query:1"]["rows_in"], nodes["query:1"]["rows_out"]) == (late, late)
+    assert "open_windows" not in nodes["query:1"]
+    assert nodes["sink:counts"]["rows_in"] == fired == status["rows_out"]["counts"]
+    assert nodes["sink:late_rows"]["rows_in"] == late
+    assert [(n["id"], n["rows_in"], n["rows_out"]) for n in status["nodes"]] == [
+        ("query:0", rows, fired), ("query:1", late, late),
+    ]  # fmt: skip
     assert sorted(map(tuple, detail["graph"]["edges"])) == [
         ("query:0", "query:1"),
         ("query:0", "sink:counts"),

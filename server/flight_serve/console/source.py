@@ -144,7 +144,9 @@ class ConsoleSource:
         late_rows?, watermark?}], "edges": [[from, to]]}``: sources, plugin functions, queries
         (per-row or windowed), views and sinks; the counts are the status's (rows read is the
         sum over every source: given on a single source only; late rows and watermark per
-        windowed query; rows per sink)."""
+        windowed query; rows per sink). With the status's ``nodes`` (the runtime's per-node
+        counts) each function and query node also gets its own ``rows_in``, ``rows_out`` and,
+        windowed, ``open_windows`` (a function used by several queries: their sum)."""
         plan = self.plan(pid)
         nodes: list[dict[str, Any]] = []
         edges: list[list[str]] = []
@@ -164,9 +166,16 @@ class ConsoleSource:
             nodes.append(node)
         for name in plan.tables:
             nodes.append({"id": f"table:{name}", "kind": "table", "label": name, "detail": "static"})
+        counts: dict[str, dict[str, Any]] = {}  # the runtime's per-node counts, by id
+        for entry in status.get("nodes") or []:
+            seen = counts.setdefault(entry["id"], {"rows_in": 0, "rows_out": 0})
+            seen["rows_in"] += entry["rows_in"]
+            seen["rows_out"] += entry["rows_out"]
+            if entry.get("open_windows") is not None:
+                seen["open_windows"] = entry["open_windows"]
         for name in plan.functions:
             nodes.append({"id": f"function:{name}", "kind": "function", "label": name,
-                          "detail": "plugin"})  # fmt: skip
+                          "detail": "plugin", **counts.get(f"function:{name}", {})})  # fmt: skip
         late = status.get("late_rows") or {}
         marks = status.get("watermarks") or {}
         for q in plan.queries:
@@ -177,6 +186,7 @@ class ConsoleSource:
                 "kind": "window" if window is not None else "map",
                 "label": q.label,
                 "detail": _window_kind(window),
+                **counts.get(qid, {}),
             }
             if q.label in late:
                 node["late_rows"] = late[q.label]

@@ -430,7 +430,8 @@ class DurableRuntime(PipelineRuntime):
 
     def metrics(self) -> dict[str, Any]:
         """Counters now: rows read from sources, rows written per sink, late rows per windowed
-        query, watermark per windowed query, open panes, gaps reported, and
+        query, watermark per windowed query, open panes, gaps reported, ``nodes``
+        (:meth:`~flight_serve.pipelines.runtime.PipelineRuntime.node_metrics`), and
         ``data_loss_rows``: the rows resumes under ``offset_reset = 'earliest'`` skipped
         because retention had removed them (cumulative over the pipeline's resumes)."""
         windows = self._window_nodes()
@@ -444,6 +445,7 @@ class DurableRuntime(PipelineRuntime):
             "gaps": list(self.gaps),
             "data_loss_rows": self._data_loss_before
             + sum(s.data_loss_rows for s in self._store_sources().values()),
+            "nodes": self.node_metrics(),
         }
 
     def watermark_ns(self) -> int | None:

@@ -12,6 +12,10 @@ Every node has the same lifecycle, with safe defaults (Arroyo's ``ArrowOperator`
 ``on_watermark``, ``on_backlog``, ``on_tick`` (processing time passed), ``on_barrier`` (a
 checkpoint is taken next: emit what is in flight), ``on_finish`` (every input ended), ``close``;
 and ``snapshot`` (its state for a checkpoint; a node is built with its restored state).
+
+Every node counts ``rows_in`` (rows handed to :meth:`Node.on_batch`) and ``rows_out`` (rows it
+emits to its output stream or sink, not its late side output), since the run started: they are
+informational and start at 0 after a restore, like Flink's per-operator metrics.
 """
 
 from __future__ import annotations
@@ -120,14 +124,21 @@ class Node(ABC):
         self.input = input
         self.schema = schema
         self.output: Stream | None = None
+        self.rows_in = 0  # rows handed to on_batch since the run started
+        self.rows_out = 0  # rows emitted (output stream or sink) since the run started
         input.consumers.append(self)
 
     def start(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Called once before the first source batch."""
 
-    @abstractmethod
     def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
-        """One input batch of ``partition``."""
+        """One input batch of ``partition`` (counted in ``rows_in``, then :meth:`process`)."""
+        self.rows_in += batch.num_rows
+        self.process(partition, batch)
+
+    @abstractmethod
+    def process(self, partition: str, batch: pa.RecordBatch) -> None:
+        """What the node does with one input batch of ``partition``."""
 
     @abstractmethod
     def on_end(self, partition: str) -> None:
@@ -183,9 +194,14 @@ class Node(ABC):
         """``(function, its last error)`` of a plugin stage, else ``None``."""
         return None
 
+    def open_windows(self) -> int | None:
+        """Pane rows held in state now (one per key and open window), for a windowed node."""
+        return None
+
     def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
         if batch is None or not batch.num_rows:
             return
+        self.rows_out += batch.num_rows
         if self.query.sink is not None:
             self.out.deliver(self.query.sink, batch)
         if self.output is not None:
@@ -207,7 +223,7 @@ class WindowNode(Node):
             self.op.add_partition(partition)
             self.op.set_backlog(partition, True)  # embedded: unread input until it ends
 
-    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+    def process(self, partition: str, batch: pa.RecordBatch) -> None:
         self.handle(self.op.process(batch, partition=partition))
 
     def on_end(self, partition: str) -> None:
@@ -247,6 +263,9 @@ class WindowNode(Node):
             + metrics.rows_out_of_range
             + metrics.rows_future
         )
+
+    def open_windows(self) -> int:
+        return self.op.open_panes
 
     def snapshot(self, files: dict[str, bytes]) -> dict[str, Any]:
         """The operator's snapshot (``op-<index>.snapshot``) and its manifest entry."""
@@ -306,7 +325,7 @@ class RowNode(Node):
         finally:
             self.ctx.deregister_table(_INPUT)
 
-    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+    def process(self, partition: str, batch: pa.RecordBatch) -> None:
         if batch.num_rows:
             self.emit(partition, one_batch(self.run_sql(batch).cast(self.schema)))
 
@@ -361,9 +380,10 @@ class PluginNode(Node):
 
     def emit(self, partition: str, batch: pa.RecordBatch | None) -> None:
         if batch is not None and batch.num_rows:
+            self.rows_out += batch.num_rows
             self.out.push(self.hidden, partition, batch)
 
-    def on_batch(self, partition: str, batch: pa.RecordBatch) -> None:
+    def process(self, partition: str, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
             return
         for piece in send_slices(batch):  # each message under gRPC's default 4 MiB

@@ -466,6 +466,7 @@ class PipelineManager:
             "outputs": metrics.get("outputs", {}),
             "gaps": metrics.get("gaps", []),
             "data_loss_rows": metrics.get("data_loss_rows", 0),
+            "nodes": metrics.get("nodes", []),
             "last_checkpoint": record.last_checkpoint,
             "last_error": record.last_error,
             "attempts": record.attempts,

@@ -934,3 +934,23 @@ class PipelineRuntime:
         from flight_serve.pipelines.explain import explain
 
         return explain(self)
+
+    def node_metrics(self) -> list[dict[str, Any]]:
+        """Per node of the graph, in build order: ``{id ("query:<index>", or
+        "function:<name>" for a plugin stage), kind ("window" | "map" | "function"), label,
+        query (its index), rows_in, rows_out (rows since this run started; a restore starts
+        them at 0), late_rows (cumulative, windowed only, else None), open_windows (pane rows
+        held now, windowed only, else None)}``."""
+        out: list[dict[str, Any]] = []
+        for n in self.nodes:
+            node_id, kind, label = f"query:{n.query.index}", "map", n.query.label
+            if isinstance(n, PluginNode):
+                node_id, kind, label = f"function:{n.function.name}", "function", n.function.name
+            elif isinstance(n, WindowNode):
+                kind = "window"
+            out.append({
+                "id": node_id, "kind": kind, "label": label, "query": n.query.index,
+                "rows_in": n.rows_in, "rows_out": n.rows_out,
+                "late_rows": n.late_rows(), "open_windows": n.open_windows(),
+            })  # fmt: skip
+        return out
