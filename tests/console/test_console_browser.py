@@ -78,6 +78,11 @@ def test_a_plot_moves_while_the_pipeline_runs(browser: Any, deployment: Deployme
     wait_until(lambda: page.text_content("#card-rate") not in ("-", "0"), "a rate shown")
     assert page.locator("#graph .node").count() == 5
     assert "rows out" in (page.text_content('[data-node="source:events"]') or "")
+    counts = r"rows in [\d,]+ · rows out [\d,]+ · late [\d,]+ · open windows [\d,]+ · watermark "
+    assert re.search(counts, page.text_content('[data-node="query:0"] .counts') or "")
+    assert re.fullmatch(  # the per-row query over LATE(events): no windows
+        r"rows in [\d,]+ · rows out [\d,]+", page.text_content('[data-node="query:1"] .counts') or ""
+    )
     wait_until(lambda: "submitted" in (page.text_content("#logs") or ""), "live logs")
     assert page.locator("#checkpoints-table tbody tr").count() >= 1
     assert page.is_disabled("#cancel")  # a read token: no admin buttons

@@ -182,9 +182,10 @@ function graphView(graph) {
       el("div", { class: "detail" }, n.kind + (n.detail ? " · " + n.detail : "")),
       (from[n.id] || []).length ? el("div", { class: "from" }, "← " + from[n.id].map((f) => (byId[f] || { label: f }).label).join(", ")) : null,
       el("div", { class: "counts" }, [
-        n.rows_out !== undefined ? "rows out " + num(n.rows_out) : null,
         n.rows_in !== undefined ? "rows in " + num(n.rows_in) : null,
+        n.rows_out !== undefined ? "rows out " + num(n.rows_out) : null,
         n.late_rows !== undefined ? "late " + num(n.late_rows) : null,
+        n.open_windows !== undefined ? "open windows " + num(n.open_windows) : null,
         n.watermark !== undefined ? "watermark " + date(n.watermark) : null,
       ].filter(Boolean).join(" · ")))))));
 }
