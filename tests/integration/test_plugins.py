@@ -202,6 +202,11 @@ LEFT JOIN weather w ON f.origin = w.origin AND f.time_hour = w.time_hour;
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
     assert "attached as enrich instance 1" in out, out
+    # per node: the plugin stage and the per-row query over its output each had every row
+    assert sorted((n["id"], n["kind"], n["rows_in"], n["rows_out"], n["open_windows"])
+                  for n in status(client, a)["nodes"]) == [
+        ("function:enrich", "function", 6000, 6000, None), ("query:0", "map", 6000, 6000, None),
+    ]  # fmt: skip
 
     def key(r: dict[str, Any]) -> tuple[Any, ...]:
         return (r["sched_dep"], r["carrier"], r["flight"], r["origin"])
