@@ -83,7 +83,7 @@ import pyarrow.compute as pc
 
 from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform, floor_timestamps
-from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.errors import CatalogError, CheckpointError, ConnectorError
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -176,9 +176,18 @@ def load_iceberg_catalog(name: str, properties: dict[str, str]) -> Catalog:
         try:
             catalog = load_catalog(name, **properties)
         except Exception as exc:  # pyiceberg raises many kinds: report them as one
-            raise ConnectorError(f"iceberg catalog {name!r}: cannot load it: {exc}") from exc
+            raise _failed(f"iceberg catalog {name!r}: cannot load it: {exc}", exc) from exc
         _catalogs[key] = catalog
         return catalog
+
+
+def _failed(message: str, exc: BaseException) -> ConnectorError | CatalogError:
+    """``message`` as a :class:`ConnectorError` when pyiceberg refused what it was asked
+    (``ValueError``, ``TypeError``, ``KeyError``: a bad option, a schema that does not fit, a
+    missing property), else as a :class:`CatalogError`: the catalog, its database or its
+    storage failed (a connection refused, a file system error, a server's status)."""
+    user = isinstance(exc, (ValueError, TypeError, KeyError)) and not isinstance(exc, OSError)
+    return ConnectorError(message) if user else CatalogError(message)
 
 
 def parse_identifier(text: str) -> tuple[str, ...]:
@@ -544,7 +553,7 @@ class IcebergSink:
         except ConnectorError:
             raise
         except Exception as exc:
-            raise ConnectorError(f"iceberg table {self.name}: cannot create it: {exc}") from exc
+            raise _failed(f"iceberg table {self.name}: cannot create it: {exc}", exc) from exc
 
     def _spec_text(self) -> str:
         return ", ".join(
@@ -703,8 +712,8 @@ class IcebergSink:
             except ConnectorError:
                 raise
             except Exception as exc:  # pyiceberg's schema checks and file writes
-                raise ConnectorError(
-                    f"iceberg table {self.name}: epoch {epoch} cannot be written: {exc}"
+                raise _failed(
+                    f"iceberg table {self.name}: epoch {epoch} cannot be written: {exc}", exc
                 ) from exc
             try:
                 table = tx.commit_transaction()
@@ -736,7 +745,7 @@ class IcebergSink:
             return CommitResult(
                 True, current.snapshot_id if current else None, attempt + 1, conflicts, unknown
             )
-        raise ConnectorError(
+        raise CatalogError(
             f"iceberg table {self.name}: epoch {epoch} not committed after "
             f"{self.max_retries + 1} attempts ({conflicts} conflicts, {unknown} unknown "
             f"outcomes); last error: {last_error}"
@@ -1279,10 +1288,10 @@ class IcebergSource(ResumedSource):
                 return []
             try:
                 self._queue = deque(self.pending())
-            except (CheckpointError, ConnectorError):
+            except (CheckpointError, ConnectorError, CatalogError):
                 raise
             except Exception as exc:  # pyiceberg: the table or catalog went away
-                raise ConnectorError(f"{self.what}: cannot read the table: {exc}") from exc
+                raise _failed(f"{self.what}: cannot read the table: {exc}", exc) from exc
         events: list[SourceEvent] = []
         taken = 0
         rows = 0
@@ -1300,11 +1309,11 @@ class IcebergSource(ResumedSource):
             if full or self._check(snapshot):
                 try:
                     batches = list(self._read(snapshot, full))
-                except ConnectorError:
+                except (ConnectorError, CatalogError):
                     raise
                 except Exception as exc:  # pyiceberg: a data file or the snapshot is gone
-                    raise ConnectorError(
-                        f"{self.what}: cannot read snapshot {snapshot.snapshot_id}: {exc}"
+                    raise _failed(
+                        f"{self.what}: cannot read snapshot {snapshot.snapshot_id}: {exc}", exc
                     ) from exc
                 for batch in batches:
                     events.append(SourceEvent("batch", self.partition, batch))
