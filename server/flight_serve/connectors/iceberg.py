@@ -83,7 +83,13 @@ import pyarrow.compute as pc
 
 from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform, floor_timestamps
-from flight_serve.errors import CatalogError, CheckpointError, ConnectorError
+from flight_serve.errors import (
+    CatalogError,
+    CheckpointError,
+    ConnectorError,
+    DiskFullError,
+    is_disk_full,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -166,11 +172,15 @@ def load_iceberg_catalog(name: str, properties: dict[str, str]) -> Catalog:
         if found is not None:
             return found
         uri = properties.get("uri", "")
-        if properties.get("type") == "sql" and uri.startswith("sqlite:///"):
-            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        warehouse = properties.get("warehouse", "")
-        if warehouse.startswith("file://"):
-            Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        try:
+            if properties.get("type") == "sql" and uri.startswith("sqlite:///"):
+                Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            warehouse = properties.get("warehouse", "")
+            if warehouse.startswith("file://"):
+                Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a path that cannot be made: the user's, unless the disk is full
+            message = f"iceberg catalog {name!r}: cannot create its directory: {exc}"
+            raise (DiskFullError if is_disk_full(exc) else ConnectorError)(message) from exc
         from pyiceberg.catalog import load_catalog
 
         try:
