@@ -166,10 +166,9 @@ class _Reader:
                 self.hub.detach(self.instance, None)
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             if not self.instance.closed:
-                self.fail(
-                    f"its stream broke: {str(exc).splitlines()[0] if str(exc) else exc!r}",
-                    broke=True,
-                )
+                # pyarrow reports undecodable bytes (a second schema mid-stream) and a broken
+                # connection alike: kept the plugin's (INVALID_ARGUMENT), as before
+                self.fail(f"its stream broke: {str(exc).splitlines()[0] if str(exc) else exc!r}")
         except Exception as exc:  # never let a plugin's bytes take the server down
             self.fail(f"unreadable message: {exc!r}")
 
