@@ -192,12 +192,21 @@ def load_iceberg_catalog(name: str, properties: dict[str, str]) -> Catalog:
 
 
 def _failed(message: str, exc: BaseException) -> ConnectorError | CatalogError:
-    """``message`` as a :class:`ConnectorError` when pyiceberg refused what it was asked
-    (``ValueError``, ``TypeError``, ``KeyError``: a bad option, a schema that does not fit, a
-    missing property), else as a :class:`CatalogError`: the catalog, its database or its
-    storage failed (a connection refused, a file system error, a server's status)."""
-    user = isinstance(exc, (ValueError, TypeError, KeyError)) and not isinstance(exc, OSError)
-    return ConnectorError(message) if user else CatalogError(message)
+    """``message`` as a :class:`CatalogError` when the catalog, its database or its storage
+    failed (an ``OSError``: a connection refused, a file system error, which ``requests``'
+    errors are; SQLAlchemy's ``OperationalError``; pyiceberg's ``ServerError`` /
+    ``ServiceUnavailableError``), else as a :class:`ConnectorError`: pyiceberg refused what it
+    was asked (a schema change it cannot make, a bad property)."""
+    from pyiceberg.exceptions import ServerError, ServiceUnavailableError
+
+    outside: tuple[type[BaseException], ...] = (OSError, ServerError, ServiceUnavailableError)
+    try:
+        from sqlalchemy.exc import OperationalError
+    except ImportError:  # pragma: no cover - the sql catalog's extra is not installed
+        pass
+    else:
+        outside = (*outside, OperationalError)
+    return CatalogError(message) if isinstance(exc, outside) else ConnectorError(message)
 
 
 def parse_identifier(text: str) -> tuple[str, ...]:
