@@ -12,6 +12,7 @@ DataFusion raises generic exceptions; they are wrapped at the engine edge into
 
 from __future__ import annotations
 
+import errno
 from typing import ClassVar, Literal
 
 Domain = Literal[
@@ -164,6 +165,39 @@ class ExternalError(FlightServeError):
     domain: ClassVar[Domain] = "external"
     retryable: ClassVar[bool] = True
 
+    def within(self, prefix: str) -> ExternalError:
+        """The same error (same class, same cause) with ``prefix: `` before its message, for a
+        caller that names where it happened (``SOURCE s``) without turning it into bad input."""
+        wrapped = type(self)(f"{prefix}: {self}")
+        wrapped.__cause__ = self.__cause__ if self.__cause__ is not None else self
+        return wrapped
+
+
+class RemoteFlightError(ExternalError):
+    """A remote Flight server (the ``flight`` connector's) is down, unreachable, timed out or
+    failed a call with a server-side status; the message names the server and the stream."""
+
+
+class CatalogError(ExternalError):
+    """An Iceberg catalog cannot be reached, or a table operation (load, create, commit, a read
+    of its files) failed in the catalog or its storage; the message names the catalog or
+    table."""
+
+
+class GraphStoreError(ExternalError):
+    """The FalkorDB (redis) server cannot be reached or dropped the connection; a query it
+    refused because of the query's own content stays a :class:`ConnectorError`."""
+
+
+class PluginProcessError(ExternalError):
+    """A plugin process died, could not be reached, or failed the exchange with an error of its
+    own; the message names the plugin and its instance."""
+
+
+class DiskFullError(ExternalError):
+    """A write failed because the disk is full or its quota is spent (``ENOSPC``, ``EDQUOT``):
+    nothing is wrong with the request, and it can succeed once space is freed."""
+
 
 # --- input too large (INVALID_ARGUMENT) ---------------------------------------------------------
 
@@ -186,3 +220,23 @@ class StorageError(FlightServeError):
     """The stream store could not read or write its files."""
 
     domain: ClassVar[Domain] = "internal"
+
+
+#: the ``errno`` values that mean "no space left" (a full disk, a spent quota)
+_NO_SPACE: frozenset[int] = frozenset(
+    {errno.ENOSPC, *((errno.EDQUOT,) if hasattr(errno, "EDQUOT") else ())}
+)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (an ``OSError``, or pyarrow's ``ArrowIOError`` which is one) says the
+    disk is full or the quota spent (``ENOSPC``, ``EDQUOT``). ``EIO`` is not: the disk itself
+    failed, and a write after a failed ``fsync`` cannot be trusted to succeed later."""
+    return isinstance(exc, OSError) and exc.errno in _NO_SPACE
+
+
+def write_error(message: str, exc: OSError) -> StorageError | DiskFullError:
+    """``message`` as a :class:`DiskFullError` when ``exc`` says the disk is full
+    (:func:`is_disk_full`: retryable once space is freed, UNAVAILABLE), else as a
+    :class:`StorageError` (``EIO`` and the rest: INTERNAL)."""
+    return DiskFullError(message) if is_disk_full(exc) else StorageError(message)

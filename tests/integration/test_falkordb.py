@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 import redis
 from flight_serve.connectors.falkordb import FalkorDBSink
-from flight_serve.errors import ConnectorError, PipelineSQLError
+from flight_serve.errors import ConnectorError, GraphStoreError, PipelineSQLError
 from flight_serve.pipelines.epoch_sinks import read_ipc
 from flight_serve.pipelines.graph_io import EpochGraphSink
 from flight_serve.pipelines.pipeline import parse_pipeline
@@ -545,7 +545,7 @@ def test_an_unreachable_servers_error_does_not_show_the_urls_password() -> None:
     url = f"falkor://ops:s3cret-pw@127.0.0.1:{port}"
     schema = pa.schema([("k", pa.string())])
     options = {"url": url, "node_label": "X", "node_key": "k", "max_retries": "0"}
-    with pytest.raises(ConnectorError) as caught:
+    with pytest.raises(GraphStoreError) as caught:
         FalkorDBSink("s", options, schema, pipeline="p")
     message = str(caught.value)
     assert message.startswith(

@@ -23,7 +23,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.flight import FlightStreamTarget, FlightTicketSource
-from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.errors import CheckpointError, ConnectorError, RemoteFlightError
 from flight_serve.flight.server import start_server
 from flight_serve.flight.service import FlightServeService
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
@@ -193,7 +193,7 @@ def test_appends_wait_for_a_server_that_restarts(tmp_path: Path) -> None:
 
 def test_an_unreachable_server_fails_after_the_retry_budget() -> None:
     started = time.monotonic()
-    with pytest.raises(ConnectorError, match=r"stayed unreachable for 0.5 s"):
+    with pytest.raises(RemoteFlightError, match=r"stayed unreachable for 0.5 s"):
         FlightStreamTarget("grpc://127.0.0.1:1", "out", SCHEMA, "w", retry_s=0.5)
     assert time.monotonic() - started < 10
 

@@ -603,9 +603,9 @@ def test_a_storage_failure_mid_put_is_reported_at_once(
         assert stored == [[i] for i in range(durable)]
     (result,) = outcome
     if client_kind == "flight_serve_client":
-        assert isinstance(result, flight.FlightInternalError)
+        assert isinstance(result, flight.FlightUnavailableError)
         assert "No space left on device" in str(result)
     else:  # a client that reads each PutResult sees {"error"}, then the status on its next write
-        assert isinstance(result, flight.FlightInternalError) or result[2:3] == [
+        assert isinstance(result, flight.FlightUnavailableError) or result[2:3] == [
             {"error": "cannot append to stream 't': [Errno 28] No space left on device"}
         ]

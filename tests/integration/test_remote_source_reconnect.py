@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from flight_serve.connectors.flight import FlightSource, SourceEvent
-from flight_serve.errors import ConnectorError
+from flight_serve.errors import RemoteFlightError
 from flight_serve.flight.server import start_server
 from flight_serve_client import FlightServeClient
 from helpers import ID_TIMES as SCHEMA
@@ -116,7 +116,7 @@ def test_an_outage_longer_than_the_budget_fails_the_source_naming_the_server(
         source.on_retry = told.append
         assert poll_ids(source, 10) == list(range(10))
     try:
-        with pytest.raises(ConnectorError) as caught:
+        with pytest.raises(RemoteFlightError) as caught:
             idle(source, 15.0)
     finally:
         source.close()

@@ -25,7 +25,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.flight import FlightSource
-from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.errors import CheckpointError, ConnectorError, RemoteFlightError
 from flight_serve.flight.server import start_server
 from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
@@ -176,7 +176,7 @@ def test_a_source_without_columns_is_refused_when_its_server_stays_down() -> Non
     # server gets OPEN_RETRY_S (5 s), then the source is refused saying what to do
     port = free_port()
     started = time.monotonic()
-    with pytest.raises(ConnectorError) as caught:
+    with pytest.raises(RemoteFlightError) as caught:
         FlightSource(f"grpc://127.0.0.1:{port}", "events")
     assert 4.5 < time.monotonic() - started < 15.0
     message = str(caught.value)

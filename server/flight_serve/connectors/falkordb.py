@@ -72,7 +72,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_serve.connectors.columns import floor_timestamps
-from flight_serve.errors import ConnectorError
+from flight_serve.errors import ConnectorError, GraphStoreError
 
 __all__ = [
     "DEFAULT_BATCH_ROWS",
@@ -822,7 +822,7 @@ class FalkorDBSink:
             except Exception as exc:
                 if not _is_connection_error(exc) or attempt == self.max_retries:
                     if _is_connection_error(exc):
-                        raise ConnectorError(
+                        raise GraphStoreError(
                             f"sink {self.name}: FalkorDB at {_masked(self.url)} unreachable after "
                             f"{self.max_retries} retries ({what}): {exc}"
                         ) from exc

@@ -46,7 +46,7 @@ import pyarrow.json as pajson
 
 from flight_serve.connectors.base import SourceEvent
 from flight_serve.connectors.columns import conform, json_value
-from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.errors import CheckpointError, ConnectorError, DiskFullError, is_disk_full
 
 __all__ = ["DEFAULT_BATCH_ROWS", "FORMATS", "FileSink", "FileSource", "format_of", "resolve_paths"]
 
@@ -485,7 +485,8 @@ class FileSink:
             else:
                 self._text = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
         except (OSError, pa.ArrowException) as exc:
-            raise ConnectorError(f"file connector: cannot create {path}: {exc}") from exc
+            message = f"file connector: cannot create {path}: {exc}"
+            raise (DiskFullError if is_disk_full(exc) else ConnectorError)(message) from exc
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Append ``batch`` (of :attr:`schema`)."""

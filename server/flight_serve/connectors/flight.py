@@ -65,7 +65,7 @@ import pyarrow.flight as paflight
 from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform
 from flight_serve.connectors.columns import same_rows as _same_rows
-from flight_serve.errors import ConnectorError, FlightServeError
+from flight_serve.errors import ConnectorError, FlightServeError, RemoteFlightError
 
 __all__ = [
     "APPEND_WINDOW",
@@ -236,6 +236,31 @@ def _unreachable(exc: BaseException | None) -> bool:
     ) and not _tls_failure(exc)
 
 
+def _external(exc: BaseException | None) -> bool:
+    """Whether a failed call is the server's or the network's failure, not the request's: the
+    server down, unreachable or timed out, a call cancelled or failed server-side (INTERNAL,
+    UNKNOWN), a connection reset. A TLS handshake that failed, a refused login, a bad location
+    or a status the server gives a bad request (INVALID_ARGUMENT, NOT_FOUND) is the user's."""
+    if exc is None or _tls_failure(exc):
+        return False
+    return isinstance(
+        exc,
+        (
+            paflight.FlightUnavailableError,
+            paflight.FlightTimedOutError,
+            paflight.FlightInternalError,
+            paflight.FlightCancelledError,
+            ConnectionError,
+        ),
+    ) or type(exc) is paflight.FlightServerError
+
+
+def _failed(message: str, exc: BaseException | None) -> ConnectorError | RemoteFlightError:
+    """``message`` as a :class:`RemoteFlightError` when ``exc`` is the server's or the
+    network's failure (:func:`_external`), else as a :class:`ConnectorError`."""
+    return RemoteFlightError(message) if _external(exc) else ConnectorError(message)
+
+
 def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -353,7 +378,7 @@ class FlightSource(ResumedSource):
         try:
             return _client(self.server, self.auth)
         except (pa.ArrowException, OSError) as exc:
-            raise ConnectorError(f"{self.what}: cannot connect: {_message(exc)}") from exc
+            raise _failed(f"{self.what}: cannot connect: {_message(exc)}", exc) from exc
 
     def _fetch_info(self, timeout_s: float | None = None) -> tuple[pa.Schema, dict[str, Any]] | None:
         """The stream's schema and FlightInfo metadata, or ``None`` if it does not exist;
@@ -379,7 +404,7 @@ class FlightSource(ResumedSource):
         try:
             return self._fetch_info(timeout_s)
         except (pa.ArrowException, OSError) as exc:
-            raise ConnectorError(f"{self.what}: {_message(exc)}") from exc
+            raise _failed(f"{self.what}: {_message(exc)}", exc) from exc
 
     def _first_info(self) -> tuple[pa.Schema, dict[str, Any]] | None:
         """The FlightInfo when the source is made. An unreachable server (UNAVAILABLE, a
@@ -392,7 +417,7 @@ class FlightSource(ResumedSource):
         started = time.monotonic()
         try:
             return self._info(OPEN_RETRY_S)
-        except ConnectorError as exc:
+        except (ConnectorError, RemoteFlightError) as exc:
             cause = exc.__cause__
             if cause is None or not _unreachable(cause):
                 raise
@@ -409,8 +434,8 @@ class FlightSource(ResumedSource):
                     failed=self._unreachable,
                 ),
             )
-        except ConnectorError as exc:
-            raise ConnectorError(
+        except (ConnectorError, RemoteFlightError) as exc:
+            raise type(exc)(
                 f"{exc}; declare the source's columns to let the pipeline wait for the server"
             ) from exc.__cause__
 
@@ -657,8 +682,8 @@ class FlightSource(ResumedSource):
                     # the server ended the tail (shut down, or the stream was dropped): look again
                     if self._closing.wait(_WAIT_FOR_STREAM_S):
                         return
-                except (paflight.FlightUnavailableError, ConnectorError) as exc:
-                    cause = exc.__cause__ if isinstance(exc, ConnectorError) else exc
+                except (paflight.FlightUnavailableError, ConnectorError, RemoteFlightError) as exc:
+                    cause = exc.__cause__ if isinstance(exc, FlightServeError) else exc
                     if not _unreachable(cause):
                         raise
                     if self._tail_open:  # the tail was open: this outage starts a new count
@@ -675,7 +700,7 @@ class FlightSource(ResumedSource):
                         else time.monotonic() - down_since > self.reconnect_s
                     ):
                         self._tell(None)
-                        raise ConnectorError(
+                        raise RemoteFlightError(
                             f"{self.what}: reading the tail failed: the server stayed unreachable "
                             f"for {time.monotonic() - down_since:.0f} s ({failures + 1} attempts "
                             f"of up to {budget}): {_message(cause or exc)}"
@@ -696,7 +721,7 @@ class FlightSource(ResumedSource):
             error = (
                 exc
                 if isinstance(exc, FlightServeError)
-                else ConnectorError(f"{self.what}: the tail failed: {_message(exc)}")
+                else _failed(f"{self.what}: the tail failed: {_message(exc)}", exc)
             )
             with contextlib.suppress(_Closed):
                 self._offer(error)
@@ -845,14 +870,14 @@ class FlightSink:
             descriptor = paflight.FlightDescriptor.for_path(stream, writer)
             writer_, reader = self._client.do_put(descriptor, schema)
         except (pa.ArrowException, OSError) as exc:
-            raise ConnectorError(f"{self.what}: cannot open the DoPut: {_message(exc)}") from exc
+            raise _failed(f"{self.what}: cannot open the DoPut: {_message(exc)}", exc) from exc
         self._writer: paflight.FlightStreamWriter | None = writer_
         self._reader = cast(paflight.FlightMetadataReader, reader)
 
     def _ack(self) -> dict[str, Any]:
         buffer = self._reader.read()
         if buffer is None:
-            raise ConnectorError(f"{self.what}: the server ended the DoPut without a PutResult")
+            raise RemoteFlightError(f"{self.what}: the server ended the DoPut without a PutResult")
         message = json.loads(buffer.to_pybytes())
         self.last_offset = int(message["offset"])
         return cast(dict[str, Any], message)
@@ -865,7 +890,7 @@ class FlightSink:
             self._ack()
         except (pa.ArrowException, OSError) as exc:
             self._abort()
-            raise ConnectorError(f"{self.what}: {action} failed: {_message(exc)}") from exc
+            raise _failed(f"{self.what}: {action} failed: {_message(exc)}", exc) from exc
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Write ``batch`` and wait until the server has it on disk (its PutResult)."""
@@ -897,7 +922,9 @@ class FlightSink:
             writer.done_writing()
             writer.close()
         except (pa.ArrowException, OSError) as exc:
-            raise ConnectorError(f"{self.what}: closing the DoPut failed: {_message(exc)}") from exc
+            raise _failed(
+                f"{self.what}: closing the DoPut failed: {_message(exc)}", exc
+            ) from exc
         finally:
             with contextlib.suppress(pa.ArrowException, OSError):
                 self._client.close()
@@ -994,10 +1021,10 @@ class _Retrying:
                 self._drop()
                 uncertain = True
                 if _tls_failure(exc):
-                    raise ConnectorError(f"{self.what}: {action} failed: {_message(exc)}") from exc
+                    raise _failed(f"{self.what}: {action} failed: {_message(exc)}", exc) from exc
                 if time.monotonic() >= deadline:
                     self._retried(failures, None)
-                    raise ConnectorError(
+                    raise RemoteFlightError(
                         f"{self.what}: {action} failed: the server stayed unreachable for "
                         f"{self.retry_s:g} s ({failures + 1} attempts): {_message(exc)}"
                     ) from exc
@@ -1011,7 +1038,7 @@ class _Retrying:
                 failures += 1
             except (pa.ArrowException, OSError) as exc:
                 self._drop()
-                raise ConnectorError(f"{self.what}: {action} failed: {_message(exc)}") from exc
+                raise _failed(f"{self.what}: {action} failed: {_message(exc)}", exc) from exc
 
 
 class _SourceOpener(_Retrying):
@@ -1506,7 +1533,9 @@ class FlightTicketSource(_Retrying, ResumedSource):
                 self.waiting_to_open = True
             except (pa.ArrowException, OSError) as exc:
                 self._drop()
-                raise ConnectorError(f"{self.what}: opening the DoGet failed: {_message(exc)}") from exc
+                raise _failed(
+                    f"{self.what}: opening the DoGet failed: {_message(exc)}", exc
+                ) from exc
         self.schema: pa.Schema = schema  # type: ignore[assignment]
         if not self.waiting_to_open:
             # planning (a submit waits for it) gives an unreachable server a few seconds only;

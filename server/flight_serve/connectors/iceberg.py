@@ -83,7 +83,13 @@ import pyarrow.compute as pc
 
 from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform, floor_timestamps
-from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.errors import (
+    CatalogError,
+    CheckpointError,
+    ConnectorError,
+    DiskFullError,
+    is_disk_full,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -166,19 +172,41 @@ def load_iceberg_catalog(name: str, properties: dict[str, str]) -> Catalog:
         if found is not None:
             return found
         uri = properties.get("uri", "")
-        if properties.get("type") == "sql" and uri.startswith("sqlite:///"):
-            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        warehouse = properties.get("warehouse", "")
-        if warehouse.startswith("file://"):
-            Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        try:
+            if properties.get("type") == "sql" and uri.startswith("sqlite:///"):
+                Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            warehouse = properties.get("warehouse", "")
+            if warehouse.startswith("file://"):
+                Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a path that cannot be made: the user's, unless the disk is full
+            message = f"iceberg catalog {name!r}: cannot create its directory: {exc}"
+            raise (DiskFullError if is_disk_full(exc) else ConnectorError)(message) from exc
         from pyiceberg.catalog import load_catalog
 
         try:
             catalog = load_catalog(name, **properties)
         except Exception as exc:  # pyiceberg raises many kinds: report them as one
-            raise ConnectorError(f"iceberg catalog {name!r}: cannot load it: {exc}") from exc
+            raise _failed(f"iceberg catalog {name!r}: cannot load it: {exc}", exc) from exc
         _catalogs[key] = catalog
         return catalog
+
+
+def _failed(message: str, exc: BaseException) -> ConnectorError | CatalogError:
+    """``message`` as a :class:`CatalogError` when the catalog, its database or its storage
+    failed (an ``OSError``: a connection refused, a file system error, which ``requests``'
+    errors are; SQLAlchemy's ``OperationalError``; pyiceberg's ``ServerError`` /
+    ``ServiceUnavailableError``), else as a :class:`ConnectorError`: pyiceberg refused what it
+    was asked (a schema change it cannot make, a bad property)."""
+    from pyiceberg.exceptions import ServerError, ServiceUnavailableError
+
+    outside: tuple[type[BaseException], ...] = (OSError, ServerError, ServiceUnavailableError)
+    try:
+        from sqlalchemy.exc import OperationalError
+    except ImportError:  # pragma: no cover - the sql catalog's extra is not installed
+        pass
+    else:
+        outside = (*outside, OperationalError)
+    return CatalogError(message) if isinstance(exc, outside) else ConnectorError(message)
 
 
 def parse_identifier(text: str) -> tuple[str, ...]:
@@ -544,7 +572,7 @@ class IcebergSink:
         except ConnectorError:
             raise
         except Exception as exc:
-            raise ConnectorError(f"iceberg table {self.name}: cannot create it: {exc}") from exc
+            raise _failed(f"iceberg table {self.name}: cannot create it: {exc}", exc) from exc
 
     def _spec_text(self) -> str:
         return ", ".join(
@@ -703,8 +731,8 @@ class IcebergSink:
             except ConnectorError:
                 raise
             except Exception as exc:  # pyiceberg's schema checks and file writes
-                raise ConnectorError(
-                    f"iceberg table {self.name}: epoch {epoch} cannot be written: {exc}"
+                raise _failed(
+                    f"iceberg table {self.name}: epoch {epoch} cannot be written: {exc}", exc
                 ) from exc
             try:
                 table = tx.commit_transaction()
@@ -736,7 +764,7 @@ class IcebergSink:
             return CommitResult(
                 True, current.snapshot_id if current else None, attempt + 1, conflicts, unknown
             )
-        raise ConnectorError(
+        raise CatalogError(
             f"iceberg table {self.name}: epoch {epoch} not committed after "
             f"{self.max_retries + 1} attempts ({conflicts} conflicts, {unknown} unknown "
             f"outcomes); last error: {last_error}"
@@ -1279,10 +1307,10 @@ class IcebergSource(ResumedSource):
                 return []
             try:
                 self._queue = deque(self.pending())
-            except (CheckpointError, ConnectorError):
+            except (CheckpointError, ConnectorError, CatalogError):
                 raise
             except Exception as exc:  # pyiceberg: the table or catalog went away
-                raise ConnectorError(f"{self.what}: cannot read the table: {exc}") from exc
+                raise _failed(f"{self.what}: cannot read the table: {exc}", exc) from exc
         events: list[SourceEvent] = []
         taken = 0
         rows = 0
@@ -1300,11 +1328,11 @@ class IcebergSource(ResumedSource):
             if full or self._check(snapshot):
                 try:
                     batches = list(self._read(snapshot, full))
-                except ConnectorError:
+                except (ConnectorError, CatalogError):
                     raise
                 except Exception as exc:  # pyiceberg: a data file or the snapshot is gone
-                    raise ConnectorError(
-                        f"{self.what}: cannot read snapshot {snapshot.snapshot_id}: {exc}"
+                    raise _failed(
+                        f"{self.what}: cannot read snapshot {snapshot.snapshot_id}: {exc}", exc
                     ) from exc
                 for batch in batches:
                     events.append(SourceEvent("batch", self.partition, batch))

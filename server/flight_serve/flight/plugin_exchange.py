@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flight_serve._wire import WireError, decode_json
-from flight_serve.errors import InvalidInputError
+from flight_serve.errors import InvalidInputError, PluginProcessError
 from flight_serve.flight.ops.roles import require_role
 from flight_serve.pipelines.plugins import (
     PROTOCOL_VERSION,
@@ -108,12 +108,16 @@ class _Reader:
         self.sent = sent
         self.lock = lock
         self.error: str | None = None
+        #: the error is the process's or the connection's (it died, the stream broke), not a
+        #: message of the plugin's that breaks the protocol
+        self.broke = False
         self.thread = threading.Thread(
             target=self.main, name=f"flight-serve-plugin-{instance.id}", daemon=True
         )
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, *, broke: bool = False) -> None:
         self.error = message
+        self.broke = broke
         self.hub.detach(self.instance, message)
 
     def main(self) -> None:
@@ -155,11 +159,15 @@ class _Reader:
                 self.hub.complete(self.instance, seq, chunk.data)
         except StopIteration:
             if self.context.is_cancelled():  # the process died or the connection broke
-                self.fail("its call was cancelled (the process ended or the connection broke)")
+                self.fail(
+                    "its call was cancelled (the process ended or the connection broke)", broke=True
+                )
             else:  # the plugin finished writing: it leaves (not an error)
                 self.hub.detach(self.instance, None)
         except (flight.FlightError, pa.ArrowException, OSError) as exc:
             if not self.instance.closed:
+                # pyarrow reports undecodable bytes (a second schema mid-stream) and a broken
+                # connection alike: kept the plugin's (INVALID_ARGUMENT), as before
                 self.fail(f"its stream broke: {str(exc).splitlines()[0] if str(exc) else exc!r}")
         except Exception as exc:  # never let a plugin's bytes take the server down
             self.fail(f"unreadable message: {exc!r}")
@@ -286,4 +294,5 @@ def handle_plugin_exchange(
         hub.detach(instance, None)
         _wait_for_reader(results, writer, closing)
     if results.error is not None:
-        raise InvalidInputError(f"plugin {name} instance {instance.id}: {results.error}")
+        error = PluginProcessError if results.broke else InvalidInputError
+        raise error(f"plugin {name} instance {instance.id}: {results.error}")

@@ -48,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from flight_serve.errors import CheckpointError
+from flight_serve.errors import CheckpointError, DiskFullError, is_disk_full
 
 __all__ = [
     "MANIFEST",
@@ -305,9 +305,8 @@ class CheckpointStore:
             if self.local:
                 _fsync_dir(directory)
         except (OSError, pa.ArrowException) as exc:
-            raise CheckpointError(
-                f"cannot write checkpoint {manifest.epoch} to {self.uri}: {exc}"
-            ) from exc
+            message = f"cannot write checkpoint {manifest.epoch} to {self.uri}: {exc}"
+            raise (DiskFullError if is_disk_full(exc) else CheckpointError)(message) from exc
         return sum(sizes.values()) + len(body)
 
     def _put(self, path: str, data: bytes) -> None:

@@ -54,7 +54,7 @@ import pyarrow as pa
 
 from flight_serve.connectors.columns import same_rows as _same_rows
 from flight_serve.connectors.file import FileSink
-from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.errors import CheckpointError, ConnectorError, DiskFullError, is_disk_full
 
 __all__ = [
     "EpochFileSink",
@@ -137,7 +137,8 @@ class EpochFileSink:
             if not finished:  # the parts directory exists until the file is written
                 self.parts.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ConnectorError(f"file sink {name}: cannot prepare {self.parts}: {exc}") from exc
+            message = f"file sink {name}: cannot prepare {self.parts}: {exc}"
+            raise (DiskFullError if is_disk_full(exc) else ConnectorError)(message) from exc
 
     def _part(self, epoch: int, pending: bool) -> Path:
         return self.parts / f"{epoch:010d}.arrow{'.pending' if pending else ''}"

@@ -36,7 +36,7 @@ from flight_serve.connectors.iceberg import (
     parse_identifier,
     parse_partition_spec,
 )
-from flight_serve.errors import CheckpointError, ConnectorError
+from flight_serve.errors import CheckpointError, ConnectorError, ExternalError
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import StagedEpochSink
 from flight_serve.pipelines.pipeline import Option, RelationDef, SinkDef
@@ -246,6 +246,8 @@ def iceberg_source(
         )
     except ConnectorError as exc:
         raise sql_error(f"{what}: {exc}", relation.node.this) from exc
+    except ExternalError as exc:  # the catalog failed, not the SQL: it stays UNAVAILABLE
+        raise exc.within(what) from exc.__cause__
     if relation.time_column is not None and source.schema.get_field_index(relation.time_column) < 0:
         raise sql_error(
             f"WATERMARK FOR {relation.time_column}: iceberg table {table} has no such column "

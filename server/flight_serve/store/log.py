@@ -28,7 +28,7 @@ from typing import Literal
 import pyarrow as pa
 
 from flight_serve._fs import fsync_dir, write_file
-from flight_serve.errors import StorageError, StreamNotFoundError
+from flight_serve.errors import StorageError, StreamNotFoundError, write_error
 from flight_serve.store.frames import (
     ALIGN,
     BATCH,
@@ -468,8 +468,8 @@ class StreamLog:
                 if created and do_sync:
                     fsync_dir(self.directory)
             except OSError as exc:
-                raise StorageError(
-                    f"cannot record writer {writer!r} of stream {self.name!r}: {exc}"
+                raise write_error(
+                    f"cannot record writer {writer!r} of stream {self.name!r}: {exc}", exc
                 ) from exc
             self.writer_names.append(writer)
             self.writer_ids[writer] = writer_id
@@ -650,7 +650,7 @@ class StreamLog:
         except OSError as exc:
             with self.cond:
                 self._discard_reserved(frames)
-            raise StorageError(f"cannot append to stream {self.name!r}: {exc}") from exc
+            raise write_error(f"cannot append to stream {self.name!r}: {exc}", exc) from exc
         if publish and self.settings.fsync == "batch" and self.fd is not None:
             try:
                 _sync(self.fd)

@@ -140,6 +140,7 @@ from flight_serve.errors import (
     SchemaMismatchError,
     StorageError,
     StreamNotFoundError,
+    write_error,
 )
 from flight_serve.store import recovery
 from flight_serve.store.frames import (
@@ -814,7 +815,7 @@ class StreamStore:
                 fsync_dir(self._root)
         except OSError as exc:
             shutil.rmtree(staged, ignore_errors=True)
-            raise StorageError(f"cannot create stream {name!r}: {exc}") from exc
+            raise write_error(f"cannot create stream {name!r}: {exc}", exc) from exc
         stream = StreamLog(name, final, schema, incarnation, created_at, self._settings)
         stream.segments.append(Segment(final / segment_name(0), 0))
         log.info("stream created", extra={"stream": name, "incarnation": incarnation})

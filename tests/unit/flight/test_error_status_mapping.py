@@ -44,6 +44,11 @@ DOMAIN_OF: dict[str, str] = {
     "UnsupportedError": "unsupported",
     "OverloadError": "overload",
     "ExternalError": "external",
+    "RemoteFlightError": "external",
+    "CatalogError": "external",
+    "GraphStoreError": "external",
+    "PluginProcessError": "external",
+    "DiskFullError": "external",
     "BatchTooLargeError": "input",
     "CheckpointError": "internal",
     "StorageError": "internal",
@@ -98,3 +103,41 @@ def test_a_connector_option_error_names_the_option_and_its_position() -> None:
     exc = errors.ConnectorOptionError("rows_per_second", "must be a positive integer", 4, 12)
     assert str(exc) == "option 'rows_per_second': must be a positive integer (line 4, column 12)"
     assert (exc.option, exc.line, exc.col) == ("rows_per_second", 4, 12)
+
+
+EXTERNAL = ("RemoteFlightError", "CatalogError", "GraphStoreError", "PluginProcessError",
+            "DiskFullError")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXTERNAL)
+def test_each_outside_failure_is_an_external_error_in_the_table(name: str) -> None:
+    cls = getattr(errors, name)
+    assert issubclass(cls, errors.ExternalError)
+    assert not issubclass(cls, errors.InvalidInputError)
+    assert DOMAIN_OF[name] == "external"
+    assert (cls.domain, cls.retryable) == ("external", True)
+
+
+def test_within_keeps_the_class_and_the_cause() -> None:
+    cause = OSError(111, "Connection refused")
+    try:
+        raise errors.RemoteFlightError("server down") from cause
+    except errors.RemoteFlightError as exc:
+        wrapped = exc.within("SOURCE s")
+    assert type(wrapped) is errors.RemoteFlightError
+    assert str(wrapped) == "SOURCE s: server down"
+    assert wrapped.__cause__ is cause
+
+
+@pytest.mark.parametrize(
+    ("errno_", "cls"),
+    [(28, errors.DiskFullError), (122, errors.DiskFullError), (5, errors.StorageError)],
+)
+def test_a_full_disk_is_external_and_an_io_error_is_internal(
+    errno_: int, cls: type[errors.FlightServeError]
+) -> None:
+    import errno as errno_module
+
+    if errno_ == 122 and getattr(errno_module, "EDQUOT", None) != 122:
+        pytest.skip("EDQUOT is not 122 on this platform")
+    assert type(errors.write_error("cannot append", OSError(errno_, "x"))) is cls

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from flight_serve.errors import (
+    DiskFullError,
     InvalidInputError,
     SchemaMismatchError,
     StorageError,
@@ -497,7 +498,7 @@ def test_a_failed_write_discards_what_was_not_durable_and_the_stream_goes_on(
 
     monkeypatch.setattr(os, "pwrite", full_disk)
     first, second = store.write("t", _batch([1])), store.write("t", _batch([2]))
-    with pytest.raises(StorageError, match="No space left"):
+    with pytest.raises(DiskFullError, match="No space left"):
         store.commit(first)
     with pytest.raises(StorageError, match="batch 2 of stream 't' was discarded"):
         store.commit(second)
@@ -534,7 +535,7 @@ def test_a_writer_stages_nothing_after_its_batch_a_failed_write_discarded(
 
     other = store.write("t", _batch([9]), writer="w2")
     monkeypatch.setattr(os, "pwrite", full_disk)
-    with pytest.raises(StorageError, match="No space left"):
+    with pytest.raises(DiskFullError, match="No space left"):
         store.commit(other)
     monkeypatch.setattr(os, "pwrite", real_pwrite)
     with pytest.raises(StorageError, match="the batch at offset 1 before this one was discarded"):
