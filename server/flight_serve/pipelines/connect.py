@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from flight_serve.connectors.datagen import OPTION_ALIASES as DATAGEN_ALIASES
+from flight_serve.connectors.datagen import SOURCE_OPTIONS as DATAGEN_OPTIONS
 from flight_serve.connectors.falkordb import FALKORDB_OPTIONS
 from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
 from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
@@ -50,6 +52,11 @@ def _always(role: str, options: Mapping[str, Option], server: bool) -> bool:
 
 def _never(role: str, options: Mapping[str, Option], server: bool) -> bool:
     return False
+
+
+def _datagen_option(key: str) -> bool:
+    # fields.<column>.<option>, and Flink's and RisingWave's spellings (the connector checks them)
+    return key.startswith("fields.") or key in DATAGEN_ALIASES
 
 
 def _flight_exactly_once(role: str, options: Mapping[str, Option], server: bool) -> bool:
@@ -125,6 +132,13 @@ REGISTRY: dict[str, ConnectorSpec] = {
             {"source": ICEBERG_SOURCE_OPTIONS, "sink": ICEBERG_SINK_OPTIONS},
             exactly_once=_always,
             extra_option=is_catalog_option,
+        ),
+        # its offsets are row counters: a restored run hands out the rows a straight run would
+        ConnectorSpec(
+            "datagen",
+            {"source": DATAGEN_OPTIONS},
+            exactly_once=_always,
+            extra_option=_datagen_option,
         ),
     )
 }

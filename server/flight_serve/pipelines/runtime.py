@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 from flight_serve.connectors.base import EpochSink, Sink, Source, SourceEvent
+from flight_serve.connectors.datagen import DatagenOptions, DatagenSource
 from flight_serve.connectors.falkordb import FalkorDBSink
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
 from flight_serve.connectors.flight import (
@@ -56,6 +57,7 @@ from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.errors import (
     CheckpointError,
     ConnectorError,
+    ConnectorOptionError,
     FlightServeError,
     PipelineSQLError,
 )
@@ -236,11 +238,13 @@ class PipelineRuntime:
                 raise sql_error(f"CREATE TABLE {relation.name}: {exc}", relation.node.this) from exc
         for relation in plan.sources.values():
             kind = self._connector(relation.connector, "source", f"SOURCE {relation.name}")
-            if kind in ("flight", "iceberg"):
+            if kind in ("flight", "iceberg", "datagen"):
                 live = (
                     self._flight_source(relation)
                     if kind == "flight"
                     else self._iceberg_source(relation)
+                    if kind == "iceberg"
+                    else self._datagen_source(relation)
                 )
                 self.flight_sources[relation.name] = live
                 self.streams[relation.name] = Stream(relation.name, live.schema, live.partitions)
@@ -457,6 +461,33 @@ class PipelineRuntime:
         return iceberg_source(
             relation, self.data_dir, batch_rows=self.plan.batch_rows or DEFAULT_BATCH_ROWS
         )
+
+    def _datagen_source(self, relation: RelationDef) -> Source:
+        """A ``datagen`` source (:mod:`~flight_serve.connectors.datagen`): the declared columns
+        are its schema; the loop opens it from its checkpoint's row counters.
+
+        Raises:
+            ConnectorOptionError: a bad option, with the option's line and column.
+            PipelineSQLError: the ``WATERMARK FOR`` column is not generated.
+        """
+        options = relation.connector
+        try:
+            parsed = DatagenOptions.from_options(
+                {key: option.text for key, option in options.items()}, relation.columns
+            )
+        except ConnectorOptionError as exc:
+            given = options.get(exc.option.strip().lower())
+            if given is None:
+                raise
+            at = given.error(exc.reason)
+            raise ConnectorOptionError(exc.option, exc.reason, at.line, at.col) from None
+        source = DatagenSource(parsed, name=relation.name)
+        if (
+            relation.time_column is not None
+            and source.schema.get_field_index(relation.time_column) < 0
+        ):
+            raise relation.no_time_column(source.schema.names, f"datagen source {relation.name}")
+        return source
 
     def _sink(self, sink: SinkDef) -> _Sink:
         what = f"SINK {sink.name}"
