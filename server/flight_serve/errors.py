@@ -89,6 +89,7 @@ class ConnectorOptionError(ConnectorError):
 
     Attributes:
         option: the option's key, as the user wrote it.
+        reason: what is wrong with it (the message without the option and position).
         line: 1-based line of the option in the pipeline SQL, when known.
         col: 1-based column of the option in the pipeline SQL, when known.
     """
@@ -99,6 +100,8 @@ class ConnectorOptionError(ConnectorError):
         where = f" (line {line}, column {col})" if line is not None and col is not None else ""
         super().__init__(f"option {option!r}: {message}{where}")
         self.option = option
+        #: the message without the option and position
+        self.reason = message
         self.line = line
         self.col = col
 

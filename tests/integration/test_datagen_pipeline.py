@@ -1,7 +1,7 @@
 """A ``datagen`` source's rows through a real pipeline: each partition's batches DoPut into a
-server stream as that partition's writer (the runtime does not know the connector yet), a
-windowed pipeline tails the stream, and its windows equal DataFusion batch SQL over the same
-generated table.
+server stream as that partition's writer (a pipeline reading ``connector = 'datagen'``
+itself: test_datagen_pipelines.py), a windowed pipeline tails the stream, and its windows
+equal DataFusion batch SQL over the same generated table.
 
 The event time has bounded out-of-orderness (jitter ≤ 300 ms) and the source declares
 ``WATERMARK FOR t AS t - INTERVAL '300' MILLISECOND``, so no row is late and every row is

@@ -121,8 +121,9 @@ def test_the_registry_has_one_row_per_connector_with_its_roles_and_options() -> 
         "falkordb": ["sink"],
         "flight": ["sink", "source"],
         "iceberg": ["sink", "source"],
+        "datagen": ["source"],
     }
-    assert list(CONNECTORS["source"]) == ["file", "flight", "iceberg"]
+    assert list(CONNECTORS["source"]) == ["file", "flight", "iceberg", "datagen"]
     assert list(CONNECTORS["table"]) == ["file"]
     assert list(CONNECTORS["sink"]) == ["file", "stdout", "falkordb", "flight", "iceberg"]
     assert CONNECTORS["sink"]["file"] == ("connector", "path", "format")

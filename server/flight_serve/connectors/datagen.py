@@ -69,6 +69,7 @@ __all__ = [
     "COLUMN_OPTIONS",
     "DEFAULT_BATCH_ROWS",
     "DEFAULT_ROWS_PER_SECOND",
+    "OPTION_ALIASES",
     "SOURCE_OPTIONS",
     "DatagenColumn",
     "DatagenOptions",
@@ -95,12 +96,13 @@ SOURCE_OPTIONS: Final = (
     "batch_rows",
     "seed",
 )
-_ALIASES: Final = {
+OPTION_ALIASES: Final = {
     "rows-per-second": "rows_per_second",  # Flink
     "number-of-rows": "number_of_rows",  # Flink
     "datagen.rows.per.second": "rows_per_second",  # RisingWave
     "datagen.split.num": "partitions",  # RisingWave
 }
+_ALIASES: Final = OPTION_ALIASES
 #: The options of one column, ``fields.<column>.<option>``.
 COLUMN_OPTIONS: Final = (
     "kind",
@@ -957,6 +959,9 @@ class DatagenSource:
     The constructor does no I/O and generates nothing; :meth:`open` starts the rate's clock.
     """
 
+    #: polls may wait (for the rate's next row): the run loop treats it as a live source
+    live: Final = True
+
     def __init__(
         self,
         options: DatagenOptions,
@@ -1024,6 +1029,11 @@ class DatagenSource:
 
     def close(self) -> None:
         """Nothing to release. Idempotent."""
+
+    @property
+    def rows(self) -> int:
+        """Rows handed out so far, those before a restore included."""
+        return sum(self._next)
 
     def snapshot(self) -> dict[str, Any]:
         """The offsets as checkpoint JSON: ``{"next_row": {partition: next row index}}``."""

@@ -13,6 +13,10 @@ Checks:
 * :func:`check_checkpointed` (a checkpointed run, ``flight-serve run`` with checkpoints or a
   server pipeline): every connector is exactly-once there; a refusal says what to do instead.
 
+Factories: a row's ``sink`` builds the sink of a run without checkpoints, its ``epoch_sink``
+the exactly-once sink of a checkpointed run (a row without one, ``stdout``, writes its plain
+sink there too); the runtime calls them and names no sink connector.
+
 Errors: :class:`~flight_serve.errors.PipelineSQLError` with the line and column of the option.
 """
 
@@ -20,19 +24,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from flight_serve.connectors.falkordb import FALKORDB_OPTIONS
+from flight_serve.connectors.base import EpochSink, Sink, Source
+from flight_serve.connectors.datagen import OPTION_ALIASES as DATAGEN_ALIASES
+from flight_serve.connectors.datagen import SOURCE_OPTIONS as DATAGEN_OPTIONS
+from flight_serve.connectors.datagen import DatagenOptions, DatagenSource
+from flight_serve.connectors.falkordb import FALKORDB_OPTIONS, FalkorDBSink
+from flight_serve.connectors.file import FileSink
+from flight_serve.connectors.flight import FlightSink, FlightStreamTarget
+from flight_serve.connectors.stdout import StdoutSink
+from flight_serve.errors import ConnectorOptionError
+from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink
+from flight_serve.pipelines.graph_io import EpochGraphSink
 from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
 from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
-from flight_serve.pipelines.iceberg_io import is_catalog_option
-from flight_serve.pipelines.pipeline import Option, PipelinePlan
+from flight_serve.pipelines.iceberg_io import EpochIcebergSink, IcebergRunSink, is_catalog_option
+from flight_serve.pipelines.pipeline import Option, PipelinePlan, RelationDef
 from flight_serve.pipelines.query import did_you_mean
+from flight_serve.pipelines.store_io import StoreTarget
+
+if TYPE_CHECKING:
+    from flight_serve.pipelines.durable import DurableRuntime
+    from flight_serve.pipelines.runtime import PipelineRuntime, SinkSlot
 
 __all__ = [
     "CONNECTORS",
     "FLIGHT_AUTH_OPTIONS",
     "REGISTRY",
     "ConnectorSpec",
+    "EpochSinkArgs",
     "check_checkpointed",
     "connector_of",
 ]
@@ -52,9 +73,178 @@ def _never(role: str, options: Mapping[str, Option], server: bool) -> bool:
     return False
 
 
+def _datagen_option(key: str) -> bool:
+    # fields.<column>.<option>, and Flink's and RisingWave's spellings (the connector checks them)
+    return key.startswith("fields.") or key in DATAGEN_ALIASES
+
+
 def _flight_exactly_once(role: str, options: Mapping[str, Option], server: bool) -> bool:
     # this server's streams (no server option, inside the server) or another Flight server's
     return server or "server" in options
+
+
+#: ``(runtime, relation) -> Source``: a source of a run (a checkpointed run's resumes from its
+#: checkpoint's offsets: in the factory, or when the run loop opens it).
+SourceFactory = Callable[["PipelineRuntime", RelationDef], Source]
+
+
+def _file_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
+    return runtime.file_source(relation, "source")
+
+
+def _flight_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
+    return runtime.flight_source(relation)
+
+
+def _iceberg_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
+    return runtime.iceberg_source(relation)
+
+
+def _datagen_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
+    """A ``datagen`` source (:mod:`~flight_serve.connectors.datagen`): the declared columns
+    are its schema; the run loop opens it from its checkpoint's row counters.
+
+    Raises:
+        ConnectorOptionError: a bad option, with the option's line and column.
+        PipelineSQLError: the ``WATERMARK FOR`` column is not generated.
+    """
+    options = relation.connector
+    try:
+        parsed = DatagenOptions.from_options(
+            {key: option.text for key, option in options.items()}, relation.columns
+        )
+    except ConnectorOptionError as exc:
+        given = options.get(exc.option.strip().lower())
+        if given is None:
+            raise
+        at = given.error(exc.reason)
+        raise ConnectorOptionError(exc.option, exc.reason, at.line, at.col) from None
+    source = DatagenSource(parsed, name=relation.name)
+    if relation.time_column is not None and source.schema.get_field_index(relation.time_column) < 0:
+        raise relation.no_time_column(source.schema.names, f"datagen source {relation.name}")
+    return source
+
+
+#: ``(slot, pipeline) -> Sink``: the sink of a run without checkpoints; ``pipeline`` names
+#: the run in what it writes (the pipeline file's stem).
+SinkFactory = Callable[["SinkSlot", str], Sink]
+
+
+@dataclass(frozen=True)
+class EpochSinkArgs:
+    """What an exactly-once sink of a checkpointed run is built from.
+
+    Attributes:
+        runtime: the checkpointed run (its name, the server's store, the wait callback).
+        mark: the sink's commit mark in the checkpoint resumed from (``{}``: none).
+        rows: rows the sink had committed by that checkpoint.
+        restored_epoch: that checkpoint's epoch (``None``: a fresh run).
+        finished: whether it was a finished run's.
+    """
+
+    runtime: DurableRuntime
+    mark: Mapping[str, Any]
+    rows: int
+    restored_epoch: int | None
+    finished: bool
+
+
+#: ``(slot, args) -> EpochSink``: the exactly-once sink of a checkpointed run.
+EpochSinkFactory = Callable[["SinkSlot", EpochSinkArgs], EpochSink]
+
+
+def _file_sink(slot: SinkSlot, pipeline: str) -> Sink:
+    assert slot.path is not None
+    assert slot.schema is not None
+    return FileSink(slot.path, slot.format, slot.schema)
+
+
+def _file_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    assert slot.path is not None
+    assert slot.schema is not None
+    return EpochFileSink(
+        slot.definition.name,
+        slot.path,
+        slot.format,
+        slot.schema,
+        restored_epoch=args.restored_epoch,
+        rows=args.rows,
+        finished=args.finished,
+    )
+
+
+def _stdout_sink(slot: SinkSlot, pipeline: str) -> Sink:
+    assert slot.schema is not None
+    return StdoutSink(slot.definition.name, slot.schema, slot.format)
+
+
+def _falkordb_sink(slot: SinkSlot, pipeline: str) -> FalkorDBSink:
+    assert slot.graph is not None
+    assert slot.schema is not None
+    return FalkorDBSink(slot.definition.name, slot.graph, slot.schema, pipeline=pipeline)
+
+
+def _falkordb_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    name = slot.definition.name
+    return EpochGraphSink(
+        name,
+        _falkordb_sink(slot, args.runtime.name),
+        restored_epoch=args.restored_epoch,
+        rows=args.rows,
+    )
+
+
+def _flight_sink(slot: SinkSlot, pipeline: str) -> Sink:
+    assert slot.flight is not None
+    assert slot.schema is not None
+    return FlightSink(*slot.flight[:2], slot.schema, slot.flight[2], auth=slot.flight_auth)
+
+
+def _flight_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    assert slot.flight is not None
+    assert slot.schema is not None
+    server, stream, writer = slot.flight
+    runtime = args.runtime
+    target: StoreTarget | FlightStreamTarget
+    if "server" in slot.definition.connector or runtime.store is None:
+        target = FlightStreamTarget(
+            server,
+            stream,
+            slot.schema,
+            writer,
+            on_retry=runtime.connector_wait,
+            auth=slot.flight_auth,
+        )
+    else:
+        target = StoreTarget(runtime.store, stream, slot.schema, writer)
+    return EpochStreamSink(
+        slot.definition.name,
+        target,
+        slot.schema,
+        mark=args.mark.get("mark"),
+        incarnation=args.mark.get("incarnation"),
+        rows=args.rows,
+    )
+
+
+def _iceberg_sink(slot: SinkSlot, pipeline: str) -> Sink:
+    assert slot.iceberg is not None
+    assert slot.schema is not None
+    return IcebergRunSink(slot.iceberg, f"{pipeline}/{slot.definition.name}", slot.schema)
+
+
+def _iceberg_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    assert slot.iceberg is not None
+    assert slot.schema is not None
+    name = slot.definition.name
+    return EpochIcebergSink(
+        name,
+        slot.iceberg,
+        f"{args.runtime.name}/{name}",
+        slot.schema,
+        mark=dict(args.mark) or None,
+        restored_epoch=args.restored_epoch,
+    )
 
 
 @dataclass(frozen=True)
@@ -69,12 +259,19 @@ class ConnectorSpec:
             their offsets, its sinks commit each epoch once).
         extra_option: options beyond :attr:`options` it also takes (Iceberg catalog
             properties).
+        source: builds its source (source connectors).
+        sink: builds its sink of a run without checkpoints (sink connectors).
+        epoch_sink: builds its exactly-once sink of a checkpointed run (``None``: the run
+            writes :attr:`sink`'s, as for ``stdout``).
     """
 
     name: str
     options: Mapping[str, tuple[str, ...]]
     exactly_once: ExactlyOnce = _never
     extra_option: Callable[[str], bool] | None = None
+    source: SourceFactory | None = None
+    sink: SinkFactory | None = None
+    epoch_sink: EpochSinkFactory | None = None
     roles: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,10 +296,21 @@ REGISTRY: dict[str, ConnectorSpec] = {
                 "sink": ("connector", "path", "format"),
             },
             exactly_once=_always,
+            source=_file_source,
+            sink=_file_sink,
+            epoch_sink=_file_epoch_sink,
         ),
-        ConnectorSpec("stdout", {"sink": ("connector", "format")}, exactly_once=_always),
+        ConnectorSpec(
+            "stdout", {"sink": ("connector", "format")}, exactly_once=_always, sink=_stdout_sink
+        ),
         # an epoch marker in the graph: exactly once anywhere
-        ConnectorSpec("falkordb", {"sink": FALKORDB_OPTIONS}, exactly_once=_always),
+        ConnectorSpec(
+            "falkordb",
+            {"sink": FALKORDB_OPTIONS},
+            exactly_once=_always,
+            sink=_falkordb_sink,
+            epoch_sink=_falkordb_epoch_sink,
+        ),
         ConnectorSpec(
             "flight",
             {
@@ -119,12 +327,26 @@ REGISTRY: dict[str, ConnectorSpec] = {
                 "sink": ("connector", "server", "stream", "writer", *FLIGHT_AUTH_OPTIONS),
             },
             exactly_once=_flight_exactly_once,
+            source=_flight_source,
+            sink=_flight_sink,
+            epoch_sink=_flight_epoch_sink,
         ),
         ConnectorSpec(
             "iceberg",
             {"source": ICEBERG_SOURCE_OPTIONS, "sink": ICEBERG_SINK_OPTIONS},
             exactly_once=_always,
             extra_option=is_catalog_option,
+            source=_iceberg_source,
+            sink=_iceberg_sink,
+            epoch_sink=_iceberg_epoch_sink,
+        ),
+        # its offsets are row counters: a restored run hands out the rows a straight run would
+        ConnectorSpec(
+            "datagen",
+            {"source": DATAGEN_OPTIONS},
+            exactly_once=_always,
+            extra_option=_datagen_option,
+            source=_datagen_source,
         ),
     )
 }

@@ -48,17 +48,14 @@ from typing import Any
 import pyarrow as pa
 
 from flight_serve.connectors.base import EpochSink, Source
-from flight_serve.connectors.falkordb import FalkorDBSink
 from flight_serve.connectors.flight import (
     RETRY_BUDGET_S,
     FlightSource,
-    FlightStreamTarget,
     FlightTicketSource,
 )
-from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.errors import CheckpointError, ConnectorError, FlightServeError
 from flight_serve.pipelines.checkpoint import CheckpointStore
-from flight_serve.pipelines.connect import check_checkpointed
+from flight_serve.pipelines.connect import REGISTRY, EpochSinkArgs, check_checkpointed
 from flight_serve.pipelines.coordinator import (
     CRASH_ENV,
     CheckpointCoordinator,
@@ -67,15 +64,14 @@ from flight_serve.pipelines.coordinator import (
     ResumeFrom,
 )
 from flight_serve.pipelines.dialect import sql_error
-from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink, read_ipc
+from flight_serve.pipelines.epoch_sinks import read_ipc
 from flight_serve.pipelines.graph import WindowNode
-from flight_serve.pipelines.graph_io import EpochGraphSink
-from flight_serve.pipelines.iceberg_io import EpochIcebergSink, iceberg_source
+from flight_serve.pipelines.iceberg_io import iceberg_source
 from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
-from flight_serve.pipelines.store_io import StoreSource, StoreTarget
+from flight_serve.pipelines.store_io import StoreSource
 from flight_serve.store import StreamStore
 from flight_serve.store.streams import WriterBusyError, WriterHold
 from flight_serve.types import MIN_WATERMARK_NS
@@ -183,7 +179,7 @@ class DurableRuntime(PipelineRuntime):
         """A server pipeline's ``flight`` connectors without ``server`` are its streams."""
         return self.store is not None
 
-    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
+    def flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
         options = relation.connector
         state = self.coordinator_state(relation.name)
         if "server" in options or self.store is None:  # another server (checked for runs)
@@ -215,7 +211,7 @@ class DurableRuntime(PipelineRuntime):
             )
         return source
 
-    def _iceberg_source(self, relation: RelationDef) -> Source:
+    def iceberg_source(self, relation: RelationDef) -> Source:
         """The Iceberg source, from the checkpoint's offset (its last consumed snapshot)."""
         state = self.manifest.sources.get(relation.name) if self.manifest is not None else None
         return iceberg_source(
@@ -244,7 +240,7 @@ class DurableRuntime(PipelineRuntime):
             assert isinstance(ticket_source, FlightTicketSource)
             return ticket_source
         start = int(state["offset"]) if "offset" in state else None
-        source = super()._flight_source(relation, start_offset=start)
+        source = super().flight_source(relation, start_offset=start)
         assert isinstance(source, FlightSource)
         if source.waiting_to_open:
             # its server is unreachable now: the checks run once the source has reached it
@@ -259,7 +255,7 @@ class DurableRuntime(PipelineRuntime):
                 raise
             if first is not None:
                 source.close()
-                source = super()._flight_source(relation, start_offset=first)
+                source = super().flight_source(relation, start_offset=first)
                 assert isinstance(source, FlightSource)
         source.rows = int(state.get("rows", 0))
         source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
@@ -323,62 +319,16 @@ class DurableRuntime(PipelineRuntime):
             if slot.schema is None:
                 continue
             entry = self._coordinator.sink_mark(name)
-            rows = int(entry.get("rows", 0))
+            spec = REGISTRY[slot.connector]
             try:
-                if slot.connector == "stdout":
-                    slot.writer = StdoutSink(name, slot.schema, slot.format)
+                if spec.epoch_sink is None:  # stdout: its rows are counted in the mark
+                    assert spec.sink is not None
+                    slot.writer = spec.sink(slot, self.name)
                     continue
-                epoch: EpochSink
-                if slot.graph is not None:
-                    epoch = EpochGraphSink(
-                        name,
-                        FalkorDBSink(name, slot.graph, slot.schema, pipeline=self.name),
-                        restored_epoch=restored,
-                        rows=rows,
-                    )
-                elif slot.iceberg is not None:
-                    epoch = EpochIcebergSink(
-                        name,
-                        slot.iceberg,
-                        f"{self.name}/{name}",
-                        slot.schema,
-                        mark=entry or None,
-                        restored_epoch=restored,
-                    )
-                elif slot.connector == "file":
-                    assert slot.path is not None
-                    epoch = EpochFileSink(
-                        name,
-                        slot.path,
-                        slot.format,
-                        slot.schema,
-                        restored_epoch=restored,
-                        rows=rows,
-                        finished=finished,
-                    )
-                else:
-                    assert slot.flight is not None
-                    server, stream, writer = slot.flight
-                    target: StoreTarget | FlightStreamTarget
-                    if "server" in slot.definition.connector or self.store is None:
-                        target = FlightStreamTarget(
-                            server,
-                            stream,
-                            slot.schema,
-                            writer,
-                            on_retry=self.connector_wait,
-                            auth=slot.flight_auth,
-                        )
-                    else:
-                        target = StoreTarget(self.store, stream, slot.schema, writer)
-                    epoch = EpochStreamSink(
-                        name,
-                        target,
-                        slot.schema,
-                        mark=entry.get("mark"),
-                        incarnation=entry.get("incarnation"),
-                        rows=rows,
-                    )
+                epoch = spec.epoch_sink(
+                    slot,
+                    EpochSinkArgs(self, entry, int(entry.get("rows", 0)), restored, finished),
+                )
                 slot.epoch = epoch
                 if manifest is not None:  # redo the commit of the checkpoint resumed from
                     staged = self._coordinator.staged(entry)

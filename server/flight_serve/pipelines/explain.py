@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import sqlglot
 from sqlglot import exp
 
+from flight_serve.connectors.datagen import DatagenSource
 from flight_serve.connectors.flight import FlightSource, FlightTicketSource
 from flight_serve.connectors.iceberg import IcebergSource
 from flight_serve.engine.windows import (
@@ -139,6 +140,20 @@ def explain(runtime: PipelineRuntime) -> str:
         out += ["", f"SOURCE {name}{_at(relation.node)}"]
         if isinstance(live, IcebergSource):
             out += [*live.describe(), f"  columns: {columns_text(stream.schema)}"]
+            continue
+        if isinstance(live, DatagenSource):
+            head, *columns = live.options.describe()
+            out += [f"  connector {head}", *columns]
+            if relation.time_column is not None:
+                bound = _duration(relation.options.max_out_of_orderness)
+                out.append(
+                    f"  watermark: W_p = max({relation.time_column}) - {bound} per partition; "
+                    "W = min over partitions, never decreasing; a partition's end sets "
+                    "W_p = +inf"
+                )
+            out.append(f"  options: {_options_text(relation.options)}")
+            if not stream.consumers:
+                out.append("  not read by any query")
             continue
         if isinstance(live, FlightTicketSource):
             out.append(

@@ -41,25 +41,27 @@ from typing import Any
 import pyarrow as pa
 
 from flight_serve.connectors.base import EpochSink, Sink, Source, SourceEvent
-from flight_serve.connectors.falkordb import FalkorDBSink
-from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
+from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSource, resolve_paths
 from flight_serve.connectors.flight import (
     DEFAULT_SERVER,
     FlightClientAuth,
-    FlightSink,
     FlightSource,
     FlightTicketSource,
     server_uri_problem,
 )
 from flight_serve.connectors.iceberg import default_catalog_properties
-from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.errors import (
     CheckpointError,
     ConnectorError,
     FlightServeError,
     PipelineSQLError,
 )
-from flight_serve.pipelines.connect import CONNECTORS, FLIGHT_AUTH_OPTIONS, connector_of
+from flight_serve.pipelines.connect import (
+    CONNECTORS,
+    FLIGHT_AUTH_OPTIONS,
+    REGISTRY,
+    connector_of,
+)
 from flight_serve.pipelines.coordinator import CheckpointCoordinator
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.graph import (
@@ -73,7 +75,6 @@ from flight_serve.pipelines.graph import (
 )
 from flight_serve.pipelines.graph_io import graph_sink_options
 from flight_serve.pipelines.iceberg_io import (
-    IcebergRunSink,
     IcebergSinkSpec,
     catalog_of,
     iceberg_sink_spec,
@@ -122,7 +123,10 @@ def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
 
 
 @dataclass
-class _Sink:
+class SinkSlot:
+    """A sink of the run: its definition and checked options, and the sink a factory of its
+    registry row (:mod:`.connect`) built for it."""
+
     definition: SinkDef
     connector: str
     format: str
@@ -221,12 +225,12 @@ class PipelineRuntime:
         self.tables: dict[str, pa.Table] = {}
         self.nodes: list[Node] = []
         self.late_streams: dict[int, Stream] = {}
-        self.sinks: dict[str, _Sink] = {}
+        self.sinks: dict[str, SinkSlot] = {}
         self._pending: deque[tuple[str, pa.RecordBatch]] = deque()
         self._collect = False
         self._ran = False
         for relation in plan.tables.values():
-            source = self._file_source(relation, "table")
+            source = self.file_source(relation, "table")
             self.table_sources[relation.name] = source
             try:
                 self.tables[relation.name] = (
@@ -235,17 +239,15 @@ class PipelineRuntime:
             except ConnectorError as exc:
                 raise sql_error(f"CREATE TABLE {relation.name}: {exc}", relation.node.this) from exc
         for relation in plan.sources.values():
-            kind = self._connector(relation.connector, "source", f"SOURCE {relation.name}")
-            if kind in ("flight", "iceberg"):
-                live = (
-                    self._flight_source(relation)
-                    if kind == "flight"
-                    else self._iceberg_source(relation)
-                )
-                self.flight_sources[relation.name] = live
-                self.streams[relation.name] = Stream(relation.name, live.schema, live.partitions)
+            spec = connector_of(relation.connector, "source", f"SOURCE {relation.name}")
+            assert spec.source is not None  # connector_of checked the role
+            built = spec.source(self, relation)
+            if built.live:
+                self.flight_sources[relation.name] = built
+                self.streams[relation.name] = Stream(relation.name, built.schema, built.partitions)
                 continue
-            source = self._file_source(relation, "source")
+            assert isinstance(built, FileSource)  # the bounded sources, read round-robin
+            source = built
             self.sources[relation.name] = source
             try:
                 schema = source.schema
@@ -282,7 +284,7 @@ class PipelineRuntime:
         """The name of the connector ``options`` name (checked: :func:`.connect.connector_of`)."""
         return connector_of(options, role, what).name
 
-    def _file_source(self, relation: RelationDef, role: str) -> FileSource:
+    def file_source(self, relation: RelationDef, role: str) -> FileSource:
         what = f"{role.upper()} {relation.name}"
         self._connector(relation.connector, role, what)
         options = relation.connector
@@ -407,7 +409,7 @@ class PipelineRuntime:
             raise relation.no_time_column(source.schema.names, "the DoGet")
         return source
 
-    def _flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
+    def flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
         """A ``flight`` source: a ticket's DoGet, or a stream's tail from ``start_offset``
         (default: the ``start_offset`` option, else 0)."""
         options = relation.connector
@@ -452,13 +454,13 @@ class PipelineRuntime:
             raise relation.no_time_column(source.schema.names, f"stream {stream}")
         return source
 
-    def _iceberg_source(self, relation: RelationDef) -> Source:
+    def iceberg_source(self, relation: RelationDef) -> Source:
         """An Iceberg table as a live source (:mod:`~flight_serve.pipelines.iceberg_io`)."""
         return iceberg_source(
             relation, self.data_dir, batch_rows=self.plan.batch_rows or DEFAULT_BATCH_ROWS
         )
 
-    def _sink(self, sink: SinkDef) -> _Sink:
+    def _sink(self, sink: SinkDef) -> SinkSlot:
         what = f"SINK {sink.name}"
         connector = self._connector(sink.connector, "sink", what)
         options = sink.connector
@@ -479,11 +481,11 @@ class PipelineRuntime:
                     "is <output-dir>/flight-data) or a catalog_uri of its own"
                 )
             spec = iceberg_sink_spec(sink, self.data_dir)
-            return _Sink(sink, connector, "iceberg", None, iceberg=spec)
+            return SinkSlot(sink, connector, "iceberg", None, iceberg=spec)
         if connector == "falkordb":
-            return _Sink(sink, connector, "graph", None, graph=graph_sink_options(sink))
+            return SinkSlot(sink, connector, "graph", None, graph=graph_sink_options(sink))
         if connector == "stdout":
-            return _Sink(sink, connector, fmt or "table", None)
+            return SinkSlot(sink, connector, fmt or "table", None)
         if connector == "flight":
             if "server" not in options and self._writes and not self._store_backed():
                 raise options["connector"].error(
@@ -495,7 +497,7 @@ class PipelineRuntime:
             server = self._server(options)
             stream = options["stream"].text if "stream" in options else sink.name
             writer = options["writer"].text if "writer" in options else sink.name
-            return _Sink(
+            return SinkSlot(
                 sink,
                 connector,
                 "arrow",
@@ -519,7 +521,7 @@ class PipelineRuntime:
         if fmt not in _EXTENSION:
             where = options["format"] if "format" in options else options["path"]
             raise where.error(f"the file sink writes parquet, csv or jsonl, not {fmt!r}")
-        return _Sink(sink, connector, fmt, path)
+        return SinkSlot(sink, connector, fmt, path)
 
     def _store_backed(self) -> bool:
         """Whether ``flight`` connectors without a ``server`` option are a server's own
@@ -760,28 +762,14 @@ class PipelineRuntime:
         return min(max(min(timeouts) / 4, low), high) if timeouts else high
 
     def _open_writers(self) -> None:
+        stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
         for slot in self.sinks.values():
             if slot.schema is None:
                 continue  # nothing is inserted into it
+            factory = REGISTRY[slot.connector].sink
+            assert factory is not None  # connector_of checked the role
             try:
-                if slot.connector == "stdout":
-                    slot.writer = StdoutSink(slot.definition.name, slot.schema, slot.format)
-                elif slot.graph is not None:
-                    stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
-                    slot.writer = FalkorDBSink(
-                        slot.definition.name, slot.graph, slot.schema, pipeline=stem
-                    )
-                elif slot.flight is not None:
-                    slot.writer = FlightSink(
-                        *slot.flight[:2], slot.schema, slot.flight[2], auth=slot.flight_auth
-                    )
-                elif slot.iceberg is not None:
-                    stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
-                    writer = f"{stem}/{slot.definition.name}"
-                    slot.writer = IcebergRunSink(slot.iceberg, writer, slot.schema)
-                else:
-                    assert slot.path is not None
-                    slot.writer = FileSink(slot.path, slot.format, slot.schema)
+                slot.writer = factory(slot, stem)
             except ConnectorError as exc:
                 raise sql_error(
                     f"SINK {slot.definition.name}: {exc}", slot.definition.node
