@@ -47,6 +47,7 @@ INSERT INTO out SELECT * FROM events;"""
     assert 4.5 < time.monotonic() - started < 20.0  # OPEN_RETRY_S of retries first
     assert error.extra_info == RETRYABLE
     message = str(error)
+    assert message.startswith("SOURCE events: flight connector"), message  # where it failed
     assert (
         f"flight connector (server grpc://127.0.0.1:{port}, stream 'events'): reading the "
         "stream's FlightInfo failed: the server stayed unreachable for 5 s ("

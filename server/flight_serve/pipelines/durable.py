@@ -53,7 +53,7 @@ from flight_serve.connectors.flight import (
     FlightSource,
     FlightTicketSource,
 )
-from flight_serve.errors import CheckpointError, ConnectorError, FlightServeError
+from flight_serve.errors import CheckpointError, ConnectorError, ExternalError, FlightServeError
 from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.connect import REGISTRY, EpochSinkArgs, check_checkpointed
 from flight_serve.pipelines.coordinator import (
@@ -200,6 +200,8 @@ class DurableRuntime(PipelineRuntime):
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
+        except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
+            raise exc.within(f"SOURCE {relation.name}") from exc.__cause__
         if (
             relation.time_column is not None
             and source.schema.get_field_index(relation.time_column) < 0

@@ -53,6 +53,7 @@ from flight_serve.connectors.iceberg import default_catalog_properties
 from flight_serve.errors import (
     CheckpointError,
     ConnectorError,
+    ExternalError,
     FlightServeError,
     PipelineSQLError,
 )
@@ -255,6 +256,8 @@ class PipelineRuntime:
                 raise sql_error(
                     f"CREATE SOURCE {relation.name}: {exc}", relation.node.this
                 ) from exc
+            except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
+                raise exc.within(f"CREATE SOURCE {relation.name}") from exc.__cause__
             if (
                 relation.time_column is not None
                 and schema.get_field_index(relation.time_column) < 0
@@ -400,6 +403,8 @@ class PipelineRuntime:
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
+        except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
+            raise exc.within(f"SOURCE {relation.name}") from exc.__cause__
         source.on_retry = self.connector_wait  # its retries show in the pipeline's status
         if (
             relation.time_column is not None
@@ -445,6 +450,8 @@ class PipelineRuntime:
             )
         except ConnectorError as exc:
             raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
+        except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
+            raise exc.within(f"SOURCE {relation.name}") from exc.__cause__
         source.on_retry = self.connector_wait  # its wait for its server shows in the status
         if (
             relation.time_column is not None
