@@ -19,9 +19,9 @@ import falkordb
 import pyarrow as pa
 import pytest
 import redis
+from flight_serve._arrow import read_ipc
 from flight_serve.connectors.falkordb import FalkorDBSink
 from flight_serve.errors import ConnectorError, GraphStoreError, PipelineSQLError
-from flight_serve.pipelines.epoch_sinks import read_ipc
 from flight_serve.pipelines.graph_io import EpochGraphSink
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime

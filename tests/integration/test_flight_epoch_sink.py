@@ -23,8 +23,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
+from flight_serve._arrow import read_ipc
 from flight_serve.connectors.flight import FlightStreamTarget
-from flight_serve.pipelines.epoch_sinks import EpochStreamSink, read_ipc
+from flight_serve.pipelines.epoch_sinks import EpochStreamSink
 from helpers import ID_EVENTS as SCHEMA
 from helpers import ServeProcess, free_port, stream_rows
 from helpers import id_batches as batches

@@ -14,8 +14,8 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from flight_serve._arrow import same_rows
 from flight_serve.errors import ConnectorError
-from flight_serve.types import value_type
 
 __all__ = ["conform", "floor_timestamps", "iso_duration", "json_value", "same_rows"]
 
@@ -61,72 +61,6 @@ def conform(batch: pa.RecordBatch, schema: pa.Schema, what: str) -> pa.RecordBat
                 f"does not convert to {field.type}: {_first_line(exc)}"
             ) from exc
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def _decoded(array: pa.Array[Any]) -> pa.Array[Any]:
-    """``array`` in the types a stream stores it in (``store.streams``: dictionaries decoded,
-    view types as plain ones; offset width ignored), so a batch that was sent compares with
-    its copy read back from a stream."""
-    if isinstance(array, pa.DictionaryArray):
-        values = _decoded(array.dictionary)  # pyarrow cannot take from a dictionary of views
-        array = pa.DictionaryArray.from_arrays(array.indices, values).dictionary_decode()
-    target = value_type(array.type)  # list views stay: pyarrow cannot cast them
-    if target == array.type:
-        return array
-    try:
-        return array.cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return array
-
-
-def _holds_floats(kind: pa.DataType) -> bool:
-    if pa.types.is_floating(kind):
-        return True
-    return any(_holds_floats(kind.field(i).type) for i in range(kind.num_fields))
-
-
-def _same_value(x: Any, y: Any) -> bool:
-    """Python values equal, NaN equal to NaN (at any depth of a list, struct or map)."""
-    if isinstance(x, float) and isinstance(y, float):
-        return x == y or (x != x and y != y)
-    if isinstance(x, list | tuple) and isinstance(y, list | tuple):
-        return len(x) == len(y) and all(_same_value(p, q) for p, q in zip(x, y, strict=True))
-    if isinstance(x, dict) and isinstance(y, dict):
-        return x.keys() == y.keys() and all(_same_value(x[k], y[k]) for k in x)
-    return bool(x == y)
-
-
-def _same_values(x: pa.Array[Any], y: pa.Array[Any]) -> bool:
-    x, y = _decoded(x), _decoded(y)
-    if x.equals(y):
-        return True
-    # Arrow's comparison takes NaN for unequal to itself: a batch holding a NaN would never
-    # match its own copy read back from a stream
-    if x.type != y.type or x.null_count != y.null_count or not _holds_floats(x.type):
-        return False
-    return _same_value(x.to_pylist(), y.to_pylist())
-
-
-def same_rows(a: pa.RecordBatch, b: pa.RecordBatch) -> bool:
-    """Whether ``a`` and ``b`` hold the same rows: as many rows, the same column names in any
-    order, and each column's values equal by name (a dictionary-encoded column compared by its
-    values; a view-typed or ``large_*`` column compared by its values as plain ``string`` /
-    ``binary`` / ``list``; a NaN equal to a NaN, which Arrow's own comparison denies). A stream
-    stores a batch in the stream's column order with dictionaries decoded and view types made
-    plain (``store.streams``), so a batch read back from a stream is compared with the batch
-    that was sent this way; a batch
-    with duplicate column names only matches in the same order.
-    """
-    names = a.schema.names
-    if a.num_rows != b.num_rows or sorted(names) != sorted(b.schema.names):
-        return False
-    if len(set(names)) != len(names):
-        if names != b.schema.names:
-            return False
-        pairs = list(zip(a.columns, b.columns, strict=True))
-    else:
-        pairs = [(a.column(name), b.column(name)) for name in names]
-    return all(_same_values(x, y) for x, y in pairs)
 
 
 _UNIT_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}

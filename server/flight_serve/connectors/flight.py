@@ -62,9 +62,9 @@ from typing import Any, Final, cast
 import pyarrow as pa
 import pyarrow.flight as paflight
 
+from flight_serve._arrow import same_rows as _same_rows
 from flight_serve.connectors.base import ResumedSource, SourceEvent
 from flight_serve.connectors.columns import conform
-from flight_serve.connectors.columns import same_rows as _same_rows
 from flight_serve.errors import ConnectorError, FlightServeError, RemoteFlightError
 
 __all__ = [

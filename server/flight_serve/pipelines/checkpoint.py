@@ -48,6 +48,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from flight_serve._fs import fsync_dir
 from flight_serve.errors import CheckpointError, DiskFullError, is_disk_full
 
 __all__ = [
@@ -303,7 +304,7 @@ class CheckpointStore:
             self._put(f"{directory}/{MANIFEST}.tmp", body)
             self.fs.move(f"{directory}/{MANIFEST}.tmp", f"{directory}/{MANIFEST}")
             if self.local:
-                _fsync_dir(directory)
+                fsync_dir(directory)
         except (OSError, pa.ArrowException) as exc:
             message = f"cannot write checkpoint {manifest.epoch} to {self.uri}: {exc}"
             raise (DiskFullError if is_disk_full(exc) else CheckpointError)(message) from exc
@@ -350,14 +351,6 @@ class CheckpointStore:
         for path in self._epoch_dirs().values():
             with contextlib.suppress(OSError, pa.ArrowException):
                 self.fs.delete_dir(path)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def now_utc() -> datetime:

@@ -47,6 +47,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from flight_serve._arrow import read_ipc
 from flight_serve.connectors.base import EpochSink, Source
 from flight_serve.connectors.flight import (
     RETRY_BUDGET_S,
@@ -64,7 +65,6 @@ from flight_serve.pipelines.coordinator import (
     ResumeFrom,
 )
 from flight_serve.pipelines.dialect import sql_error
-from flight_serve.pipelines.epoch_sinks import read_ipc
 from flight_serve.pipelines.graph import WindowNode
 from flight_serve.pipelines.iceberg_io import iceberg_source
 from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef

@@ -52,7 +52,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from flight_serve.connectors.columns import same_rows as _same_rows
+from flight_serve._arrow import ipc_bytes, same_rows
+from flight_serve._fs import fsync_dir
 from flight_serve.connectors.file import FileSink
 from flight_serve.errors import CheckpointError, ConnectorError, DiskFullError, is_disk_full
 
@@ -61,33 +62,9 @@ __all__ = [
     "EpochStreamSink",
     "StagedEpochSink",
     "StreamTarget",
-    "read_ipc",
-    "to_ipc",
 ]
 
 _PART = re.compile(r"(\d{10})\.arrow(\.pending)?")
-
-
-def to_ipc(schema: pa.Schema, batches: list[pa.RecordBatch]) -> bytes:
-    """``batches`` as one Arrow IPC stream (batch boundaries kept)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def read_ipc(data: bytes) -> list[pa.RecordBatch]:
-    """The batches of an Arrow IPC stream (the inverse of :func:`to_ipc`)."""
-    return list(pa.ipc.open_stream(data))
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class EpochFileSink:
@@ -161,7 +138,7 @@ class EpochFileSink:
                 entry.unlink()
             elif pending:
                 entry.rename(self._part(part_epoch, pending=False))
-        _fsync_dir(self.parts)
+        fsync_dir(self.parts)
 
     @property
     def has_pending(self) -> bool:
@@ -206,7 +183,7 @@ class EpochFileSink:
         """Epoch ``epoch`` is in a complete checkpoint: publish its part."""
         if self._prepared:
             self._part(epoch, pending=True).rename(self._part(epoch, pending=False))
-            _fsync_dir(self.parts)
+            fsync_dir(self.parts)
         self._prepared = False
 
     def committed_parts(self) -> Iterator[Path]:
@@ -244,7 +221,7 @@ class EpochFileSink:
             os.fsync(f.fileno())
         tmp.replace(self.path)
         self.parts.rename(self._done)  # the parts are spent: a crash from here on is harmless
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         shutil.rmtree(self._done, ignore_errors=True)
 
     def close(self) -> None:
@@ -374,7 +351,7 @@ class EpochStreamSink:
             "staged": None,
         }
         if self._staged:
-            files[self.file] = to_ipc(self.schema, self._staged)
+            files[self.file] = ipc_bytes(self.schema, self._staged)
             entry["staged"] = self.file
         return entry
 
@@ -388,7 +365,7 @@ class EpochStreamSink:
         while done < len(staged) and self._tail:
             batch = staged[done]
             found = next(
-                (i for i, (_, old) in enumerate(self._tail) if _same_rows(old, batch)), None
+                (i for i, (_, old) in enumerate(self._tail) if same_rows(old, batch)), None
             )
             if found is None:
                 break
@@ -467,7 +444,7 @@ class StagedEpochSink(ABC):
         self.rows += sum(b.num_rows for b in self._staged)
         entry: dict[str, Any] = {**self.mark(), "rows": self.rows, "staged": None}
         if self._staged:
-            files[self.file] = to_ipc(self._staged[0].schema, self._staged)
+            files[self.file] = ipc_bytes(self._staged[0].schema, self._staged)
             entry["staged"] = self.file
         return entry
 

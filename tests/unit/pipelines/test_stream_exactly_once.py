@@ -42,7 +42,7 @@ def epoch(sink: EpochStreamSink, number: int, *batches: pa.RecordBatch) -> dict[
 
 def resume(store: StreamStore, entry: dict[str, object]) -> EpochStreamSink:
     """A new sink from the checkpoint ``entry``, which redoes the checkpoint's commit."""
-    from flight_serve.pipelines.epoch_sinks import read_ipc
+    from flight_serve._arrow import read_ipc
 
     sink = EpochStreamSink(
         "out",
