@@ -119,14 +119,22 @@ def start_serve(tmp: Path, *extra: str, timeout_s: float = 60.0) -> Live:
         proc.kill()
         raise AssertionError(f"the server did not listen: {lines}")
     listening = next(e for e in lines if e.get("msg") == "listening")
-    return Live(
-        proc,
-        listening["location"],
-        listening["console_url"],
-        int(listening["console_port"]),
-        tmp / "data",
-        lines,
-    )
+    try:
+        return Live(
+            proc,
+            listening["location"],
+            listening["console_url"],
+            int(listening["console_port"]),
+            tmp / "data",
+            lines,
+        )
+    except KeyError:  # a server without a console (--no-console): never left running
+        proc.kill()
+        proc.wait(20)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        raise
 
 
 def stop_serve(live: Live) -> None:
