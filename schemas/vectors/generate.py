@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import importlib.util
 import json
 import sys
 from collections.abc import Iterator
@@ -45,29 +46,21 @@ OTHER_INCARNATION = "6fa459ea-ee8a-3ca4-894e-db77e160355e"
 #: The "double" plugin of tests/integration/plugin_proc.py and clients/rust (bin double_plugin).
 DOUBLE_IN = pa.schema([("k", pa.string()), ("t", pa.timestamp("s")), ("v", pa.int64())])
 DOUBLE_OUT = pa.schema([("k", pa.string()), ("t", pa.timestamp("s")), ("v2", pa.int64())])
+def _enrich_example() -> Any:
+    """clients/examples/enrich_plugin.py as a module (its schemas are the vector's, not a copy)."""
+    path = Path(__file__).resolve().parents[2] / "clients" / "examples" / "enrich_plugin.py"
+    spec = importlib.util.spec_from_file_location("enrich_plugin_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 #: The enrich plugin of clients/examples/enrich_plugin.py (zoned timestamps, int32, float64).
-UTC_US = pa.timestamp("us", tz="UTC")
-ENRICH_IN = pa.schema(
-    [
-        ("carrier", pa.string()),
-        ("flight", pa.int32()),
-        ("origin", pa.string()),
-        ("dest", pa.string()),
-        ("sched_dep", UTC_US),
-        ("time_hour", UTC_US),
-    ]
-)
-ENRICH_OUT = pa.schema(
-    [
-        *ENRICH_IN,
-        ("origin_name", pa.string()),
-        ("dest_name", pa.string()),
-        ("temp", pa.float64()),
-        ("wind_speed", pa.float64()),
-        ("precip", pa.float64()),
-        ("visib", pa.float64()),
-    ]
-)
+_ENRICH = _enrich_example()
+ENRICH_IN: pa.Schema = _ENRICH.INPUT_SCHEMA
+ENRICH_OUT: pa.Schema = _ENRICH.OUTPUT_SCHEMA
 
 
 # --- Flight's FlightData message (Flight.proto), built here: the venv has no compiled Flight.proto

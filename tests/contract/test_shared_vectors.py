@@ -172,8 +172,11 @@ def test_committed_vectors_are_current() -> None:
 
 def test_check_finds_a_stale_file(tmp_path: Path) -> None:
     """--check fails naming the file when one differs (run on a copy of the directory)."""
-    copy = tmp_path / "vectors"
-    copy.mkdir()
+    copy = tmp_path / "schemas" / "vectors"  # the repository's layout: generate.py reads
+    copy.mkdir(parents=True)  # the enrich example's schemas from clients/examples/
+    example = tmp_path / "clients" / "examples" / "enrich_plugin.py"
+    example.parent.mkdir(parents=True)
+    example.write_bytes((VECTORS.parents[1] / "clients/examples/enrich_plugin.py").read_bytes())
     for path in VECTORS.iterdir():
         if path.is_file():
             (copy / path.name).write_bytes(path.read_bytes())
