@@ -106,6 +106,19 @@ class ConnectorOptionError(ConnectorError):
         self.col = col
 
 
+class FunctionDefinitionError(InvalidInputError):
+    """A ``CREATE FUNCTION`` that cannot be registered: a syntax error in its Python body, a
+    missing handler, a missing file, a WebAssembly module without the export or with another
+    signature. Refused at submit, nothing registered; the message names the function and, when
+    known, the pipeline file's line."""
+
+
+class FunctionCallError(InvalidInputError):
+    """A user function failed on a batch: it raised, trapped (WebAssembly), exceeded its deadline
+    or memory limit, or returned the wrong type or length. The message names the function, and
+    for a wrong result the expected and the returned type or length."""
+
+
 class ActionError(InvalidInputError):
     """An unknown action type or a malformed action body."""
 
@@ -200,6 +213,12 @@ class PluginProcessError(ExternalError):
 class DiskFullError(ExternalError):
     """A write failed because the disk is full or its quota is spent (``ENOSPC``, ``EDQUOT``):
     nothing is wrong with the request, and it can succeed once space is freed."""
+
+
+class FunctionWorkerError(ExternalError):
+    """A user function's worker (a sandboxed Python process) died, timed out while starting or
+    broke the exchange protocol; the batch may be retried on another worker. The message names
+    the function and the worker."""
 
 
 # --- input too large (INVALID_ARGUMENT) ---------------------------------------------------------

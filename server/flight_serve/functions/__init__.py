@@ -1,0 +1,1 @@
+"""User functions shipped with a pipeline: the contract (:mod:`.base`) and its runners."""
