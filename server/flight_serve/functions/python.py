@@ -1,0 +1,650 @@
+"""Python user functions, run in sandboxed worker processes (issue 15; DESIGN 10 "functions").
+
+:func:`python_function` turns a :class:`~flight_serve.functions.base.FunctionSpec` of language
+``python`` into a :class:`PythonScalarFunction` or :class:`PythonTableFunction`. The code never
+runs in this process: each function has a pool of worker processes
+(``python -m flight_serve.functions.worker``) that the server spawns in a **bubblewrap**
+sandbox and feeds batches as Arrow IPC over the worker's stdin/stdout pipes (the protocol is in
+:mod:`flight_serve.functions.worker`).
+
+The sandbox (``bwrap``):
+
+* a read-only view of ``/`` (``--ro-bind / /``), a private ``/tmp`` (tmpfs, 64 MiB), its own
+  ``/proc`` and ``/dev``, the working directory ``/tmp``, an empty environment but ``PATH``,
+  ``HOME=/tmp``, ``LANG`` and ``PYTHONPATH``;
+* new network (no interface but a down loopback), PID, IPC, UTS and cgroup namespaces, a new
+  session, killed with its parent (``--die-with-parent``);
+* a non-root user (uid/gid 65534, no supplementary groups) and no capabilities. As root, bwrap
+  makes its mounts privileged (no user namespace: one would map the sandbox's uid to root
+  outside, and root-owned files like ``/etc/shadow`` would stay readable), keeps only
+  ``CAP_SETUID``/``CAP_SETGID``/``CAP_SETPCAP`` for ``setpriv``, which becomes uid 65534, clears
+  every capability set and sets ``no_new_privs`` before Python starts. Directories that uid
+  65534 cannot traverse on the way to the interpreter or its packages (``/root`` holding a
+  pyenv) are replaced by an empty tmpfs with just those paths bound back. As another user,
+  bwrap uses a user namespace with ``--uid``/``--gid 65534``;
+* rlimits set by the worker before the code is loaded: ``RLIMIT_DATA`` =
+  ``memory_limit_bytes`` (a data-segment limit: an address-space limit breaks ``import
+  pyarrow``), ``RLIMIT_CPU`` = ``cpu_limit_s`` CPU seconds over the worker's life (then the
+  kernel kills it and the pool replaces it), no core files;
+* a seccomp filter (x86_64; :func:`flight_serve.functions.worker.install_seccomp`) installed
+  before the code is loaded: no ``execve``, no new processes (``clone`` makes threads only), no
+  sockets, no mounts, namespaces, ``ptrace``, BPF, kernel keys or io_uring. On other
+  architectures the filter is left out (the rest applies).
+
+Without ``bwrap`` on the machine, :func:`python_function` raises
+:class:`~flight_serve.errors.FunctionDefinitionError` unless ``SandboxConfig(unsandboxed=True)``
+says the code is **not sandboxed**: then the worker is a plain subprocess (same protocol, same
+rlimits, no filter). ``SandboxConfig(in_process=True)`` runs the code in this process (a library
+convenience; off by default, never for a server).
+
+Calls: vectorized by default: the handler is called once per batch with one pyarrow array per
+argument and returns an array of the batch's length and declared type.
+``options["vectorized"] == "false"`` calls it once per row with Python values (``None`` for
+null). A table function's handler gets the batch and returns a RecordBatch or Table, or
+yields several, each of the declared schema.
+
+Failures:
+
+* :class:`~flight_serve.errors.FunctionDefinitionError` (before any batch): a syntax error (the
+  code is compiled here, not run; the line is mapped to the pipeline file as
+  :func:`~flight_serve.functions.worker.code_line` says: code line ``k`` is file line
+  ``spec.line + k - 1``), a missing or non-callable handler, a handler that cannot take the
+  declared arguments, module-level code that raises (the worker's hello), no ``bwrap``;
+* :class:`~flight_serve.errors.FunctionCallError`: the handler raised (the message gives the
+  exception's last line and the user code's line), returned the wrong type or length (expected
+  and got), ran past ``deadline`` (the worker is killed; the message gives the deadline in
+  seconds), ran out of memory (the worker is replaced), or killed its worker on the batch and on
+  its one retry;
+* a worker that dies mid-batch (killed, crashed) is replaced and the batch retried once on
+  another, new worker: every row is computed once in the result;
+* :class:`~flight_serve.errors.FunctionWorkerError`: a worker could not start (or did not say
+  hello within ``start_timeout``) or broke the protocol.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Final
+
+import pyarrow as pa
+
+from flight_serve.errors import FunctionCallError, FunctionDefinitionError, FunctionWorkerError
+from flight_serve.functions import worker as proto
+from flight_serve.functions.base import FunctionSpec
+
+__all__ = [
+    "PythonScalarFunction",
+    "PythonTableFunction",
+    "SandboxConfig",
+    "bwrap_path",
+    "python_function",
+]
+
+_SANDBOX_UID: Final = 65534
+_F_SETPIPE_SZ: Final = 1031
+_PIPE_BYTES: Final = 1 << 20
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """How a Python function's workers run.
+
+    Attributes:
+        pool_size: most workers per function (calls beyond wait for one); at least 1.
+        min_workers: workers started (and said hello) when the function is built.
+        deadline: wall-clock limit of one call (a batch); past it the worker is killed.
+        start_timeout: limit for a worker to start and load the code.
+        memory_limit_bytes: the worker's ``RLIMIT_DATA`` (heap and private mappings).
+        cpu_limit_s: the worker's ``RLIMIT_CPU``, CPU seconds over its whole life.
+        unsandboxed: allow running without bwrap as a plain subprocess (**not sandboxed**).
+        in_process: run the code in this process (no isolation; library use only).
+        bwrap: the bubblewrap binary (default: ``bwrap`` on ``PATH``).
+    """
+
+    pool_size: int = 2
+    min_workers: int = 1
+    deadline: timedelta = timedelta(seconds=30)
+    start_timeout: timedelta = timedelta(seconds=30)
+    memory_limit_bytes: int = 1 << 30
+    cpu_limit_s: int = 3600
+    unsandboxed: bool = False
+    in_process: bool = False
+    bwrap: str | None = None
+
+
+def bwrap_path(config: SandboxConfig | None = None) -> str | None:
+    """The bubblewrap binary that would be used, or ``None`` when there is none."""
+    if config is not None and config.bwrap is not None:
+        return config.bwrap if os.access(config.bwrap, os.X_OK) else None
+    return shutil.which("bwrap")
+
+
+def _is_vectorized(spec: FunctionSpec) -> bool:
+    value = spec.options.get("vectorized", "true").strip().lower()
+    if value not in ("true", "false"):
+        raise FunctionDefinitionError(
+            f"function {spec.name}: vectorized = {value!r}; expected 'true' or 'false'"
+        )
+    return value == "true"
+
+
+def _returns_schema(spec: FunctionSpec) -> pa.Schema:
+    if spec.kind == "table":
+        if not isinstance(spec.returns, pa.Schema):
+            raise FunctionDefinitionError(f"function {spec.name}: RETURNS TABLE needs a schema")
+        return spec.returns
+    if isinstance(spec.returns, pa.Schema):
+        raise FunctionDefinitionError(f"function {spec.name}: a scalar function returns a type")
+    return pa.schema([pa.field("result", spec.returns)])
+
+
+def _args_schema(spec: FunctionSpec) -> pa.Schema:
+    return pa.schema([pa.field(f"a{i}", t) for i, t in enumerate(spec.arg_types)])
+
+
+def python_function(
+    spec: FunctionSpec, config: SandboxConfig | None = None
+) -> PythonScalarFunction | PythonTableFunction:
+    """Build ``spec`` (language ``python``): check the definition, start ``min_workers``.
+
+    Raises :class:`~flight_serve.errors.FunctionDefinitionError` (see the module docstring) and
+    :class:`~flight_serve.errors.FunctionWorkerError` (a worker did not start).
+    """
+    config = config or SandboxConfig()
+    if spec.kind == "table":
+        return PythonTableFunction(spec, config)
+    return PythonScalarFunction(spec, config)
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _Deadline(Exception):
+    pass
+
+
+class _Worker:
+    """One worker process and its two pipes; used by one call at a time."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], name: str) -> None:
+        self.name = name
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd="/",
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise FunctionWorkerError(f"function {name}: cannot start a worker: {exc}") from None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.wfd = self.proc.stdin.fileno()
+        self.rfd = self.proc.stdout.fileno()
+        for fd in (self.wfd, self.rfd):
+            with contextlib.suppress(OSError):  # a larger pipe: fewer wake-ups per batch
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._drain = threading.Thread(
+            target=self._read_stderr, name=f"function-{name}-stderr", daemon=True
+        )
+        self._drain.start()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line.decode("utf-8", "replace").rstrip())
+
+    def exchange(self, kind: int, payload: Any, timeout_s: float) -> tuple[int, bytearray]:
+        """Send one frame, read the answer within ``timeout_s`` seconds."""
+        try:
+            proto.write_frame(self.wfd, kind, payload)
+        except (BrokenPipeError, OSError) as exc:
+            raise _WorkerDied(str(exc)) from None
+        deadline = time.monotonic() + timeout_s
+        header = self._read(proto.FRAME.size, deadline)
+        answer, length = proto.FRAME.unpack(header)
+        return answer, self._read(length, deadline)
+
+    def _read(self, n: int, deadline: float) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        poller = select.poll()
+        poller.register(self.rfd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Deadline
+            if not poller.poll(left * 1000):
+                raise _Deadline
+            k = os.readv(self.rfd, [view[got:]])
+            if k == 0:
+                raise _WorkerDied("end of its output")
+            got += k
+        return buf
+
+    def died(self) -> str:
+        """How the worker ended (after a kill or an end of output)."""
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "stopped answering"
+        tail = f"; its last output: {self.stderr_tail[-1]}" if self.stderr_tail else ""
+        if code < 0:
+            return f"killed by signal {signal.Signals(-code).name}{tail}"
+        return f"exited with status {code}{tail}"
+
+    def pids(self) -> list[int]:
+        """This worker's process and its descendants (bwrap's and the Python worker's pids)."""
+        return [self.proc.pid, *_descendants(self.proc.pid)]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self._drain.join(timeout=2)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])
+        children[ppid].append(int(entry.name))
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def _reachable(paths: Sequence[str]) -> list[str]:
+    """bwrap arguments that let uid 65534 reach ``paths``: every directory on the way that
+    others cannot traverse becomes an empty tmpfs with the next step bound back (read-only)."""
+    args: list[str] = []
+    masked: set[str] = set()
+    bound: set[str] = set()
+    for path in sorted(set(paths)):
+        current = Path("/")
+        for part in Path(path).parts[1:]:
+            child = current / part
+            try:
+                mode = current.stat().st_mode
+            except OSError:
+                break
+            if not mode & stat.S_IXOTH and str(child) not in bound:
+                if str(current) not in masked:
+                    args += ["--tmpfs", str(current)]
+                    masked.add(str(current))
+                if child.exists():
+                    args += ["--ro-bind", str(child), str(child)]
+                    bound.add(str(child))
+            current = child
+    return args
+
+
+class _PythonFunction:
+    """What scalar and table functions share: the definition checks, the pool, the retry."""
+
+    def __init__(self, spec: FunctionSpec, config: SandboxConfig) -> None:
+        if spec.language != "python":
+            raise FunctionDefinitionError(
+                f"function {spec.name}: language {spec.language}, not python"
+            )
+        if config.pool_size < 1 or not 0 <= config.min_workers <= config.pool_size:
+            raise FunctionDefinitionError(
+                f"function {spec.name}: pool_size must be >= 1 and min_workers in 0..pool_size"
+            )
+        self._spec = spec
+        self._config = config
+        self._handler = spec.handler or spec.name
+        self._vectorized = _is_vectorized(spec)
+        self._returns = _returns_schema(spec)
+        self._args = _args_schema(spec)
+        try:
+            self._code = spec.code.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FunctionDefinitionError(
+                f"function {spec.name}: its code is not UTF-8: {exc}"
+            ) from None
+        try:
+            compile(self._code, proto.CODE_FILENAME.format(name=spec.name), "exec")
+        except SyntaxError as exc:
+            raise FunctionDefinitionError(
+                f"function {spec.name}: syntax error at "
+                f"{proto.code_line(exc.lineno or 1, spec.line)}: {exc.msg}"
+            ) from None
+        self._lock = threading.Condition()
+        self._idle: list[_Worker] = []
+        self._count = 0
+        self._closed = False
+        self.calls = 0
+        self.retries = 0
+        self.restarts = 0
+        self.seccomp = False
+        self._runner: proto.Runner | None = None
+        if config.in_process:
+            self._runner = self._load_in_process()
+            return
+        self._argv, self._env, self._sandboxed = self._command()
+        started = [self._start() for _ in range(config.min_workers)]
+        with self._lock:
+            self._idle.extend(started)
+
+    @property
+    def spec(self) -> FunctionSpec:
+        return self._spec
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether the workers run in bubblewrap (``False``: plain subprocess or in-process)."""
+        return not self._config.in_process and self._sandboxed
+
+    def _load_in_process(self) -> proto.Runner:
+        try:
+            return proto.Runner(
+                name=self._spec.name,
+                kind=self._spec.kind,
+                code=self._code,
+                handler=self._handler,
+                vectorized=self._vectorized,
+                line=self._spec.line,
+                args=self._args,
+                returns=self._returns,
+            )
+        except proto.Problem as problem:
+            raise FunctionDefinitionError(problem.message) from None
+
+    def _command(self) -> tuple[list[str], dict[str, str], bool]:
+        package_root = str(Path(proto.__file__).resolve().parents[2])
+        pythonpath = [
+            package_root,
+            *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+        ]
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": os.pathsep.join(pythonpath),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        worker = [sys.executable, "-s", "-m", "flight_serve.functions.worker"]
+        bwrap = bwrap_path(self._config)
+        if bwrap is None:
+            if not self._config.unsandboxed:
+                raise FunctionDefinitionError(
+                    f"function {self._spec.name}: Python functions run in a bubblewrap sandbox and "
+                    "bwrap is not installed (Debian: apt-get install bubblewrap); to run the code "
+                    "NOT sandboxed, allow it explicitly (--allow-unsandboxed-python)"
+                )
+            return worker, env, False
+        argv = [bwrap, "--ro-bind", "/", "/", "--die-with-parent", "--new-session"]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/tmp"]
+        argv += ["--clearenv", "--chdir", "/tmp"]
+        for key, value in env.items():
+            argv += ["--setenv", key, value]
+        uid = str(_SANDBOX_UID)
+        if os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                raise FunctionDefinitionError(
+                    f"function {self._spec.name}: running as root, the sandbox needs setpriv "
+                    "(util-linux) to drop to uid 65534, and it is not installed"
+                )
+            argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+            argv += ["--unshare-cgroup-try"]
+            needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+            needed += [p for p in (*sys.path, *pythonpath) if p and os.path.isdir(p)]
+            needed += [os.path.realpath(sys.executable), setpriv]
+            argv += _reachable([os.path.realpath(p) for p in needed])
+            argv += ["--cap-drop", "ALL"]
+            for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
+                argv += ["--cap-add", cap]
+            argv += ["--", setpriv, "--reuid", uid, "--regid", uid, "--clear-groups"]
+            argv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs"]
+        else:
+            argv += ["--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid]
+            argv += ["--cap-drop", "ALL", "--"]
+        return argv + worker, env, True
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self._argv, self._env, self._spec.name)
+        hello = {
+            "name": self._spec.name,
+            "kind": self._spec.kind,
+            "code": self._code,
+            "handler": self._handler,
+            "vectorized": self._vectorized,
+            "line": self._spec.line,
+            "args": proto.schema_to_text(self._args),
+            "returns": proto.schema_to_text(self._returns),
+            "memory_limit_bytes": self._config.memory_limit_bytes,
+            "cpu_limit_s": self._config.cpu_limit_s,
+            "seccomp": self._sandboxed,
+        }
+        timeout = self._config.start_timeout.total_seconds()
+        try:
+            kind, body = worker.exchange(proto.HELLO, json.dumps(hello).encode(), timeout)
+        except _Deadline:
+            worker.kill()
+            raise FunctionWorkerError(
+                f"function {self._spec.name}: its worker did not start and load the code "
+                f"within {timeout:g} s"
+            ) from None
+        except _WorkerDied:
+            worker.kill()
+            raise FunctionWorkerError(
+                f"function {self._spec.name}: its worker failed to start: {worker.died()}"
+            ) from None
+        if kind == proto.ERROR:
+            worker.kill()
+            raise FunctionDefinitionError(json.loads(bytes(body))["message"])
+        if kind != proto.READY:
+            worker.kill()
+            raise FunctionWorkerError(f"function {self._spec.name}: its worker broke the protocol")
+        self.seccomp = bool(json.loads(bytes(body)).get("seccomp"))
+        with self._lock:
+            self._count += 1
+        return worker
+
+    def _acquire(self) -> _Worker:
+        with self._lock:
+            while True:
+                if self._closed:
+                    raise FunctionWorkerError(f"function {self._spec.name} is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if self._count < self._config.pool_size:
+                    self._count += 1  # reserved; _start counts it again
+                    break
+                self._lock.wait()
+        try:
+            worker = self._start()
+        finally:
+            with self._lock:
+                self._count -= 1
+                self._lock.notify()
+        return worker
+
+    def _release(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                self._count -= 1
+                worker.kill()
+            else:
+                self._idle.append(worker)
+            self._lock.notify()
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            self._count -= 1
+            self.restarts += 1
+            self._lock.notify()
+
+    def worker_pids(self) -> list[list[int]]:
+        """The pids of each idle worker (bwrap first, then its descendants: the Python worker
+        last). For operations and tests (killing a worker)."""
+        with self._lock:
+            return [w.pids() for w in self._idle]
+
+    def _call(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+        """The result batches of one call, with the retry on a dead worker."""
+        self.calls += 1
+        if self._runner is not None:
+            try:
+                if self._spec.kind == "scalar":
+                    result = self._runner.call_scalar(batch)
+                    return [pa.record_batch([result], schema=self._returns)]
+                return self._runner.call_table(batch)
+            except proto.Problem as problem:
+                raise FunctionCallError(problem.message) from None
+        payload = proto.to_ipc(batch.schema, [batch])
+        deadline_s = self._config.deadline.total_seconds()
+        how = ""
+        for attempt in range(2):
+            worker = self._acquire()
+            try:
+                kind, body = worker.exchange(proto.CALL, payload, deadline_s)
+            except _Deadline:
+                self._discard(worker)
+                raise FunctionCallError(
+                    f"function {self._spec.name} ran past its deadline of {deadline_s:g} s on a "
+                    f"batch of {batch.num_rows} rows; its worker was killed"
+                ) from None
+            except _WorkerDied:
+                how = worker.died()
+                self._discard(worker)
+                if attempt == 0:
+                    self.retries += 1
+                continue
+            except BaseException:
+                self._discard(worker)
+                raise
+            if kind == proto.ERROR:
+                error = json.loads(bytes(body))
+                if error["kind"] == "memory":
+                    self._discard(worker)
+                    raise FunctionCallError(
+                        f"{error['message']} (memory limit "
+                        f"{self._config.memory_limit_bytes} bytes; its worker was replaced)"
+                    )
+                self._release(worker)
+                raise FunctionCallError(error["message"])
+            if kind != proto.RESULT:
+                self._discard(worker)
+                raise FunctionWorkerError(
+                    f"function {self._spec.name}: its worker broke the protocol"
+                )
+            self._release(worker)
+            return self._check(body, batch.num_rows)
+        raise FunctionCallError(
+            f"function {self._spec.name}: its worker died on the same batch twice (last: {how}); "
+            f"the memory limit is {self._config.memory_limit_bytes} bytes, the CPU limit "
+            f"{self._config.cpu_limit_s} s"
+        )
+
+    def _check(self, body: bytearray, n: int) -> list[pa.RecordBatch]:
+        """The worker's answer, checked again here (a worker is never trusted)."""
+        try:
+            schema, batches = proto.from_ipc(body)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise FunctionWorkerError(
+                f"function {self._spec.name}: unreadable result: {exc}"
+            ) from None
+        try:
+            if self._spec.kind == "scalar":
+                column = (
+                    batches[0].column(0)
+                    if len(batches) == 1
+                    else pa.chunked_array([b.column(0) for b in batches], schema.field(0).type)
+                )
+                proto.check_scalar_result(self._spec.name, column, self._returns.field(0).type, n)
+            else:
+                for item in batches:
+                    proto.check_table_result(self._spec.name, item, self._returns)
+        except proto.Problem as problem:
+            raise FunctionCallError(problem.message) from None
+        return batches
+
+    def close(self) -> None:
+        """Stop every worker; idempotent. Calls after it raise FunctionWorkerError."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._count -= len(idle)
+            self._lock.notify_all()
+        for worker in idle:
+            worker.kill()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PythonScalarFunction(_PythonFunction):
+    """A scalar Python function (:class:`~flight_serve.functions.base.ScalarFunction`)."""
+
+    def call(self, args: Sequence[pa.Array[Any]]) -> pa.Array[Any]:
+        """The handler's result for one batch: ``args`` one array per declared argument, all of
+        length ``n`` and of the declared types; returns ``n`` values of the return type."""
+        if len(args) != len(self._args):
+            raise FunctionCallError(
+                f"function {self._spec.name} takes {len(self._args)} argument(s), got {len(args)}"
+            )
+        try:
+            batch = pa.RecordBatch.from_arrays(list(args), schema=self._args)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise FunctionCallError(f"function {self._spec.name}: bad arguments: {exc}") from None
+        batches = self._call(batch)
+        column = batches[0].column(0)
+        return column
+
+
+class PythonTableFunction(_PythonFunction):
+    """A table Python function (:class:`~flight_serve.functions.base.TableFunction`)."""
+
+    def call_table(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """The batches the handler returns or yields for ``batch`` (each of ``spec.returns``)."""
+        return iter(self._call(batch))

@@ -1,0 +1,382 @@
+"""Python user functions in their bubblewrap sandbox (issue 15): real workers, real bwrap.
+
+Every function here runs in worker processes started by
+:func:`flight_serve.functions.python.python_function`; results are checked against
+pyarrow.compute or written-out values, and each escape attempt against the host afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from textwrap import dedent
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from flight_serve.errors import FunctionCallError, FunctionDefinitionError
+from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
+from flight_serve.functions.python import (
+    PythonScalarFunction,
+    PythonTableFunction,
+    SandboxConfig,
+    bwrap_path,
+    python_function,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(bwrap_path() is None, reason="needs bubblewrap (bwrap; Debian: bubblewrap)"),
+]
+
+FLOAT64 = pa.float64()
+DELAY_CLASS = """
+import pyarrow.compute as pc
+def delay_class(dep_delay):
+    return pc.if_else(pc.greater(dep_delay, 15), "late", "on time")
+"""
+
+
+def scalar(
+    code: str,
+    arg_types: tuple[pa.DataType, ...] = (FLOAT64,),
+    returns: pa.DataType = FLOAT64,
+    *,
+    name: str = "f",
+    line: int = 0,
+    config: SandboxConfig | None = None,
+    **options: str,
+) -> PythonScalarFunction:
+    spec = FunctionSpec(
+        name=name,
+        language="python",
+        kind="scalar",
+        arg_names=tuple(f"x{i}" for i in range(len(arg_types))),
+        arg_types=arg_types,
+        returns=returns,
+        code=dedent(code).encode(),
+        options=options,
+        line=line,
+    )
+    function = python_function(spec, config)
+    assert isinstance(function, PythonScalarFunction)
+    return function
+
+
+@pytest.fixture
+def close_after() -> Any:
+    opened: list[Any] = []
+    yield opened.append
+    for function in opened:
+        function.close()
+
+
+def test_delay_class_on_the_flights_equals_pyarrow_compute(close_after: Any) -> None:
+    from flight_serve.demo.nycflights13 import load_flights
+
+    dep_delay = load_flights()["dep_delay"].combine_chunks()
+    f = scalar(DELAY_CLASS, returns=pa.string(), name="delay_class")
+    close_after(f)
+    assert isinstance(f, ScalarFunction)
+    assert f.sandboxed
+    assert f.seccomp
+    step = 65_536
+    out = pa.concat_arrays(
+        [f.call([dep_delay.slice(i, step)]) for i in range(0, len(dep_delay), step)]
+    )
+    expected = pc.if_else(pc.greater(dep_delay, 15), "late", "on time")
+    assert out.equals(expected)
+    assert len(out) == 336_776
+    assert out.null_count == 8_255  # the flights without a departure delay
+    assert pc.sum(pc.equal(out, "late")).as_py() == 70_774
+    assert (f.calls, f.retries) == (6, 0)
+
+
+def test_nulls_pass_through_a_vectorized_function(close_after: Any) -> None:
+    f = scalar(DELAY_CLASS, returns=pa.string(), name="delay_class")
+    close_after(f)
+    out = f.call([pa.array([None, 16.0, 15.0, None, -3.0])])
+    assert out.to_pylist() == [None, "late", "on time", None, "on time"]
+
+
+def test_row_at_a_time_is_an_opt_in(close_after: Any) -> None:
+    code = """
+    def combine(a, b):
+        if a is None or b is None:
+            return None
+        return int(a) * 10 + int(b)
+    """
+    f = scalar(code, (pa.int64(), pa.int64()), pa.int64(), name="combine", vectorized="false")
+    close_after(f)
+    out = f.call([pa.array([1, 2, None, 4]), pa.array([5, None, 7, 8])])
+    assert out.type == pa.int64()
+    assert out.to_pylist() == [15, None, None, 48]
+    # vectorized (the default), the same handler gets arrays: `a is None` is False, int() of an
+    # Array is a TypeError reported with the user's line
+    g = scalar(code, (pa.int64(), pa.int64()), pa.int64(), name="combine")
+    close_after(g)
+    with pytest.raises(
+        FunctionCallError, match=r"combine failed .* line 5 of the function's code: TypeError"
+    ):
+        g.call([pa.array([1]), pa.array([2])])
+
+
+def test_a_table_function_yields_two_batches_per_input(close_after: Any) -> None:
+    schema = pa.schema([("origin", pa.string()), ("miles", pa.float64())])
+    code = """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    def enrich(batch):
+        yield batch.select(["origin", "distance"]).rename_columns(["origin", "miles"])
+        yield pa.record_batch(
+            [pc.utf8_upper(batch["origin"]), pc.multiply(batch["distance"], 2.0)],
+            names=["origin", "miles"],
+        )
+    """
+    spec = FunctionSpec(
+        name="enrich",
+        language="python",
+        kind="table",
+        arg_names=(),
+        arg_types=(),
+        returns=schema,
+        code=dedent(code).encode(),
+    )
+    f = python_function(spec)
+    close_after(f)
+    assert isinstance(f, PythonTableFunction)
+    assert isinstance(f, TableFunction)
+    batch = pa.record_batch(
+        [pa.array(["jfk", "lga"]), pa.array([1.5, 10.0])], names=["origin", "distance"]
+    )
+    out = list(f.call_table(batch))
+    assert [b.schema for b in out] == [schema, schema]
+    assert [b.to_pydict() for b in out] == [
+        {"origin": ["jfk", "lga"], "miles": [1.5, 10.0]},
+        {"origin": ["JFK", "LGA"], "miles": [3.0, 20.0]},
+    ]
+
+
+def test_wrong_type_or_length_fails_the_batch_naming_expected_and_got(close_after: Any) -> None:
+    f = scalar(
+        """
+        import pyarrow.compute as pc
+        def f(x):
+            if pc.max(x).as_py() > 100:
+                return x.slice(1)
+            return pc.cast(x, "int32")
+        """
+    )
+    close_after(f)
+    with pytest.raises(FunctionCallError, match=r"^function f returned int32, expected double$"):
+        f.call([pa.array([1.0, 2.0])])
+    with pytest.raises(
+        FunctionCallError, match=r"^function f returned 2 rows, expected 3 \(the batch's length\)$"
+    ):
+        f.call([pa.array([1.0, 200.0, 3.0])])
+    h = scalar("def f(x):\n    return [1.0] * len(x)\n")
+    close_after(h)
+    with pytest.raises(
+        FunctionCallError, match=r"^function f returned a list, expected an Arrow array of double$"
+    ):
+        h.call([pa.array([1.0])])
+
+
+def test_definition_errors_are_refused_before_anything_runs() -> None:
+    body = "import math\ndef f(x):\n    return x +\n"
+    with pytest.raises(
+        FunctionDefinitionError,
+        match=r"^function f: syntax error at line 12 of the pipeline file \(line 3 of the function's code\): invalid syntax$",
+    ):
+        scalar(body, line=10)
+    with pytest.raises(
+        FunctionDefinitionError, match=r"^function f: its code defines no handler named 'f'$"
+    ):
+        scalar("def g(x):\n    return x\n")
+    with pytest.raises(
+        FunctionDefinitionError, match=r"^function f: handler 'f' is a int, not callable$"
+    ):
+        scalar("f = 3\n")
+    with pytest.raises(FunctionDefinitionError, match=r"handler 'f' cannot take 1 argument"):
+        scalar("def f():\n    return 1\n")
+    with pytest.raises(
+        FunctionDefinitionError,
+        match=r"^function f failed while loading its code at line 3 of the pipeline file \(line 2 of the function's code\): ModuleNotFoundError: No module named 'no_such_module'$",
+    ):
+        scalar("import math\nimport no_such_module\ndef f(x):\n    return x\n", line=2)
+
+
+def test_an_exception_names_the_pipeline_line(close_after: Any) -> None:
+    f = scalar("def f(x):\n    if x[0].as_py() < 0:\n        return 1 / 0\n    return x\n", line=20)
+    close_after(f)
+    with pytest.raises(
+        FunctionCallError,
+        match=r"^function f failed while running at line 22 of the pipeline file \(line 3 of the function's code\): ZeroDivisionError: division by zero$",
+    ):
+        f.call([pa.array([-1.0])])
+    assert f.call([pa.array([1.0])]).to_pylist() == [1.0]  # the same worker keeps serving
+    assert f.restarts == 0
+
+
+def test_an_infinite_loop_runs_into_the_deadline(close_after: Any) -> None:
+    config = SandboxConfig(deadline=timedelta(seconds=1), pool_size=1)
+    f = scalar(
+        """
+        def f(x):
+            if x[0].as_py() < 0:
+                while True:
+                    pass
+            return x
+        """,
+        config=config,
+    )
+    close_after(f)
+    before = f.worker_pids()
+    with pytest.raises(
+        FunctionCallError, match=r"^function f ran past its deadline of 1 s on a batch of 1 rows"
+    ):
+        f.call([pa.array([-1.0])])
+    assert f.call([pa.array([2.0, 3.0])]).to_pylist() == [2.0, 3.0]  # a new worker
+    assert f.worker_pids() != before
+    assert f.restarts == 1
+
+
+def test_a_memory_bomb_hits_the_limit_and_the_worker_is_replaced(close_after: Any) -> None:
+    config = SandboxConfig(memory_limit_bytes=256 << 20, pool_size=1)
+    f = scalar(
+        """
+        def f(x):
+            if x[0].as_py() < 0:
+                hoard = bytearray(1 << 30)
+                return hoard
+            return x
+        """,
+        config=config,
+    )
+    close_after(f)
+    before = f.worker_pids()
+    with pytest.raises(
+        FunctionCallError,
+        match=r"^function f failed while running at line 4 of the function's code: MemoryError .*memory limit 268435456 bytes; its worker was replaced",
+    ):
+        f.call([pa.array([-1.0])])
+    assert f.call([pa.array([5.0])]).to_pylist() == [5.0]
+    assert f.worker_pids() != before
+    assert f.restarts == 1
+
+
+ESCAPES = """
+import os, socket, subprocess
+def f(what):
+    what = what[0].as_py()
+    if what == "uid":
+        return pa_array(os.getuid())
+    if what == "socket":
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).connect(("127.0.0.1", 9))
+    if what == "shadow":
+        open("/etc/shadow").read()
+    if what == "shell":
+        subprocess.run(["sh", "-c", "id"], check=True)
+    if what == "write":
+        open(OUTSIDE, "w").write("escaped")
+    if what == "tmp":
+        open(INSIDE_TMP, "w").write("inside")
+        return pa_array(len(open(INSIDE_TMP).read()))
+    return pa_array(-1)
+import pyarrow as pa
+def pa_array(v):
+    return pa.array([v], pa.int64())
+"""
+
+
+def test_the_sandbox_denies_sockets_shadow_shells_and_writes(close_after: Any) -> None:
+    outside = Path(__file__).resolve().parent / f"escape-{uuid.uuid4().hex}"
+    inside_tmp = f"/tmp/inside-{uuid.uuid4().hex}"
+    code = f"OUTSIDE = {str(outside)!r}\nINSIDE_TMP = {inside_tmp!r}\n" + ESCAPES
+    f = scalar(code, (pa.string(),), pa.int64())
+    close_after(f)
+
+    def call(what: str) -> int:
+        return f.call([pa.array([what])]).to_pylist()[0]  # type: ignore[no-any-return]
+
+    assert call("uid") == 65534
+    with pytest.raises(
+        FunctionCallError,
+        match=r"at line 10 .*: PermissionError: \[Errno 1\] Operation not permitted$",
+    ):
+        call("socket")
+    with pytest.raises(
+        FunctionCallError,
+        match=r"at line 12 .*: PermissionError: \[Errno 13\] Permission denied: '/etc/shadow'$",
+    ):
+        call("shadow")
+    with pytest.raises(
+        FunctionCallError,
+        match=r"at line 14 .*: PermissionError: \[Errno 1\] Operation not permitted",
+    ):
+        call("shell")
+    with pytest.raises(
+        FunctionCallError, match=r"at line 16 .*: OSError: \[Errno 30\] Read-only file system"
+    ):
+        call("write")
+    assert not outside.exists()
+    assert call("tmp") == 6  # its own /tmp works, and is not the host's
+    assert not Path(inside_tmp).exists()
+    assert f.restarts == 0  # denied calls are ordinary errors: the worker keeps serving
+    assert call("uid") == 65534
+
+
+def test_a_worker_killed_mid_batch_is_retried_on_a_new_worker(close_after: Any) -> None:
+    f = scalar(
+        """
+        import time
+        import pyarrow.compute as pc
+        def f(x):
+            time.sleep(1.0)
+            return pc.multiply(x, 2.0)
+        """,
+        config=SandboxConfig(pool_size=2, min_workers=1),
+    )
+    close_after(f)
+    [pids] = f.worker_pids()
+    python_pid = pids[-1]
+    values = pa.array([float(i) for i in range(10_000)])
+    result: list[pa.Array[Any]] = []
+    caller = threading.Thread(target=lambda: result.append(f.call([values])))
+    caller.start()
+    deadline = time.monotonic() + 5
+    while f.worker_pids() and time.monotonic() < deadline:  # until the call holds the worker
+        time.sleep(0.01)
+    time.sleep(0.3)
+    os.kill(python_pid, signal.SIGKILL)
+    caller.join(timeout=30)
+    assert result, "the call did not return"
+    assert result[0].equals(pc.multiply(values, 2.0))
+    assert (f.retries, f.restarts, f.calls) == (1, 1, 1)
+    assert all(python_pid not in p for p in f.worker_pids())
+
+
+def test_without_bwrap_python_functions_are_refused_unless_allowed(close_after: Any) -> None:
+    missing = SandboxConfig(bwrap="/nonexistent/bwrap")
+    with pytest.raises(FunctionDefinitionError, match=r"bwrap is not installed"):
+        scalar(DELAY_CLASS, returns=pa.string(), name="delay_class", config=missing)
+    f = scalar(
+        DELAY_CLASS,
+        returns=pa.string(),
+        name="delay_class",
+        config=SandboxConfig(bwrap="/nonexistent/bwrap", unsandboxed=True),
+    )
+    close_after(f)
+    assert not f.sandboxed
+    assert f.call([pa.array([20.0, 1.0])]).to_pylist() == ["late", "on time"]
+    g = scalar(
+        DELAY_CLASS, returns=pa.string(), name="delay_class", config=SandboxConfig(in_process=True)
+    )
+    assert not g.sandboxed
+    assert g.call([pa.array([None, 99.0])]).to_pylist() == [None, "late"]
