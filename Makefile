@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo stream-example test rust-test java-test bench lint typecheck unit integration proto clean console-assets chromium browser screenshot
+.PHONY: demo stream-example test rust-test java-test bench lint typecheck unit integration proto clean console-assets chromium bubblewrap browser screenshot
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ $(CONSOLE_VENDOR)/.stamp: web/package.json web/package-lock.json
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
+# Debian's bubblewrap: the sandbox of Python user functions (functions/python.py; without bwrap
+# they are refused). Installed only when missing.
+bubblewrap:
+	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
+
 ## make browser: the console's browser tests alone (pytest -m browser).
 browser: $(VENV)/.stamp-test console-assets chromium
 	$(PY) -m pytest -q -m browser tests/console
@@ -64,7 +69,7 @@ screenshot: $(VENV)/.stamp-test console-assets chromium
 ## make test: set up, lint, type-check, check the import layers, run every test (Python with
 ## the console's browser tests, then the Rust client's and the Java client's + JDBC driver's
 ## against live servers).
-test: $(VENV)/.stamp-test console-assets chromium lint typecheck
+test: $(VENV)/.stamp-test console-assets chromium bubblewrap lint typecheck
 	$(PY) -m pytest -q
 	$(MAKE) rust-test
 	$(MAKE) java-test
@@ -100,7 +105,7 @@ unit: $(VENV)/.stamp-test
 	$(PY) -m pytest -q -m "not integration"
 
 ## make bench: side-by-side benchmarks; prints ratios (see benchmarks/README.md).
-bench: $(VENV)/.stamp-bench
+bench: $(VENV)/.stamp-bench bubblewrap
 	$(PY) -m benchmarks.run
 
 ## make proto: regenerate the Python code for schemas/*.proto (a test checks it is current).
