@@ -380,3 +380,66 @@ def test_without_bwrap_python_functions_are_refused_unless_allowed(close_after: 
     )
     assert not g.sandboxed
     assert g.call([pa.array([None, 99.0])]).to_pylist() == [None, "late"]
+
+
+def test_a_function_that_kills_its_worker_fails_after_one_retry(close_after: Any) -> None:
+    f = scalar(
+        """
+        import os, signal
+        def f(x):
+            if x[0].as_py() < 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return x
+        """
+    )
+    close_after(f)
+    with pytest.raises(
+        FunctionCallError,
+        match=r"^function f: its worker died on the same batch twice \(last: killed by signal SIGKILL\)",
+    ):
+        f.call([pa.array([-1.0])])
+    assert (f.retries, f.restarts) == (1, 2)
+    assert f.call([pa.array([4.0])]).to_pylist() == [4.0]
+
+
+def test_concurrent_calls_use_the_pool(close_after: Any) -> None:
+    f = scalar(
+        """
+        import time
+        import pyarrow.compute as pc
+        def f(x):
+            time.sleep(0.3)
+            return pc.add(x, 1.0)
+        """,
+        config=SandboxConfig(pool_size=2, min_workers=1),
+    )
+    close_after(f)
+    results: dict[int, list[float]] = {}
+
+    def run(i: int) -> None:
+        results[i] = f.call([pa.array([float(i), float(i * 10)])]).to_pylist()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert results == {i: [i + 1.0, i * 10 + 1.0] for i in range(4)}
+    assert len(f.worker_pids()) == 2  # grew to pool_size, no further
+
+
+def test_a_table_function_is_always_vectorized() -> None:
+    spec = FunctionSpec(
+        name="t",
+        language="python",
+        kind="table",
+        arg_names=(),
+        arg_types=(),
+        returns=pa.schema([("x", pa.int64())]),
+        code=b"def t(batch):\n    return batch\n",
+        options={"vectorized": "false"},
+    )
+    with pytest.raises(
+        FunctionDefinitionError, match=r"^function t: vectorized = 'false' is for scalar"
+    ):
+        python_function(spec)

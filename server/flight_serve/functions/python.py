@@ -254,6 +254,8 @@ class _Worker:
         tail = f"; its last output: {self.stderr_tail[-1]}" if self.stderr_tail else ""
         if code < 0:
             return f"killed by signal {signal.Signals(-code).name}{tail}"
+        if code > 128 and code - 128 in signal.valid_signals():  # bwrap: 128 + the signal
+            return f"killed by signal {signal.Signals(code - 128).name}{tail}"
         return f"exited with status {code}{tail}"
 
     def pids(self) -> list[int]:
@@ -337,6 +339,11 @@ class _PythonFunction:
         self._config = config
         self._handler = spec.handler or spec.name
         self._vectorized = _is_vectorized(spec)
+        if spec.kind == "table" and not self._vectorized:
+            raise FunctionDefinitionError(
+                f"function {spec.name}: vectorized = 'false' is for scalar functions; a table "
+                "function's handler always gets the whole batch"
+            )
         self._returns = _returns_schema(spec)
         self._args = _args_schema(spec)
         try:
