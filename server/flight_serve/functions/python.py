@@ -324,7 +324,13 @@ def _reachable(paths: Sequence[str]) -> list[str]:
 
 
 class _PythonFunction:
-    """What scalar and table functions share: the definition checks, the pool, the retry."""
+    """What scalar and table functions share: the definition checks, the pool, the retry.
+
+    Counters (for ``pipelines status`` and the metrics): ``calls`` (batches called),
+    ``retries`` (batches retried after their worker died), ``restarts`` (workers thrown away:
+    died, past the deadline, out of memory); ``seccomp``: whether the last worker started
+    installed its seccomp filter.
+    """
 
     def __init__(self, spec: FunctionSpec, config: SandboxConfig) -> None:
         if spec.language != "python":
@@ -372,7 +378,14 @@ class _PythonFunction:
             self._runner = self._load_in_process()
             return
         self._argv, self._env, self._sandboxed = self._command()
-        started = [self._start() for _ in range(config.min_workers)]
+        started: list[_Worker] = []
+        try:
+            for _ in range(config.min_workers):
+                started.append(self._start())
+        except BaseException:
+            for worker in started:
+                worker.kill()
+            raise
         with self._lock:
             self._idle.extend(started)
 
@@ -536,7 +549,8 @@ class _PythonFunction:
 
     def _call(self, batch: pa.RecordBatch) -> list[pa.RecordBatch]:
         """The result batches of one call, with the retry on a dead worker."""
-        self.calls += 1
+        with self._lock:
+            self.calls += 1
         if self._runner is not None:
             try:
                 if self._spec.kind == "scalar":
@@ -562,7 +576,8 @@ class _PythonFunction:
                 how = worker.died()
                 self._discard(worker)
                 if attempt == 0:
-                    self.retries += 1
+                    with self._lock:
+                        self.retries += 1
                 continue
             except BaseException:
                 self._discard(worker)
