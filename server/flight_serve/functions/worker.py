@@ -84,12 +84,18 @@ def schema_from_text(text: str) -> pa.Schema:
 
 
 def to_ipc(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> pa.Buffer:
-    """One Arrow IPC stream holding ``batches`` (schema message first)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
+    """One Arrow IPC stream holding ``batches`` (schema message first), in one buffer sized
+    beforehand (a growing buffer copies the batch again at every doubling)."""
+    batches = list(batches)
+    mock = pa.MockOutputStream()
+    with pa.ipc.new_stream(mock, schema) as writer:
         for batch in batches:
             writer.write_batch(batch)
-    return sink.getvalue()
+    buffer = pa.allocate_buffer(mock.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buffer), schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return buffer
 
 
 def from_ipc(data: Any) -> tuple[pa.Schema, list[pa.RecordBatch]]:
