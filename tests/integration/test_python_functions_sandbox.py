@@ -443,3 +443,30 @@ def test_a_table_function_is_always_vectorized() -> None:
         FunctionDefinitionError, match=r"^function t: vectorized = 'false' is for scalar"
     ):
         python_function(spec)
+
+
+def test_hidden_paths_look_empty_in_the_sandbox(close_after: Any) -> None:
+    secret_dir = Path(__file__).resolve().parent / f"hidden-{uuid.uuid4().hex}"
+    secret_dir.mkdir()
+    try:
+        (secret_dir / "token").write_text("s3cret")
+        code = f"""
+        import os
+        def f(x):
+            return pa.array([len(os.listdir({str(secret_dir)!r}))], pa.int64())
+        import pyarrow as pa
+        """
+        seen = scalar(code, (pa.float64(),), pa.int64())
+        close_after(seen)
+        assert seen.call([pa.array([0.0])]).to_pylist() == [1]  # readable without the option
+        hidden = scalar(
+            code,
+            (pa.float64(),),
+            pa.int64(),
+            config=SandboxConfig(hidden_paths=(str(secret_dir),)),
+        )
+        close_after(hidden)
+        assert hidden.call([pa.array([0.0])]).to_pylist() == [0]
+    finally:
+        (secret_dir / "token").unlink()
+        secret_dir.rmdir()

@@ -115,6 +115,9 @@ class SandboxConfig:
         unsandboxed: allow running without bwrap as a plain subprocess (**not sandboxed**).
         in_process: run the code in this process (no isolation; library use only).
         bwrap: the bubblewrap binary (default: ``bwrap`` on ``PATH``).
+        hidden_paths: directories the sandbox sees as empty (each an empty tmpfs): the server's
+            data directory, its TLS keys and token files, whatever the read-only root would
+            otherwise let the code read.
     """
 
     pool_size: int = 2
@@ -126,6 +129,7 @@ class SandboxConfig:
     unsandboxed: bool = False
     in_process: bool = False
     bwrap: str | None = None
+    hidden_paths: tuple[str, ...] = ()
 
 
 def bwrap_path(config: SandboxConfig | None = None) -> str | None:
@@ -440,6 +444,9 @@ class _PythonFunction:
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/tmp"]
         argv += ["--clearenv", "--chdir", "/tmp"]
+        for hidden in self._config.hidden_paths:
+            if os.path.isdir(hidden):
+                argv += ["--tmpfs", os.path.realpath(hidden)]
         for key, value in env.items():
             argv += ["--setenv", key, value]
         uid = str(_SANDBOX_UID)
