@@ -470,3 +470,15 @@ def test_hidden_paths_look_empty_in_the_sandbox(close_after: Any) -> None:
     finally:
         (secret_dir / "token").unlink()
         secret_dir.rmdir()
+
+
+def test_a_worker_started_by_a_thread_outlives_the_thread(close_after: Any) -> None:
+    # bwrap --die-with-parent is PR_SET_PDEATHSIG: it fires when the starting *thread* ends
+    f = scalar("def f(x):\n    return x\n", config=SandboxConfig(pool_size=1, min_workers=0))
+    close_after(f)
+    starter = threading.Thread(target=lambda: f.call([pa.array([1.0])]))
+    starter.start()
+    starter.join(timeout=30)
+    time.sleep(0.3)
+    assert f.call([pa.array([2.0])]).to_pylist() == [2.0]
+    assert (f.calls, f.retries, f.restarts) == (2, 0, 0)

@@ -64,6 +64,7 @@ Failures:
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import fcntl
 import json
@@ -184,22 +185,44 @@ class _Deadline(Exception):
     pass
 
 
+_spawner_lock = threading.Lock()
+_spawner: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start a worker process from one long-lived thread of this process.
+
+    ``bwrap --die-with-parent`` is ``PR_SET_PDEATHSIG``, which fires when the **thread** that
+    started the process ends, not the process: a worker started from a short-lived thread (a
+    call's, a restart's) would be killed when that thread returns. One spawner thread, alive
+    as long as the server, starts them all.
+    """
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = concurrent.futures.ThreadPoolExecutor(1, "function-worker-spawner")
+        spawner = _spawner
+    future = spawner.submit(
+        subprocess.Popen,
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd="/",
+        start_new_session=True,
+        close_fds=True,
+    )
+    return future.result()
+
+
 class _Worker:
     """One worker process and its two pipes; used by one call at a time."""
 
     def __init__(self, argv: list[str], env: dict[str, str], name: str) -> None:
         self.name = name
         try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd="/",
-                start_new_session=True,
-                close_fds=True,
-            )
+            self.proc = _spawn(argv, env)
         except OSError as exc:
             raise FunctionWorkerError(f"function {name}: cannot start a worker: {exc}") from None
         assert self.proc.stdin is not None
@@ -377,6 +400,7 @@ class _PythonFunction:
         self.retries = 0
         self.restarts = 0
         self.seccomp = False
+        self._refills: list[threading.Thread] = []
         self._runner: proto.Runner | None = None
         if config.in_process:
             self._runner = self._load_in_process()
@@ -542,11 +566,35 @@ class _PythonFunction:
             self._lock.notify()
 
     def _discard(self, worker: _Worker) -> None:
+        """Throw ``worker`` away; below ``min_workers``, start its replacement in the
+        background (the next call then finds a warm worker)."""
         worker.kill()
         with self._lock:
             self._count -= 1
             self.restarts += 1
+            refill = not self._closed and self._count < self._config.min_workers
+            if refill:
+                self._count += 1  # reserved for the replacement
             self._lock.notify()
+        if refill:
+            thread = threading.Thread(
+                target=self._refill, name=f"function-{self._spec.name}-restart", daemon=True
+            )
+            self._refills.append(thread)
+            thread.start()
+
+    def _refill(self) -> None:
+        worker: _Worker | None = None
+        try:
+            worker = self._start()
+        except (FunctionWorkerError, FunctionDefinitionError):
+            pass  # the next call starts one itself and reports why it cannot
+        finally:
+            with self._lock:
+                self._count -= 1
+                self._lock.notify()
+        if worker is not None:
+            self._release(worker)
 
     def worker_pids(self) -> list[list[int]]:
         """The pids of each idle worker (bwrap first, then its descendants: the Python worker
@@ -637,6 +685,11 @@ class _PythonFunction:
 
     def close(self) -> None:
         """Stop every worker; idempotent. Calls after it raise FunctionWorkerError."""
+        with self._lock:
+            self._closed = True
+            refills, self._refills = self._refills, []
+        for thread in refills:  # a replacement being started is stopped when it is ready
+            thread.join(timeout=self._config.start_timeout.total_seconds())
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
