@@ -288,6 +288,13 @@ def f(what):
     if what == "tmp":
         open(INSIDE_TMP, "w").write("inside")
         return pa_array(len(open(INSIDE_TMP).read()))
+    if what == "thread":  # threads are allowed (clone with CLONE_THREAD; clone3 -> clone)
+        import threading
+        box = []
+        worker = threading.Thread(target=lambda: box.append(7))
+        worker.start()
+        worker.join()
+        return pa_array(box[0])
     return pa_array(-1)
 import pyarrow as pa
 def pa_array(v):
@@ -328,6 +335,7 @@ def test_the_sandbox_denies_sockets_shadow_shells_and_writes(close_after: Any) -
     assert not outside.exists()
     assert call("tmp") == 6  # its own /tmp works, and is not the host's
     assert not Path(inside_tmp).exists()
+    assert call("thread") == 7
     assert f.restarts == 0  # denied calls are ordinary errors: the worker keeps serving
     assert call("uid") == 65534
 
