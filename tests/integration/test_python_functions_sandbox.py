@@ -490,3 +490,25 @@ def test_a_worker_started_by_a_thread_outlives_the_thread(close_after: Any) -> N
     time.sleep(0.3)
     assert f.call([pa.array([2.0])]).to_pylist() == [2.0]
     assert (f.calls, f.retries, f.restarts) == (2, 0, 0)
+
+
+def test_a_worker_writing_a_bogus_frame_cannot_harm_the_server(close_after: Any) -> None:
+    # the code finds the protocol's pipe (fd 4: the worker's copy of its stdout) and announces
+    # an answer of 2**60 bytes; the server refuses to read it instead of allocating it
+    f = scalar(
+        """
+        import os, struct
+        def f(x):
+            if x[0].as_py() < 0:
+                os.write(4, struct.pack("!BQ", 4, 1 << 60))
+            return x
+        """
+    )
+    close_after(f)
+    with pytest.raises(
+        FunctionCallError,
+        match=r"^function f: its worker announced an answer of 1152921504606846976 bytes, more than its memory limit of 1073741824 bytes",
+    ):
+        f.call([pa.array([-1.0])])
+    assert f.call([pa.array([3.0])]).to_pylist() == [3.0]
+    assert f.restarts == 1

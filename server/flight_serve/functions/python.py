@@ -185,6 +185,26 @@ class _Deadline(Exception):
     pass
 
 
+class _Oversized(Exception):
+    """The worker announced a frame larger than it can hold (a broken or hostile worker)."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+
+def _error_frame(name: str, body: bytearray) -> tuple[str, str]:
+    """``(kind, message)`` of an ``ERROR`` frame, else FunctionWorkerError."""
+    try:
+        error = json.loads(bytes(body))
+        kind, message = error["kind"], error["message"]
+    except (ValueError, KeyError, TypeError):
+        raise FunctionWorkerError(f"function {name}: its worker sent an unreadable error") from None
+    if not isinstance(kind, str) or not isinstance(message, str):
+        raise FunctionWorkerError(f"function {name}: its worker sent an unreadable error")
+    return kind, message
+
+
 _spawner_lock = threading.Lock()
 _spawner: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -243,8 +263,10 @@ class _Worker:
         for line in self.proc.stderr:
             self.stderr_tail.append(line.decode("utf-8", "replace").rstrip())
 
-    def exchange(self, kind: int, payload: Any, timeout_s: float) -> tuple[int, bytearray]:
-        """Send one frame, read the answer within ``timeout_s`` seconds."""
+    def exchange(
+        self, kind: int, payload: Any, timeout_s: float, max_bytes: int
+    ) -> tuple[int, bytearray]:
+        """Send one frame, read the answer (at most ``max_bytes``) within ``timeout_s`` s."""
         try:
             proto.write_frame(self.wfd, kind, payload)
         except (BrokenPipeError, OSError) as exc:
@@ -252,6 +274,8 @@ class _Worker:
         deadline = time.monotonic() + timeout_s
         header = self._read(proto.FRAME.size, deadline)
         answer, length = proto.FRAME.unpack(header)
+        if length > max_bytes:
+            raise _Oversized(length)
         return answer, self._read(length, deadline)
 
     def _read(self, n: int, deadline: float) -> bytearray:
@@ -514,7 +538,12 @@ class _PythonFunction:
         }
         timeout = self._config.start_timeout.total_seconds()
         try:
-            kind, body = worker.exchange(proto.HELLO, json.dumps(hello).encode(), timeout)
+            kind, body = worker.exchange(proto.HELLO, json.dumps(hello).encode(), timeout, 1 << 20)
+        except _Oversized:
+            worker.kill()
+            raise FunctionWorkerError(
+                f"function {self._spec.name}: its worker broke the protocol"
+            ) from None
         except _Deadline:
             worker.kill()
             raise FunctionWorkerError(
@@ -528,11 +557,15 @@ class _PythonFunction:
             ) from None
         if kind == proto.ERROR:
             worker.kill()
-            raise FunctionDefinitionError(json.loads(bytes(body))["message"])
-        if kind != proto.READY:
+            raise FunctionDefinitionError(_error_frame(self._spec.name, body)[1])
+        try:
+            ready = json.loads(bytes(body)) if kind == proto.READY else None
+        except ValueError:
+            ready = None
+        if not isinstance(ready, dict):
             worker.kill()
             raise FunctionWorkerError(f"function {self._spec.name}: its worker broke the protocol")
-        self.seccomp = bool(json.loads(bytes(body)).get("seccomp"))
+        self.seccomp = bool(ready.get("seccomp"))
         with self._lock:
             self._count += 1
         return worker
@@ -620,7 +653,16 @@ class _PythonFunction:
         for attempt in range(2):
             worker = self._acquire()
             try:
-                kind, body = worker.exchange(proto.CALL, payload, deadline_s)
+                kind, body = worker.exchange(
+                    proto.CALL, payload, deadline_s, self._config.memory_limit_bytes
+                )
+            except _Oversized as exc:
+                self._discard(worker)
+                raise FunctionCallError(
+                    f"function {self._spec.name}: its worker announced an answer of {exc.length} "
+                    f"bytes, more than its memory limit of {self._config.memory_limit_bytes} "
+                    "bytes; the worker was replaced"
+                ) from None
             except _Deadline:
                 self._discard(worker)
                 raise FunctionCallError(
@@ -638,15 +680,19 @@ class _PythonFunction:
                 self._discard(worker)
                 raise
             if kind == proto.ERROR:
-                error = json.loads(bytes(body))
-                if error["kind"] == "memory":
+                try:
+                    error_kind, message = _error_frame(self._spec.name, body)
+                except FunctionWorkerError:
+                    self._discard(worker)
+                    raise
+                if error_kind == "memory":
                     self._discard(worker)
                     raise FunctionCallError(
-                        f"{error['message']} (memory limit "
+                        f"{message} (memory limit "
                         f"{self._config.memory_limit_bytes} bytes; its worker was replaced)"
                     )
                 self._release(worker)
-                raise FunctionCallError(error["message"])
+                raise FunctionCallError(message)
             if kind != proto.RESULT:
                 self._discard(worker)
                 raise FunctionWorkerError(
