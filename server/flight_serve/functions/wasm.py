@@ -1,0 +1,525 @@
+"""WebAssembly user functions in wasmtime: ABI v1 of ``schemas/functions-wasm-abi.md``.
+
+:func:`wasm_scalar_function` turns a :class:`~flight_serve.functions.base.FunctionSpec` with
+``language == "wasm"`` into a :class:`WasmScalarFunction` (a
+:class:`~flight_serve.functions.base.ScalarFunction`). A call is one batch: every argument's
+values buffer (fixed width, little-endian; a null row's value zeroed) and the rows' combined
+validity bitmap are copied into an instance's linear memory, the export runs over the ``n`` rows
+and writes ``n`` values, which are copied out. The result's validity is the AND of the
+arguments' validity (a row with any null argument is null).
+
+* The module is compiled once per process and cached by its SHA-256 (:func:`compile_module`);
+  a second function from the same bytes (or a restart of the pipeline) loads it from the cache.
+* Instances are pooled (one call at a time per instance); each has its own store with a memory
+  limit (``memory_limit_bytes``, wasmtime's store limits: ``memory.grow`` fails beyond it) and
+  each call a deadline (``deadline_s``, wasmtime's epoch interruption, ticked every 10 ms).
+* A trap (``unreachable``, an integer divide by zero, an out-of-bounds access, the deadline)
+  fails the call with :class:`~flight_serve.errors.FunctionCallError` naming the function and
+  the trap, and the instance is thrown away (the next call gets a fresh one).
+* A module that is not valid WebAssembly, imports anything, lacks the ABI's exports or whose
+  export has another signature is refused at construction with
+  :class:`~flight_serve.errors.FunctionDefinitionError` (expected vs found).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import wasmtime
+
+from flight_serve.errors import FunctionCallError, FunctionDefinitionError
+from flight_serve.functions.base import FunctionSpec
+
+ABI_VERSION = 1
+"""The ABI version this runner speaks; a module's ``flight_serve_abi_version()`` must return it."""
+
+DEFAULT_MEMORY_LIMIT_BYTES = 256 * 1024 * 1024
+"""Linear memory per instance: 256 MiB (a 1 Mi-row batch of four DOUBLE arguments needs 40 MiB)."""
+
+DEFAULT_DEADLINE_S = 5.0
+"""Wall-clock time one call (one batch) may run before it is interrupted."""
+
+DEFAULT_POOL_SIZE = 4
+"""Idle instances kept per function (more are created while calls overlap, then dropped)."""
+
+EPOCH_TICK_S = 0.01
+"""The epoch interruption's tick: deadlines are honoured to about this granularity."""
+
+_ALIGN = 8
+
+
+# --- the engine, its epoch ticker and the module cache ---------------------------------------
+
+
+class _Runtime:
+    """The process's wasmtime engine (epoch interruption on), its ticker thread and the module
+    cache keyed by SHA-256."""
+
+    def __init__(self) -> None:
+        config = wasmtime.Config()
+        config.epoch_interruption = True
+        self.engine = wasmtime.Engine(config)
+        self.modules: dict[str, wasmtime.Module] = {}
+        self.lock = threading.Lock()
+        self.compiled = 0
+        self.cache_hits = 0
+        ticker = threading.Thread(target=self._tick, name="wasm-epoch", daemon=True)
+        ticker.start()
+
+    def _tick(self) -> None:
+        while True:
+            time.sleep(EPOCH_TICK_S)
+            self.engine.increment_epoch()
+
+
+_runtime: _Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def _rt() -> _Runtime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = _Runtime()
+        return _runtime
+
+
+@dataclass(frozen=True)
+class ModuleCacheStats:
+    """How many modules were compiled and how many loads were served from the cache."""
+
+    compiled: int
+    cache_hits: int
+    cached_modules: int
+
+
+def module_cache_stats() -> ModuleCacheStats:
+    """The in-process module cache's counters (for tests, benchmarks and metrics)."""
+    rt = _rt()
+    with rt.lock:
+        return ModuleCacheStats(rt.compiled, rt.cache_hits, len(rt.modules))
+
+
+def clear_module_cache() -> None:
+    """Forget every compiled module (the next load compiles again; for benchmarks and tests)."""
+    rt = _rt()
+    with rt.lock:
+        rt.modules.clear()
+
+
+def compile_module(code: bytes, digest: str, name: str = "") -> wasmtime.Module:
+    """The compiled module of ``code`` (a binary module, or its WAT text), from the cache keyed
+    by ``digest`` (the code's SHA-256, hex) when it was compiled before.
+
+    Raises :class:`FunctionDefinitionError` naming function ``name`` when ``code`` is not a
+    valid module."""
+    rt = _rt()
+    with rt.lock:
+        cached = rt.modules.get(digest)
+        if cached is not None:
+            rt.cache_hits += 1
+            return cached
+    try:
+        module = wasmtime.Module(rt.engine, code)
+    except wasmtime.WasmtimeError as exc:
+        raise FunctionDefinitionError(
+            f"function {name}: not a valid WebAssembly module: {_first_line(str(exc))}"
+        ) from exc
+    with rt.lock:
+        rt.compiled += 1
+        return rt.modules.setdefault(digest, module)
+
+
+# --- types -------------------------------------------------------------------------------------
+
+
+def _width(t: pa.DataType) -> int | None:
+    """Bytes per value in linear memory for a supported Arrow type, else None.
+
+    Fixed-width numbers and temporals use their Arrow width; BOOLEAN is one byte (0 or 1)."""
+    if pa.types.is_boolean(t):
+        return 1
+    if (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        or (pa.types.is_temporal(t) and not pa.types.is_interval(t))
+    ):
+        return int(t.bit_width) // 8
+    return None
+
+
+_SUPPORTED = (
+    "BOOLEAN, TINYINT..BIGINT (signed and unsigned), REAL, DOUBLE, DATE, TIME, TIMESTAMP, "
+    "INTERVAL-free durations"
+)
+
+
+def _signature(ft: wasmtime.FuncType) -> str:
+    params = ", ".join(str(p) for p in ft.params)
+    results = ", ".join(str(r) for r in ft.results)
+    return f"({params}) -> ({results})"
+
+
+def _first_line(s: str) -> str:
+    return s.strip().splitlines()[0] if s.strip() else s
+
+
+def _trap_message(s: str) -> str:
+    """The trap's cause from wasmtime's message (its ``wasm trap: ...`` line, without the
+    backtrace), else its last line."""
+    lines = [line.strip() for line in s.strip().splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("wasm trap:"):
+            return line
+    return lines[-1] if lines else s
+
+
+# --- instances --------------------------------------------------------------------------------
+
+
+def _func(export: object) -> wasmtime.Func:
+    assert isinstance(export, wasmtime.Func)  # checked by _check_exports
+    return export
+
+
+class _Instance:
+    """One instantiation with its own store (memory limit) and its typed exports."""
+
+    def __init__(self, module: wasmtime.Module, handler: str, memory_limit: int) -> None:
+        engine = _rt().engine
+        self.store = wasmtime.Store(engine)
+        self.store.set_limits(memory_size=memory_limit)
+        self.store.set_epoch_deadline(int(DEFAULT_DEADLINE_S / EPOCH_TICK_S) + 1)
+        inst = wasmtime.Instance(self.store, module, [])
+        exports = inst.exports(self.store)
+        memory = exports["memory"]
+        assert isinstance(memory, wasmtime.Memory)  # checked by _check_exports
+        self.memory = memory
+        self.alloc = _func(exports["alloc"])
+        self.dealloc = _func(exports["dealloc"])
+        self.version = _func(exports["flight_serve_abi_version"])
+        self.func = _func(exports[handler])
+
+    def base(self) -> int:
+        """The host address of linear memory's byte 0 (changes when memory grows)."""
+        addr = ctypes.cast(self.memory.data_ptr(self.store), ctypes.c_void_p).value
+        assert addr is not None
+        return addr
+
+    def memory_bytes(self) -> int:
+        return int(self.memory.data_len(self.store))
+
+
+def _check_exports(spec: FunctionSpec, module: wasmtime.Module, handler: str) -> None:
+    """FunctionDefinitionError unless ``module`` has ABI v1's exports with their signatures."""
+    name = spec.name
+    if module.imports:
+        imported = ", ".join(f"{i.module}.{i.name}" for i in module.imports)
+        raise FunctionDefinitionError(
+            f"function {name}: the module imports {imported}; an ABI v{ABI_VERSION} module "
+            "imports nothing (build for wasm32-unknown-unknown, not wasm32-wasi)"
+        )
+    exports = {e.name: e.type for e in module.exports}
+    if handler not in exports and any(n.startswith("arrowudf_") for n in exports):
+        raise FunctionDefinitionError(
+            f"function {name}: the module is an arrow-udf (RisingWave) module; flight-serve runs "
+            f"ABI v{ABI_VERSION} modules (schemas/functions-wasm-abi.md), which export "
+            f"{handler!r} with the raw-buffer signature"
+        )
+    n_args = len(spec.arg_types)
+    handler_sig = "(" + ", ".join(["i32"] * (n_args + 3)) + ") -> (i32)"
+    expected = {
+        "flight_serve_abi_version": "() -> (i32)",
+        "alloc": "(i32, i32) -> (i32)",
+        "dealloc": "(i32, i32, i32) -> ()",
+        handler: handler_sig,
+    }
+    for export, sig in expected.items():
+        ty = exports.get(export)
+        what = (
+            f"(n, {n_args} argument pointer{'s' if n_args != 1 else ''}, valid, out)"
+            if export == handler
+            else ""
+        )
+        if ty is None:
+            raise FunctionDefinitionError(
+                f"function {name}: the module has no export {export!r}; expected a function "
+                f"{export}{what} {sig} (ABI v{ABI_VERSION}, schemas/functions-wasm-abi.md)"
+            )
+        if not isinstance(ty, wasmtime.FuncType):
+            raise FunctionDefinitionError(
+                f"function {name}: the module's export {export!r} is not a function; expected {sig}"
+            )
+        found = _signature(ty)
+        if found != sig:
+            raise FunctionDefinitionError(
+                f"function {name}: the module's export {export!r} has the signature {found}; "
+                f"expected {export}{what} {sig} for {n_args} argument"
+                f"{'s' if n_args != 1 else ''}"
+            )
+    mem = exports.get("memory")
+    if not isinstance(mem, wasmtime.MemoryType):
+        raise FunctionDefinitionError(
+            f"function {name}: the module exports no linear memory named 'memory'"
+        )
+
+
+# --- the function ------------------------------------------------------------------------------
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+class WasmScalarFunction:
+    """A scalar function in a WebAssembly module (ABI v1); see the module docstring.
+
+    Args:
+        spec: the definition; ``spec.code`` is the module's bytes (or its WAT text),
+            ``spec.handler`` (default ``spec.name``) the export called per batch.
+        memory_limit_bytes: each instance's linear memory limit, bytes.
+        deadline_s: wall-clock seconds one call may run (epoch interruption, ~10 ms ticks).
+        pool_size: idle instances kept.
+
+    Raises:
+        FunctionDefinitionError: not a scalar function, an argument or return type without a
+            fixed width, an invalid module, a missing export or another signature, or a module
+            whose ``flight_serve_abi_version()`` is not 1 or that cannot be instantiated within
+            its memory limit.
+    """
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        *,
+        memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        pool_size: int = DEFAULT_POOL_SIZE,
+    ) -> None:
+        name = spec.name
+        if spec.language != "wasm":
+            raise FunctionDefinitionError(f"function {name}: language {spec.language}, not wasm")
+        if spec.kind != "scalar" or isinstance(spec.returns, pa.Schema):
+            raise FunctionDefinitionError(
+                f"function {name}: WebAssembly table functions (RETURNS TABLE) are not supported "
+                f"by ABI v{ABI_VERSION}; declare a scalar function"
+            )
+        widths: list[int] = []
+        for i, t in enumerate(spec.arg_types):
+            w = _width(t)
+            if w is None:
+                arg = spec.arg_names[i] if i < len(spec.arg_names) and spec.arg_names[i] else i + 1
+                raise FunctionDefinitionError(
+                    f"function {name}: argument {arg} has type {t}; WebAssembly functions take "
+                    f"fixed-width types ({_SUPPORTED})"
+                )
+            widths.append(w)
+        out_width = _width(spec.returns)
+        if out_width is None:
+            raise FunctionDefinitionError(
+                f"function {name}: return type {spec.returns}; WebAssembly functions return a "
+                f"fixed-width type ({_SUPPORTED})"
+            )
+        self._spec = spec
+        self._returns: pa.DataType = spec.returns
+        self._widths = widths
+        self._out_width = out_width
+        self._handler = spec.handler or name
+        self._memory_limit = memory_limit_bytes
+        self._deadline_ticks = max(1, int(deadline_s / EPOCH_TICK_S) + 1)
+        self._deadline_s = deadline_s
+        self._pool_size = pool_size
+        self._idle: list[_Instance] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.instances_created = 0
+        """Instances made so far (a trap throws one away; the next call makes a new one)."""
+        self._module = compile_module(spec.code, spec.digest, name)
+        _check_exports(spec, self._module, self._handler)
+        first = self._new_instance()
+        version = self._version(first)
+        if version != ABI_VERSION:
+            raise FunctionDefinitionError(
+                f"function {name}: the module's flight_serve_abi_version() is {version}; "
+                f"this server runs ABI version {ABI_VERSION}"
+            )
+        self._idle.append(first)
+
+    @property
+    def spec(self) -> FunctionSpec:
+        return self._spec
+
+    def _version(self, inst: _Instance) -> int:
+        try:
+            return int(inst.version(inst.store))
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+            raise FunctionDefinitionError(
+                f"function {self._spec.name}: flight_serve_abi_version() trapped: "
+                f"{_first_line(str(exc))}"
+            ) from exc
+
+    def _new_instance(self) -> _Instance:
+        try:
+            inst = _Instance(self._module, self._handler, self._memory_limit)
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+            raise FunctionDefinitionError(
+                f"function {self._spec.name}: the module cannot be instantiated within its "
+                f"memory limit of {_mib(self._memory_limit)}: {_first_line(str(exc))}"
+            ) from exc
+        self.instances_created += 1
+        return inst
+
+    def _take(self) -> _Instance:
+        with self._lock:
+            if self._closed:
+                raise FunctionCallError(f"function {self._spec.name}: closed")
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return self._new_instance()
+        except FunctionDefinitionError as exc:
+            raise FunctionCallError(str(exc)) from exc
+
+    def _give_back(self, inst: _Instance) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < self._pool_size:
+                self._idle.append(inst)
+
+    def call(self, args: Sequence[pa.Array[Any]]) -> pa.Array[Any]:
+        """One batch: ``args`` (one array per argument, all of length ``n``) -> an array of
+        ``n`` values of the return type, null where any argument is null.
+
+        Raises:
+            FunctionCallError: a wrong number, type or length of arguments; the module trapped
+                (the trap's message; the instance is replaced), ran past its deadline, could
+                not get the batch's memory within its limit, or returned a nonzero status.
+        """
+        spec = self._spec
+        name = spec.name
+        if len(args) != len(spec.arg_types):
+            raise FunctionCallError(
+                f"function {name}: expected {len(spec.arg_types)} arguments, got {len(args)}"
+            )
+        n = len(args[0]) if args else 0
+        for i, (a, t) in enumerate(zip(args, spec.arg_types, strict=True)):
+            if a.type != t:
+                raise FunctionCallError(
+                    f"function {name}: argument {i + 1} expected type {t}, got {a.type}"
+                )
+            if len(a) != n:
+                raise FunctionCallError(
+                    f"function {name}: argument {i + 1} has {len(a)} rows, argument 1 has {n}"
+                )
+        if n == 0:
+            return pa.array([], type=self._returns)
+
+        # Validity: the AND of the arguments'; a null row's values are zeroed so the module never
+        # sees undefined bytes (a zeroed divisor still traps: skip rows that are not valid).
+        valid: pa.Array[Any] | None = None
+        columns: list[pa.Array[Any]] = []
+        for a in args:
+            if a.null_count:
+                v = pc.is_valid(a)
+                valid = v if valid is None else pc.and_(valid, v)
+                a = pc.fill_null(a, pa.scalar(False if pa.types.is_boolean(a.type) else 0, a.type))
+            if pa.types.is_boolean(a.type):
+                a = pc.cast(a, pa.uint8())
+            columns.append(a)
+        if valid is not None and valid.offset:
+            valid = pa.concat_arrays([valid])
+        bitmap = valid.buffers()[1] if valid is not None else None
+
+        sizes = [n * w for w in self._widths]
+        bitmap_size = (n + 7) // 8 if bitmap is not None else 0
+        out_size = n * self._out_width
+        offsets: list[int] = []
+        total = 0
+        for size in [*sizes, bitmap_size, out_size]:
+            offsets.append(total)
+            total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+
+        inst = self._take()
+        try:
+            ptr = int(inst.alloc(inst.store, total, _ALIGN))
+            if ptr == 0:
+                raise FunctionCallError(
+                    f"function {name}: could not allocate {_mib(total)} for a batch of {n} rows "
+                    f"within the instance's memory limit of {_mib(self._memory_limit)}"
+                )
+            base = inst.base()
+            for col, w, off, size in zip(columns, self._widths, offsets, sizes, strict=False):
+                buf = col.buffers()[1]
+                assert buf is not None
+                ctypes.memmove(base + ptr + off, buf.address + col.offset * w, size)
+            valid_ptr = 0
+            if bitmap is not None:
+                valid_ptr = ptr + offsets[-2]
+                ctypes.memmove(base + valid_ptr, bitmap.address, bitmap_size)
+            out_ptr = ptr + offsets[-1]
+            inst.store.set_epoch_deadline(self._deadline_ticks)
+            status = int(
+                inst.func(inst.store, n, *(ptr + o for o in offsets[:-2]), valid_ptr, out_ptr)
+            )
+            if status != 0:
+                raise FunctionCallError(
+                    f"function {name}: returned status {status} (0 is success) on a batch of "
+                    f"{n} rows"
+                )
+            out = pa.allocate_buffer(out_size)
+            ctypes.memmove(out.address, inst.base() + out_ptr, out_size)
+            inst.dealloc(inst.store, ptr, total, _ALIGN)
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+            raise self._trap_error(inst, exc, n) from exc
+        except FunctionCallError:
+            raise
+        else:
+            self._give_back(inst)
+        return self._result(out, bitmap, n)
+
+    def _result(self, out: pa.Buffer, bitmap: pa.Buffer | None, n: int) -> pa.Array[Any]:
+        t = self._returns
+        if pa.types.is_boolean(t):
+            as_bytes = pa.Array.from_buffers(pa.uint8(), n, [None, out])
+            bools = pc.not_equal(as_bytes, pa.scalar(0, pa.uint8()))
+            return pa.Array.from_buffers(
+                pa.bool_(), n, [bitmap, bools.buffers()[1]], -1, bools.offset
+            )
+        return pa.Array.from_buffers(t, n, [bitmap, out], -1)
+
+    def _trap_error(self, inst: _Instance, exc: Exception, n: int) -> FunctionCallError:
+        """The error for a trap; ``inst`` is not given back (it is dropped with its store)."""
+        name = self._spec.name
+        message = _trap_message(exc.message if isinstance(exc, wasmtime.Trap) else str(exc))
+        code = exc.trap_code if isinstance(exc, wasmtime.Trap) else None
+        if code == wasmtime.TrapCode.INTERRUPT:
+            return FunctionCallError(
+                f"function {name}: ran past its deadline of {self._deadline_s:g} s on a batch of "
+                f"{n} rows and was interrupted ({message})"
+            )
+        used = inst.memory_bytes()
+        memory = f"linear memory {_mib(used)} of its {_mib(self._memory_limit)} limit"
+        if used * 2 > self._memory_limit:
+            # memory.grow past the store's limit returns -1; the module's allocator then traps
+            # (Rust: abort -> unreachable). More than half the limit in use: say so.
+            memory = f"probably at its memory limit: {memory}"
+        return FunctionCallError(
+            f"function {name}: trapped on a batch of {n} rows: {message} ({memory})"
+        )
+
+    def close(self) -> None:
+        """Drop every idle instance; later calls fail. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._idle.clear()
+
+
+def wasm_scalar_function(spec: FunctionSpec, **limits: Any) -> WasmScalarFunction:
+    """A ready :class:`WasmScalarFunction` for ``spec`` (``limits``: its keyword arguments)."""
+    return WasmScalarFunction(spec, **limits)
