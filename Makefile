@@ -69,7 +69,7 @@ wasm-rustc:
 wasm-examples: $(WASM_EXAMPLES)
 build/udfs/%.wasm: examples/udfs/%.rs | wasm-rustc
 	@mkdir -p build/udfs
-	$(WASM_RUSTC) --target wasm32-unknown-unknown --crate-type cdylib -C opt-level=3 -o $@ $<
+	$(WASM_RUSTC) --target wasm32-unknown-unknown --crate-type cdylib -C opt-level=3 -C strip=debuginfo -o $@ $<
 
 ## make browser: the console's browser tests alone (pytest -m browser).
 browser: $(VENV)/.stamp-test console-assets chromium

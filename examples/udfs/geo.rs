@@ -9,7 +9,7 @@
 //! Built by `make wasm-examples` with Debian's rustc:
 //!
 //!     /usr/bin/rustc --target wasm32-unknown-unknown --crate-type cdylib -C opt-level=3 \
-//!         -o build/udfs/geo.wasm examples/udfs/geo.rs
+//!         -C strip=debuginfo -o build/udfs/geo.wasm examples/udfs/geo.rs
 //!
 //! Each function is called once per batch: `n` rows, one pointer per argument to `n` values
 //! (little-endian, fixed width) in this module's linear memory, `valid` (0 when every row is

@@ -91,6 +91,11 @@ def _rt() -> _Runtime:
         return _runtime
 
 
+def wasm_engine() -> wasmtime.Engine:
+    """The process's wasmtime engine (epoch interruption on) that every module is compiled for."""
+    return _rt().engine
+
+
 @dataclass(frozen=True)
 class ModuleCacheStats:
     """How many modules were compiled and how many loads were served from the cache."""
@@ -189,8 +194,56 @@ def _func(export: object) -> wasmtime.Func:
     return export
 
 
+try:  # wasmtime-py's C bindings, for a call without per-argument conversion
+    from wasmtime import _ffi as _wffi
+    from wasmtime._func import enter_wasm as _enter_wasm
+
+    _FAST_CALLS = hasattr(_wffi, "wasmtime_func_call") and hasattr(_wffi, "wasmtime_val_t")
+except ImportError:  # pragma: no cover - another wasmtime-py layout: the public API below
+    _FAST_CALLS = False
+
+
+class _I32Call:
+    """A call of an export whose parameters and results are all i32.
+
+    ``Func.__call__`` reads the function's type and converts every argument on each call
+    (about 50 µs for 6 arguments); this keeps the argument and result arrays and sets their
+    ``i32`` fields (a few µs). Traps raise :class:`wasmtime.Trap` as ``Func.__call__`` does."""
+
+    def __init__(self, store: wasmtime.Store, func: wasmtime.Func) -> None:
+        ty = func.type(store)
+        self._store = store
+        self._func = func
+        self._n_params = len(ty.params)
+        self._n_results = len(ty.results)
+        self._fast = _FAST_CALLS
+        if self._fast:
+            self._ctx = store._context()
+            self._params = (_wffi.wasmtime_val_t * max(1, self._n_params))()
+            self._results = (_wffi.wasmtime_val_t * max(1, self._n_results))()
+            for v in self._params:
+                v.kind = _wffi.WASMTIME_I32  # a c_uint8
+            self._ref = ctypes.byref(func._func)
+
+    def __call__(self, *args: int) -> int:
+        if not self._fast:
+            result = self._func(self._store, *(a - (1 << 32) if a >= 1 << 31 else a for a in args))
+            return int(result or 0) & 0xFFFFFFFF
+        params = self._params
+        for i, a in enumerate(args):
+            params[i].of.i32 = a - (1 << 32) if a >= 1 << 31 else a
+        with _enter_wasm(self._store) as trap:
+            error = _wffi.wasmtime_func_call(
+                self._ctx, self._ref, params, self._n_params, self._results, self._n_results, trap
+            )
+            if error:
+                raise wasmtime.WasmtimeError._from_ptr(error)
+        return int(self._results[0].of.i32) & 0xFFFFFFFF if self._n_results else 0
+
+
 class _Instance:
-    """One instantiation with its own store (memory limit) and its typed exports."""
+    """One instantiation with its own store (memory limit), its exports and its scratch region
+    (one allocation, reused by every call whose batch fits, grown when one does not)."""
 
     def __init__(self, module: wasmtime.Module, handler: str, memory_limit: int) -> None:
         engine = _rt().engine
@@ -202,10 +255,25 @@ class _Instance:
         memory = exports["memory"]
         assert isinstance(memory, wasmtime.Memory)  # checked by _check_exports
         self.memory = memory
-        self.alloc = _func(exports["alloc"])
-        self.dealloc = _func(exports["dealloc"])
-        self.version = _func(exports["flight_serve_abi_version"])
-        self.func = _func(exports[handler])
+        self.alloc = _I32Call(self.store, _func(exports["alloc"]))
+        self.dealloc = _I32Call(self.store, _func(exports["dealloc"]))
+        self.version = _I32Call(self.store, _func(exports["flight_serve_abi_version"]))
+        self.func = _I32Call(self.store, _func(exports[handler]))
+        self.scratch = 0
+        self.scratch_size = 0
+
+    def reserve(self, size: int) -> int:
+        """A region of at least ``size`` bytes (8-aligned) in linear memory; 0 when the module's
+        allocator cannot get it (its memory limit)."""
+        if size > self.scratch_size:
+            if self.scratch:
+                self.dealloc(self.scratch, self.scratch_size, _ALIGN)
+                self.scratch, self.scratch_size = 0, 0
+            ptr = self.alloc(size, _ALIGN)
+            if ptr == 0:
+                return 0
+            self.scratch, self.scratch_size = ptr, size
+        return self.scratch
 
     def base(self) -> int:
         """The host address of linear memory's byte 0 (changes when memory grows)."""
@@ -358,7 +426,7 @@ class WasmScalarFunction:
 
     def _version(self, inst: _Instance) -> int:
         try:
-            return int(inst.version(inst.store))
+            return inst.version()
         except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
             raise FunctionDefinitionError(
                 f"function {self._spec.name}: flight_serve_abi_version() trapped: "
@@ -447,7 +515,7 @@ class WasmScalarFunction:
 
         inst = self._take()
         try:
-            ptr = int(inst.alloc(inst.store, total, _ALIGN))
+            ptr = inst.reserve(total)
             if ptr == 0:
                 raise FunctionCallError(
                     f"function {name}: could not allocate {_mib(total)} for a batch of {n} rows "
@@ -464,17 +532,14 @@ class WasmScalarFunction:
                 ctypes.memmove(base + valid_ptr, bitmap.address, bitmap_size)
             out_ptr = ptr + offsets[-1]
             inst.store.set_epoch_deadline(self._deadline_ticks)
-            status = int(
-                inst.func(inst.store, n, *(ptr + o for o in offsets[:-2]), valid_ptr, out_ptr)
-            )
+            status = inst.func(n, *(ptr + o for o in offsets[:-2]), valid_ptr, out_ptr)
             if status != 0:
                 raise FunctionCallError(
-                    f"function {name}: returned status {status} (0 is success) on a batch of "
+                    f"function {name}: returned status {status - (1 << 32) if status >= 1 << 31 else status} (0 is success) on a batch of "
                     f"{n} rows"
                 )
             out = pa.allocate_buffer(out_size)
             ctypes.memmove(out.address, inst.base() + out_ptr, out_size)
-            inst.dealloc(inst.store, ptr, total, _ALIGN)
         except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
             raise self._trap_error(inst, exc, n) from exc
         except FunctionCallError:

