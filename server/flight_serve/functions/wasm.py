@@ -441,7 +441,8 @@ class WasmScalarFunction:
                 f"function {self._spec.name}: the module cannot be instantiated within its "
                 f"memory limit of {_mib(self._memory_limit)}: {_first_line(str(exc))}"
             ) from exc
-        self.instances_created += 1
+        with self._lock:
+            self.instances_created += 1
         return inst
 
     def _take(self) -> _Instance:
@@ -513,6 +514,11 @@ class WasmScalarFunction:
             offsets.append(total)
             total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
 
+        if total > self._memory_limit:
+            raise FunctionCallError(
+                f"function {name}: a batch of {n} rows needs {_mib(total)} of linear memory, "
+                f"more than the instance's memory limit of {_mib(self._memory_limit)}"
+            )
         inst = self._take()
         try:
             ptr = inst.reserve(total)

@@ -9,6 +9,7 @@ missing export, other signature) use the Rust module or small WAT modules.
 from __future__ import annotations
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -263,12 +264,52 @@ def test_memory_bomb_stops_at_the_memory_limit() -> None:
     assert "probably at its memory limit: linear memory 31.1 MiB of its 32.0 MiB limit" in message
 
 
-def test_a_batch_larger_than_the_memory_limit_is_refused_by_name(geo_wasm: bytes) -> None:
-    fn = WasmScalarFunction(spec("poly", [F64], F64, geo_wasm), memory_limit_bytes=4 * 1024 * 1024)
-    with pytest.raises(FunctionCallError, match=r"^function poly: .*(limit|memory)"):
-        fn.call([pa.array(np.zeros(1_000_000))])
-    # Smaller batches still run.
-    assert fn.call([pa.array([1.0])]).to_pylist() == [6.0]
+def test_a_batch_the_allocator_cannot_place_is_refused_by_name() -> None:
+    # The bump allocator returns 0 when memory.grow is refused: 17 pages + a 19.1 MiB batch (9.5
+    # in, 9.5 out) does not fit under a 20 MiB limit, a 1-row batch does.
+    body = """(func (export "ident") (param $n i32) (param $x i32) (param $v i32) (param $out i32)
+        (result i32)
+      (memory.copy (local.get $out) (local.get $x) (i32.shl (local.get $n) (i32.const 3)))
+      (i32.const 0))"""
+    fn = WasmScalarFunction(spec("ident", [F64], F64, wat(body)), memory_limit_bytes=20 << 20)
+    with pytest.raises(FunctionCallError) as err:
+        fn.call([pa.array(np.zeros(1_250_000))])
+    assert str(err.value) == (
+        "function ident: could not allocate 19.1 MiB for a batch of 1250000 rows within the "
+        "instance's memory limit of 20.0 MiB"
+    )
+    assert fn.call([pa.array([1.5])]).to_pylist() == [1.5]
+    assert fn.instances_created == 2
+
+
+def test_a_batch_larger_than_the_limit_itself_is_refused_before_the_call(geo_wasm: bytes) -> None:
+    fn = WasmScalarFunction(spec("poly", [F64], F64, geo_wasm), memory_limit_bytes=8 << 20)
+    with pytest.raises(FunctionCallError) as err:
+        fn.call([pa.array(np.zeros(1 << 20))])  # 8 MiB in + 8 MiB out
+    assert str(err.value) == (
+        "function poly: a batch of 1048576 rows needs 16.0 MiB of linear memory, more than the "
+        "instance's memory limit of 8.0 MiB"
+    )
+    assert fn.instances_created == 1  # nothing ran
+
+
+def test_concurrent_calls_get_their_own_instances(geo_wasm: bytes) -> None:
+    fn = WasmScalarFunction(spec("gcd", [I64, I64], I64, geo_wasm), pool_size=2)
+    rng = np.random.default_rng(3)
+    inputs = [
+        (
+            pa.array(rng.integers(-(10**12), 10**12, 50_000)),
+            pa.array(rng.integers(1, 10**6, 50_000)),
+        )
+        for _ in range(8)
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda ab: fn.call(list(ab)), inputs * 4))
+    for (a, b), got in zip(inputs * 4, results, strict=True):
+        assert got.to_numpy().tolist() == np.gcd(a.to_numpy(), b.to_numpy()).tolist()
+    # Results right: two calls sharing an instance would overwrite each other's buffers.
+    assert 1 <= fn.instances_created <= 1 + 4 * 8
+    assert len(fn._idle) <= 2  # the pool keeps at most pool_size idle instances
 
 
 def test_missing_export_is_a_definition_error(geo_wasm: bytes) -> None:
