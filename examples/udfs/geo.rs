@@ -5,6 +5,9 @@
 //!     CREATE FUNCTION gcd(a BIGINT, b BIGINT) RETURNS BIGINT LANGUAGE wasm USING 'udfs/geo.wasm';
 //!     CREATE FUNCTION poly(x DOUBLE) RETURNS DOUBLE LANGUAGE wasm USING 'udfs/geo.wasm';
 //!     CREATE FUNCTION idiv(a BIGINT, b BIGINT) RETURNS BIGINT LANGUAGE wasm USING 'udfs/geo.wasm';
+//!     CREATE FUNCTION late_flights(dep_delay DOUBLE, arr_delay DOUBLE)
+//!         RETURNS TABLE (dep_delay DOUBLE, arr_delay DOUBLE, gained DOUBLE)
+//!         LANGUAGE wasm USING 'udfs/geo.wasm';
 //!
 //! Built by `make wasm-examples` with Debian's rustc:
 //!
@@ -16,6 +19,11 @@
 //! valid, else the rows' validity bitmap, Arrow's LSB bit order) and `out`, where the function
 //! writes `n` values. It returns 0 (another value fails the batch). Rows that are not valid have
 //! zeroed inputs and their output is ignored, so a function may compute them or skip them.
+//!
+//! A table function (`late_flights`) gets `(n, in, out)`: `in` points to one (values, validity)
+//! pair of pointers per input column (validity 0: no nulls); it allocates its output columns
+//! with `alloc` and writes at `out` the number of rows `m` and one (values, validity) pair per
+//! output column. The host copies them out and frees them with `dealloc`.
 
 use std::alloc::{alloc as raw_alloc, dealloc as raw_dealloc, Layout};
 use std::slice;
@@ -118,6 +126,48 @@ pub unsafe extern "C" fn idiv(n: u32, a: u32, b: u32, valid: u32, out: u32) -> i
             }
         }
         out[i] = a[i] / b[i];
+    }
+    0
+}
+
+fn is_valid(bitmap: u32, i: usize) -> bool {
+    bitmap == 0 || unsafe { *((bitmap as usize + i / 8) as *const u8) } & (1 << (i % 8)) != 0
+}
+
+/// A column of `values` handed to the host: copied into memory from `alloc` (freed by the host).
+unsafe fn hand_over(values: &[f64]) -> u32 {
+    let ptr = alloc((values.len() * 8) as u32, 8);
+    if ptr != 0 {
+        output::<f64>(ptr, values.len() as u32).copy_from_slice(values);
+    }
+    ptr
+}
+
+/// late_flights(dep_delay DOUBLE, arr_delay DOUBLE)
+///     -> TABLE (dep_delay DOUBLE, arr_delay DOUBLE, gained DOUBLE):
+/// the flights that left more than 15 minutes late (both delays known), with the minutes they
+/// made up in the air (dep_delay - arr_delay).
+#[no_mangle]
+pub unsafe extern "C" fn late_flights(n: u32, input_cols: u32, out: u32) -> i32 {
+    let cols = input::<u32>(input_cols, 4); // (values, validity) of dep_delay, arr_delay
+    let (dep, arr) = (input::<f64>(cols[0], n), input::<f64>(cols[2], n));
+    let (mut d, mut a, mut g) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n as usize {
+        if is_valid(cols[1], i) && is_valid(cols[3], i) && dep[i] > 15.0 {
+            d.push(dep[i]);
+            a.push(arr[i]);
+            g.push(dep[i] - arr[i]);
+        }
+    }
+    let ptrs = [hand_over(&d), hand_over(&a), hand_over(&g)];
+    if ptrs.contains(&0) {
+        return 1; // out of memory: the batch fails
+    }
+    let desc = output::<u32>(out, 7);
+    desc[0] = d.len() as u32;
+    for (j, p) in ptrs.iter().enumerate() {
+        desc[1 + 2 * j] = *p; // values
+        desc[2 + 2 * j] = 0; // validity: no nulls
     }
     0
 }

@@ -8,6 +8,10 @@ validity bitmap are copied into an instance's linear memory, the export runs ove
 and writes ``n`` values, which are copied out. The result's validity is the AND of the
 arguments' validity (a row with any null argument is null).
 
+:func:`wasm_table_function` makes a :class:`WasmTableFunction` (``RETURNS TABLE``): the whole
+batch in (each column's values and its own validity), and the rows the module allocated and
+described out (zero or one batch per call).
+
 * The module is compiled once per process and cached by its SHA-256 (:func:`compile_module`);
   a second function from the same bytes (or a restart of the pipeline) loads it from the cache.
 * Instances are pooled (one call at a time per instance); each has its own store with a memory
@@ -24,9 +28,10 @@ arguments' validity (a row with any null argument is null).
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,8 +290,16 @@ class _Instance:
         return int(self.memory.data_len(self.store))
 
 
-def _check_exports(spec: FunctionSpec, module: wasmtime.Module, handler: str) -> None:
-    """FunctionDefinitionError unless ``module`` has ABI v1's exports with their signatures."""
+def _check_exports(
+    spec: FunctionSpec,
+    module: wasmtime.Module,
+    handler: str,
+    handler_params: int,
+    handler_what: str,
+    handler_suffix: str,
+) -> None:
+    """FunctionDefinitionError unless ``module`` has ABI v1's exports with their signatures
+    (the handler: ``handler_params`` i32 parameters, one i32 result)."""
     name = spec.name
     if module.imports:
         imported = ", ".join(f"{i.module}.{i.name}" for i in module.imports)
@@ -301,8 +314,7 @@ def _check_exports(spec: FunctionSpec, module: wasmtime.Module, handler: str) ->
             f"ABI v{ABI_VERSION} modules (schemas/functions-wasm-abi.md), which export "
             f"{handler!r} with the raw-buffer signature"
         )
-    n_args = len(spec.arg_types)
-    handler_sig = "(" + ", ".join(["i32"] * (n_args + 3)) + ") -> (i32)"
+    handler_sig = "(" + ", ".join(["i32"] * handler_params) + ") -> (i32)"
     expected = {
         "flight_serve_abi_version": "() -> (i32)",
         "alloc": "(i32, i32) -> (i32)",
@@ -311,11 +323,7 @@ def _check_exports(spec: FunctionSpec, module: wasmtime.Module, handler: str) ->
     }
     for export, sig in expected.items():
         ty = exports.get(export)
-        what = (
-            f"(n, {n_args} argument pointer{'s' if n_args != 1 else ''}, valid, out)"
-            if export == handler
-            else ""
-        )
+        what = handler_what if export == handler else ""
         if ty is None:
             raise FunctionDefinitionError(
                 f"function {name}: the module has no export {export!r}; expected a function "
@@ -329,8 +337,7 @@ def _check_exports(spec: FunctionSpec, module: wasmtime.Module, handler: str) ->
         if found != sig:
             raise FunctionDefinitionError(
                 f"function {name}: the module's export {export!r} has the signature {found}; "
-                f"expected {export}{what} {sig} for {n_args} argument"
-                f"{'s' if n_args != 1 else ''}"
+                f"expected {export}{what} {sig}{handler_suffix if export == handler else ''}"
             )
     mem = exports.get("memory")
     if not isinstance(mem, wasmtime.MemoryType):
@@ -339,29 +346,63 @@ def _check_exports(spec: FunctionSpec, module: wasmtime.Module, handler: str) ->
         )
 
 
-# --- the function ------------------------------------------------------------------------------
+# --- the functions -----------------------------------------------------------------------------
 
 
 def _mib(n: int) -> str:
     return f"{n / (1024 * 1024):.1f} MiB"
 
 
-class WasmScalarFunction:
-    """A scalar function in a WebAssembly module (ABI v1); see the module docstring.
+def _signed(v: int) -> int:
+    return v - (1 << 32) if v >= 1 << 31 else v
 
-    Args:
-        spec: the definition; ``spec.code`` is the module's bytes (or its WAT text),
-            ``spec.handler`` (default ``spec.name``) the export called per batch.
-        memory_limit_bytes: each instance's linear memory limit, bytes.
-        deadline_s: wall-clock seconds one call may run (epoch interruption, ~10 ms ticks).
-        pool_size: idle instances kept.
 
-    Raises:
-        FunctionDefinitionError: not a scalar function, an argument or return type without a
-            fixed width, an invalid module, a missing export or another signature, or a module
-            whose ``flight_serve_abi_version()`` is not 1 or that cannot be instantiated within
-            its memory limit.
-    """
+def _zero_nulls(a: pa.Array[Any]) -> pa.Array[Any]:
+    """``a`` with null slots' values zeroed and booleans as one byte (0/1) per value."""
+    if a.null_count:
+        a = pc.fill_null(a, pa.scalar(False if pa.types.is_boolean(a.type) else 0, a.type))
+    if pa.types.is_boolean(a.type):
+        a = pc.cast(a, pa.uint8())
+    return a
+
+
+def _bitmap(valid: pa.Array[Any]) -> pa.Buffer:
+    """The bitmap of a null-free boolean array, starting at bit 0."""
+    if valid.offset:
+        valid = pa.concat_arrays([valid])
+    buf = valid.buffers()[1]
+    assert buf is not None
+    return buf
+
+
+def _from_wasm(
+    t: pa.DataType, m: int, values: pa.Buffer, bitmap: pa.Buffer | None
+) -> pa.Array[Any]:
+    """An Arrow array of ``m`` values of ``t`` from the module's values (and validity) bytes."""
+    if pa.types.is_boolean(t):
+        as_bytes = pa.Array.from_buffers(pa.uint8(), m, [None, values])
+        bools = pc.not_equal(as_bytes, pa.scalar(0, pa.uint8()))
+        return pa.Array.from_buffers(pa.bool_(), m, [bitmap, bools.buffers()[1]], -1, bools.offset)
+    return pa.Array.from_buffers(t, m, [bitmap, values], -1)
+
+
+def _layout(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """8-aligned offsets of regions of ``sizes`` bytes, and the total."""
+    offsets: list[int] = []
+    total = 0
+    for size in sizes:
+        offsets.append(total)
+        total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+    return offsets, total
+
+
+class _WasmFunction:
+    """What scalar and table functions share: the checks, the module, the instance pool, the
+    limits and the errors."""
+
+    _handler_params: int
+    _handler_what: str
+    _handler_suffix: str
 
     def __init__(
         self,
@@ -372,33 +413,7 @@ class WasmScalarFunction:
         pool_size: int = DEFAULT_POOL_SIZE,
     ) -> None:
         name = spec.name
-        if spec.language != "wasm":
-            raise FunctionDefinitionError(f"function {name}: language {spec.language}, not wasm")
-        if spec.kind != "scalar" or isinstance(spec.returns, pa.Schema):
-            raise FunctionDefinitionError(
-                f"function {name}: WebAssembly table functions (RETURNS TABLE) are not supported "
-                f"by ABI v{ABI_VERSION}; declare a scalar function"
-            )
-        widths: list[int] = []
-        for i, t in enumerate(spec.arg_types):
-            w = _width(t)
-            if w is None:
-                arg = spec.arg_names[i] if i < len(spec.arg_names) and spec.arg_names[i] else i + 1
-                raise FunctionDefinitionError(
-                    f"function {name}: argument {arg} has type {t}; WebAssembly functions take "
-                    f"fixed-width types ({_SUPPORTED})"
-                )
-            widths.append(w)
-        out_width = _width(spec.returns)
-        if out_width is None:
-            raise FunctionDefinitionError(
-                f"function {name}: return type {spec.returns}; WebAssembly functions return a "
-                f"fixed-width type ({_SUPPORTED})"
-            )
         self._spec = spec
-        self._returns: pa.DataType = spec.returns
-        self._widths = widths
-        self._out_width = out_width
         self._handler = spec.handler or name
         self._memory_limit = memory_limit_bytes
         self._deadline_ticks = max(1, int(deadline_s / EPOCH_TICK_S) + 1)
@@ -410,7 +425,14 @@ class WasmScalarFunction:
         self.instances_created = 0
         """Instances made so far (a trap throws one away; the next call makes a new one)."""
         self._module = compile_module(spec.code, spec.digest, name)
-        _check_exports(spec, self._module, self._handler)
+        _check_exports(
+            spec,
+            self._module,
+            self._handler,
+            self._handler_params,
+            self._handler_what,
+            self._handler_suffix,
+        )
         first = self._new_instance()
         version = self._version(first)
         if version != ABI_VERSION:
@@ -461,6 +483,125 @@ class WasmScalarFunction:
             if not self._closed and len(self._idle) < self._pool_size:
                 self._idle.append(inst)
 
+    def _check_fits(self, total: int, n: int) -> None:
+        if total > self._memory_limit:
+            raise FunctionCallError(
+                f"function {self._spec.name}: a batch of {n} rows needs {_mib(total)} of linear "
+                f"memory, more than the instance's memory limit of {_mib(self._memory_limit)}"
+            )
+
+    def _reserve(self, inst: _Instance, total: int, n: int) -> int:
+        ptr = inst.reserve(total)
+        if ptr == 0:
+            raise FunctionCallError(
+                f"function {self._spec.name}: could not allocate {_mib(total)} for a batch of "
+                f"{n} rows within the instance's memory limit of {_mib(self._memory_limit)}"
+            )
+        return ptr
+
+    def _check_status(self, status: int, n: int) -> None:
+        if status != 0:
+            raise FunctionCallError(
+                f"function {self._spec.name}: returned status {_signed(status)} (0 is success) "
+                f"on a batch of {n} rows"
+            )
+
+    def _trap_error(self, inst: _Instance, exc: Exception, n: int) -> FunctionCallError:
+        """The error for a trap; ``inst`` is not given back (it is dropped with its store)."""
+        name = self._spec.name
+        message = _trap_message(exc.message if isinstance(exc, wasmtime.Trap) else str(exc))
+        code = exc.trap_code if isinstance(exc, wasmtime.Trap) else None
+        if code == wasmtime.TrapCode.INTERRUPT:
+            return FunctionCallError(
+                f"function {name}: ran past its deadline of {self._deadline_s:g} s on a batch of "
+                f"{n} rows and was interrupted ({message})"
+            )
+        used = inst.memory_bytes()
+        memory = f"linear memory {_mib(used)} of its {_mib(self._memory_limit)} limit"
+        if used * 2 > self._memory_limit:
+            # memory.grow past the store's limit returns -1; the module's allocator then traps
+            # (Rust: abort -> unreachable). More than half the limit in use: say so.
+            memory = f"probably at its memory limit: {memory}"
+        return FunctionCallError(
+            f"function {name}: trapped on a batch of {n} rows: {message} ({memory})"
+        )
+
+    def close(self) -> None:
+        """Drop every idle instance; later calls fail. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._idle.clear()
+
+
+def _check_types(name: str, spec: FunctionSpec) -> list[int]:
+    widths: list[int] = []
+    for i, t in enumerate(spec.arg_types):
+        w = _width(t)
+        if w is None:
+            arg = spec.arg_names[i] if i < len(spec.arg_names) and spec.arg_names[i] else i + 1
+            raise FunctionDefinitionError(
+                f"function {name}: argument {arg} has type {t}; WebAssembly functions take "
+                f"fixed-width types ({_SUPPORTED})"
+            )
+        widths.append(w)
+    return widths
+
+
+def _check_language(spec: FunctionSpec) -> None:
+    if spec.language != "wasm":
+        raise FunctionDefinitionError(f"function {spec.name}: language {spec.language}, not wasm")
+
+
+class WasmScalarFunction(_WasmFunction):
+    """A scalar function in a WebAssembly module (ABI v1); see the module docstring.
+
+    Args:
+        spec: the definition; ``spec.code`` is the module's bytes (or its WAT text),
+            ``spec.handler`` (default ``spec.name``) the export called per batch.
+        memory_limit_bytes: each instance's linear memory limit, bytes.
+        deadline_s: wall-clock seconds one call may run (epoch interruption, ~10 ms ticks).
+        pool_size: idle instances kept.
+
+    Raises:
+        FunctionDefinitionError: not a scalar function, an argument or return type without a
+            fixed width, an invalid module, a missing export or another signature, or a module
+            whose ``flight_serve_abi_version()`` is not 1 or that cannot be instantiated within
+            its memory limit.
+    """
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        *,
+        memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        pool_size: int = DEFAULT_POOL_SIZE,
+    ) -> None:
+        name = spec.name
+        _check_language(spec)
+        if spec.kind != "scalar" or isinstance(spec.returns, pa.Schema):
+            raise FunctionDefinitionError(
+                f"function {name}: RETURNS TABLE is a table function (WasmTableFunction), "
+                "not a scalar one"
+            )
+        self._widths = _check_types(name, spec)
+        out_width = _width(spec.returns)
+        if out_width is None:
+            raise FunctionDefinitionError(
+                f"function {name}: return type {spec.returns}; WebAssembly functions return a "
+                f"fixed-width type ({_SUPPORTED})"
+            )
+        self._returns: pa.DataType = spec.returns
+        self._out_width = out_width
+        k = len(spec.arg_types)
+        plural = "s" if k != 1 else ""
+        self._handler_params = k + 3
+        self._handler_what = f"(n, {k} argument pointer{plural}, valid, out)"
+        self._handler_suffix = f" for {k} argument{plural}"
+        super().__init__(
+            spec, memory_limit_bytes=memory_limit_bytes, deadline_s=deadline_s, pool_size=pool_size
+        )
+
     def call(self, args: Sequence[pa.Array[Any]]) -> pa.Array[Any]:
         """One batch: ``args`` (one array per argument, all of length ``n``) -> an array of
         ``n`` values of the return type, null where any argument is null.
@@ -492,41 +633,21 @@ class WasmScalarFunction:
         # Validity: the AND of the arguments'; a null row's values are zeroed so the module never
         # sees undefined bytes (a zeroed divisor still traps: skip rows that are not valid).
         valid: pa.Array[Any] | None = None
-        columns: list[pa.Array[Any]] = []
         for a in args:
             if a.null_count:
                 v = pc.is_valid(a)
                 valid = v if valid is None else pc.and_(valid, v)
-                a = pc.fill_null(a, pa.scalar(False if pa.types.is_boolean(a.type) else 0, a.type))
-            if pa.types.is_boolean(a.type):
-                a = pc.cast(a, pa.uint8())
-            columns.append(a)
-        if valid is not None and valid.offset:
-            valid = pa.concat_arrays([valid])
-        bitmap = valid.buffers()[1] if valid is not None else None
+        columns = [_zero_nulls(a) for a in args]
+        bitmap = _bitmap(valid) if valid is not None else None
 
         sizes = [n * w for w in self._widths]
         bitmap_size = (n + 7) // 8 if bitmap is not None else 0
         out_size = n * self._out_width
-        offsets: list[int] = []
-        total = 0
-        for size in [*sizes, bitmap_size, out_size]:
-            offsets.append(total)
-            total += (size + _ALIGN - 1) // _ALIGN * _ALIGN
-
-        if total > self._memory_limit:
-            raise FunctionCallError(
-                f"function {name}: a batch of {n} rows needs {_mib(total)} of linear memory, "
-                f"more than the instance's memory limit of {_mib(self._memory_limit)}"
-            )
+        offsets, total = _layout([*sizes, bitmap_size, out_size])
+        self._check_fits(total, n)
         inst = self._take()
         try:
-            ptr = inst.reserve(total)
-            if ptr == 0:
-                raise FunctionCallError(
-                    f"function {name}: could not allocate {_mib(total)} for a batch of {n} rows "
-                    f"within the instance's memory limit of {_mib(self._memory_limit)}"
-                )
+            ptr = self._reserve(inst, total, n)
             base = inst.base()
             for col, w, off, size in zip(columns, self._widths, offsets, sizes, strict=False):
                 buf = col.buffers()[1]
@@ -539,58 +660,172 @@ class WasmScalarFunction:
             out_ptr = ptr + offsets[-1]
             inst.store.set_epoch_deadline(self._deadline_ticks)
             status = inst.func(n, *(ptr + o for o in offsets[:-2]), valid_ptr, out_ptr)
-            if status != 0:
-                raise FunctionCallError(
-                    f"function {name}: returned status {status - (1 << 32) if status >= 1 << 31 else status} (0 is success) on a batch of "
-                    f"{n} rows"
-                )
+            self._check_status(status, n)
             out = pa.allocate_buffer(out_size)
             ctypes.memmove(out.address, inst.base() + out_ptr, out_size)
         except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
             raise self._trap_error(inst, exc, n) from exc
-        except FunctionCallError:
-            raise
-        else:
-            self._give_back(inst)
-        return self._result(out, bitmap, n)
+        self._give_back(inst)
+        return _from_wasm(self._returns, n, out, bitmap)
 
-    def _result(self, out: pa.Buffer, bitmap: pa.Buffer | None, n: int) -> pa.Array[Any]:
-        t = self._returns
-        if pa.types.is_boolean(t):
-            as_bytes = pa.Array.from_buffers(pa.uint8(), n, [None, out])
-            bools = pc.not_equal(as_bytes, pa.scalar(0, pa.uint8()))
-            return pa.Array.from_buffers(
-                pa.bool_(), n, [bitmap, bools.buffers()[1]], -1, bools.offset
-            )
-        return pa.Array.from_buffers(t, n, [bitmap, out], -1)
 
-    def _trap_error(self, inst: _Instance, exc: Exception, n: int) -> FunctionCallError:
-        """The error for a trap; ``inst`` is not given back (it is dropped with its store)."""
-        name = self._spec.name
-        message = _trap_message(exc.message if isinstance(exc, wasmtime.Trap) else str(exc))
-        code = exc.trap_code if isinstance(exc, wasmtime.Trap) else None
-        if code == wasmtime.TrapCode.INTERRUPT:
-            return FunctionCallError(
-                f"function {name}: ran past its deadline of {self._deadline_s:g} s on a batch of "
-                f"{n} rows and was interrupted ({message})"
+class WasmTableFunction(_WasmFunction):
+    """A table function in a WebAssembly module (ABI v1, ``RETURNS TABLE``): a batch in, zero or
+    one batch of ``spec.returns`` out per call (schemas/functions-wasm-abi.md, "Table functions").
+
+    The input is the whole batch: every column fixed-width; when ``spec.arg_types`` is not empty
+    the batch's column types must equal it. Args and errors as :class:`WasmScalarFunction`;
+    FunctionDefinitionError also for an output column without a fixed width.
+    """
+
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        *,
+        memory_limit_bytes: int = DEFAULT_MEMORY_LIMIT_BYTES,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        pool_size: int = DEFAULT_POOL_SIZE,
+    ) -> None:
+        name = spec.name
+        _check_language(spec)
+        if spec.kind != "table" or not isinstance(spec.returns, pa.Schema):
+            raise FunctionDefinitionError(
+                f"function {name}: a table function RETURNS TABLE (...), not {spec.returns}"
             )
-        used = inst.memory_bytes()
-        memory = f"linear memory {_mib(used)} of its {_mib(self._memory_limit)} limit"
-        if used * 2 > self._memory_limit:
-            # memory.grow past the store's limit returns -1; the module's allocator then traps
-            # (Rust: abort -> unreachable). More than half the limit in use: say so.
-            memory = f"probably at its memory limit: {memory}"
-        return FunctionCallError(
-            f"function {name}: trapped on a batch of {n} rows: {message} ({memory})"
+        _check_types(name, spec)
+        self._schema: pa.Schema = spec.returns
+        self._out_widths: list[int] = []
+        for field in self._schema:
+            w = _width(field.type)
+            if w is None:
+                raise FunctionDefinitionError(
+                    f"function {name}: output column {field.name} has type {field.type}; "
+                    f"WebAssembly functions return fixed-width types ({_SUPPORTED})"
+                )
+            self._out_widths.append(w)
+        self._handler_params = 3
+        self._handler_what = "(n, in, out)"
+        self._handler_suffix = " (a table function)"
+        super().__init__(
+            spec, memory_limit_bytes=memory_limit_bytes, deadline_s=deadline_s, pool_size=pool_size
         )
 
-    def close(self) -> None:
-        """Drop every idle instance; later calls fail. Idempotent."""
-        with self._lock:
-            self._closed = True
-            self._idle.clear()
+    def call_table(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        """The module's output for ``batch``: one batch of ``spec.returns``, or none when it
+        returns zero rows. Runs at once (errors raise here, not while iterating).
+
+        Raises:
+            FunctionCallError: a column without a fixed width or of another type than declared;
+                a trap, the deadline or the memory limit (as :meth:`WasmScalarFunction.call`);
+                an output descriptor or buffer outside the module's memory.
+        """
+        out = self._run(batch)
+        return iter([out] if out is not None and out.num_rows else [])
+
+    def _run(self, batch: pa.RecordBatch) -> pa.RecordBatch | None:
+        spec = self._spec
+        name = spec.name
+        widths: list[int] = []
+        for i, field in enumerate(batch.schema):
+            w = _width(field.type)
+            if w is None:
+                raise FunctionCallError(
+                    f"function {name}: input column {field.name} has type {field.type}; "
+                    f"WebAssembly table functions take fixed-width columns ({_SUPPORTED})"
+                )
+            if spec.arg_types and (i >= len(spec.arg_types) or field.type != spec.arg_types[i]):
+                raise FunctionCallError(
+                    f"function {name}: expected input columns "
+                    f"({', '.join(str(t) for t in spec.arg_types)}), got "
+                    f"({', '.join(str(f.type) for f in batch.schema)})"
+                )
+            widths.append(w)
+        if spec.arg_types and len(batch.schema) != len(spec.arg_types):
+            raise FunctionCallError(
+                f"function {name}: expected {len(spec.arg_types)} input columns, got "
+                f"{len(batch.schema)}"
+            )
+        n = batch.num_rows
+        if n == 0:
+            return None
+        k = batch.num_columns
+        r = len(self._out_widths)
+        columns = [_zero_nulls(c) for c in batch.columns]
+        bitmaps = [_bitmap(pc.is_valid(c)) if c.null_count else None for c in batch.columns]
+        sizes = [n * w for w in widths]
+        bitmap_size = (n + 7) // 8
+        regions = [8 * k, *sizes, *(bitmap_size if b is not None else 0 for b in bitmaps)]
+        regions.append(4 + 8 * r)
+        offsets, total = _layout(regions)
+        self._check_fits(total, n)
+        inst = self._take()
+        try:
+            ptr = self._reserve(inst, total, n)
+            base = inst.base()
+            descriptor = []
+            for j, (col, w) in enumerate(zip(columns, widths, strict=True)):
+                values = ptr + offsets[1 + j]
+                buf = col.buffers()[1]
+                assert buf is not None
+                ctypes.memmove(base + values, buf.address + col.offset * w, sizes[j])
+                valid = 0
+                bm = bitmaps[j]
+                if bm is not None:
+                    valid = ptr + offsets[1 + k + j]
+                    ctypes.memmove(base + valid, bm.address, bitmap_size)
+                descriptor += [values, valid]
+            packed = struct.pack(f"<{2 * k}I", *descriptor)
+            ctypes.memmove(base + ptr, packed, len(packed))
+            out_desc = ptr + offsets[-1]
+            inst.store.set_epoch_deadline(self._deadline_ticks)
+            status = inst.func(n, ptr, out_desc)
+            self._check_status(status, n)
+            result = self._read_output(inst, out_desc, n)
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:
+            raise self._trap_error(inst, exc, n) from exc
+        self._give_back(inst)
+        return result
+
+    def _read_output(self, inst: _Instance, out_desc: int, n: int) -> pa.RecordBatch:
+        name = self._spec.name
+        r = len(self._out_widths)
+        size = inst.memory_bytes()
+        base = inst.base()
+        m, *pairs = struct.unpack(f"<I{2 * r}I", ctypes.string_at(base + out_desc, 4 + 8 * r))
+        arrays: list[pa.Array[Any]] = []
+        frees: list[tuple[int, int, int]] = []
+        for j, (field, w) in enumerate(zip(self._schema, self._out_widths, strict=True)):
+            values, valid = pairs[2 * j], pairs[2 * j + 1]
+            spans = [(values, m * w, "values")]
+            if valid:
+                spans.append((valid, (m + 7) // 8, "validity"))
+            for p, length, what in spans:
+                if (p == 0 and length) or p + length > size:
+                    raise FunctionCallError(
+                        f"function {name}: output column {field.name}'s {what} "
+                        f"({length} bytes at {p}) is outside the module's {_mib(size)} of "
+                        f"memory ({m} rows returned for a batch of {n})"
+                    )
+            out = pa.allocate_buffer(m * w)
+            ctypes.memmove(out.address, base + values, m * w)
+            frees.append((values, m * w, _ALIGN))
+            bitmap = None
+            if valid:
+                bitmap = pa.allocate_buffer((m + 7) // 8)
+                ctypes.memmove(bitmap.address, base + valid, (m + 7) // 8)
+                frees.append((valid, (m + 7) // 8, 1))
+            arrays.append(_from_wasm(field.type, m, out, bitmap))
+        for p, length, align in frees:
+            if p:
+                inst.dealloc(p, length, align)
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
 
 
 def wasm_scalar_function(spec: FunctionSpec, **limits: Any) -> WasmScalarFunction:
     """A ready :class:`WasmScalarFunction` for ``spec`` (``limits``: its keyword arguments)."""
     return WasmScalarFunction(spec, **limits)
+
+
+def wasm_table_function(spec: FunctionSpec, **limits: Any) -> WasmTableFunction:
+    """A ready :class:`WasmTableFunction` for ``spec`` (``limits``: its keyword arguments)."""
+    return WasmTableFunction(spec, **limits)

