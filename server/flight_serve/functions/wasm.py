@@ -166,8 +166,7 @@ def _width(t: pa.DataType) -> int | None:
 
 
 _SUPPORTED = (
-    "BOOLEAN, TINYINT..BIGINT (signed and unsigned), REAL, DOUBLE, DATE, TIME, TIMESTAMP, "
-    "INTERVAL-free durations"
+    "BOOLEAN, TINYINT..BIGINT (signed and unsigned), REAL, DOUBLE, DATE, TIME, TIMESTAMP, DURATION"
 )
 
 
