@@ -62,7 +62,7 @@ WASM_RUSTC    := /usr/bin/rustc
 WASM_STD      := /usr/lib/rustlib/wasm32-unknown-unknown
 WASM_EXAMPLES := $(patsubst examples/udfs/%.rs,build/udfs/%.wasm,$(wildcard examples/udfs/*.rs))
 wasm-rustc:
-	@test -x $(WASM_RUSTC) && test -d $(WASM_STD) || \
+	@test -x $(WASM_RUSTC) && test -d $(WASM_STD) && test -x /usr/bin/rust-lld || \
 	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends rustc libstd-rust-dev-wasm32 lld-14; }
 
 ## make wasm-examples: build the WebAssembly function examples (examples/udfs/) into build/udfs/.

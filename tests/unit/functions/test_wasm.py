@@ -34,10 +34,10 @@ WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
 @pytest.fixture(scope="module")
 def geo_wasm(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc."""
-    if not RUSTC.is_file() or not WASM32_STD.is_dir():
+    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not Path("/usr/bin/rust-lld").exists():
         pytest.skip(
-            "needs Debian's /usr/bin/rustc and libstd-rust-dev-wasm32 (make wasm-examples "
-            "installs them)"
+            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
+            "wasm-examples installs them)"
         )
     out = tmp_path_factory.mktemp("udfs") / "geo.wasm"
     subprocess.run(
