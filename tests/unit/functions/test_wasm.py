@@ -241,6 +241,16 @@ def test_wasm_integer_divide_by_zero_trap_message() -> None:
         fn.call([pa.array([9]), pa.array([0])])
 
 
+def test_a_nonzero_status_fails_the_call_by_name() -> None:
+    body = '(func (export "refuse") (param i32 i32 i32 i32) (result i32) (i32.const -7))'
+    fn = WasmScalarFunction(spec("refuse", [I64], I64, wat(body)))
+    with pytest.raises(FunctionCallError) as err:
+        fn.call([pa.array([1, 2, 3])])
+    assert str(err.value) == (
+        "function refuse: returned status -7 (0 is success) on a batch of 3 rows"
+    )
+
+
 def test_infinite_loop_is_interrupted_at_the_deadline() -> None:
     fn = WasmScalarFunction(spec("spin", [I64], I64, wat(SPIN)), deadline_s=0.2)
     with pytest.raises(FunctionCallError) as err:
