@@ -19,7 +19,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::client::{batch_messages, connect_channel, Frame, Frames};
+use crate::client::{batch_messages, connect_channel, ConnectOptions, Frame, Frames};
 use crate::{json_object, Error, Result};
 
 /// The plugin protocol version this crate speaks.
@@ -148,7 +148,7 @@ where
     A: FnMut(i64),
     S: std::future::Future<Output = ()>,
 {
-    let channel = connect_channel(location).await?;
+    let channel = connect_channel(location, &ConnectOptions::new()).await?;
     let mut client = FlightClient::new(channel);
     let (sender, receiver) = futures::channel::mpsc::unbounded::<FlightData>();
     let send = |message: FlightData| {
