@@ -10,16 +10,18 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use common::Server;
+use common::{wait_until, Proc, Server};
 use flight_serve_client::{Client, ConnectOptions, Error};
 
 const TOKEN_RW: &str = "tok-rust-rw";
 const TOKEN_READ: &str = "tok-rust-read";
+const TOKEN_ADMIN: &str = "tok-rust-admin";
 
 /// The test PKI in `dir` (`ca.pem`, `server.pem`/`.key`, `client.pem`/`.key`); `false` when
 /// there is no openssl command line.
@@ -98,7 +100,9 @@ fn secured() -> Option<(Server, tempfile::TempDir)> {
     let p = |name: &str| pki.path().join(name).to_str().unwrap().to_owned();
     std::fs::write(
         pki.path().join("tokens.txt"),
-        format!("{TOKEN_READ} read dashboards\n{TOKEN_RW} read,write ingest\n"),
+        format!(
+            "{TOKEN_READ} read dashboards\n{TOKEN_RW} read,write ingest\n{TOKEN_ADMIN} read,write,admin ops\n"
+        ),
     )
     .unwrap();
     std::fs::write(pki.path().join("users.txt"), "alice:wonderland\n").unwrap();
@@ -337,4 +341,110 @@ async fn bad_connect_options_name_the_option() {
         error.to_string(),
         "options: the token is not a valid header value (visible ASCII only)"
     );
+}
+
+const DOUBLE: &str = "
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH (connector = 'flight', stream = 'events');
+CREATE FUNCTION double() RETURNS TABLE (k VARCHAR, t TIMESTAMP(0), v2 BIGINT)
+WITH (connector = 'plugin', timeout = '10s', max_in_flight = '8');
+CREATE SINK doubled WITH (connector = 'flight', stream = 'doubled');
+INSERT INTO doubled SELECT k, t, v2 FROM double(events);
+";
+
+/// `double_plugin` with the token and TLS files from the environment it reads.
+fn plugin(server: &Server, pki: &Path, token: Option<&str>) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_double_plugin"));
+    command
+        .arg(&server.location)
+        .arg("double")
+        .env_remove("FLIGHT_SERVE_TOKEN")
+        .env("FLIGHT_SERVE_TLS_CA", pki.join("ca.pem"))
+        .env("FLIGHT_SERVE_TLS_CERT", pki.join("client.pem"))
+        .env("FLIGHT_SERVE_TLS_KEY", pki.join("client.key"));
+    if let Some(token) = token {
+        command.env("FLIGHT_SERVE_TOKEN", token);
+    }
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_plugin_attaches_over_mutual_tls_with_a_token() {
+    let Some((server, pki)) = secured() else { return };
+    let refused = plugin(&server, pki.path(), None).output().unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("Unauthenticated"), "{stderr}");
+    let reader = plugin(&server, pki.path(), Some(TOKEN_READ)).output().unwrap();
+    assert_eq!(reader.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&reader.stderr);
+    assert!(
+        stderr.contains("PermissionDenied") && stderr.contains("'write' role"),
+        "{stderr}"
+    );
+
+    let mut attached = Proc::spawn(&mut plugin(&server, pki.path(), Some(TOKEN_RW)));
+    let line = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || {
+            let line = attached.line();
+            (attached, line)
+        }),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let (attached, line) = line;
+    assert!(line.starts_with("attached "), "{line:?}\n{}", server.log());
+
+    let mut admin = Client::connect_with(&server.location, mutual_tls(pki.path()).token(TOKEN_ADMIN))
+        .await
+        .unwrap();
+    let events_schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Utf8, true),
+        Field::new(
+            "t",
+            DataType::Timestamp(arrow_schema::TimeUnit::Second, None),
+            true,
+        ),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let v: Vec<i64> = (0..100).collect();
+    let batch = RecordBatch::try_new(
+        events_schema.clone(),
+        vec![
+            Arc::new(arrow_array::StringArray::from(
+                v.iter().map(|v| format!("k{}", v % 3)).collect::<Vec<_>>(),
+            )),
+            Arc::new(arrow_array::TimestampSecondArray::from(v.clone())),
+            Arc::new(Int64Array::from(v)),
+        ],
+    )
+    .unwrap();
+    admin
+        .put(
+            "events",
+            None,
+            events_schema,
+            futures::stream::iter([Ok(batch)]),
+            true,
+        )
+        .await
+        .unwrap();
+    admin
+        .action(
+            "pipeline.submit",
+            &serde_json::json!({"sql": DOUBLE, "name": "tlsplugged"}),
+        )
+        .await
+        .unwrap();
+    let poll = admin.clone();
+    wait_until("100 rows in doubled", Duration::from_secs(60), || {
+        let mut c = poll.clone();
+        async move { matches!(c.stream_info("doubled").await, Ok(info) if info.total_records >= 100) }
+    })
+    .await;
+    let sum = admin.query("SELECT sum(v2) AS s FROM doubled").await.unwrap();
+    assert_eq!(single_i64(&sum.batches), 2 * (0..100i64).sum::<i64>());
+    drop(attached);
 }
