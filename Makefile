@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo stream-example test rust-test java-test bench lint typecheck unit integration proto clean console-assets chromium bubblewrap browser screenshot
+.PHONY: demo stream-example test rust-test java-test bench lint typecheck unit integration proto clean console-assets chromium bubblewrap browser screenshot wasm-rustc wasm-examples
 
 $(BIN)/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,24 @@ chromium:
 bubblewrap:
 	@command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; }
 
+# Debian's rustc with the wasm32 standard library, for the WebAssembly function examples
+# (examples/udfs/*.rs -> build/udfs/*.wasm, not committed). Always /usr/bin/rustc: rustup's has
+# no wasm32-unknown-unknown unless added. Installed only when missing, with lld-14 (the wasm
+# linker) and without the recommended Debian cargo (1.63's, which must not shadow rustup's for
+# rust-test).
+WASM_RUSTC    := /usr/bin/rustc
+WASM_STD      := /usr/lib/rustlib/wasm32-unknown-unknown
+WASM_EXAMPLES := $(patsubst examples/udfs/%.rs,build/udfs/%.wasm,$(wildcard examples/udfs/*.rs))
+wasm-rustc:
+	@test -x $(WASM_RUSTC) && test -d $(WASM_STD) && test -x /usr/bin/rust-lld || \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends rustc libstd-rust-dev-wasm32 lld-14; }
+
+## make wasm-examples: build the WebAssembly function examples (examples/udfs/) into build/udfs/.
+wasm-examples: $(WASM_EXAMPLES)
+build/udfs/%.wasm: examples/udfs/%.rs | wasm-rustc
+	@mkdir -p build/udfs
+	$(WASM_RUSTC) --target wasm32-unknown-unknown --crate-type cdylib -C opt-level=3 -C strip=debuginfo -o $@ $<
+
 ## make browser: the console's browser tests alone (pytest -m browser).
 browser: $(VENV)/.stamp-test console-assets chromium
 	$(PY) -m pytest -q -m browser tests/console
@@ -69,7 +87,7 @@ screenshot: $(VENV)/.stamp-test console-assets chromium
 ## make test: set up, lint, type-check, check the import layers, run every test (Python with
 ## the console's browser tests, then the Rust client's and the Java client's + JDBC driver's
 ## against live servers).
-test: $(VENV)/.stamp-test console-assets chromium bubblewrap lint typecheck
+test: $(VENV)/.stamp-test console-assets chromium bubblewrap wasm-examples lint typecheck
 	$(PY) -m pytest -q
 	$(MAKE) rust-test
 	$(MAKE) java-test
@@ -105,7 +123,7 @@ unit: $(VENV)/.stamp-test
 	$(PY) -m pytest -q -m "not integration"
 
 ## make bench: side-by-side benchmarks; prints ratios (see benchmarks/README.md).
-bench: $(VENV)/.stamp-bench bubblewrap
+bench: $(VENV)/.stamp-bench bubblewrap wasm-examples
 	$(PY) -m benchmarks.run
 
 ## make proto: regenerate the Python code for schemas/*.proto (a test checks it is current).

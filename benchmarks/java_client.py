@@ -27,8 +27,9 @@ ROWS = 10_000_000
 BATCH_ROWS = 65_536
 
 
-def _java_command(location: str, sql: str) -> list[str]:
-    """Compile clients/java's test classes and return the DoGetBench command line."""
+def _java_command(location: str, *args: str) -> list[str]:
+    """Compile clients/java's test classes and return the DoGetBench command line (``args``:
+    the SQL, or ``--path STREAM``)."""
     java, mvn = shutil.which("java"), shutil.which("mvn")
     if java is None or mvn is None:
         raise RuntimeError("the Java benchmark needs java and mvn on PATH")
@@ -43,7 +44,7 @@ def _java_command(location: str, sql: str) -> list[str]:
         classpath = classpath_file.read_text().strip()
     classes = f"{MODULE / 'target' / 'classes'}:{MODULE / 'target' / 'test-classes'}:{classpath}"
     return [java, "--add-opens=java.base/java.nio=ALL-UNNAMED", "-cp", classes,
-            "io.flightserve.client.DoGetBench", location, sql]  # fmt: skip
+            "io.flightserve.client.DoGetBench", location, *args]  # fmt: skip
 
 
 def doget_java(repeat: int, rows: int = ROWS) -> list[Comparison]:

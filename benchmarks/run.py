@@ -5,8 +5,10 @@ Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by defau
 time to first row vs the bare imports), ``checkpoints`` (a checkpoint every second vs none) and
 ``restore`` (1 M open windows from a checkpoint), ``flightsql_fetch`` / ``flightsql_ingest``
 (the ADBC Flight SQL driver vs plain Flight), ``doget_java`` (10 M rows into the Java client vs
-the Python client), ``datagen`` (the datagen source vs numpy's own random streams), ``functions_python`` (a Python
-function in its bwrap sandbox vs in this process); all run by default. ``--repeat N`` sets the
+the Python client), ``datagen`` (the datagen source vs numpy's own random streams),
+``functions_wasm`` (WebAssembly functions vs pyarrow.compute, the two ABIs, per-call overhead,
+compile vs cached load), ``functions_python`` (a Python function in its bwrap sandbox vs in
+this process); all run by default. ``--repeat N`` sets the
 runs per side (median reported); ``--json PATH`` also writes every measurement as JSON.
 """
 
@@ -31,6 +33,7 @@ from benchmarks import (
     flight_io,
     flightsql,
     functions_python,
+    functions_wasm,
     iceberg,
     java_client,
     plugins,
@@ -61,6 +64,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "doget_java": java_client.doget_java,
     "datagen": datagen.datagen,
     "functions_python": functions_python.functions_python,
+    "functions_wasm": functions_wasm.functions_wasm,
 }
 
 

@@ -240,6 +240,7 @@ def straight(
             store=store,
         )
         done: list[BaseException] = []
+        ended = threading.Event()  # the run returned: every writer's end of input was read
 
         def run() -> None:
             try:
@@ -249,11 +250,16 @@ def straight(
                 pass
             except BaseException as exc:
                 done.append(exc)
+            finally:
+                ended.set()
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         source = runtime.flight_sources["events"]
-        wait_until(lambda: source.position >= entries or bool(done), "the straight run")  # type: ignore[attr-defined]
+        wait_until(
+            lambda: source.position >= entries or ended.is_set(),  # type: ignore[attr-defined]
+            "the straight run",
+        )
         runtime.request_stop()
         thread.join(WAIT_S)
         assert not done, done

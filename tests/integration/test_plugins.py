@@ -518,15 +518,16 @@ class ServeProcess:
 def test_a_server_killed_with_batches_in_flight_resumes_and_delivers_every_row_once(
     tmp_path: Path,
 ) -> None:
-    # 40 batches of 10 rows; the plugin answers a batch per 60 ms. The first 10 batches are
+    # 40 batches of 10 rows; the plugin answers a batch per 200 ms. The first 10 batches are
     # committed (100 rows), then 30 more are written and the server is SIGKILLed 0.5 s later,
-    # while they are at the plugin (their commit would come at the barrier after all 30):
+    # while they are at the plugin (their commit would come at the barrier after all 30, 6 s
+    # after the first of them reached it: room for a loaded machine's slow puts):
     #   server 1  | 10 batches -> ckpt (100 rows) | 30 batches ... 8 in flight  SIGKILL
     #   server 2  resume from that checkpoint: the 30 batches are read and sent again
     data = tmp_path / "data"
     sql = "SET checkpoint_interval = '100ms';\n" + DOUBLE.format(timeout="30s")
     first = ServeProcess(data)
-    plugin = spawn(first.location, "double", "pass", "--delay-ms", "60")
+    plugin = spawn(first.location, "double", "pass", "--delay-ms", "200")
     batches = events(40, 10)
     try:
         with flight.connect(first.location) as c:

@@ -9,13 +9,17 @@ use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::utils::batches_to_flight_data;
-use arrow_flight::{Action, FlightClient, FlightData, FlightDescriptor, FlightInfo, Ticket};
+use arrow_flight::{
+    Action, FlightClient, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, Ticket,
+};
 use arrow_schema::{ArrowError, SchemaRef};
+use base64::Engine;
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use serde_json::{Map, Value};
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::proto;
 use crate::{json_object, Error, Result};
@@ -135,31 +139,127 @@ pub struct ExchangeOutput {
     pub done: Map<String, Value>,
 }
 
+/// How [`Client::connect_with`] connects: TLS and credentials, as the Python client's
+/// `FlightServeClient(location, token=…, username=…, password=…, tls_ca=…, tls_cert=…,
+/// tls_key=…, override_hostname=…)`.
+///
+/// The TLS options need a `grpc+tls://` location; a `grpc+tls://` location without
+/// [`tls_ca_pem`](ConnectOptions::tls_ca_pem) trusts the system's root certificates.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), flight_serve_client::Error> {
+/// use flight_serve_client::{Client, ConnectOptions};
+/// let options = ConnectOptions::new()
+///     .tls_ca_pem(std::fs::read("ca.pem").unwrap())
+///     .token("tok-ingest");
+/// let mut client = Client::connect_with("grpc+tls://127.0.0.1:8815", options).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    tls_ca: Option<Vec<u8>>,
+    tls_identity: Option<(Vec<u8>, Vec<u8>)>,
+    override_hostname: Option<String>,
+    token: Option<String>,
+    basic: Option<(String, String)>,
+}
+
+impl ConnectOptions {
+    /// No TLS files, no credentials: [`Client::connect`]'s.
+    pub fn new() -> ConnectOptions {
+        ConnectOptions::default()
+    }
+
+    /// Trust the CA certificate(s) in `pem` (PEM bytes) for the server's certificate, instead
+    /// of the system's roots (the server's `--tls-cert` was signed by this CA).
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> ConnectOptions {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// Present this client certificate and its private key (PEM bytes): mutual TLS, for a
+    /// server started with `--tls-client-ca`.
+    pub fn tls_identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> ConnectOptions {
+        self.tls_identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Check the server's certificate against `name` instead of the location's host.
+    pub fn override_hostname(mut self, name: impl Into<String>) -> ConnectOptions {
+        self.override_hostname = Some(name.into());
+        self
+    }
+
+    /// Send `authorization: Bearer <token>` on every call (a server with `--tokens-file`; the
+    /// token's roles decide what it may do).
+    pub fn token(mut self, token: impl Into<String>) -> ConnectOptions {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Run Flight's Basic handshake once when connecting (`authorization: Basic
+    /// base64(user:password)`, a server with `--users-file`) and send the bearer token it
+    /// returns on every call, as the Flight SQL drivers do.
+    pub fn basic_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> ConnectOptions {
+        self.basic = Some((user.into(), password.into()));
+        self
+    }
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    /// Which options are set, never the key, token or password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("tls_ca", &self.tls_ca.is_some())
+            .field("tls_identity", &self.tls_identity.is_some())
+            .field("override_hostname", &self.override_hostname)
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("basic_auth_user", &self.basic.as_ref().map(|(user, _)| user))
+            .finish()
+    }
+}
+
 /// A connection to one flight-serve server.
 ///
-/// Calls take `&mut self`; clone the client for concurrent calls (clones share the channel).
-#[derive(Debug)]
+/// Calls take `&mut self`; clone the client for concurrent calls (clones share the channel and
+/// the credentials).
 pub struct Client {
     channel: Channel,
     flight: FlightClient,
+    authorization: Option<AsciiMetadataValue>,
     put_message_bytes: usize,
+}
+
+impl std::fmt::Debug for Client {
+    /// The channel and whether calls carry credentials (never the header's value).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("channel", &self.channel)
+            .field("authorization", &self.authorization.as_ref().map(|_| "…"))
+            .field("put_message_bytes", &self.put_message_bytes)
+            .finish()
+    }
 }
 
 impl Clone for Client {
     fn clone(&self) -> Client {
-        Client {
-            channel: self.channel.clone(),
-            flight: FlightClient::new(self.channel.clone()),
-            put_message_bytes: self.put_message_bytes,
-        }
+        Client::from_channel(
+            self.channel.clone(),
+            self.authorization.clone(),
+            self.put_message_bytes,
+        )
     }
 }
 
-/// `grpc://` / `grpc+tcp://` as tonic's `http://` (TLS is not handled by this crate yet).
+/// `grpc://` / `grpc+tcp://` as tonic's `http://`, `grpc+tls://` as `https://`.
 pub(crate) fn endpoint_uri(location: &str) -> String {
-    for prefix in ["grpc+tcp://", "grpc://"] {
+    for (prefix, scheme) in [
+        ("grpc+tcp://", "http"),
+        ("grpc://", "http"),
+        ("grpc+tls://", "https"),
+    ] {
         if let Some(rest) = location.strip_prefix(prefix) {
-            return format!("http://{rest}");
+            return format!("{scheme}://{rest}");
         }
     }
     if location.contains("://") {
@@ -169,10 +269,113 @@ pub(crate) fn endpoint_uri(location: &str) -> String {
     }
 }
 
-pub(crate) async fn connect_channel(location: &str) -> Result<Channel> {
-    let endpoint = Endpoint::from_shared(endpoint_uri(location))
-        .map_err(|e| Error::Protocol(format!("bad location {location:?}: {e}")))?;
+/// A channel to `location` with the TLS files of `options`.
+///
+/// # Errors
+/// [`Error::Options`]: TLS options for a location that is not `grpc+tls://`;
+/// [`Error::Transport`]: the server cannot be reached, or the TLS handshake failed.
+pub(crate) async fn connect_channel(location: &str, options: &ConnectOptions) -> Result<Channel> {
+    let tls = location.starts_with("grpc+tls://");
+    let given = [
+        ("tls_ca_pem", options.tls_ca.is_some()),
+        ("tls_identity_pem", options.tls_identity.is_some()),
+        ("override_hostname", options.override_hostname.is_some()),
+    ];
+    if let (false, Some((name, _))) = (tls, given.iter().find(|(_, set)| *set)) {
+        return Err(Error::Options(format!(
+            "{name} is for a TLS server, but {location:?} is not grpc+tls://"
+        )));
+    }
+    let mut endpoint = Endpoint::from_shared(endpoint_uri(location))
+        .map_err(|e| Error::Options(format!("bad location {location:?}: {e}")))?;
+    if tls {
+        let mut config = match &options.tls_ca {
+            Some(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
+            None => ClientTlsConfig::new().with_native_roots(),
+        };
+        if let Some((cert, key)) = &options.tls_identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &options.override_hostname {
+            config = config.domain_name(name.clone());
+        }
+        endpoint = endpoint.tls_config(config)?;
+    }
     Ok(endpoint.connect().await?)
+}
+
+/// The `authorization` value every call of a client made with `options` sends (a Basic
+/// handshake on `channel` when they hold a user and password).
+///
+/// # Errors
+/// [`Error::Status`] `Unauthenticated`: the handshake refused the user or password;
+/// [`Error::Protocol`]: the handshake answered without a bearer token.
+pub(crate) async fn authorization(
+    channel: &Channel,
+    options: &ConnectOptions,
+) -> Result<Option<AsciiMetadataValue>> {
+    match (&options.token, &options.basic) {
+        (Some(token), _) => Ok(Some(header_value(&format!("Bearer {token}"), "the token")?)),
+        (None, Some((user, password))) => basic_handshake(channel.clone(), user, password).await.map(Some),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Refuse options that contradict each other or cannot be sent, before connecting.
+pub(crate) fn check_options(options: &ConnectOptions) -> Result<()> {
+    if options.token.is_some() && options.basic.is_some() {
+        return Err(Error::Options(
+            "give either a token or a user and password (basic_auth), not both".into(),
+        ));
+    }
+    if let Some(token) = &options.token {
+        header_value(&format!("Bearer {token}"), "the token")?;
+    }
+    if let Some((user, _)) = &options.basic {
+        if user.contains(':') {
+            return Err(Error::Options(format!(
+                "the user {user:?} contains ':' (Basic credentials are user:password)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn header_value(value: &str, what: &str) -> Result<AsciiMetadataValue> {
+    AsciiMetadataValue::try_from(value)
+        .map_err(|_| Error::Options(format!("{what} is not a valid header value (visible ASCII only)")))
+}
+
+/// Flight's Basic handshake: Handshake with `authorization: Basic base64(user:password)`; the
+/// server answers with the header `authorization: Bearer <token>`.
+async fn basic_handshake(channel: Channel, user: &str, password: &str) -> Result<AsciiMetadataValue> {
+    let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let mut request = tonic::Request::new(futures::stream::iter([HandshakeRequest::default()]));
+    request.metadata_mut().insert(
+        "authorization",
+        header_value(&format!("Basic {credentials}"), "the user and password")?,
+    );
+    let response = FlightServiceClient::new(channel).handshake(request).await?;
+    let mut value = response.metadata().get("authorization").cloned();
+    let mut payloads = response.into_inner();
+    while payloads.message().await?.is_some() {}
+    if value.is_none() {
+        value = payloads
+            .trailers()
+            .await?
+            .and_then(|t| t.get("authorization").cloned());
+    }
+    match value {
+        Some(v)
+            if v.to_str()
+                .is_ok_and(|s| s.len() > 7 && s[..7].eq_ignore_ascii_case("bearer ")) =>
+        {
+            Ok(v)
+        }
+        _ => Err(Error::Protocol(
+            "the Basic handshake answered without an `authorization: Bearer …` header".into(),
+        )),
+    }
 }
 
 fn metadata_only(app_metadata: impl Into<Bytes>) -> FlightData {
@@ -202,17 +405,59 @@ pub(crate) fn schema_message(schema: &SchemaRef, descriptor: FlightDescriptor) -
 }
 
 impl Client {
-    /// Connect to `location` (`grpc://host:port`, `grpc+tcp://…`, or `host:port`).
+    /// Connect to `location` (`grpc://host:port`, `grpc+tcp://…`, or `host:port`; a
+    /// `grpc+tls://` server with the system's root certificates), without credentials.
     ///
     /// # Errors
     /// [`Error::Transport`]: the server cannot be reached.
     pub async fn connect(location: &str) -> Result<Client> {
-        let channel = connect_channel(location).await?;
-        Ok(Client {
-            flight: FlightClient::new(channel.clone()),
+        Client::connect_with(location, ConnectOptions::new()).await
+    }
+
+    /// Connect to `location` with TLS files and credentials ([`ConnectOptions`]); with
+    /// [`ConnectOptions::basic_auth`] the Basic handshake runs here, once.
+    ///
+    /// # Errors
+    /// [`Error::Options`]: both a token and a user, a token that is not visible ASCII, TLS
+    /// options for a location that is not `grpc+tls://`; [`Error::Transport`]: the server
+    /// cannot be reached or its certificate is not trusted; [`Error::Status`]
+    /// `Unauthenticated`: the handshake refused the user or password.
+    pub async fn connect_with(location: &str, options: ConnectOptions) -> Result<Client> {
+        check_options(&options)?;
+        let channel = connect_channel(location, &options).await?;
+        let authorization = authorization(&channel, &options).await?;
+        Ok(Client::from_channel(
             channel,
-            put_message_bytes: DEFAULT_PUT_MESSAGE_BYTES,
-        })
+            authorization,
+            DEFAULT_PUT_MESSAGE_BYTES,
+        ))
+    }
+
+    fn from_channel(
+        channel: Channel,
+        authorization: Option<AsciiMetadataValue>,
+        put_message_bytes: usize,
+    ) -> Client {
+        let mut flight = FlightClient::new(channel.clone());
+        if let Some(value) = &authorization {
+            flight.metadata_mut().insert("authorization", value.clone());
+        }
+        Client {
+            channel,
+            flight,
+            authorization,
+            put_message_bytes,
+        }
+    }
+
+    /// A request carrying this client's `authorization` header, for calls made on the raw
+    /// service client (DoExchange).
+    pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(value) = &self.authorization {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        request
     }
 
     /// Set the largest FlightData body a DoPut sends (bytes; bigger batches go as slices).
@@ -318,6 +563,9 @@ impl Client {
     /// text holds the code and message).
     pub async fn flight_sql_query(&mut self, sql: &str) -> Result<QueryResult> {
         let mut sql_client = FlightSqlServiceClient::new(self.channel.clone());
+        if let Some(value) = self.authorization.as_ref().and_then(|v| v.to_str().ok()) {
+            sql_client.set_header("authorization", value);
+        }
         let info = sql_client.execute(sql.to_owned(), None).await?;
         let schema = SchemaRef::new(info.clone().try_decode_schema()?);
         let mut batches = Vec::new();
@@ -467,7 +715,8 @@ impl Client {
                 send(message)?;
             }
         }
-        let response = self.flight.inner_mut().do_exchange(receiver).await?;
+        let request = self.request(receiver);
+        let response = self.flight.inner_mut().do_exchange(request).await?;
         let mut frames = Frames::new(response.into_inner());
         let mut output = ExchangeOutput::default();
         let mut first = true;

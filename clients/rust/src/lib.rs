@@ -5,6 +5,8 @@
 //!
 //! * [`Client::put`]: DoPut a stream of record batches, one [`PutAck`] (the durable offset) per
 //!   PutResult;
+//! * [`Client::connect_with`]: TLS (a CA, mutual TLS) and a bearer token or a user and
+//!   password ([`ConnectOptions`]);
 //! * [`Client::query`]: a SQL query as the Python client runs it (GetFlightInfo with the SQL as
 //!   the command descriptor, then DoGet of every endpoint);
 //! * [`Client::flight_sql_query`]: the same through Flight SQL (`FlightSqlServiceClient`);
@@ -24,7 +26,7 @@ pub mod client;
 pub mod plugin;
 pub mod proto;
 
-pub use client::{Client, ExchangeOutput, PutAck, QueryResult, StreamInfo, TailEntry};
+pub use client::{Client, ConnectOptions, ExchangeOutput, PutAck, QueryResult, StreamInfo, TailEntry};
 
 use std::fmt;
 
@@ -43,6 +45,8 @@ pub enum Error {
     Protocol(String),
     /// Another arrow-flight error.
     Flight(arrow_flight::error::FlightError),
+    /// [`ConnectOptions`] (or a location) that cannot be used; the message names the option.
+    Options(String),
 }
 
 impl Error {
@@ -64,6 +68,7 @@ impl fmt::Display for Error {
             Error::Arrow(e) => write!(f, "arrow: {e}"),
             Error::Protocol(m) => write!(f, "protocol: {m}"),
             Error::Flight(e) => write!(f, "flight: {e}"),
+            Error::Options(m) => write!(f, "options: {m}"),
         }
     }
 }

@@ -12,14 +12,15 @@
 //! 4. `{"closing": true}`: the server stops; the plugin finishes writing and the call ends.
 
 use arrow_array::RecordBatch;
-use arrow_flight::{FlightClient, FlightData, FlightDescriptor};
+use arrow_flight::{FlightData, FlightDescriptor};
 use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteOptions};
 use arrow_schema::{Schema, SchemaRef};
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::client::{batch_messages, connect_channel, Frame, Frames};
+use crate::client::{batch_messages, Frame, Frames};
+use crate::Client;
 use crate::{json_object, Error, Result};
 
 /// The plugin protocol version this crate speaks.
@@ -139,6 +140,43 @@ pub async fn serve_plugin_until<F, A, S>(
     input_schema: SchemaRef,
     output_schema: SchemaRef,
     max_in_flight: u32,
+    transform: F,
+    on_attached: A,
+    stop: S,
+) -> Result<PluginStats>
+where
+    F: FnMut(&RecordBatch) -> Result<RecordBatch>,
+    A: FnMut(i64),
+    S: std::future::Future<Output = ()>,
+{
+    let client = Client::connect(location).await?;
+    serve_plugin_on(
+        client,
+        name,
+        input_schema,
+        output_schema,
+        max_in_flight,
+        transform,
+        on_attached,
+        stop,
+    )
+    .await
+}
+
+/// [`serve_plugin_until`] on a connected [`Client`], whose TLS and credentials the plugin's
+/// call uses ([`Client::connect_with`]; attaching needs the `write` role on a server with
+/// `--tokens-file`).
+///
+/// # Errors
+/// Those of [`serve_plugin`]; [`Error::Status`] `Unauthenticated`: the client has no or an
+/// unknown token; `PermissionDenied`: its token lacks the `write` role.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_plugin_on<F, A, S>(
+    mut client: Client,
+    name: &str,
+    input_schema: SchemaRef,
+    output_schema: SchemaRef,
+    max_in_flight: u32,
     mut transform: F,
     mut on_attached: A,
     stop: S,
@@ -148,8 +186,6 @@ where
     A: FnMut(i64),
     S: std::future::Future<Output = ()>,
 {
-    let channel = connect_channel(location).await?;
-    let mut client = FlightClient::new(channel);
     let (sender, receiver) = futures::channel::mpsc::unbounded::<FlightData>();
     let send = |message: FlightData| {
         sender
@@ -168,7 +204,8 @@ where
     let mut schema_message = arrow_flight::utils::batches_to_flight_data(&output_schema, [])?;
     send(schema_message.remove(0))?;
 
-    let response = client.inner_mut().do_exchange(receiver).await?;
+    let request = client.request(receiver);
+    let response = client.flight().inner_mut().do_exchange(request).await?;
     let mut frames = Frames::new(response.into_inner());
     let mut stats = PluginStats::default();
     let mut failure: Option<Error> = None;

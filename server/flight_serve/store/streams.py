@@ -521,6 +521,11 @@ class StreamStore:
         no rows): a watermark (``watermark_ns``) or the writer's end of input; durable and
         visible once :meth:`commit` returns for it (see :meth:`write`, also for ``after``).
 
+        End of input is idempotent: when ``writer``'s end of input is already in the visible log,
+        nothing is written and the pending append names that first marker's offset (a client
+        that lost the PutResult of its end of input and sends it again stores it once, so a
+        pipeline that finished on the first one has read the whole stream).
+
         Raises:
             StreamNotFoundError: the stream does not exist.
             InvalidInputError: an invalid writer name, or not exactly one kind of marker.
@@ -538,6 +543,12 @@ class StreamStore:
         crc = zlib.crc32(memoryview(body))
         while True:
             stream = self._get(name)
+            if end_of_input:
+                with stream.cond:
+                    state = stream.writer_state.get(writer)
+                    ended_at = None if state is None else state[3]
+                    if ended_at is not None:
+                        return PendingAppend(name, ended_at, 0, stream, stream.epoch)
             writer_id = stream.writer_id(writer)
             reserved = stream.reserve(body.size, 0, body, crc, writer_id, kind, value, after=after)
             if reserved is not None:

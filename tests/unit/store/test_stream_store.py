@@ -640,6 +640,32 @@ def test_writers_and_markers_are_entries(tmp_path: Path) -> None:
         assert store.writers("t")["b"].last_offset == 5
 
 
+def test_a_repeated_end_of_input_is_stored_once(tmp_path: Path) -> None:
+    """A writer's second end of input (a client that lost the first one's PutResult and sent it
+    again) stores nothing and names the first marker's offset, also after a re-open; another
+    writer's end of input and other entries are unaffected.
+
+    offsets:  0 a:[1]   1 a:END   2 b:[2]   (a:END again -> 1, nothing written)   3 b:END
+    """
+    with StreamStore(tmp_path) as store:
+        assert store.append("t", _batch([1]), writer="a") == 0
+        assert store.append_marker("t", "a", end_of_input=True) == 1
+        assert store.append("t", _batch([2]), writer="b") == 2
+        assert store.append_marker("t", "a", end_of_input=True) == 1
+        assert store.info("t").next_offset == 3
+        assert store.append_marker("t", "b", end_of_input=True) == 3
+    with StreamStore(tmp_path) as store:
+        assert store.append_marker("t", "a", end_of_input=True) == 1
+        assert store.append_marker("t", "b", end_of_input=True) == 3
+        assert store.info("t").next_offset == 4
+        assert [(e.offset, e.writer, e.end_of_input) for e in store.entries("t", 0)] == [
+            (0, "a", False),
+            (1, "a", True),
+            (2, "b", False),
+            (3, "b", True),
+        ]
+
+
 def test_format_1_frames_are_read_as_batches_of_writer_nobody(tmp_path: Path) -> None:
     with StreamStore(tmp_path) as store:
         store.append("t", _batch([0]))

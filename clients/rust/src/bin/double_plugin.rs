@@ -8,13 +8,18 @@
 //! WITH (connector = 'plugin');`. Prints `attached <instance>` once the server accepted it and
 //! `answered <n> batches` when the call ends. SIGTERM or Ctrl-C leaves cleanly (the server gives
 //! the batches not yet answered to another instance).
+//!
+//! A server with TLS or tokens: `FLIGHT_SERVE_TOKEN` (a bearer token with the `write` role, as the
+//! `flight-serve` command line reads it), `FLIGHT_SERVE_TLS_CA` (the CA's PEM file) and, for
+//! mutual TLS, `FLIGHT_SERVE_TLS_CERT` and `FLIGHT_SERVE_TLS_KEY` (the client's PEM files), with
+//! a `grpc+tls://` location.
 
 use std::sync::Arc;
 
 use arrow_array::{Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use flight_serve_client::plugin::serve_plugin_until;
-use flight_serve_client::Error;
+use flight_serve_client::plugin::serve_plugin_on;
+use flight_serve_client::{Client, ConnectOptions, Error};
 
 fn schema(value: &str) -> Arc<Schema> {
     Arc::new(Schema::new(vec![
@@ -38,6 +43,35 @@ fn double(batch: &RecordBatch, out: &Arc<Schema>) -> Result<RecordBatch, Error> 
     )?)
 }
 
+/// The client for `server` with the TLS files and token the environment names.
+async fn connect(server: &str) -> Result<Client, Error> {
+    let pem = |variable: &str| -> Result<Option<Vec<u8>>, Error> {
+        match std::env::var_os(variable) {
+            None => Ok(None),
+            Some(path) => std::fs::read(&path)
+                .map(Some)
+                .map_err(|e| Error::Options(format!("{variable}: cannot read {path:?}: {e}"))),
+        }
+    };
+    let mut options = ConnectOptions::new();
+    if let Some(token) = std::env::var_os("FLIGHT_SERVE_TOKEN") {
+        options = options.token(token.to_string_lossy());
+    }
+    if let Some(ca) = pem("FLIGHT_SERVE_TLS_CA")? {
+        options = options.tls_ca_pem(ca);
+    }
+    match (pem("FLIGHT_SERVE_TLS_CERT")?, pem("FLIGHT_SERVE_TLS_KEY")?) {
+        (Some(cert), Some(key)) => options = options.tls_identity_pem(cert, key),
+        (None, None) => {}
+        _ => {
+            return Err(Error::Options(
+                "FLIGHT_SERVE_TLS_CERT and FLIGHT_SERVE_TLS_KEY go together".into(),
+            ))
+        }
+    }
+    Client::connect_with(server, options).await
+}
+
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
@@ -52,17 +86,22 @@ async fn main() {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    let result = serve_plugin_until(
-        &server,
-        &name,
-        schema("v"),
-        out.clone(),
-        8,
-        |batch| double(batch, &out),
-        |instance| println!("attached {instance}"),
-        stop,
-    )
-    .await;
+    let result = match connect(&server).await {
+        Ok(client) => {
+            serve_plugin_on(
+                client,
+                &name,
+                schema("v"),
+                out.clone(),
+                8,
+                |batch| double(batch, &out),
+                |instance| println!("attached {instance}"),
+                stop,
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
     match result {
         Ok(stats) => println!("answered {} batches", stats.batches),
         Err(e) => {
