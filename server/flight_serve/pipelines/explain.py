@@ -24,6 +24,7 @@ from flight_serve.engine.windows import (
 from flight_serve.pipelines.dialect import position
 from flight_serve.pipelines.graph import Node, PluginNode, RowNode, WindowNode, columns_text
 from flight_serve.pipelines.query import QueryOptions
+from flight_serve.pipelines.user_functions import explain_lines
 from flight_serve.types import timedelta_to_ns
 
 if TYPE_CHECKING:
@@ -207,6 +208,7 @@ def explain(runtime: PipelineRuntime) -> str:
             f"before the first source batch ({len(table_source.paths)} file(s))"
         )
         out.append(f"  columns: {columns_text(table_source.schema)}")
+    out += explain_lines(plan.user_functions)  # CREATE FUNCTION … LANGUAGE python | wasm
     for node in runtime.nodes:
         out += ["", *_explain_query(node)]
     for name, slot in runtime.sinks.items():

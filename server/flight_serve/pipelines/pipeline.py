@@ -38,7 +38,13 @@ import pyarrow as pa
 from sqlglot import exp
 
 from flight_serve.errors import PipelineSQLError
+from flight_serve.functions.base import FunctionSpec
 from flight_serve.pipelines.dialect import key_position, parse_statements, position, sql_error
+from flight_serve.pipelines.functions import (
+    check_windowed_calls,
+    is_user_function,
+    user_function,
+)
 from flight_serve.pipelines.query import (
     OPTION_NAMES,
     QUERY_OPTION_NAMES,
@@ -270,6 +276,8 @@ class PipelinePlan:
     run_options: RunOptions = field(default_factory=RunOptions)
     functions: dict[str, FunctionDef] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    #: ``CREATE FUNCTION … LANGUAGE python | wasm`` (:mod:`flight_serve.pipelines.functions`)
+    user_functions: dict[str, FunctionSpec] = field(default_factory=dict)
 
 
 # --- types ------------------------------------------------------------------------------------
@@ -477,6 +485,7 @@ class _Planner:
         self.streams: dict[str, tuple[QueryOptions, str | None, bool]] = {}
         self.late_refs: list[tuple[int, str, exp.Expression]] = []
         self.functions: dict[str, FunctionDef] = {}
+        self.user_functions: dict[str, FunctionSpec] = {}
         self.function_ref: str | None = None
 
     def declare(self, name: str, node: exp.Expression) -> None:
@@ -486,6 +495,7 @@ class _Planner:
             or name in self.sinks
             or name in self.views
             or name in self.functions
+            or name.lower() in self.user_functions
         ):
             raise sql_error(f"{name} is already declared", node)
 
@@ -543,6 +553,7 @@ class _Planner:
             views=dict(self.views),
             run_options=self.run_options,
             functions=dict(self.functions),
+            user_functions=dict(self.user_functions),
             warnings=tuple(w for q in queries if q.window is not None for w in q.window.warnings),
         )
 
@@ -550,6 +561,11 @@ class _Planner:
 
     def create(self, create: exp.Create) -> None:
         kind = str(create.args.get("kind") or "").upper()
+        if kind == "FUNCTION" and is_user_function(create):
+            spec = user_function(create, self.text, self.base_dir)
+            self.declare(spec.name, create.this)
+            self.user_functions[spec.name] = spec
+            return
         if kind == "FUNCTION":
             self.functions[_function_name(create)] = _function(create, self)
             return
@@ -698,6 +714,7 @@ class _Planner:
         index = len(self.queries)
         func = window_table_function(query)
         if func is not None and func.name.upper() != "LATE" and func.name not in self.functions:
+            check_windowed_calls(query, self.user_functions)
             self.windowed(index, statement, query, func, view, sink)
             return
         with_ = query.args.get("with_") or query.args.get("with")

@@ -89,6 +89,7 @@ from flight_serve.pipelines.pipeline import (
     SinkDef,
 )
 from flight_serve.pipelines.plugins import PluginHub
+from flight_serve.pipelines.user_functions import FunctionSet
 from flight_serve.store.streams import data_dir_holder
 
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]  # CONNECTORS: see .connect
@@ -266,6 +267,8 @@ class PipelineRuntime:
             self.streams[relation.name] = Stream(relation.name, schema, source.partitions)
         for sink in plan.sinks.values():
             self.sinks[sink.name] = self._sink(sink)
+        #: CREATE FUNCTION … LANGUAGE python | wasm, as UDFs (made only when it will run)
+        self.user_functions = FunctionSet(plan.user_functions, run=load_tables)
         self._build_queries()
         if coordinator is not None:
             for name, source in self.sources.items():  # their offsets, checked against the files
@@ -586,7 +589,7 @@ class PipelineRuntime:
             if query.function is not None:
                 input = self._plugin_stage(query, input)
             check_row_columns(query, input, self.tables)
-            node = RowNode(self, query, input, self.tables)
+            node = RowNode(self, query, input, self.tables, self.user_functions)
             partitions = input.partitions
         if query.view is not None:
             node.output = self.streams[query.view] = Stream(query.view, node.schema, partitions)
@@ -808,6 +811,7 @@ class PipelineRuntime:
         finally:
             for node in self.nodes:
                 node.close()
+            self.user_functions.close()
             for source in self.flight_sources.values():
                 source.close()
             for slot in self.sinks.values():
