@@ -205,7 +205,7 @@ def user_function(create: exp.Create, text: str, base_dir: Path) -> FunctionSpec
                 raise sql_error(
                     f"{where}: unknown language {prop.name!r}; expected one of "
                     f"{', '.join(LANGUAGES)}",
-                    prop.this,
+                    prop.this if position(prop.this)[0] is not None else create.this,
                 )
         elif isinstance(prop, exp.FileFormatProperty):
             using = prop.this
