@@ -220,7 +220,8 @@ class QueryDef:
         window: the windowed aggregation, or ``None`` for a per-row query.
         late_of: for an ``input`` of the form ``LATE(x)``: the index of the windowed query whose
             late side output it reads.
-        function: for ``FROM <f>(<stream>)``: the plugin function the stream goes through first.
+        function: for ``FROM <f>(<stream>)``: the plugin function (or the user table function,
+            ``PipelinePlan.user_functions``) the stream goes through first.
     """
 
     index: int
@@ -499,6 +500,21 @@ class _Planner:
         ):
             raise sql_error(f"{name} is already declared", node)
 
+    def table_function(self, call: exp.Anonymous) -> str | None:
+        """The name of the user table function ``call`` calls (``FROM f(<stream>)``), else
+        ``None``; a scalar user function there is refused."""
+        spec = self.user_functions.get(str(call.name).lower())
+        if spec is None:
+            return None
+        if spec.kind != "table":
+            raise sql_error(
+                f"FUNCTION {spec.name} is a scalar function: call it in an expression "
+                f"(SELECT {spec.name}(…) FROM <stream>); FROM <f>(<stream>) takes a RETURNS "
+                "TABLE function",
+                call,
+            )
+        return spec.name
+
     def plan(self) -> PipelinePlan:
         statements = parse_statements(self.text)
         if not statements:
@@ -683,8 +699,8 @@ class _Planner:
         if isinstance(node.this, exp.Anonymous):
             if node.this.name.upper() == "LATE":
                 return "late", _late_target(node.this)
-            if node.this.name in self.functions:
-                self.function_ref = node.this.name
+            if node.this.name in self.functions or self.table_function(node.this):
+                self.function_ref = self.table_function(node.this) or node.this.name
                 return "stream", _plugin_input(node.this, self.streams)
             raise sql_error(
                 f"{node.this.name}(…) here: window functions must be the only FROM item of a "
@@ -713,7 +729,12 @@ class _Planner:
             raise sql_error("expected a SELECT (UNION and VALUES are not supported)", query)
         index = len(self.queries)
         func = window_table_function(query)
-        if func is not None and func.name.upper() != "LATE" and func.name not in self.functions:
+        if (
+            func is not None
+            and func.name.upper() != "LATE"
+            and func.name not in self.functions
+            and self.table_function(func) is None
+        ):
             check_windowed_calls(query, self.user_functions)
             self.windowed(index, statement, query, func, view, sink)
             return
@@ -761,7 +782,12 @@ class _Planner:
         if view is not None:
             if function is not None:
                 options, time_column, update = self.streams[name]
-                returns = self.functions[function].returns
+                returns = (
+                    self.functions[function].returns
+                    if function in self.functions
+                    else self.user_functions[function].returns
+                )
+                assert isinstance(returns, pa.Schema)
                 kept = (
                     time_column
                     if time_column

@@ -65,6 +65,7 @@ from flight_serve.pipelines.connect import (
 )
 from flight_serve.pipelines.coordinator import CheckpointCoordinator
 from flight_serve.pipelines.dialect import sql_error
+from flight_serve.pipelines.function_nodes import TableFunctionNode
 from flight_serve.pipelines.graph import (
     Node,
     PluginNode,
@@ -618,6 +619,13 @@ class PipelineRuntime:
     def _plugin_stage(self, query: QueryDef, input: Stream) -> Stream:
         """The plugin node in front of ``query`` (``FROM <f>(<input>)``); its hidden stream."""
         assert query.function is not None
+        if query.function in self.plan.user_functions:  # a user table function, in-process call
+            spec = self.plan.user_functions[query.function]
+            udtf = TableFunctionNode(
+                self, query, input, spec, self.user_functions.tables.get(spec.name)
+            )
+            self.nodes.append(udtf)
+            return udtf.hidden
         function = self.plan.functions[query.function]
         if self.plugins is None:
             raise sql_error(
@@ -945,6 +953,8 @@ class PipelineRuntime:
             node_id, kind, label = f"query:{n.query.index}", "map", n.query.label
             if isinstance(n, PluginNode):
                 node_id, kind, label = f"function:{n.function.name}", "function", n.function.name
+            elif isinstance(n, TableFunctionNode):
+                node_id, kind, label = f"function:{n.spec.name}", "function", n.spec.name
             elif isinstance(n, WindowNode):
                 kind = "window"
             out.append({

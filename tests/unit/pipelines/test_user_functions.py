@@ -394,3 +394,56 @@ def test_explain_shows_each_function_with_its_digest(
         f"  code {len(plan.user_functions['km'].code)} bytes, sha256 {digests['km']}\n"
     ) in explained
     assert "DELAY_CLASS(\"dep_delay\") = 'late'" in explained
+
+
+ENRICH = '''import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def enrich(batch):
+    """Two batches per input batch: the rows with a delay, then one summary row."""
+    delayed = batch.filter(pc.greater(batch.column("dep_delay"), 0))
+    yield pa.record_batch(
+        {
+            "origin": delayed.column("origin"),
+            "miles": pc.cast(delayed.column("distance"), pa.float64()),
+        }
+    )
+    yield pa.record_batch({"origin": ["*"], "miles": [float(len(batch))]})
+'''
+
+
+def test_a_python_table_function_feeds_a_per_row_query(
+    flights_file: tuple[Path, pa.Table], inprocess: None, tmp_path: Path
+) -> None:
+    path, table = flights_file
+    (tmp_path / "udfs").mkdir()
+    (tmp_path / "udfs" / "enrich.py").write_text(ENRICH)
+    text = (
+        "CREATE SOURCE flights WITH (connector = 'file', path = "
+        f"'{path}', format = 'parquet', batch_rows = '1000');\n"
+        "CREATE FUNCTION enrich() RETURNS TABLE (origin VARCHAR, miles DOUBLE)\n"
+        "LANGUAGE python USING 'udfs/enrich.py' WITH (handler = 'enrich');\n"
+        "CREATE SINK out WITH (connector = 'stdout');\n"
+        "INSERT INTO out SELECT origin, miles * 2 AS m2 FROM enrich(flights);\n"
+    )
+    sql = tmp_path / "p.sql"
+    sql.write_text(text)
+    out = [b for _, b in flight_serve.Pipeline.from_sql(sql).batches()]
+    got = pa.Table.from_batches(out)
+    summaries = got.filter(pc.equal(got.column("origin"), "*"))
+    assert summaries.column("m2").to_pylist() == [2000.0] * 27 + [2 * 4.0]  # 27,004 rows
+    expected = batch_sql(
+        "SELECT origin, CAST(distance AS DOUBLE) * 2 AS m2 FROM flights WHERE dep_delay > 0",
+        table,
+    )
+    delayed = got.filter(pc.not_equal(got.column("origin"), "*"))
+    assert delayed.to_pylist() == expected.to_pylist()
+    assert delayed.num_rows == 9_662
+    explained = flight_serve.Pipeline.from_sql(sql).explain()
+    digest = hashlib.sha256(ENRICH.encode()).hexdigest()[:12]
+    assert (
+        f"  FUNCTION enrich (language python, table, sha256 {digest}): called once per batch, "
+        "in order; its batches go on\n  output: origin string, miles double\n"
+    ) in explained
+    assert "reads: enrich(flights) (the function's results)" in explained
