@@ -171,13 +171,17 @@ def _check_python(source: bytes, handler: str, where: str, origin: str, first_li
         )
 
 
-def user_function(create: exp.Create, text: str, base_dir: Path) -> FunctionSpec:
+def user_function(
+    create: exp.Create, text: str, base_dir: Path, files: dict[str, bytes] | None = None
+) -> FunctionSpec:
     """The spec of a ``CREATE FUNCTION … LANGUAGE …`` (see the module docstring).
 
     Args:
         create: the statement (:func:`is_user_function` holds).
         text: the whole pipeline text (for the ``$$`` body's line).
         base_dir: where ``USING '<file>'`` paths start.
+        files: ``USING`` files by path as written: a file found here is not read (a
+            restarted server passes the code stored at submit); a file read is added.
 
     Raises:
         PipelineSQLError: a clause outside the grammar, an unknown language, a type without an
@@ -249,12 +253,17 @@ def user_function(create: exp.Create, text: str, base_dir: Path) -> FunctionSpec
             )
         path = Path(using.name)
         path = path if path.is_absolute() else base_dir / path
-        try:
-            code = path.read_bytes()
-        except OSError as exc:
-            raise FunctionDefinitionError(
-                f"{where}: USING {using.name!r}: cannot read {path}: {exc.strerror or exc}"
-            ) from None
+        if files is not None and using.name in files:
+            code = files[using.name]
+        else:
+            try:
+                code = path.read_bytes()
+            except OSError as exc:
+                raise FunctionDefinitionError(
+                    f"{where}: USING {using.name!r}: cannot read {path}: {exc.strerror or exc}"
+                ) from None
+            if files is not None:
+                files[using.name] = code
         origin = using.name
     elif using is not None:
         raise sql_error(f"{where}: write USING '<file>' or USING BASE64 '…'", using)

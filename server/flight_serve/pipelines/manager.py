@@ -53,6 +53,7 @@ from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry
 from flight_serve.pipelines.store_io import StoreSource
+from flight_serve.pipelines.user_functions import CodeStore
 from flight_serve.store import StreamStore
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
@@ -275,7 +276,11 @@ class PipelineManager:
 
     def build(self, record: PipelineRecord) -> DurableRuntime:
         """The runtime of ``record``'s pipeline, resumed from its newest checkpoint."""
-        plan = parse_pipeline(record.sql, base_dir=Path(record.base_dir))
+        plan = parse_pipeline(
+            record.sql,
+            base_dir=Path(record.base_dir),
+            function_files=CodeStore(self.data_dir).load(record.id),  # stored at submit
+        )
         options = plan.run_options
         if options.checkpoint_interval is None:  # a live pipeline must commit on time too
             options = replace(options, checkpoint_interval=self.checkpoint_interval)
@@ -409,6 +414,8 @@ class PipelineManager:
         except AlreadyExistsError:
             runtime.close_sources()
             raise
+        if runtime.plan.function_files:  # a restart reads the code from the data directory
+            CodeStore(self.data_dir).save(pid, runtime.plan.function_files)
         record = self.registry.add(pid, record.name, sql, base, out)
         self.registry.log(pid, "info", "submitted")
         self._launch(record, runtime)

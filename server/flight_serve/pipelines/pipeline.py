@@ -21,14 +21,15 @@ reads ``<name>`` (or defines the view ``<name>``).
 Names are case-sensitive, as written. A statement may only name sources, tables, views and sinks
 declared above it, so a pipeline is always a DAG.
 
-Planning opens no file: connector options are kept as written and checked when the pipeline is built
+Planning opens no file but the code files of ``CREATE FUNCTION … USING '<file>'`` (the plan
+carries their bytes; :mod:`flight_serve.pipelines.functions`): connector options are kept as written and checked when the pipeline is built
 (:mod:`flight_serve.pipelines.runtime`). Every error is a
 :class:`~flight_serve.errors.PipelineSQLError` naming the line and column of the offending token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -279,6 +280,8 @@ class PipelinePlan:
     warnings: tuple[str, ...] = ()
     #: ``CREATE FUNCTION … LANGUAGE python | wasm`` (:mod:`flight_serve.pipelines.functions`)
     user_functions: dict[str, FunctionSpec] = field(default_factory=dict)
+    #: the ``USING '<file>'`` files of those functions, by path as written -> their bytes
+    function_files: dict[str, bytes] = field(default_factory=dict)
 
 
 # --- types ------------------------------------------------------------------------------------
@@ -470,8 +473,15 @@ def _check_per_row(select: exp.Select) -> None:
 
 
 class _Planner:
-    def __init__(self, text: str, path: Path | None, base_dir: Path) -> None:
+    def __init__(
+        self,
+        text: str,
+        path: Path | None,
+        base_dir: Path,
+        function_files: Mapping[str, bytes] | None = None,
+    ) -> None:
         self.text = text
+        self.function_files = dict(function_files or {})
         self.path = path
         self.base_dir = base_dir
         self.settings = QueryOptions()
@@ -570,6 +580,7 @@ class _Planner:
             run_options=self.run_options,
             functions=dict(self.functions),
             user_functions=dict(self.user_functions),
+            function_files=dict(self.function_files),
             warnings=tuple(w for q in queries if q.window is not None for w in q.window.warnings),
         )
 
@@ -578,7 +589,7 @@ class _Planner:
     def create(self, create: exp.Create) -> None:
         kind = str(create.args.get("kind") or "").upper()
         if kind == "FUNCTION" and is_user_function(create):
-            spec = user_function(create, self.text, self.base_dir)
+            spec = user_function(create, self.text, self.base_dir, self.function_files)
             self.declare(spec.name, create.this)
             self.user_functions[spec.name] = spec
             return
@@ -972,7 +983,11 @@ def _plugin_input(call: exp.Anonymous, streams: Collection[str]) -> str:
 
 
 def parse_pipeline(
-    text: str, *, path: Path | None = None, base_dir: Path | None = None
+    text: str,
+    *,
+    path: Path | None = None,
+    base_dir: Path | None = None,
+    function_files: Mapping[str, bytes] | None = None,
 ) -> PipelinePlan:
     """Parse and check a pipeline (see the module docstring); no file is opened.
 
@@ -981,9 +996,12 @@ def parse_pipeline(
         path: the file it came from (for messages and ``explain``).
         base_dir: where relative input paths start (default: ``path``'s directory, else the
             working directory).
+        function_files: the code of ``CREATE FUNCTION … USING '<file>'`` by path as written
+            (what was stored at submit); such files are not read from ``base_dir``.
 
     Raises:
         PipelineSQLError: a syntax error or a statement outside the grammar, with line and column.
+        FunctionDefinitionError: a ``CREATE FUNCTION`` whose code cannot be read or checked.
 
     >>> plan = parse_pipeline(
     ...     "CREATE SOURCE s (k VARCHAR, t TIMESTAMP, WATERMARK FOR t AS t - INTERVAL '5' SECOND)"
@@ -996,4 +1014,4 @@ def parse_pipeline(
     """
     if base_dir is None:
         base_dir = path.parent if path is not None else Path.cwd()
-    return _Planner(text, path, base_dir).plan()
+    return _Planner(text, path, base_dir, function_files).plan()

@@ -15,17 +15,21 @@ remembers the function's own error (:class:`~flight_serve.errors.FunctionCallErr
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import datafusion
 import pyarrow as pa
 
-from flight_serve.errors import FlightServeError, FunctionCallError
+from flight_serve.errors import FlightServeError, FunctionCallError, StorageError
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
 from flight_serve.functions.registry import create_function
 
-__all__ = ["FunctionSet", "explain_lines"]
+__all__ = ["CodeStore", "FunctionSet", "code_digests", "explain_lines"]
 
 
 class FunctionSet:
@@ -131,3 +135,71 @@ def explain_lines(specs: Mapping[str, FunctionSpec]) -> list[str]:
         )
         out.append(f"  code {len(spec.code)} bytes, sha256 {spec.digest[:12]}")
     return out
+
+
+def code_digests(specs: Mapping[str, FunctionSpec]) -> tuple[str, ...]:
+    """``<name>:<sha256>`` of every function, sorted by name: what the pipeline's identity
+    (its checkpoints' fingerprint) adds for its code (empty without functions)."""
+    return tuple(f"{name}:{specs[name].digest}" for name in sorted(specs))
+
+
+class CodeStore:
+    """The code of submitted pipelines' functions, content-addressed in the data directory.
+
+    ``<data-dir>/functions/<sha256>`` holds one function's code (Python text or wasm bytes);
+    ``<data-dir>/functions/pipelines/<pipeline id>.json`` maps each ``USING '<file>'`` of that
+    pipeline, as written, to the SHA-256 of the bytes read at submit. A restarted server reads
+    the code from here, so the files (and the client) need not exist any more.
+
+    Raises (every method): :class:`~flight_serve.errors.StorageError` when the directory
+    cannot be written or a stored file is missing or does not match its hash.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir / "functions"
+
+    def save(self, pipeline_id: str, files: Mapping[str, bytes]) -> None:
+        """Store ``files`` (``USING`` path as written -> bytes) for ``pipeline_id``; each
+        file is written then renamed, so a crash leaves whole files only."""
+        index = {}
+        try:
+            (self.root / "pipelines").mkdir(parents=True, exist_ok=True)
+            for using, code in files.items():
+                digest = hashlib.sha256(code).hexdigest()
+                _write_atomic(self.root / digest, code)
+                index[using] = digest
+            _write_atomic(
+                self.root / "pipelines" / f"{pipeline_id}.json",
+                json.dumps(index, sort_keys=True).encode(),
+            )
+        except OSError as exc:
+            raise StorageError(f"cannot store the functions' code in {self.root}: {exc}") from exc
+
+    def load(self, pipeline_id: str) -> dict[str, bytes] | None:
+        """The stored ``USING`` files of ``pipeline_id`` (``None``: nothing stored for it)."""
+        index_path = self.root / "pipelines" / f"{pipeline_id}.json"
+        try:
+            index = json.loads(index_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot read {index_path}: {exc}") from exc
+        files: dict[str, bytes] = {}
+        for using, digest in index.items():
+            path = self.root / str(digest)
+            try:
+                code = path.read_bytes()
+            except OSError as exc:
+                raise StorageError(f"the stored code of USING {using!r} is gone: {exc}") from exc
+            if hashlib.sha256(code).hexdigest() != digest:
+                raise StorageError(f"{path}: the stored code of USING {using!r} is corrupt")
+            files[str(using)] = code
+        return files
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    if path.exists() and path.read_bytes() == data:
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
