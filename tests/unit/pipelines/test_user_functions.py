@@ -447,3 +447,33 @@ def test_a_python_table_function_feeds_a_per_row_query(
         "in order; its batches go on\n  output: origin string, miles double\n"
     ) in explained
     assert "reads: enrich(flights) (the function's results)" in explained
+
+
+def test_the_code_of_a_using_file_is_part_of_the_checkpoint_fingerprint(tmp_path: Path) -> None:
+    from flight_serve.pipelines.checkpoint import CheckpointStore, recovery_neutral_fingerprint
+    from flight_serve.pipelines.coordinator import CheckpointCoordinator
+    from flight_serve.pipelines.run_options import RunOptions
+    from flight_serve.pipelines.user_functions import code_digests
+
+    text = (
+        SOURCE + "CREATE FUNCTION f(x DOUBLE) RETURNS DOUBLE LANGUAGE python USING 'f.py';\n"
+        "CREATE SINK out WITH (connector = 'stdout');\nINSERT INTO out SELECT f(x) AS y FROM s;\n"
+    )
+
+    def fingerprint_with(code: str) -> str:
+        (tmp_path / "f.py").write_text(code)
+        plan = parse_pipeline(text, base_dir=tmp_path)
+        digests = code_digests(plan.user_functions)
+        assert digests == (f"f:{hashlib.sha256(code.encode()).hexdigest()}",)
+        store = CheckpointStore(str(tmp_path / "checkpoints"))
+        return CheckpointCoordinator(
+            store, RunOptions(), "p", text, code_digests=digests
+        ).fingerprint
+
+    one = fingerprint_with("def f(x):\n    return x\n")
+    assert one == fingerprint_with("def f(x):\n    return x\n")
+    assert one != fingerprint_with("def f(x):\n    return x * 2\n")  # same text, new code
+    assert one != recovery_neutral_fingerprint(text)
+    store = CheckpointStore(str(tmp_path / "checkpoints"))
+    without = CheckpointCoordinator(store, RunOptions(), "p", text).fingerprint
+    assert without == recovery_neutral_fingerprint(text)  # no functions: as before
