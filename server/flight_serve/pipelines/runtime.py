@@ -176,6 +176,9 @@ class PipelineRuntime:
         plugins: the server's plugin hub, for ``CREATE FUNCTION … (connector = 'plugin')``
             (``None``: such functions are refused, as in embedded runs, except by
             :meth:`explain`, which builds them without a server).
+        python_functions: the runner of ``LANGUAGE python`` functions (``"python"``, the
+            sandbox; ``"inprocess"``, not sandboxed); ``None``: see
+            :func:`flight_serve.functions.registry.create_function`.
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -195,6 +198,7 @@ class PipelineRuntime:
         clock_ns: Callable[[], int] | None = None,
         wall_clock_ns: Callable[[], int] | None = None,
         coordinator: CheckpointCoordinator | None = None,
+        python_functions: str | None = None,
     ) -> None:
         self.plan = plan
         #: the checkpoints of a checkpointed run (the state it resumes from, its barriers)
@@ -269,7 +273,9 @@ class PipelineRuntime:
         for sink in plan.sinks.values():
             self.sinks[sink.name] = self._sink(sink)
         #: CREATE FUNCTION … LANGUAGE python | wasm, as UDFs (made only when it will run)
-        self.user_functions = FunctionSet(plan.user_functions, run=load_tables)
+        self.user_functions = FunctionSet(
+            plan.user_functions, run=load_tables, python_runner=python_functions
+        )
         self._build_queries()
         if coordinator is not None:
             for name, source in self.sources.items():  # their offsets, checked against the files

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 from pathlib import Path
 
 import datafusion
@@ -270,7 +271,10 @@ def test_the_in_process_runner_checks_the_type_and_length() -> None:
     assert str(caught.value) == ("FUNCTION f returned 2 values for a batch of 1 rows; expected 1")
 
 
-def test_a_failing_function_fails_the_batch_with_its_name(tmp_path: Path, inprocess: None) -> None:
+def test_a_failing_function_fails_the_batch_with_its_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PYTHON_RUNNER_ENV, raising=False)  # the library's option selects it
     (tmp_path / "in.csv").write_text("x,n\n1.5,1\n2.5,2\n")
     text = SOURCE + (
         "CREATE FUNCTION f(x DOUBLE) RETURNS VARCHAR LANGUAGE python AS $$\n"
@@ -280,7 +284,7 @@ def test_a_failing_function_fails_the_batch_with_its_name(tmp_path: Path, inproc
         "CREATE SINK out WITH (connector = 'stdout');\n"
         "INSERT INTO out SELECT f(x) AS y FROM s;\n"
     )
-    pipeline = flight_serve.Pipeline.from_sql(text, base_dir=tmp_path)
+    pipeline = flight_serve.Pipeline.from_sql(text, base_dir=tmp_path, python_functions="inprocess")
     with pytest.raises(FunctionCallError) as caught:
         list(pipeline.batches())
     assert str(caught.value) == (
@@ -477,3 +481,28 @@ def test_the_code_of_a_using_file_is_part_of_the_checkpoint_fingerprint(tmp_path
     store = CheckpointStore(str(tmp_path / "checkpoints"))
     without = CheckpointCoordinator(store, RunOptions(), "p", text).fingerprint
     assert without == recovery_neutral_fingerprint(text)  # no functions: as before
+
+
+def test_without_a_selection_the_sandboxed_runner_is_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process runner is never picked by default: a Python function goes to the sandboxed
+    runner (``functions/python.py``), or fails naming it while that runner is not in the build."""
+    monkeypatch.delenv(PYTHON_RUNNER_ENV, raising=False)
+    (tmp_path / "in.csv").write_text("x,n\n1.5,1\n")
+    text = SOURCE + KM + "CREATE SINK out WITH (connector = 'stdout');\n"
+    text += "INSERT INTO out SELECT km(x) AS y FROM s;\n"
+    pipeline = flight_serve.Pipeline.from_sql(text, base_dir=tmp_path)
+    if importlib.util.find_spec("flight_serve.functions.python") is None:
+        with pytest.raises(FunctionDefinitionError) as caught:
+            list(pipeline.batches())
+        assert str(caught.value) == (
+            "FUNCTION km (line 2): the python runner (flight_serve.functions.python) is not "
+            "installed in this build, so LANGUAGE python functions cannot run"
+        )
+    else:
+        function = create_function(pipeline.plan.user_functions["km"])
+        try:
+            assert not isinstance(function, InProcessScalar)
+        finally:
+            function.close()
