@@ -6,8 +6,11 @@ storage and identity, not the sandbox."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from helpers import ServeProcess, free_port, stream_rows
 from helpers import id_batches as batches
 
 pytestmark = [pytest.mark.integration]
+
+CLI = Path(sys.executable).parent / "flight-serve"
 
 act = partial(helpers.act, timeout_s=30)
 wait_until = partial(
@@ -94,3 +99,44 @@ def test_a_submitted_function_survives_a_restart_without_its_file(
     status = act(server.location, "pipeline.status", {"id": pid})
     assert status["state"] == "running", status
     act(server.location, "pipeline.cancel", {"id": pid})
+
+
+def test_submit_uploads_the_using_files(servers: dict[str, ServeProcess], tmp_path: Path) -> None:
+    """``flight-serve submit`` sends the USING files with the pipeline (``"files"``): the server
+    stores them even when ``base_dir`` is a directory it cannot read them from."""
+    client_dir = tmp_path / "client"
+    (client_dir / "udfs").mkdir(parents=True)
+    (client_dir / "udfs" / "score.py").write_bytes(SCORE)
+    (client_dir / "scored.sql").write_text(PIPELINE)
+    env = {"FLIGHT_SERVE_PYTHON_FUNCTIONS": "inprocess"}
+    server = servers["a"] = ServeProcess(tmp_path / "data", free_port(), **env)
+    done = subprocess.run(
+        [str(CLI), "submit", "--server", server.location, str(client_dir / "scored.sql")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    pid = done.stdout.strip()
+    digest = hashlib.sha256(SCORE).hexdigest()
+    index = tmp_path / "data" / "functions" / "pipelines" / f"{pid}.json"
+    assert json.loads(index.read_text()) == {"udfs/score.py": digest}
+
+    # the raw action: the file is nowhere on the server's disk, only in the body
+    elsewhere = tmp_path / "empty"
+    elsewhere.mkdir()
+    body = {
+        "sql": PIPELINE.replace("'scored'", "'scored2'"),
+        "name": "scored2",
+        "base_dir": str(elsewhere),
+        "files": {"udfs/score.py": base64.b64encode(SCORE).decode()},
+    }
+    pid2 = act(server.location, "pipeline.submit", body)["id"]
+    ingest(server.location, batches(1, 6))
+    want = expected(60)
+    wait_until(lambda: len(stream_rows(server.location, "scored2")) >= len(want), "scored2")
+    assert sorted(stream_rows(server.location, "scored2"), key=lambda r: r["id"]) == want
+    with pytest.raises(pa.ArrowInvalid, match="not base64"):
+        act(server.location, "pipeline.submit", {**body, "files": {"udfs/score.py": "!!"}})
+    for p in (pid, pid2):
+        act(server.location, "pipeline.cancel", {"id": p})
