@@ -1,13 +1,21 @@
 """Which runner makes a :class:`~flight_serve.functions.base.FunctionSpec` callable.
 
-The seam every runner plugs into: a runner is a module with a module-level factory::
+The seam every runner plugs into: a runner is a module with module-level factories, either one::
 
     def create(spec: FunctionSpec) -> ScalarFunction | TableFunction
 
-that compiles / checks the code (raising :class:`~flight_serve.errors.FunctionDefinitionError`
-naming ``spec.name`` and ``spec.line`` when it cannot be registered) and returns a ready
-function (``spec.kind == "scalar"``: a :class:`~flight_serve.functions.base.ScalarFunction`;
-``"table"``: a :class:`~flight_serve.functions.base.TableFunction`).
+or one per kind, named after the runner (``wasm_scalar_function`` / ``wasm_table_function``,
+``python_scalar_function`` / ``python_table_function``, ``inprocess_…``)::
+
+    def <runner>_scalar_function(spec: FunctionSpec) -> ScalarFunction
+    def <runner>_table_function(spec: FunctionSpec) -> TableFunction
+
+(``create`` is used when the module has it). A factory compiles / checks the code (raising
+:class:`~flight_serve.errors.FunctionDefinitionError` naming ``spec.name`` and ``spec.line`` when
+it cannot be registered) and returns a ready function (``spec.kind == "scalar"``: a
+:class:`~flight_serve.functions.base.ScalarFunction`; ``"table"``: a
+:class:`~flight_serve.functions.base.TableFunction`). The runner reads its own options (limits,
+pool sizes) from ``spec.options``.
 
 Runners by name (:data:`RUNNERS`):
 
@@ -108,10 +116,13 @@ def create_function(
             )
     else:
         raise FunctionDefinitionError(f"{_where(spec)}: unknown language {spec.language!r}")
-    factory = getattr(_runner_module(runner, spec), "create", None)
+    module = _runner_module(runner, spec)
+    per_kind = f"{runner}_{spec.kind}_function"
+    factory = getattr(module, "create", None) or getattr(module, per_kind, None)
     if not callable(factory):
         raise FunctionDefinitionError(
-            f"{_where(spec)}: the {runner} runner has no create(spec) factory"
+            f"{_where(spec)}: the {runner} runner has no create(spec) or {per_kind}(spec) "
+            "factory"
         )
     function = factory(spec)
     expected = ScalarFunction if spec.kind == "scalar" else TableFunction
