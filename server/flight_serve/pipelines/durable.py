@@ -510,9 +510,11 @@ class DurableRuntime(PipelineRuntime):
             hold.release()
 
     def close_sources(self) -> None:
-        """Close the sources of a runtime that will not run (a refused submit)."""
+        """Close the sources (and the functions) of a runtime that will not run (a refused
+        submit)."""
         for source in self.flight_sources.values():
             source.close()
+        self.user_functions.close()
 
     def summary(self) -> RunSummary:
         """Rows per sink, targets (a server stream is ``stream <name>``) and late rows so far."""

@@ -276,7 +276,11 @@ class PipelineRuntime:
         self.user_functions = FunctionSet(
             plan.user_functions, run=load_tables, python_runner=python_functions
         )
-        self._build_queries()
+        try:
+            self._build_queries()
+        except BaseException:
+            self.user_functions.close()  # their workers: this runtime never runs
+            raise
         if coordinator is not None:
             for name, source in self.sources.items():  # their offsets, checked against the files
                 source.measure()
