@@ -82,6 +82,18 @@ def test_a_submitted_function_survives_a_restart_without_its_file(
     wait_until(lambda: len(stream_rows(server.location, "scored")) >= len(expected(60)), "1..60")
 
     digest = hashlib.sha256(SCORE).hexdigest()
+    functions = act(server.location, "pipeline.status", {"id": pid})["functions"]
+    score = functions["score"]
+    assert {k: score[k] for k in ("language", "kind", "sha256", "errors")} == {
+        "language": "python",
+        "kind": "scalar",
+        "sha256": digest[:12],
+        "errors": 0,
+    }
+    # DataFusion filters first (score over the 60 rows), then projects (score over the rows kept)
+    assert score["rows"] == 60 + len(expected(60)), score
+    assert score["calls"] >= 1
+    assert isinstance(score["p99_ms"], float)
     stored = tmp_path / "data" / "functions"
     assert (stored / digest).read_bytes() == SCORE
     assert json.loads((stored / "pipelines" / f"{pid}.json").read_text()) == {

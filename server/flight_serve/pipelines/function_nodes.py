@@ -11,12 +11,15 @@ before them unchanged, and nothing is in flight at a checkpoint barrier.
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 
 from flight_serve.errors import FlightServeError
 from flight_serve.functions.base import FunctionSpec, TableFunction
 from flight_serve.pipelines.graph import Collector, Node, Stream, nullable
 from flight_serve.pipelines.pipeline import QueryDef
+from flight_serve.pipelines.user_functions import FunctionStats
 
 __all__ = ["TableFunctionNode"]
 
@@ -30,6 +33,7 @@ class TableFunctionNode(Node):
         input: the stream passed to the function.
         spec: the function's definition (``spec.returns`` is the results' schema).
         function: the ready function, or ``None`` when the plan is only explained.
+        stats: where its calls are counted (``pipeline.status``'s ``"functions"``).
     """
 
     def __init__(
@@ -39,11 +43,13 @@ class TableFunctionNode(Node):
         input: Stream,
         spec: FunctionSpec,
         function: TableFunction | None,
+        stats: FunctionStats | None = None,
     ) -> None:
         assert isinstance(spec.returns, pa.Schema)
         super().__init__(out, query, input, nullable(spec.returns))
         self.spec = spec
         self.function = function
+        self.stats = stats
         self.hidden = Stream(f"{spec.name}({input.name})", self.schema, input.partitions)
         self.output = self.hidden
 
@@ -52,13 +58,18 @@ class TableFunctionNode(Node):
             return
         if self.function is None:
             raise RuntimeError(f"FUNCTION {self.spec.name} was built to be explained, not run")
+        started, failed = time.perf_counter(), True
         try:
             for result in self.function.call_table(batch):
                 if result.num_rows:
                     self.rows_out += result.num_rows
                     self.out.push(self.hidden, partition, result.cast(self.schema))
+            failed = False
         except FlightServeError as exc:  # the function's own error, with the query named
             raise type(exc)(f"{self.query.label}: {exc}") from exc
+        finally:  # the time includes the downstream query's work on the yielded batches
+            if self.stats is not None:
+                self.stats.record(time.perf_counter() - started, batch.num_rows, failed=failed)
 
     def on_end(self, partition: str) -> None:
         self.out.end(self.hidden, partition)

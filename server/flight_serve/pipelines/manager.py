@@ -489,6 +489,8 @@ class PipelineManager:
             # live, not from the last checkpoint: a plugin stage may block checkpoints
             "waiting": live.waiting_for() if live is not None else None,
             "plugin_errors": live.plugin_errors() if live is not None else {},
+            # live: calls, rows, errors and p99 call time of each user function since this run
+            "functions": live.user_functions.metrics() if live is not None else {},
         }
 
     def cancel(self, pid: str) -> dict[str, Any]:

@@ -632,7 +632,12 @@ class PipelineRuntime:
         if query.function in self.plan.user_functions:  # a user table function, in-process call
             spec = self.plan.user_functions[query.function]
             udtf = TableFunctionNode(
-                self, query, input, spec, self.user_functions.tables.get(spec.name)
+                self,
+                query,
+                input,
+                spec,
+                self.user_functions.tables.get(spec.name),
+                self.user_functions.stats[spec.name],
             )
             self.nodes.append(udtf)
             return udtf.hidden

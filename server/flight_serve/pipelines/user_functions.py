@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,43 @@ from flight_serve.errors import FlightServeError, FunctionCallError, StorageErro
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
 from flight_serve.functions.registry import create_function
 
-__all__ = ["CodeStore", "FunctionSet", "code_digests", "explain_lines"]
+__all__ = ["CodeStore", "FunctionSet", "FunctionStats", "code_digests", "explain_lines"]
+
+
+class FunctionStats:
+    """Calls of one function since the run started: ``calls`` (batches), ``rows`` (rows in),
+    ``errors`` (failed calls), and the call time's p99 over the last :attr:`WINDOW` calls."""
+
+    WINDOW = 1024
+
+    def __init__(self, spec: FunctionSpec) -> None:
+        self.spec = spec
+        self.calls = 0
+        self.rows = 0
+        self.errors = 0
+        self._times: deque[float] = deque(maxlen=self.WINDOW)
+
+    def record(self, seconds: float, rows: int, *, failed: bool) -> None:
+        """One call of ``rows`` rows that took ``seconds`` (``failed``: it raised)."""
+        self.calls += 1
+        self.rows += rows
+        self.errors += int(failed)
+        self._times.append(seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{language, kind, sha256 (12 hex), calls, rows, errors, p99_ms}`` (``p99_ms`` is
+        ``None`` before the first call)."""
+        times = sorted(self._times)
+        p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else None
+        return {
+            "language": self.spec.language,
+            "kind": self.spec.kind,
+            "sha256": self.spec.digest[:12],
+            "calls": self.calls,
+            "rows": self.rows,
+            "errors": self.errors,
+            "p99_ms": round(p99 * 1000, 3) if p99 is not None else None,
+        }
 
 
 class FunctionSet:
@@ -70,27 +108,40 @@ class FunctionSet:
             except BaseException:
                 self.close()
                 raise
+        self.stats = {name: FunctionStats(spec) for name, spec in self.specs.items()}
         self.udfs = [self._udf(spec) for spec in self.specs.values() if spec.kind == "scalar"]
 
     def _udf(self, spec: FunctionSpec) -> datafusion.ScalarUDF:
         assert isinstance(spec.returns, pa.DataType)
         returns: pa.DataType = spec.returns
         function = self.scalars.get(spec.name)
+        stats = self.stats[spec.name]
 
         def call(*args: pa.Array[Any]) -> pa.Array[Any]:
             if function is None:  # explain: never run on data
                 return pa.array([None] * (len(args[0]) if args else 1), type=returns)
+            rows = len(args[0]) if args else 0
+            started = time.perf_counter()
             try:
-                return function.call(list(args))
+                result = function.call(list(args))
             except FlightServeError as exc:
+                stats.record(time.perf_counter() - started, rows, failed=True)
                 self._failure = exc
                 raise
             except Exception as exc:  # a runner's bug: still name the function
+                stats.record(time.perf_counter() - started, rows, failed=True)
                 error = FunctionCallError(f"FUNCTION {spec.name}: {type(exc).__name__}: {exc}")
                 self._failure = error
                 raise error from exc
+            stats.record(time.perf_counter() - started, rows, failed=False)
+            return result
 
         return datafusion.udf(call, list(spec.arg_types), returns, "immutable", name=spec.name)
+
+    def metrics(self) -> dict[str, dict[str, Any]]:
+        """Per function: :meth:`FunctionStats.as_dict` (``pipeline.status``'s
+        ``"functions"``)."""
+        return {name: stats.as_dict() for name, stats in self.stats.items()}
 
     def register(self, ctx: datafusion.SessionContext) -> None:
         """Register every scalar function in ``ctx`` (by its lower-case name)."""
