@@ -554,6 +554,21 @@ def _print_warnings(path: Path, warnings: Sequence[str]) -> None:
         print(f"flight-serve: {path}: warning: {warning}", file=sys.stderr)
 
 
+def _function_files(sql: str, path: Path) -> dict[str, str]:
+    """The ``CREATE FUNCTION … USING '<file>'`` files of a pipeline, by path as written, as
+    base64 (none when it does not parse: the server says why)."""
+    import base64
+
+    from flight_serve.errors import FlightServeError
+    from flight_serve.pipelines.pipeline import parse_pipeline
+
+    try:
+        plan = parse_pipeline(sql, path=path)
+    except FlightServeError:
+        return {}
+    return {k: base64.b64encode(v).decode("ascii") for k, v in plan.function_files.items()}
+
+
 def _sql_warnings(sql: str) -> tuple[str, ...]:
     """The warnings of a pipeline's SQL (none when it does not parse: the server says why)."""
     from flight_serve.errors import FlightServeError
@@ -698,6 +713,9 @@ def _submit(args: argparse.Namespace) -> int:
     }
     if args.replace:
         body["replace"] = True
+    files = _function_files(sql, path)
+    if files:  # the server may not see this machine's files: they travel with the pipeline
+        body["files"] = files
     try:
         result = _action(
             args.server,

@@ -45,9 +45,19 @@ class Pipeline:
     [('out', 1), ('out', 1)]
     """
 
-    def __init__(self, plan: PipelinePlan, *, output_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        plan: PipelinePlan,
+        *,
+        output_dir: Path | None = None,
+        python_functions: str | None = None,
+    ) -> None:
         self.plan = plan
         self.output_dir = output_dir
+        #: the runner of the pipeline's LANGUAGE python functions: ``"python"`` (sandboxed) or
+        #: ``"inprocess"`` (in this process, NOT sandboxed); ``None``: the environment's
+        #: ``FLIGHT_SERVE_PYTHON_FUNCTIONS``, else the sandbox (docs/pipelines.md, "Functions")
+        self.python_functions = python_functions
 
     @classmethod
     def from_sql(
@@ -56,6 +66,7 @@ class Pipeline:
         *,
         base_dir: str | os.PathLike[str] | None = None,
         output_dir: str | os.PathLike[str] | None = None,
+        python_functions: str | None = None,
     ) -> Pipeline:
         """Parse a pipeline from SQL text or a file.
 
@@ -65,6 +76,8 @@ class Pipeline:
             base_dir: where relative source and table paths start (default: the file's directory,
                 or the working directory for SQL text).
             output_dir: where relative sink paths start (default: the working directory).
+            python_functions: ``"inprocess"`` runs ``LANGUAGE python`` functions inside this
+                process, not sandboxed (off by default; see :attr:`python_functions`).
 
         Raises:
             PipelineSQLError: the SQL does not parse or breaks a rule, with line and column.
@@ -84,10 +97,19 @@ class Pipeline:
         plan = parse_pipeline(
             text, path=path, base_dir=Path(base_dir) if base_dir is not None else None
         )
-        return cls(plan, output_dir=Path(output_dir) if output_dir is not None else None)
+        return cls(
+            plan,
+            output_dir=Path(output_dir) if output_dir is not None else None,
+            python_functions=python_functions,
+        )
 
     def _runtime(self, load_tables: bool = True) -> PipelineRuntime:
-        return PipelineRuntime(self.plan, output_dir=self.output_dir, load_tables=load_tables)
+        return PipelineRuntime(
+            self.plan,
+            output_dir=self.output_dir,
+            load_tables=load_tables,
+            python_functions=self.python_functions,
+        )
 
     def explain(self) -> str:
         """The plan as text (see ``flight-serve explain``); reads file schemas, not their rows.

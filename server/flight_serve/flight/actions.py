@@ -7,7 +7,7 @@ Bodies and results are UTF-8 JSON objects (schemas/README.md, "Actions"):
 action                   body                                           result
 =======================  =============================================  ===========================
 ``pipeline.submit``      ``{"sql", "name"?, "base_dir"?,                ``{"id", "name", "state",
-                         "output_dir"?, "replace"?}``                   "outputs"}``
+                         "output_dir"?, "replace"?, "files"?}``         "outputs"}``
 ``pipeline.list``        ``{}``                                         ``{"pipelines": [{"id",
                                                                         "name", "state", …}]}``
 ``pipeline.status``      ``{"id"}``                                     state, watermark, lag, rows
@@ -27,6 +27,8 @@ column), NOT_FOUND for an unknown id.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -120,6 +122,25 @@ def _flag(body: dict[str, Any], key: str, action: str) -> bool:
     return value
 
 
+def _files(body: dict[str, Any], action: str) -> dict[str, bytes] | None:
+    """``"files": {"<USING path as written>": "<base64>"}``: the code files of the pipeline's
+    ``CREATE FUNCTION … USING '<file>'``, uploaded with it (``None`` when not given)."""
+    files = body.get("files")
+    if files is None:
+        return None
+    if not isinstance(files, dict):
+        raise ActionError(f'{action}: "files" must be an object of path: base64 text')
+    out: dict[str, bytes] = {}
+    for path, text in files.items():
+        if not isinstance(text, str):
+            raise ActionError(f'{action}: "files" {path!r}: expected base64 text')
+        try:
+            out[path] = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise ActionError(f'{action}: "files" {path!r}: not base64') from None
+    return out
+
+
 def _result(value: Any) -> list[bytes]:
     return [json.dumps(value).encode()]
 
@@ -139,6 +160,7 @@ def register_pipeline_actions(register: RegisterAction, manager: PipelineManager
                 base_dir=_text(body, "base_dir", "pipeline.submit", required=False),
                 output_dir=_text(body, "output_dir", "pipeline.submit", required=False),
                 replace=_flag(body, "replace", "pipeline.submit"),
+                function_files=_files(body, "pipeline.submit"),
             )
         )
 

@@ -164,11 +164,18 @@ class CheckpointCoordinator:
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None
     barrier_hooks: list[Callable[[int], None]] = field(default_factory=list)
     event_hooks: list[Callable[[str, SourceEvent], None]] = field(default_factory=list)
+    #: ``<name>:<sha256>`` of each user function's code (CREATE FUNCTION … LANGUAGE …): code
+    #: read from a USING file is not in the text, and is part of the pipeline's identity too
+    code_digests: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # recovery options (offset_reset, expired_snapshot) may be set after a failure
         self.fingerprint = recovery_neutral_fingerprint(self.text)
         self._text_fingerprint = fingerprint(self.text)  # what older checkpoints recorded
+        if self.code_digests:  # a pipeline without functions keeps its fingerprint
+            codes = "\n".join(self.code_digests)
+            self.fingerprint = fingerprint(f"{self.fingerprint}\n{codes}")
+            self._text_fingerprint = fingerprint(f"{self._text_fingerprint}\n{codes}")
         self.graph: Checkpointed | None = None
         self.last_checkpoint: CheckpointInfo | None = None
         self.resumed_from: int | None = None

@@ -72,6 +72,7 @@ from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.pipelines.store_io import StoreSource
+from flight_serve.pipelines.user_functions import code_digests
 from flight_serve.store import StreamStore
 from flight_serve.store.streams import WriterBusyError, WriterHold
 from flight_serve.types import MIN_WATERMARK_NS
@@ -156,6 +157,7 @@ class DurableRuntime(PipelineRuntime):
             resume=resume,
             restart_finished=restart_finished,
             on_checkpoint=on_checkpoint,
+            code_digests=code_digests(plan.user_functions),
         )
         self._coordinator = coordinator
         self.manifest = coordinator.manifest
@@ -508,9 +510,11 @@ class DurableRuntime(PipelineRuntime):
             hold.release()
 
     def close_sources(self) -> None:
-        """Close the sources of a runtime that will not run (a refused submit)."""
+        """Close the sources (and the functions) of a runtime that will not run (a refused
+        submit)."""
         for source in self.flight_sources.values():
             source.close()
+        self.user_functions.close()
 
     def summary(self) -> RunSummary:
         """Rows per sink, targets (a server stream is ``stream <name>``) and late rows so far."""

@@ -4,6 +4,7 @@ the sinks)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,10 @@ from flight_serve.engine.windows import (
     WindowSpec,
 )
 from flight_serve.pipelines.dialect import position
+from flight_serve.pipelines.function_nodes import TableFunctionNode
 from flight_serve.pipelines.graph import Node, PluginNode, RowNode, WindowNode, columns_text
 from flight_serve.pipelines.query import QueryOptions
+from flight_serve.pipelines.user_functions import explain_lines
 from flight_serve.types import timedelta_to_ns
 
 if TYPE_CHECKING:
@@ -207,8 +210,9 @@ def explain(runtime: PipelineRuntime) -> str:
             f"before the first source batch ({len(table_source.paths)} file(s))"
         )
         out.append(f"  columns: {columns_text(table_source.schema)}")
+    out += explain_lines(plan.user_functions)  # CREATE FUNCTION … LANGUAGE python | wasm
     for node in runtime.nodes:
-        out += ["", *_explain_query(node)]
+        out += ["", *_explain_query(node, plan.user_functions)]
     for name, slot in runtime.sinks.items():
         out += ["", f"SINK {name}{_at(slot.definition.node)}"]
         if slot.connector == "stdout":
@@ -250,14 +254,15 @@ def explain(runtime: PipelineRuntime) -> str:
             out.append(f"  columns: {columns_text(slot.schema)}")
     return "\n".join(out) + "\n"
 
-def _explain_query(node: Node) -> list[str]:
+def _explain_query(node: Node, user_functions: Collection[str] = ()) -> list[str]:
     query = node.query
     out = [f"QUERY {query.index + 1}: {query.label}"]
     reads = query.input if query.late_of is None else f"{node.input.name} (late side output)"
     if query.function is not None:  # two stages: the plugin, then the per-row query
-        plugin_stage = isinstance(node, PluginNode)
+        plugin_stage = isinstance(node, PluginNode | TableFunctionNode)
         out[0] += f", stage {1 if plugin_stage else 2} of 2"
-        reads = query.input if plugin_stage else f"{node.input.name} (the plugin's results)"
+        results = "the function's" if query.function in user_functions else "the plugin's"
+        reads = query.input if plugin_stage else f"{node.input.name} ({results} results)"
     out.append(f"  reads: {reads} ({len(node.input.partitions)} partition(s))")
     if isinstance(node, WindowNode):
         op, cfg = node.op, node.op.config
@@ -319,6 +324,12 @@ def _explain_query(node: Node) -> list[str]:
             f"  plugin {fn.plugin} (FUNCTION {fn.name}): every batch sent to an attached "
             f"instance, results in order; timeout {_duration(fn.timeout)}, max_in_flight "
             f"{fn.max_in_flight}"
+        )
+    elif isinstance(node, TableFunctionNode):
+        spec = node.spec
+        out.append(
+            f"  FUNCTION {spec.name} (language {spec.language}, table, sha256 "
+            f"{spec.digest[:12]}): called once per batch, in order; its batches go on"
         )
     else:
         assert isinstance(node, RowNode)

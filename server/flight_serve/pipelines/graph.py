@@ -37,6 +37,7 @@ from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.pipeline import FunctionDef, QueryDef
 from flight_serve.pipelines.plugins import PluginHub, send_slices
 from flight_serve.pipelines.query import unknown_column
+from flight_serve.pipelines.user_functions import FunctionSet
 from flight_serve.types import MAX_WATERMARK_NS
 
 __all__ = [
@@ -299,8 +300,12 @@ class RowNode(Node):
         query: QueryDef,
         input: Stream,
         tables: dict[str, pa.Table],
+        functions: FunctionSet | None = None,
     ) -> None:
         self.ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
+        self.functions = functions  # the pipeline's user functions, as UDFs of this session
+        if functions is not None:
+            functions.register(self.ctx)
         for name in query.tables:
             table = tables[name]
             batches = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
@@ -321,6 +326,9 @@ class RowNode(Node):
         try:
             return self.ctx.sql(self.sql).to_arrow_table()
         except Exception as exc:  # DataFusion raises generic exceptions: wrap them
+            failure = self.functions.failure() if self.functions is not None else None
+            if failure is not None:  # a user function failed: its own error, named
+                raise type(failure)(f"{self.label}: {failure}") from failure
             raise QueryError(f"{self.label}: {exc}") from exc
         finally:
             self.ctx.deregister_table(_INPUT)

@@ -35,6 +35,7 @@ import re
 import shutil
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -53,6 +54,7 @@ from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry
 from flight_serve.pipelines.store_io import StoreSource
+from flight_serve.pipelines.user_functions import CodeStore
 from flight_serve.store import StreamStore
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
@@ -273,9 +275,16 @@ class PipelineManager:
         except FlightServeError:
             return None
 
-    def build(self, record: PipelineRecord) -> DurableRuntime:
-        """The runtime of ``record``'s pipeline, resumed from its newest checkpoint."""
-        plan = parse_pipeline(record.sql, base_dir=Path(record.base_dir))
+    def build(
+        self, record: PipelineRecord, function_files: Mapping[str, bytes] | None = None
+    ) -> DurableRuntime:
+        """The runtime of ``record``'s pipeline, resumed from its newest checkpoint; the code of
+        its functions' ``USING`` files is ``function_files``, else what was stored at submit."""
+        if function_files is None:
+            function_files = CodeStore(self.data_dir).load(record.id)
+        plan = parse_pipeline(
+            record.sql, base_dir=Path(record.base_dir), function_files=function_files
+        )
         options = plan.run_options
         if options.checkpoint_interval is None:  # a live pipeline must commit on time too
             options = replace(options, checkpoint_interval=self.checkpoint_interval)
@@ -358,6 +367,7 @@ class PipelineManager:
         base_dir: str | None = None,
         output_dir: str | None = None,
         replace: bool = False,
+        function_files: Mapping[str, bytes] | None = None,
     ) -> dict[str, Any]:
         """Plan, open and start a pipeline; return ``{"id", "name", "state", "outputs"}``.
 
@@ -375,6 +385,9 @@ class PipelineManager:
             base_dir: where relative source paths start (default: the data directory).
             output_dir: where relative sink paths start (default ``<data-dir>/outputs/<id>``).
             replace: cancel the running pipeline(s) of that name first (once this one planned).
+            function_files: the bytes of the ``CREATE FUNCTION … USING '<file>'`` files, by path
+                as written (uploaded by ``flight-serve submit``); a file not given is read from
+                ``base_dir``. Either way they are stored in ``<data-dir>/functions``.
 
         Raises:
             PipelineSQLError: the pipeline does not plan, or a connector cannot open (line and
@@ -400,7 +413,8 @@ class PipelineManager:
         base = str(Path(base_dir) if base_dir else self.data_dir.absolute())
         out = str(Path(output_dir) if output_dir else (self.data_dir / "outputs" / pid).absolute())
         record = PipelineRecord(pid, name, sql, base, out, "running", "", "", 0, None, None, {})
-        runtime = self.build(record)  # refuses a bad pipeline before anything is registered
+        # refuses a bad pipeline before anything is registered
+        runtime = self.build(record, function_files=function_files)
         for old in same:
             self.registry.log(old.id, "info", f"replaced by {pid}")
             self.cancel(old.id)
@@ -409,6 +423,8 @@ class PipelineManager:
         except AlreadyExistsError:
             runtime.close_sources()
             raise
+        if runtime.plan.function_files:  # a restart reads the code from the data directory
+            CodeStore(self.data_dir).save(pid, runtime.plan.function_files)
         record = self.registry.add(pid, record.name, sql, base, out)
         self.registry.log(pid, "info", "submitted")
         self._launch(record, runtime)
@@ -473,6 +489,8 @@ class PipelineManager:
             # live, not from the last checkpoint: a plugin stage may block checkpoints
             "waiting": live.waiting_for() if live is not None else None,
             "plugin_errors": live.plugin_errors() if live is not None else {},
+            # live: calls, rows, errors and p99 call time of each user function since this run
+            "functions": live.user_functions.metrics() if live is not None else {},
         }
 
     def cancel(self, pid: str) -> dict[str, Any]:

@@ -21,14 +21,15 @@ reads ``<name>`` (or defines the view ``<name>``).
 Names are case-sensitive, as written. A statement may only name sources, tables, views and sinks
 declared above it, so a pipeline is always a DAG.
 
-Planning opens no file: connector options are kept as written and checked when the pipeline is built
+Planning opens no file but the code files of ``CREATE FUNCTION … USING '<file>'`` (the plan
+carries their bytes; :mod:`flight_serve.pipelines.functions`): connector options are kept as written and checked when the pipeline is built
 (:mod:`flight_serve.pipelines.runtime`). Every error is a
 :class:`~flight_serve.errors.PipelineSQLError` naming the line and column of the offending token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -38,7 +39,13 @@ import pyarrow as pa
 from sqlglot import exp
 
 from flight_serve.errors import PipelineSQLError
+from flight_serve.functions.base import FunctionSpec
 from flight_serve.pipelines.dialect import key_position, parse_statements, position, sql_error
+from flight_serve.pipelines.functions import (
+    check_windowed_calls,
+    is_user_function,
+    user_function,
+)
 from flight_serve.pipelines.query import (
     OPTION_NAMES,
     QUERY_OPTION_NAMES,
@@ -214,7 +221,8 @@ class QueryDef:
         window: the windowed aggregation, or ``None`` for a per-row query.
         late_of: for an ``input`` of the form ``LATE(x)``: the index of the windowed query whose
             late side output it reads.
-        function: for ``FROM <f>(<stream>)``: the plugin function the stream goes through first.
+        function: for ``FROM <f>(<stream>)``: the plugin function (or the user table function,
+            ``PipelinePlan.user_functions``) the stream goes through first.
     """
 
     index: int
@@ -270,6 +278,10 @@ class PipelinePlan:
     run_options: RunOptions = field(default_factory=RunOptions)
     functions: dict[str, FunctionDef] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    #: ``CREATE FUNCTION … LANGUAGE python | wasm`` (:mod:`flight_serve.pipelines.functions`)
+    user_functions: dict[str, FunctionSpec] = field(default_factory=dict)
+    #: the ``USING '<file>'`` files of those functions, by path as written -> their bytes
+    function_files: dict[str, bytes] = field(default_factory=dict)
 
 
 # --- types ------------------------------------------------------------------------------------
@@ -461,8 +473,15 @@ def _check_per_row(select: exp.Select) -> None:
 
 
 class _Planner:
-    def __init__(self, text: str, path: Path | None, base_dir: Path) -> None:
+    def __init__(
+        self,
+        text: str,
+        path: Path | None,
+        base_dir: Path,
+        function_files: Mapping[str, bytes] | None = None,
+    ) -> None:
         self.text = text
+        self.function_files = dict(function_files or {})
         self.path = path
         self.base_dir = base_dir
         self.settings = QueryOptions()
@@ -477,6 +496,7 @@ class _Planner:
         self.streams: dict[str, tuple[QueryOptions, str | None, bool]] = {}
         self.late_refs: list[tuple[int, str, exp.Expression]] = []
         self.functions: dict[str, FunctionDef] = {}
+        self.user_functions: dict[str, FunctionSpec] = {}
         self.function_ref: str | None = None
 
     def declare(self, name: str, node: exp.Expression) -> None:
@@ -486,8 +506,24 @@ class _Planner:
             or name in self.sinks
             or name in self.views
             or name in self.functions
+            or name.lower() in self.user_functions
         ):
             raise sql_error(f"{name} is already declared", node)
+
+    def table_function(self, call: exp.Anonymous) -> str | None:
+        """The name of the user table function ``call`` calls (``FROM f(<stream>)``), else
+        ``None``; a scalar user function there is refused."""
+        spec = self.user_functions.get(str(call.name).lower())
+        if spec is None:
+            return None
+        if spec.kind != "table":
+            raise sql_error(
+                f"FUNCTION {spec.name} is a scalar function: call it in an expression "
+                f"(SELECT {spec.name}(…) FROM <stream>); FROM <f>(<stream>) takes a RETURNS "
+                "TABLE function",
+                call,
+            )
+        return spec.name
 
     def plan(self) -> PipelinePlan:
         statements = parse_statements(self.text)
@@ -543,6 +579,8 @@ class _Planner:
             views=dict(self.views),
             run_options=self.run_options,
             functions=dict(self.functions),
+            user_functions=dict(self.user_functions),
+            function_files=dict(self.function_files),
             warnings=tuple(w for q in queries if q.window is not None for w in q.window.warnings),
         )
 
@@ -550,6 +588,11 @@ class _Planner:
 
     def create(self, create: exp.Create) -> None:
         kind = str(create.args.get("kind") or "").upper()
+        if kind == "FUNCTION" and is_user_function(create):
+            spec = user_function(create, self.text, self.base_dir, self.function_files)
+            self.declare(spec.name, create.this)
+            self.user_functions[spec.name] = spec
+            return
         if kind == "FUNCTION":
             self.functions[_function_name(create)] = _function(create, self)
             return
@@ -667,8 +710,8 @@ class _Planner:
         if isinstance(node.this, exp.Anonymous):
             if node.this.name.upper() == "LATE":
                 return "late", _late_target(node.this)
-            if node.this.name in self.functions:
-                self.function_ref = node.this.name
+            if node.this.name in self.functions or self.table_function(node.this):
+                self.function_ref = self.table_function(node.this) or node.this.name
                 return "stream", _plugin_input(node.this, self.streams)
             raise sql_error(
                 f"{node.this.name}(…) here: window functions must be the only FROM item of a "
@@ -697,7 +740,13 @@ class _Planner:
             raise sql_error("expected a SELECT (UNION and VALUES are not supported)", query)
         index = len(self.queries)
         func = window_table_function(query)
-        if func is not None and func.name.upper() != "LATE" and func.name not in self.functions:
+        if (
+            func is not None
+            and func.name.upper() != "LATE"
+            and func.name not in self.functions
+            and self.table_function(func) is None
+        ):
+            check_windowed_calls(query, self.user_functions)
             self.windowed(index, statement, query, func, view, sink)
             return
         with_ = query.args.get("with_") or query.args.get("with")
@@ -744,7 +793,12 @@ class _Planner:
         if view is not None:
             if function is not None:
                 options, time_column, update = self.streams[name]
-                returns = self.functions[function].returns
+                returns = (
+                    self.functions[function].returns
+                    if function in self.functions
+                    else self.user_functions[function].returns
+                )
+                assert isinstance(returns, pa.Schema)
                 kept = (
                     time_column
                     if time_column
@@ -929,7 +983,11 @@ def _plugin_input(call: exp.Anonymous, streams: Collection[str]) -> str:
 
 
 def parse_pipeline(
-    text: str, *, path: Path | None = None, base_dir: Path | None = None
+    text: str,
+    *,
+    path: Path | None = None,
+    base_dir: Path | None = None,
+    function_files: Mapping[str, bytes] | None = None,
 ) -> PipelinePlan:
     """Parse and check a pipeline (see the module docstring); no file is opened.
 
@@ -938,9 +996,12 @@ def parse_pipeline(
         path: the file it came from (for messages and ``explain``).
         base_dir: where relative input paths start (default: ``path``'s directory, else the
             working directory).
+        function_files: the code of ``CREATE FUNCTION … USING '<file>'`` by path as written
+            (what was stored at submit); such files are not read from ``base_dir``.
 
     Raises:
         PipelineSQLError: a syntax error or a statement outside the grammar, with line and column.
+        FunctionDefinitionError: a ``CREATE FUNCTION`` whose code cannot be read or checked.
 
     >>> plan = parse_pipeline(
     ...     "CREATE SOURCE s (k VARCHAR, t TIMESTAMP, WATERMARK FOR t AS t - INTERVAL '5' SECOND)"
@@ -953,4 +1014,4 @@ def parse_pipeline(
     """
     if base_dir is None:
         base_dir = path.parent if path is not None else Path.cwd()
-    return _Planner(text, path, base_dir).plan()
+    return _Planner(text, path, base_dir, function_files).plan()

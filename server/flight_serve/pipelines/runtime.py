@@ -65,6 +65,7 @@ from flight_serve.pipelines.connect import (
 )
 from flight_serve.pipelines.coordinator import CheckpointCoordinator
 from flight_serve.pipelines.dialect import sql_error
+from flight_serve.pipelines.function_nodes import TableFunctionNode
 from flight_serve.pipelines.graph import (
     Node,
     PluginNode,
@@ -89,6 +90,7 @@ from flight_serve.pipelines.pipeline import (
     SinkDef,
 )
 from flight_serve.pipelines.plugins import PluginHub
+from flight_serve.pipelines.user_functions import FunctionSet
 from flight_serve.store.streams import data_dir_holder
 
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]  # CONNECTORS: see .connect
@@ -174,6 +176,9 @@ class PipelineRuntime:
         plugins: the server's plugin hub, for ``CREATE FUNCTION … (connector = 'plugin')``
             (``None``: such functions are refused, as in embedded runs, except by
             :meth:`explain`, which builds them without a server).
+        python_functions: the runner of ``LANGUAGE python`` functions (``"python"``, the
+            sandbox; ``"inprocess"``, not sandboxed); ``None``: see
+            :func:`flight_serve.functions.registry.create_function`.
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -193,6 +198,7 @@ class PipelineRuntime:
         clock_ns: Callable[[], int] | None = None,
         wall_clock_ns: Callable[[], int] | None = None,
         coordinator: CheckpointCoordinator | None = None,
+        python_functions: str | None = None,
     ) -> None:
         self.plan = plan
         #: the checkpoints of a checkpointed run (the state it resumes from, its barriers)
@@ -266,7 +272,15 @@ class PipelineRuntime:
             self.streams[relation.name] = Stream(relation.name, schema, source.partitions)
         for sink in plan.sinks.values():
             self.sinks[sink.name] = self._sink(sink)
-        self._build_queries()
+        #: CREATE FUNCTION … LANGUAGE python | wasm, as UDFs (made only when it will run)
+        self.user_functions = FunctionSet(
+            plan.user_functions, run=load_tables, python_runner=python_functions
+        )
+        try:
+            self._build_queries()
+        except BaseException:
+            self.user_functions.close()  # their workers: this runtime never runs
+            raise
         if coordinator is not None:
             for name, source in self.sources.items():  # their offsets, checked against the files
                 source.measure()
@@ -586,7 +600,7 @@ class PipelineRuntime:
             if query.function is not None:
                 input = self._plugin_stage(query, input)
             check_row_columns(query, input, self.tables)
-            node = RowNode(self, query, input, self.tables)
+            node = RowNode(self, query, input, self.tables, self.user_functions)
             partitions = input.partitions
         if query.view is not None:
             node.output = self.streams[query.view] = Stream(query.view, node.schema, partitions)
@@ -615,6 +629,18 @@ class PipelineRuntime:
     def _plugin_stage(self, query: QueryDef, input: Stream) -> Stream:
         """The plugin node in front of ``query`` (``FROM <f>(<input>)``); its hidden stream."""
         assert query.function is not None
+        if query.function in self.plan.user_functions:  # a user table function, in-process call
+            spec = self.plan.user_functions[query.function]
+            udtf = TableFunctionNode(
+                self,
+                query,
+                input,
+                spec,
+                self.user_functions.tables.get(spec.name),
+                self.user_functions.stats[spec.name],
+            )
+            self.nodes.append(udtf)
+            return udtf.hidden
         function = self.plan.functions[query.function]
         if self.plugins is None:
             raise sql_error(
@@ -808,6 +834,7 @@ class PipelineRuntime:
         finally:
             for node in self.nodes:
                 node.close()
+            self.user_functions.close()
             for source in self.flight_sources.values():
                 source.close()
             for slot in self.sinks.values():
@@ -941,6 +968,8 @@ class PipelineRuntime:
             node_id, kind, label = f"query:{n.query.index}", "map", n.query.label
             if isinstance(n, PluginNode):
                 node_id, kind, label = f"function:{n.function.name}", "function", n.function.name
+            elif isinstance(n, TableFunctionNode):
+                node_id, kind, label = f"function:{n.spec.name}", "function", n.spec.name
             elif isinstance(n, WindowNode):
                 kind = "window"
             out.append({
