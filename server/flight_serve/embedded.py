@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 
@@ -51,6 +52,7 @@ class Pipeline:
         *,
         output_dir: Path | None = None,
         python_functions: str | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.plan = plan
         self.output_dir = output_dir
@@ -58,6 +60,9 @@ class Pipeline:
         #: ``"inprocess"`` (in this process, NOT sandboxed); ``None``: the environment's
         #: ``FLIGHT_SERVE_PYTHON_FUNCTIONS``, else the sandbox (docs/pipelines.md, "Functions")
         self.python_functions = python_functions
+        #: how the sandboxed runner's workers run (hidden paths, ``unsandboxed`` without
+        #: bwrap); ``None``: ``SandboxConfig()``
+        self.sandbox = sandbox
 
     @classmethod
     def from_sql(
@@ -67,6 +72,7 @@ class Pipeline:
         base_dir: str | os.PathLike[str] | None = None,
         output_dir: str | os.PathLike[str] | None = None,
         python_functions: str | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> Pipeline:
         """Parse a pipeline from SQL text or a file.
 
@@ -78,6 +84,7 @@ class Pipeline:
             output_dir: where relative sink paths start (default: the working directory).
             python_functions: ``"inprocess"`` runs ``LANGUAGE python`` functions inside this
                 process, not sandboxed (off by default; see :attr:`python_functions`).
+            sandbox: the sandbox of the default runner (:attr:`sandbox`).
 
         Raises:
             PipelineSQLError: the SQL does not parse or breaks a rule, with line and column.
@@ -101,6 +108,7 @@ class Pipeline:
             plan,
             output_dir=Path(output_dir) if output_dir is not None else None,
             python_functions=python_functions,
+            sandbox=sandbox,
         )
 
     def _runtime(self, load_tables: bool = True) -> PipelineRuntime:
@@ -109,6 +117,7 @@ class Pipeline:
             output_dir=self.output_dir,
             load_tables=load_tables,
             python_functions=self.python_functions,
+            sandbox=self.sandbox,
         )
 
     def explain(self) -> str:

@@ -10,6 +10,7 @@ and a :class:`~flight_serve.flight.ops.metrics.Metrics` registry.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,7 @@ from flight_serve.flight.ops.limits import (
     MemoryBudget,
 )
 from flight_serve.flight.ops.roles import TlsFiles, TokenGrant
+from flight_serve.functions.python import SandboxConfig
 from flight_serve.store import FsyncMode
 
 if TYPE_CHECKING:
@@ -68,6 +70,10 @@ class ServerConfig:
         health_port / metrics_port: ``serve_forever``'s gRPC health and ``/metrics`` ports
             (``None``: the Flight port + 1 / + 2, or a free port when ``port`` is 0).
         drain_timeout_s: how long ``serve_forever`` waits for calls in flight after SIGTERM.
+        allow_unsandboxed_python: pipelines' ``LANGUAGE python`` functions may run as plain
+            subprocesses, **not sandboxed**, when bwrap is missing (``serve
+            --allow-unsandboxed-python``); otherwise they are refused (see
+            :meth:`python_sandbox`).
 
     Raises:
         ValueError: both ``users`` and ``users_file``, both ``tokens`` and ``tokens_file``, or
@@ -98,6 +104,39 @@ class ServerConfig:
     health_port: int | None = None
     metrics_port: int | None = None
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    allow_unsandboxed_python: bool = False
+
+    def python_sandbox(self) -> SandboxConfig:
+        """The sandbox of this server's Python functions (docs/python-functions.md).
+
+        ``hidden_paths`` (each an empty tmpfs inside the sandbox): the data directory and the
+        directories of the TLS key, the tokens file and the users file, resolved; a directory
+        that holds the Python interpreter or the flight_serve package is left visible (the
+        worker could not start without it). ``unsandboxed``: :attr:`allow_unsandboxed_python`.
+        """
+        candidates = [Path(self.data_dir)]
+        for file in (
+            self.tls.key if self.tls is not None else None,
+            self.tokens_file,
+            self.users_file,
+        ):
+            if file is not None:
+                candidates.append(Path(file).parent)
+        needed = [
+            resolved
+            for p in (sys.prefix, sys.base_prefix, sys.executable, Path(__file__).parents[1])
+            for resolved in (Path(p).absolute(), Path(p).resolve())
+        ]
+        hidden: list[str] = []
+        for candidate in candidates:
+            path = candidate.resolve()
+            if any(n == path or path in n.parents for n in needed):
+                continue
+            if str(path) not in hidden:
+                hidden.append(str(path))
+        return SandboxConfig(
+            unsandboxed=self.allow_unsandboxed_python, hidden_paths=tuple(hidden)
+        )
 
     def __post_init__(self) -> None:
         for given, other in (

@@ -227,7 +227,9 @@ def start_server(
             from flight_serve.flight.actions import register_pipeline_actions
             from flight_serve.pipelines.manager import PipelineManager
 
-            manager = PipelineManager(store, data_dir, plugins=service.plugins)
+            manager = PipelineManager(
+                store, data_dir, plugins=service.plugins, sandbox=config.python_sandbox()
+            )
             register_pipeline_actions(service.register_action, manager)
             service.pipeline_manager = manager
             if service.memory_budget is not None:

@@ -94,6 +94,7 @@ __all__ = [
     "PythonTableFunction",
     "SandboxConfig",
     "bwrap_path",
+    "create",
     "python_function",
 ]
 
@@ -175,6 +176,20 @@ def python_function(
     if spec.kind == "table":
         return PythonTableFunction(spec, config)
     return PythonScalarFunction(spec, config)
+
+
+def create(
+    spec: FunctionSpec, sandbox: SandboxConfig | None = None
+) -> PythonScalarFunction | PythonTableFunction:
+    """The registry's factory (:func:`flight_serve.functions.registry.create_function`): the
+    same as :func:`python_function`, with the host's sandbox (``None``: ``SandboxConfig()``,
+    sandboxed, nothing hidden).
+
+    The host configures ``sandbox``: ``flight-serve serve`` hides its data directory and the
+    directories of its TLS key, tokens and users files and sets ``unsandboxed`` from
+    ``--allow-unsandboxed-python``; ``flight-serve run`` sets only ``unsandboxed``.
+    """
+    return python_function(spec, sandbox)
 
 
 class _WorkerDied(Exception):

@@ -10,7 +10,10 @@ or one per kind, named after the runner (``wasm_scalar_function`` / ``wasm_table
     def <runner>_scalar_function(spec: FunctionSpec) -> ScalarFunction
     def <runner>_table_function(spec: FunctionSpec) -> TableFunction
 
-(``create`` is used when the module has it). A factory compiles / checks the code (raising
+(``create`` is used when the module has it). The ``python`` runner's factory takes the host's
+sandbox too (``create(spec, sandbox)``, a
+:class:`~flight_serve.functions.python.SandboxConfig` or ``None``), passed down from
+:func:`create_function`. A factory compiles / checks the code (raising
 :class:`~flight_serve.errors.FunctionDefinitionError` naming ``spec.name`` and ``spec.line`` when
 it cannot be registered) and returns a ready function (``spec.kind == "scalar"``: a
 :class:`~flight_serve.functions.base.ScalarFunction`; ``"table"``: a
@@ -34,9 +37,13 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from flight_serve.errors import FunctionDefinitionError
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
+
+if TYPE_CHECKING:
+    from flight_serve.functions.python import SandboxConfig
 
 __all__ = [
     "PYTHON_RUNNERS",
@@ -92,7 +99,10 @@ def _runner_module(runner: str, spec: FunctionSpec) -> ModuleType:
 
 
 def create_function(
-    spec: FunctionSpec, *, python_runner: str | None = None
+    spec: FunctionSpec,
+    *,
+    python_runner: str | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> ScalarFunction | TableFunction:
     """A ready function for ``spec``, made by its language's runner.
 
@@ -100,6 +110,9 @@ def create_function(
         spec: the definition (its ``code`` loaded).
         python_runner: ``python`` (sandboxed, the default) or ``inprocess`` (not sandboxed);
             ``None`` reads :data:`PYTHON_RUNNER_ENV`. Ignored for wasm.
+        sandbox: how the ``python`` runner's workers run (the host's hidden paths, whether
+            running without bwrap is allowed); ``None``: ``SandboxConfig()``. Used by the
+            ``python`` runner only.
 
     Raises:
         FunctionDefinitionError: an unknown runner, a runner missing from this build, or the
@@ -124,7 +137,7 @@ def create_function(
             f"{_where(spec)}: the {runner} runner has no create(spec) or {per_kind}(spec) "
             "factory"
         )
-    function = factory(spec)
+    function = factory(spec, sandbox) if runner == "python" else factory(spec)
     expected = ScalarFunction if spec.kind == "scalar" else TableFunction
     if not isinstance(function, expected):
         raise FunctionDefinitionError(

@@ -55,6 +55,7 @@ from flight_serve.connectors.flight import (
     FlightTicketSource,
 )
 from flight_serve.errors import CheckpointError, ConnectorError, ExternalError, FlightServeError
+from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.connect import REGISTRY, EpochSinkArgs, check_checkpointed
 from flight_serve.pipelines.coordinator import (
@@ -115,6 +116,7 @@ class DurableRuntime(PipelineRuntime):
             only completes what a crash interrupted (the last commit, the file sinks' files).
         plugins: the server's plugin hub (plugin functions; a checkpoint first waits for every
             batch sent to a plugin and emits its result, so no batch is in flight at a barrier).
+        sandbox: the ``python`` runner's sandbox (see :class:`PipelineRuntime`).
 
     Raises:
         PipelineSQLError: a connector a checkpointed run cannot cover, with its position; or
@@ -136,6 +138,7 @@ class DurableRuntime(PipelineRuntime):
         on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
         restart_finished: bool = True,
         plugins: PluginHub | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.options = options if options is not None else plan.run_options
         self.restart_finished = restart_finished
@@ -172,6 +175,7 @@ class DurableRuntime(PipelineRuntime):
             plugins=plugins,
             data_dir=store.data_dir if store is not None else None,
             coordinator=coordinator,
+            sandbox=sandbox,
         )
         coordinator.graph = self
 

@@ -48,6 +48,7 @@ from flight_serve.errors import (
     FlightServeError,
     InvalidInputError,
 )
+from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
@@ -190,6 +191,7 @@ class PipelineManager:
         data_dir: the server's data directory (registry, checkpoints, default outputs).
         checkpoint_interval: for pipelines that do not SET one.
         plugins: the server's plugin hub (pipelines' plugin functions call its instances).
+        sandbox: how the pipelines' ``LANGUAGE python`` functions run (``None``: the defaults).
 
     Raises:
         StorageError: the registry cannot be opened.
@@ -202,9 +204,13 @@ class PipelineManager:
         *,
         checkpoint_interval: timedelta = DEFAULT_CHECKPOINT_INTERVAL,
         plugins: PluginHub | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.store = store
         self.plugins = plugins
+        #: the sandbox of the pipelines' LANGUAGE python functions (the server's hidden paths,
+        #: ``--allow-unsandboxed-python``); ``None``: ``SandboxConfig()``
+        self.sandbox = sandbox
         self.data_dir = Path(data_dir)
         self.checkpoint_interval = checkpoint_interval
         self.registry = Registry(self.data_dir / "pipelines.sqlite")
@@ -300,6 +306,7 @@ class PipelineManager:
             on_checkpoint=lambda info: self._checkpointed(pid, info),
             restart_finished=False,  # a finished pipeline never runs again: it only completes
             plugins=self.plugins,
+            sandbox=self.sandbox,
         )
 
     def _checkpointed(self, pid: str, info: CheckpointInfo) -> None:

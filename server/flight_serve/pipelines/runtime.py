@@ -57,6 +57,7 @@ from flight_serve.errors import (
     FlightServeError,
     PipelineSQLError,
 )
+from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.connect import (
     CONNECTORS,
     FLIGHT_AUTH_OPTIONS,
@@ -179,6 +180,8 @@ class PipelineRuntime:
         python_functions: the runner of ``LANGUAGE python`` functions (``"python"``, the
             sandbox; ``"inprocess"``, not sandboxed); ``None``: see
             :func:`flight_serve.functions.registry.create_function`.
+        sandbox: the ``python`` runner's sandbox (``SandboxConfig``: hidden paths, whether
+            running without bwrap is allowed); ``None``: its defaults.
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -199,6 +202,7 @@ class PipelineRuntime:
         wall_clock_ns: Callable[[], int] | None = None,
         coordinator: CheckpointCoordinator | None = None,
         python_functions: str | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.plan = plan
         #: the checkpoints of a checkpointed run (the state it resumes from, its barriers)
@@ -274,7 +278,7 @@ class PipelineRuntime:
             self.sinks[sink.name] = self._sink(sink)
         #: CREATE FUNCTION … LANGUAGE python | wasm, as UDFs (made only when it will run)
         self.user_functions = FunctionSet(
-            plan.user_functions, run=load_tables, python_runner=python_functions
+            plan.user_functions, run=load_tables, python_runner=python_functions, sandbox=sandbox
         )
         try:
             self._build_queries()

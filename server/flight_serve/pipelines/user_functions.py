@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from flight_serve.errors import FlightServeError, FunctionCallError, StorageError
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
+from flight_serve.functions.python import SandboxConfig
 from flight_serve.functions.registry import create_function
 
 __all__ = ["CodeStore", "FunctionSet", "FunctionStats", "code_digests", "explain_lines"]
@@ -79,6 +80,8 @@ class FunctionSet:
             with the declared types and return nulls; no code is loaded or run).
         python_runner: the runner of ``LANGUAGE python`` (``None``: the registry's default,
             :data:`~flight_serve.functions.registry.PYTHON_RUNNER_ENV` or the sandbox).
+        sandbox: the sandbox of the ``python`` runner (the host's hidden paths, whether
+            running without bwrap is allowed; ``None``: the defaults).
 
     Raises:
         FunctionDefinitionError: a runner refuses a function (what was made is closed first).
@@ -90,6 +93,7 @@ class FunctionSet:
         *,
         run: bool = True,
         python_runner: str | None = None,
+        sandbox: SandboxConfig | None = None,
     ) -> None:
         self.specs = dict(specs)
         self.scalars: dict[str, ScalarFunction] = {}
@@ -100,7 +104,9 @@ class FunctionSet:
         if run:
             try:
                 for spec in self.specs.values():
-                    made = create_function(spec, python_runner=python_runner)
+                    made = create_function(
+                        spec, python_runner=python_runner, sandbox=sandbox
+                    )
                     if isinstance(made, ScalarFunction) and spec.kind == "scalar":
                         self.scalars[spec.name] = made
                     elif isinstance(made, TableFunction):

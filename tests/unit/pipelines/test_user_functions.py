@@ -8,6 +8,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import datafusion
@@ -17,7 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError, PipelineSQLError
+from flight_serve.flight.config import ServerConfig
+from flight_serve.flight.ops.roles import TlsFiles
 from flight_serve.functions.inprocess import InProcessScalar
+from flight_serve.functions.python import SandboxConfig
 from flight_serve.functions.registry import (
     PYTHON_RUNNER_ENV,
     create_function,
@@ -509,3 +518,113 @@ def test_without_a_selection_the_sandboxed_runner_is_asked_for(
             assert not isinstance(function, InProcessScalar)
         finally:
             function.close()
+
+
+# --- the sandboxed runner, the default ----------------------------------------------------------
+
+WHO = """CREATE FUNCTION who(x DOUBLE) RETURNS BIGINT LANGUAGE python AS $$
+import os
+import pyarrow as pa
+def who(x):
+    return pa.array([os.getuid()] * len(x), pa.int64())
+$$;
+CREATE FUNCTION seen(x DOUBLE) RETURNS BIGINT LANGUAGE python AS $$
+import os
+import pyarrow as pa
+def seen(x):
+    return pa.array([len(os.listdir(SECRET))] * len(x), pa.int64())
+$$;
+CREATE SINK out WITH (connector = 'stdout');
+INSERT INTO out SELECT n, who(x) AS uid, seen(x) AS entries FROM s;
+"""
+
+
+@pytest.fixture
+def secret() -> Iterator[Path]:
+    """A readable directory holding one file, outside /tmp (the sandbox's /tmp is private)."""
+    path = Path(tempfile.mkdtemp(prefix="flight-serve-secret-", dir="/var/tmp"))
+    try:
+        path.chmod(0o755)
+        (path / "token").write_text("s3cret")
+        (path / "token").chmod(0o644)
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def _who_pipeline(
+    tmp_path: Path, secret: Path, sandbox: SandboxConfig | None
+) -> flight_serve.Pipeline:
+    (tmp_path / "in.csv").write_text("x,n\n1.5,1\n2.5,2\n")
+    text = SOURCE + WHO.replace("SECRET", repr(str(secret)))
+    return flight_serve.Pipeline.from_sql(text, base_dir=tmp_path, sandbox=sandbox)
+
+
+def _rows(pipeline: flight_serve.Pipeline) -> list[dict[str, object]]:
+    return [row for _, batch in pipeline.batches() for row in batch.to_pylist()]
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (bwrap)")
+def test_a_pipeline_python_function_runs_in_the_sandbox_by_default(
+    tmp_path: Path, secret: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No runner selected: LANGUAGE python runs in a bwrap worker as uid 65534, and a directory
+    the host hides (the server's data dir, its key files) is empty inside."""
+    monkeypatch.delenv(PYTHON_RUNNER_ENV, raising=False)
+    hidden = SandboxConfig(hidden_paths=(str(secret),))
+    assert _rows(_who_pipeline(tmp_path, secret, hidden)) == [
+        {"n": 1, "uid": 65534, "entries": 0},
+        {"n": 2, "uid": 65534, "entries": 0},
+    ]
+    # without hiding it the same sandbox reads the one file (the check above can fail)
+    assert _rows(_who_pipeline(tmp_path, secret, None)) == [
+        {"n": 1, "uid": 65534, "entries": 1},
+        {"n": 2, "uid": 65534, "entries": 1},
+    ]
+
+
+def test_without_bwrap_python_is_refused_unless_unsandboxed_is_allowed(
+    tmp_path: Path, secret: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(PYTHON_RUNNER_ENV, raising=False)
+    missing = str(tmp_path / "no-bwrap")
+    with pytest.raises(FunctionDefinitionError) as caught:
+        _rows(_who_pipeline(tmp_path, secret, SandboxConfig(bwrap=missing)))
+    assert str(caught.value) == (
+        "function who: Python functions run in a bubblewrap sandbox and bwrap is not installed "
+        "(Debian: apt-get install bubblewrap); to run the code NOT sandboxed, allow it "
+        "explicitly (--allow-unsandboxed-python)"
+    )
+    allowed = SandboxConfig(bwrap=missing, unsandboxed=True)
+    assert _rows(_who_pipeline(tmp_path, secret, allowed)) == [
+        {"n": 1, "uid": os.getuid(), "entries": 1},
+        {"n": 2, "uid": os.getuid(), "entries": 1},
+    ]
+
+
+def test_the_server_hides_its_data_dir_and_credential_directories(tmp_path: Path) -> None:
+    """``flight-serve serve``'s sandbox: the data dir and the directories of the TLS key, the
+    tokens file and the users file are hidden; ``--allow-unsandboxed-python`` sets
+    ``unsandboxed``."""
+    for d in ("data", "keys", "tokens", "users"):
+        (tmp_path / d).mkdir()
+    config = ServerConfig(
+        data_dir=tmp_path / "data",
+        tls=TlsFiles(tmp_path / "cert.pem", tmp_path / "keys" / "key.pem"),
+        tokens_file=tmp_path / "tokens" / "tokens.txt",
+        users_file=tmp_path / "users" / "users.txt",
+    )
+    root = tmp_path.resolve()
+    assert config.python_sandbox() == SandboxConfig(
+        hidden_paths=tuple(str(root / d) for d in ("data", "keys", "tokens", "users"))
+    )
+    unsandboxed = replace(config, allow_unsandboxed_python=True, users_file=None).python_sandbox()
+    assert unsandboxed == SandboxConfig(
+        unsandboxed=True, hidden_paths=tuple(str(root / d) for d in ("data", "keys", "tokens"))
+    )
+    # a key next to the interpreter would hide Python itself: that directory stays visible
+    beside_python = ServerConfig(
+        data_dir=tmp_path / "data",
+        tls=TlsFiles(tmp_path / "cert.pem", Path(sys.executable).parent / "key.pem"),
+    )
+    assert beside_python.python_sandbox().hidden_paths == (str(root / "data"),)
