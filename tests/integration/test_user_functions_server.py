@@ -1,22 +1,31 @@
-"""A submitted pipeline with a Python function read from a ``USING`` file keeps running it after
-the server is SIGKILLed and restarted, with the file deleted: the code was stored
-content-addressed in the data directory at submit. The in-process Python runner is selected
-explicitly for the server process (``FLIGHT_SERVE_PYTHON_FUNCTIONS=inprocess``): the test is about
-storage and identity, not the sandbox."""
+"""A submitted pipeline with a Python function and a WebAssembly function (examples/udfs/geo.rs,
+built here by Debian's rustc) read from ``USING`` files keeps running them after the server is
+SIGKILLed and restarted, with the files deleted: the code was stored content-addressed in the
+data directory at submit. The server runs Python in its default runner, the bubblewrap sandbox;
+its output is compared row for row with DataFusion batch SQL computing the same expressions
+with built-ins, and with an embedded run of the same functions over the same rows."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import math
+import os
+import shutil
 import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import datafusion
+import flight_serve
 import helpers
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.flight as flight
+import pyarrow.parquet as pq
 import pytest
 from helpers import ID_EVENTS as SCHEMA
 from helpers import ServeProcess, free_port, stream_rows
@@ -25,6 +34,9 @@ from helpers import id_batches as batches
 pytestmark = [pytest.mark.integration]
 
 CLI = Path(sys.executable).parent / "flight-serve"
+ROOT = Path(__file__).resolve().parents[2]
+RUSTC = Path("/usr/bin/rustc")
+WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
 
 act = partial(helpers.act, timeout_s=30)
 wait_until = partial(
@@ -48,6 +60,73 @@ PIPELINE = (
     "CREATE SINK scored WITH (connector = 'flight', stream = 'scored');\n"
     "INSERT INTO scored SELECT id, score(v, k) AS s FROM events WHERE score(v, k) > 100;\n"
 )
+#: the same rows through a Python and a wasm function (one pipeline, both USING files)
+FUNCTIONS = (
+    "CREATE FUNCTION who(v BIGINT) RETURNS BIGINT LANGUAGE python AS $$\n"
+    "import os\n"
+    "import pyarrow as pa\n"
+    "def who(v):\n"
+    "    return pa.array([os.getuid()] * len(v), pa.int64())\n"
+    "$$;\n"
+    "CREATE FUNCTION score(v BIGINT, k VARCHAR) RETURNS BIGINT\n"
+    "LANGUAGE python USING 'udfs/score.py';\n"
+    "CREATE FUNCTION gcd(a BIGINT, b BIGINT) RETURNS BIGINT LANGUAGE wasm USING 'udfs/geo.wasm';\n"
+    "CREATE FUNCTION great_circle(lat1 DOUBLE, lon1 DOUBLE, lat2 DOUBLE, lon2 DOUBLE) "
+    "RETURNS DOUBLE\nLANGUAGE wasm USING 'udfs/geo.wasm';\n"
+)
+MIXED_QUERY = (
+    "SELECT id, score(v, k) AS s, gcd(v, id) AS g, who(v) AS uid, "
+    "great_circle(CAST(v AS DOUBLE) - 48.0, CAST(id AS DOUBLE), 40.64, -73.78) AS km "
+    "FROM events WHERE score(v, k) > 100;\n"
+)
+MIXED = (
+    "SET checkpoint_interval = '100ms';\n"
+    "CREATE SOURCE events (id BIGINT, k VARCHAR, t TIMESTAMP(3), v BIGINT, "
+    "WATERMARK FOR t AS t) WITH (connector = 'flight', stream = 'events');\n"
+    + FUNCTIONS
+    + "CREATE SINK mixed WITH (connector = 'flight', stream = 'mixed');\n"
+    + "INSERT INTO mixed "
+    + MIXED_QUERY
+)
+#: the straight run: the same functions and query over a file of the same rows, in this process
+EMBEDDED = (
+    "CREATE SOURCE events (id BIGINT, k VARCHAR, t TIMESTAMP(3), v BIGINT, "
+    "WATERMARK FOR t AS t) WITH (connector = 'file', path = 'events.parquet');\n"
+    + FUNCTIONS
+    + "CREATE SINK mixed WITH (connector = 'stdout');\n"
+    + "INSERT INTO mixed "
+    + MIXED_QUERY
+)
+
+
+@pytest.fixture(scope="module")
+def geo_wasm(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc (as
+    tests/unit/functions/test_wasm.py builds it)."""
+    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not Path("/usr/bin/rust-lld").exists():
+        pytest.skip(
+            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
+            "wasm-examples installs them)"
+        )
+    out = tmp_path_factory.mktemp("udfs") / "geo.wasm"
+    subprocess.run(
+        [
+            str(RUSTC),
+            "--target",
+            "wasm32-unknown-unknown",
+            "--crate-type",
+            "cdylib",
+            "-C",
+            "opt-level=3",
+            "-C",
+            "strip=debuginfo",
+            "-o",
+            str(out),
+            str(ROOT / "examples" / "udfs" / "geo.rs"),
+        ],
+        check=True,
+    )
+    return out.read_bytes()
 
 
 def ingest(location: str, items: list[pa.RecordBatch]) -> None:
@@ -71,8 +150,7 @@ def test_a_submitted_function_survives_a_restart_without_its_file(
     udfs = tmp_path / "client" / "udfs"
     udfs.mkdir(parents=True)
     (udfs / "score.py").write_bytes(SCORE)
-    env = {"FLIGHT_SERVE_PYTHON_FUNCTIONS": "inprocess"}
-    server = servers["a"] = ServeProcess(tmp_path / "data", free_port(), **env)
+    server = servers["a"] = ServeProcess(tmp_path / "data", free_port())
     ingest(server.location, batches(1, 6))  # ids 1..60
     pid = act(
         server.location,
@@ -102,7 +180,7 @@ def test_a_submitted_function_survives_a_restart_without_its_file(
 
     server.kill()
     (udfs / "score.py").unlink()  # the client and its files are gone
-    server = servers["a"] = ServeProcess(tmp_path / "data", server.port, **env)
+    server = servers["a"] = ServeProcess(tmp_path / "data", server.port)
     ingest(server.location, batches(61, 6))  # ids 61..120
     want = expected(120)
     wait_until(lambda: len(stream_rows(server.location, "scored")) >= len(want), "1..120")
@@ -120,8 +198,7 @@ def test_submit_uploads_the_using_files(servers: dict[str, ServeProcess], tmp_pa
     (client_dir / "udfs").mkdir(parents=True)
     (client_dir / "udfs" / "score.py").write_bytes(SCORE)
     (client_dir / "scored.sql").write_text(PIPELINE)
-    env = {"FLIGHT_SERVE_PYTHON_FUNCTIONS": "inprocess"}
-    server = servers["a"] = ServeProcess(tmp_path / "data", free_port(), **env)
+    server = servers["a"] = ServeProcess(tmp_path / "data", free_port())
     done = subprocess.run(
         [str(CLI), "submit", "--server", server.location, str(client_dir / "scored.sql")],
         capture_output=True,
@@ -152,3 +229,109 @@ def test_submit_uploads_the_using_files(servers: dict[str, ServeProcess], tmp_pa
         act(server.location, "pipeline.submit", {**body, "files": {"udfs/score.py": "!!"}})
     for p in (pid, pid2):
         act(server.location, "pipeline.cancel", {"id": p})
+
+
+def oracle(last_id: int) -> list[dict[str, Any]]:
+    """DataFusion batch SQL over ids 1..last_id with built-ins for score and gcd (the sandbox's
+    uid is 65534); ``km`` comes from the embedded run."""
+    table = pa.Table.from_batches(batches(1, last_id // 10))
+    ctx = datafusion.SessionContext()
+    ctx.register_record_batches("events", [table.to_batches()])
+    out = ctx.sql(
+        "SELECT id, v * 3 + character_length(k) AS s, gcd(v, id) AS g, 65534 AS uid "
+        "FROM events WHERE v * 3 + character_length(k) > 100 ORDER BY id"
+    ).to_arrow_table()
+    return out.to_pylist()
+
+
+def straight_run(workdir: Path, last_id: int) -> list[dict[str, Any]]:
+    """The same functions and query run by ``flight_serve.Pipeline`` in this process (the
+    default, sandboxed Python runner) over a Parquet file of ids 1..last_id."""
+    pq.write_table(pa.Table.from_batches(batches(1, last_id // 10)), workdir / "events.parquet")
+    pipeline = flight_serve.Pipeline.from_sql(EMBEDDED, base_dir=workdir)
+    rows = [row for _, batch in pipeline.batches() for row in batch.to_pylist()]
+    return sorted(rows, key=lambda r: int(r["id"]))
+
+
+def test_python_and_wasm_functions_survive_a_sigkill_as_a_straight_run_computes_them(
+    servers: dict[str, ServeProcess], tmp_path: Path, geo_wasm: bytes
+) -> None:
+    client = tmp_path / "client"
+    (client / "udfs").mkdir(parents=True)
+    (client / "udfs" / "score.py").write_bytes(SCORE)
+    (client / "udfs" / "geo.wasm").write_bytes(geo_wasm)
+    straight = straight_run(client, 120)
+    want = oracle(120)
+    assert [{k: r[k] for k in ("id", "s", "g", "uid")} for r in straight] == want
+    assert [r["g"] for r in want] == [
+        math.gcd(r["id"] * r["id"] % 97, r["id"]) for r in want
+    ]
+    assert len(want) == len(expected(120))
+
+    server = servers["a"] = ServeProcess(tmp_path / "data", free_port())
+    ingest(server.location, batches(1, 6))  # ids 1..60
+    pid = act(
+        server.location,
+        "pipeline.submit",
+        {"sql": MIXED, "name": "mixed", "base_dir": str(client)},
+    )["id"]
+    first = [r for r in straight if r["id"] <= 60]
+    wait_until(lambda: len(stream_rows(server.location, "mixed")) >= len(first), "1..60")
+    functions = act(server.location, "pipeline.status", {"id": pid})["functions"]
+    assert {name: (f["language"], f["kind"], f["errors"]) for name, f in functions.items()} == {
+        "who": ("python", "scalar", 0),
+        "score": ("python", "scalar", 0),
+        "gcd": ("wasm", "scalar", 0),
+        "great_circle": ("wasm", "scalar", 0),
+    }
+    assert functions["gcd"]["sha256"] == hashlib.sha256(geo_wasm).hexdigest()[:12]
+
+    server.kill()
+    for name in ("score.py", "geo.wasm"):
+        (client / "udfs" / name).unlink()  # the client and its files are gone
+    server = servers["a"] = ServeProcess(tmp_path / "data", server.port)
+    ingest(server.location, batches(61, 6))  # ids 61..120
+    wait_until(lambda: len(stream_rows(server.location, "mixed")) >= len(straight), "1..120")
+    got = sorted(stream_rows(server.location, "mixed"), key=lambda r: r["id"])
+    assert got == straight  # row for row, each exactly once, km bit for bit
+    status = act(server.location, "pipeline.status", {"id": pid})
+    assert status["state"] == "running", status
+    act(server.location, "pipeline.cancel", {"id": pid})
+
+
+RUN_WHO = (
+    "CREATE SOURCE s (x DOUBLE) WITH (connector = 'file', path = 'in.csv');\n"
+    "CREATE FUNCTION who(x DOUBLE) RETURNS BIGINT LANGUAGE python AS $$\n"
+    "import os\n"
+    "import pyarrow as pa\n"
+    "def who(x):\n"
+    "    return pa.array([os.getuid()] * len(x), pa.int64())\n"
+    "$$;\n"
+    "CREATE SINK out WITH (connector = 'file', path = 'out.csv');\n"
+    "INSERT INTO out SELECT x, who(x) AS uid FROM s;\n"
+)
+
+
+def test_run_without_bwrap_refuses_python_unless_allowed(tmp_path: Path) -> None:
+    """``flight-serve run`` with no bwrap on PATH: refused naming bwrap and the flag;
+    ``--allow-unsandboxed-python`` runs the code as this user."""
+    (tmp_path / "in.csv").write_text("x\n1.5\n2.5\n")
+    (tmp_path / "who.sql").write_text(RUN_WHO)
+    env = {**os.environ, "PATH": str(tmp_path / "empty-bin")}  # no bwrap, no setpriv
+    assert shutil.which("bwrap", path=env["PATH"]) is None
+    command = [str(CLI), "run", str(tmp_path / "who.sql"), "--output-dir", str(tmp_path)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode != 0
+    assert "bwrap is not installed" in refused.stderr, refused.stderr
+    assert "--allow-unsandboxed-python" in refused.stderr, refused.stderr
+    allowed = subprocess.run(
+        [*command, "--allow-unsandboxed-python"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    out = sorted((tmp_path / "out.csv").rglob("*.csv")) or [tmp_path / "out.csv"]
+    rows = [row for f in out for row in pa_csv.read_csv(f).to_pylist()]
+    assert rows == [{"x": 1.5, "uid": os.getuid()}, {"x": 2.5, "uid": os.getuid()}]
