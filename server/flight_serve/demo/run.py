@@ -12,6 +12,9 @@
 
 4. Lands each job's results in a stream of the same name (DoPut), prints the top rows as a table,
    and shows the query that returns the rest over DoGet.
+5. Runs a pipeline that ships its own functions (:mod:`flight_serve.demo.functions`): inline
+   Python in the bubblewrap sandbox and the WebAssembly module built from
+   ``examples/udfs/geo.rs`` (skipped, saying why, without bwrap or the built module).
 
 The demo's streams are dropped and re-created on every run, so running it twice gives the same
 streams, not doubled ones. With the default data directory ``./flight-data``, a later
@@ -34,7 +37,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flight_serve.demo.nycflights13 import load_flights
+from flight_serve.demo.functions import GEO_WASM, functions_skip_reason, run_functions
+from flight_serve.demo.nycflights13 import load_airports, load_flights
 from flight_serve.flight.server import start_server
 
 WATERMARK = "CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE);\n"
@@ -208,13 +212,52 @@ def _totals(client: FlightServeClient, job: Job, results: pa.Table) -> str:
     return f"sum({job.total_column}) = {total:,} {verdict} the {rows:,} rows read{times}"
 
 
-def run_demo(server: str | None, data_dir: Path | None, batch_rows: int = 8192) -> int:
+def _functions_step(console: Console, flights: pa.Table, wasm: Path) -> None:
+    console.print()
+    why = functions_skip_reason(wasm)
+    if why is not None:
+        console.print(f"[bold]functions[/bold]: skipped: {why}")
+        return
+    started = time.perf_counter()
+    result = run_functions(flights, load_airports(), wasm)
+    elapsed = time.perf_counter() - started
+    console.print(
+        f"[bold]functions[/bold]: {result.rows.num_rows:,} flights through delay_class "
+        f"(Python, sandboxed) and great_circle (wasm from examples/udfs/geo.rs) in {elapsed:.1f} s"
+    )
+    verdict = "match" if result.classes == result.expected_classes else "DO NOT match"
+    counts = ", ".join(f"{k}: {v:,}" for k, v in sorted(result.classes.items(), key=str))
+    console.print(f"delay classes ({counts}) {verdict} pyarrow.compute over the same rows")
+    console.print(
+        f"great_circle is within {result.max_miles_off:.1f} miles of the distance column on "
+        "every route"
+    )
+    routes = result.rows.group_by(["origin", "dest"]).aggregate(
+        [("distance", "max"), ("great_circle_miles", "max"), ([], "count_all")]
+    )
+    top = routes.sort_by(
+        [("count_all", "descending"), ("origin", "ascending"), ("dest", "ascending")]
+    ).slice(0, 10)
+    columns = ["origin", "dest", "distance_max", "great_circle_miles_max", "count_all"]
+    _show(
+        console,
+        "Busiest routes: the table's distance vs great_circle (wasm), miles",
+        top.select(columns).rename_columns(
+            ["origin", "dest", "distance", "great_circle", "flights"]
+        ),
+    )
+
+
+def run_demo(
+    server: str | None, data_dir: Path | None, batch_rows: int = 8192, geo_wasm: Path = GEO_WASM
+) -> int:
     """Run the demo (see the module docstring) and return the process exit code (0).
 
     Args:
         server: a running server's Flight URI, or None to start one on a free loopback port.
         data_dir: the started server's data directory (default ``./flight-data``).
         batch_rows: rows per DoPut and DoExchange batch.
+        geo_wasm: the module built from ``examples/udfs/geo.rs`` (``make wasm-examples``).
 
     Raises:
         FileNotFoundError: the ``nycflights13`` package is not installed (``make demo`` installs it).
@@ -271,6 +314,7 @@ def run_demo(server: str | None, data_dir: Path | None, batch_rows: int = 8192) 
                 console.print(
                     f"[dim]the rest over DoGet:[/dim] GetFlightInfo(cmd={rest!r}) then DoGet"
                 )
+        _functions_step(console, flights, geo_wasm)
         console.print()
         console.print(
             "Results are streams in the data directory; times are UTC. Serve them to any Flight "
