@@ -38,10 +38,8 @@ what the embedded runtime raises.
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +47,8 @@ import pyarrow as pa
 
 from flight_serve._arrow import read_ipc
 from flight_serve.connectors.base import EpochSink, Source
-from flight_serve.connectors.flight import (
-    RETRY_BUDGET_S,
-    FlightSource,
-    FlightTicketSource,
-)
-from flight_serve.errors import CheckpointError, ConnectorError, ExternalError, FlightServeError
+from flight_serve.connectors.flight import RETRY_BUDGET_S
+from flight_serve.errors import ConnectorError, FlightServeError
 from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.connect import REGISTRY, EpochSinkArgs, check_checkpointed
 from flight_serve.pipelines.coordinator import (
@@ -66,8 +60,7 @@ from flight_serve.pipelines.coordinator import (
 )
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.graph import WindowNode
-from flight_serve.pipelines.iceberg_io import iceberg_source
-from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
+from flight_serve.pipelines.pipeline import PipelinePlan
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
@@ -85,14 +78,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("flight_serve.pipelines")
-
-def _schema_of(text: str) -> pa.Schema | None:
-    """A schema a checkpoint recorded (Arrow IPC, base64), or ``None`` if it does not read."""
-    try:
-        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-    except (ValueError, pa.ArrowException):
-        return None
-
 
 class DurableRuntime(PipelineRuntime):
     """A pipeline run that checkpoints and resumes (see the module docstring).
@@ -170,137 +155,12 @@ class DurableRuntime(PipelineRuntime):
             plugins=plugins,
             data_dir=store.data_dir if store is not None else None,
             coordinator=coordinator,
+            store=store,
+            reconnect_s=RETRY_BUDGET_S,  # a server restarting is waited for
         )
         coordinator.graph = self
 
     # --- building -----------------------------------------------------------------------------
-
-    def _store_backed(self) -> bool:
-        """A server pipeline's ``flight`` connectors without ``server`` are its streams."""
-        return self.store is not None
-
-    def flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
-        options = relation.connector
-        state = self.coordinator_state(relation.name)
-        if "server" in options or self.store is None:  # another server (checked for runs)
-            return self._remote_source(relation, state)
-        stream = options["stream"].text if "stream" in options else relation.name
-        try:
-            source = StoreSource(
-                self.store,
-                stream,
-                name=relation.name,
-                schema=relation.columns,
-                start_offset=int(state.get("offset", 0)),
-                incarnation=state.get("incarnation"),
-                offset_reset=self.options.offset_reset,
-                on_gap=self.report_gap,
-                rows=int(state.get("rows", 0)),
-                stream_rows=int(state["stream_rows"]) if "stream_rows" in state else None,
-            )
-        except ConnectorError as exc:
-            raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
-        except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
-            raise exc.within(f"SOURCE {relation.name}") from exc.__cause__
-        if (
-            relation.time_column is not None
-            and source.schema.get_field_index(relation.time_column) < 0
-        ):
-            raise sql_error(
-                f"WATERMARK FOR {relation.time_column}: stream {stream} has no such column "
-                f"(columns: {', '.join(source.schema.names)})",
-                relation.node.this,
-            )
-        return source
-
-    def iceberg_source(self, relation: RelationDef) -> Source:
-        """The Iceberg source, from the checkpoint's offset (its last consumed snapshot)."""
-        state = self.manifest.sources.get(relation.name) if self.manifest is not None else None
-        return iceberg_source(
-            relation,
-            self.data_dir,
-            batch_rows=self.plan.batch_rows or 65_536,
-            offset=state,
-            on_gap=self.report_gap,
-        )
-
-    def coordinator_state(self, name: str) -> dict[str, Any]:
-        """Source ``name``'s offsets in the checkpoint resumed from (``{}``: none)."""
-        if self.manifest is None:
-            return {}
-        return dict(self.manifest.sources.get(name, {}))
-
-    def _remote_source(self, relation: RelationDef, state: dict[str, Any]) -> Source:
-        """A source on another Flight server: a ticket's DoGet, or a stream's tail, resumed
-        from the checkpoint's offset (rows of the ticket, or the stream offset)."""
-        if relation.columns is None and isinstance(state.get("schema"), str):
-            # the columns the checkpointed run read: enough to wait for a server that is down
-            relation = replace(relation, columns=_schema_of(state["schema"]))
-        ticket = self._ticket(relation)
-        if ticket is not None:
-            ticket_source = self._ticket_source(relation, ticket, int(state.get("rows", 0)))
-            assert isinstance(ticket_source, FlightTicketSource)
-            return ticket_source
-        start = int(state["offset"]) if "offset" in state else None
-        source = super().flight_source(relation, start_offset=start)
-        assert isinstance(source, FlightSource)
-        if source.waiting_to_open:
-            # its server is unreachable now: the checks run once the source has reached it
-            source.check_open = lambda opened: self._check_resume(relation, state, opened)
-            known = state.get("incarnation")  # what a checkpoint taken while it waits records
-            source.incarnation = known if isinstance(known, str) else None
-        else:
-            try:
-                first = self._check_resume(relation, state, source)
-            except CheckpointError:
-                source.close()
-                raise
-            if first is not None:
-                source.close()
-                source = super().flight_source(relation, start_offset=first)
-                assert isinstance(source, FlightSource)
-        source.rows = int(state.get("rows", 0))
-        source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
-        return source
-
-    def _check_resume(
-        self, relation: RelationDef, state: dict[str, Any], source: FlightSource
-    ) -> int | None:
-        """Whether a remote tail source can resume from the checkpoint's offset: ``None`` if
-        it can; the oldest offset there is when the stream was re-created or the offset is gone
-        and ``offset_reset = 'earliest'`` (the gap is reported).
-
-        Raises:
-            CheckpointError: the stream was dropped or re-created since the checkpoint, or the
-                checkpoint's offset is gone (retention), without ``offset_reset = 'earliest'``.
-        """
-        start = int(state["offset"]) if "offset" in state else None
-        known = state.get("incarnation")
-        what = f"source {relation.name} (stream {source.stream!r} on {source.server})"
-        message = None
-        if known is not None and source.incarnation != known:
-            message = (
-                f"{what}: the stream was dropped or re-created since the checkpoint "
-                f"(incarnation {known}, now {source.incarnation or 'none'}); the offset {start} "
-                "names nothing"
-            )
-            fix = "start over (cancel and submit again, or --fresh), or SET offset_reset = "
-            fix += "'earliest' to read the new stream from its start"
-        elif start is not None and start < source.first_offset:
-            message = (
-                f"{what}: the checkpoint's offset {start} is gone (retention kept offsets "
-                f"{source.first_offset} and up): {source.first_offset - start} entries were "
-                "never read"
-            )
-            fix = f"SET offset_reset = 'earliest' to go on from {source.first_offset} (the gap "
-            fix += "is reported), or start over"
-        if message is None:
-            return None
-        if self.options.offset_reset != "earliest":
-            raise CheckpointError(f"{message}. {fix}")
-        first = source.first_offset
-        self.report_gap(f"{message}; resuming at {first} (offset_reset = 'earliest')")
-        return first
 
     def _store_sources(self) -> dict[str, StoreSource]:
         return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}
@@ -329,7 +189,7 @@ class DurableRuntime(PipelineRuntime):
                     continue
                 epoch = spec.epoch_sink(
                     slot,
-                    EpochSinkArgs(self, entry, int(entry.get("rows", 0)), restored, finished),
+                    EpochSinkArgs(self, self.name, entry, int(entry.get("rows", 0)), restored, finished),
                 )
                 slot.epoch = epoch
                 if manifest is not None:  # redo the commit of the checkpoint resumed from
