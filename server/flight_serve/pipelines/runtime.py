@@ -37,6 +37,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from flight_serve._arrow import read_ipc
 from flight_serve.connectors.base import Source, SourceEvent
 from flight_serve.connectors.file import FileSource
 from flight_serve.errors import (
@@ -46,7 +47,7 @@ from flight_serve.errors import (
     FlightServeError,
     PipelineSQLError,
 )
-from flight_serve.pipelines.connect import CONNECTORS, REGISTRY, connector_of
+from flight_serve.pipelines.connect import CONNECTORS, REGISTRY, EpochSinkArgs, connector_of
 from flight_serve.pipelines.coordinator import CheckpointCoordinator
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.graph import (
@@ -62,6 +63,7 @@ from flight_serve.pipelines.pipeline import PipelinePlan, QueryDef
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.slots import SinkSlot
 from flight_serve.store import StreamStore
+from flight_serve.types import MIN_WATERMARK_NS
 
 # CONNECTORS: see .connect; SinkSlot: see .slots
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary", "SinkSlot"]
@@ -94,8 +96,6 @@ def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     return a.names == b.names and all(x.type == y.type for x, y in zip(a, b, strict=True))
 
 
-
-
 # --- the runtime ------------------------------------------------------------------------------
 
 
@@ -110,6 +110,13 @@ class PipelineRuntime:
         plugins: the server's plugin hub, for ``CREATE FUNCTION … (connector = 'plugin')``
             (``None``: such functions are refused, as in embedded runs, except by
             :meth:`explain`, which builds them without a server).
+        coordinator: the checkpoints of a checkpointed run (:mod:`.coordinator`): sources,
+            operators and sinks are built from the checkpoint it resumes from, the run loop
+            asks it for a barrier between polls, and the sinks are exactly-once epoch sinks.
+        store: a server pipeline's store (``flight`` connectors without ``server`` are its
+            streams); ``None`` in a run in this process.
+        reconnect_s: how long (seconds) a source on another server waits for it to come back
+            (a checkpointed run's: ``RETRY_BUDGET_S``); ``None``: the source's default.
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -462,18 +469,34 @@ class PipelineRuntime:
         return min(max(min(timeouts) / 4, low), high) if timeouts else high
 
     def _open_writers(self) -> None:
-        stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
-        for slot in self.sinks.values():
+        """Open the sink of every slot rows are inserted into: its registry row's ``sink``,
+        or in a checkpointed run its ``epoch_sink`` (``stdout`` has none: its plain sink),
+        which first redoes the commit of the checkpoint resumed from."""
+        coordinator = self.coordinator
+        manifest = coordinator.manifest if coordinator is not None else None
+        if coordinator is not None:
+            pipeline = coordinator.name
+        else:
+            pipeline = self.plan.path.stem if self.plan.path is not None else "pipeline"
+        for name, slot in self.sinks.items():
             if slot.schema is None:
                 continue  # nothing is inserted into it
-            factory = REGISTRY[slot.connector].sink
-            assert factory is not None  # connector_of checked the role
+            spec = REGISTRY[slot.connector]
             try:
-                slot.writer = factory(slot, stem)
+                if coordinator is None or spec.epoch_sink is None:
+                    assert spec.sink is not None  # connector_of checked the role
+                    slot.writer = spec.sink(slot, pipeline)
+                    continue
+                mark = coordinator.sink_mark(name)
+                restored = manifest.epoch if manifest is not None else None
+                finished = manifest is not None and manifest.finished
+                args = EpochSinkArgs(self, pipeline, mark, int(mark.get("rows", 0)), restored, finished)
+                epoch = slot.epoch = spec.epoch_sink(slot, args)
+                if manifest is not None:  # redo the commit of the checkpoint resumed from
+                    staged = coordinator.staged(mark)
+                    epoch.recover(read_ipc(staged) if staged is not None else [])
             except ConnectorError as exc:
-                raise sql_error(
-                    f"SINK {slot.definition.name}: {exc}", slot.definition.node
-                ) from exc
+                raise sql_error(f"SINK {name}: {exc}", slot.definition.node) from exc
 
     def run(
         self, *, write: bool = True, collect: bool = False
@@ -485,8 +508,36 @@ class PipelineRuntime:
             collect: yield ``(sink name, batch)`` for every batch inserted into a sink, as soon as
                 the input batch that produced it has been processed.
 
-        Yields nothing unless ``collect``. Raises what the module docstring lists.
+        A checkpointed run (a ``coordinator``) writes its sinks and collects nothing: it runs
+        from the checkpoint resumed from, taking checkpoints at the barriers, takes the
+        *finished* checkpoint at the end, and then its epoch sinks end their input (the file
+        sinks' files are written); resumed from a finished run's checkpoint, it only completes
+        what a crash interrupted (the last commit).
+
+        Yields nothing unless ``collect``. Raises what the module docstring lists; a
+        checkpointed run :class:`~flight_serve.errors.CheckpointError` and
+        :class:`~flight_serve.pipelines.coordinator.PipelineStopped` after a stop request.
         """
+        coordinator = self.coordinator
+        if coordinator is not None and (not write or collect):
+            raise ValueError("a durable run writes its sinks; collect with PipelineRuntime")
+        try:
+            if coordinator is None or not coordinator.finished:
+                yield from self._run(write=write, collect=collect)
+                if coordinator is not None:
+                    coordinator.take(finished=True)
+            else:  # a crash after the finished checkpoint: only complete what it interrupted
+                self._open_writers()
+            for slot in self.sinks.values():
+                if slot.epoch is not None:
+                    slot.epoch.end_input()
+        finally:
+            for slot in self.sinks.values():
+                if slot.epoch is not None:
+                    slot.epoch.close()
+
+    def _run(self, *, write: bool, collect: bool) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """The run loop with its sinks opened; every node, source and plain sink closed."""
         if self._ran:
             raise RuntimeError("a PipelineRuntime runs once; build a new one")
         self._ran = True
@@ -565,15 +616,48 @@ class PipelineRuntime:
             yield self._pending.popleft()
 
     def summary(self) -> RunSummary:
-        """Rows per sink, targets and late rows so far."""
+        """Rows per sink, targets (a server's own stream is ``stream <name>``) and late rows
+        so far."""
         late = {
             n.query.label: rows for n in self.nodes if (rows := n.late_rows()) is not None
         }
         return RunSummary(
             rows={name: slot.rows for name, slot in self.sinks.items()},
-            targets={name: slot.target for name, slot in self.sinks.items()},
+            targets={name: slot.summary_target for name, slot in self.sinks.items()},
             late_rows=late,
         )
+
+    def window_nodes(self) -> list[WindowNode]:
+        """The windowed queries' nodes, in build order."""
+        return [n for n in self.nodes if isinstance(n, WindowNode)]
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters now: rows read from sources, rows written per sink, late rows per windowed
+        query, watermark per windowed query, open panes, gaps reported, ``nodes``
+        (:meth:`node_metrics`), and ``data_loss_rows``: the rows resumes under
+        ``offset_reset = 'earliest'`` skipped because retention had removed them (cumulative
+        over the pipeline's resumes: the checkpoint resumed from records the earlier ones)."""
+        windows = self.window_nodes()
+        sources: list[Source] = [*self.sources.values(), *self.flight_sources.values()]
+        manifest = self.coordinator.manifest if self.coordinator is not None else None
+        before = int(manifest.metrics.get("data_loss_rows", 0)) if manifest is not None else 0
+        return {
+            "rows_in": sum(s.rows for s in sources),
+            "rows_out": {name: slot.rows for name, slot in self.sinks.items()},
+            "late_rows": {n.query.label: n.late_rows() for n in windows},
+            "watermark_ns": {n.query.label: n.op.watermark_ns for n in windows},
+            "open_panes": sum(n.op.open_panes for n in windows),
+            "gaps": list(self.gaps),
+            # a source that skipped rows on resume counts them (a server stream's)
+            "data_loss_rows": before + sum(getattr(s, "data_loss_rows", 0) for s in sources),
+            "nodes": self.node_metrics(),
+        }
+
+    def watermark_ns(self) -> int | None:
+        """The lowest watermark of the windowed queries (``None`` without one, or before any)."""
+        marks = [n.op.watermark_ns for n in self.window_nodes()]
+        low = min(marks) if marks else None
+        return None if low is None or low == MIN_WATERMARK_NS else low
 
     # --- checkpoints (coordinator.Checkpointed) ----------------------------------------------
 
