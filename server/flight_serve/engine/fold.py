@@ -15,7 +15,7 @@ state once, when it arrives, and closing a window only reads the arrays of that 
   ``r = slide / g``, ``m = size / g``. A hopping row is folded into one pane, not into each of its
   windows; a window sums (min, max) its panes when it fires.
 * **state**: for each state column a flat array of ``pane rows x slot capacity``, updated with
-  ``np.add.at`` / ``np.fmin.at`` / ``np.fmax.at`` at ``pane row · capacity + slot``.
+  ``np.add.at`` / ``np.fmin.at`` / ``np.maximum.at`` at ``pane row · capacity + slot``.
 
 | aggregate          | state columns (per pane and slot)                    | null handling            |
 |--------------------|------------------------------------------------------|--------------------------|
@@ -26,8 +26,10 @@ state once, when it arrives, and closing a window only reads the arrays of that 
 | min(x) / max(x)    | ``min:x`` / ``max:x`` (int64 or float64), ``n:x``     | NULL when ``n:x = 0``    |
 | avg(x)             | ``addf:x`` (float64), ``n:x``                        | NULL when ``n:x = 0``    |
 
-Float ``min`` / ``max`` skip NaN unless every value is NaN (``fmin`` / ``fmax`` with NaN as the
-start value), like DataFusion. Integer sums wrap on int64 overflow. Only integer (not uint64) and
+NaN orders above every number (PostgreSQL's rule, and DataFusion's ungrouped ``min`` / ``max``):
+``max`` is NaN when a value is NaN, ``min`` skips NaN unless every value is NaN. DataFusion's
+grouped ``min`` / ``max`` (the SQL path) depend on the order the NaN arrives in, so the two paths
+agree on NaN only where that order happens to match. Integer sums wrap on int64 overflow. Only integer (not uint64) and
 float32/float64 inputs take this path, keys of integer, string, binary, boolean, date and
 timestamp types; anything else (and every other aggregate, ``emit = 'update'``, empty windows,
 session / cumulate / calendar windows) keeps the SQL path: :func:`plan` returns ``None``.
@@ -93,7 +95,8 @@ class StateColumn:
         if self.op == "add":
             return 0
         if np.dtype(self.dtype).kind == "f":
-            return math.nan  # fmin / fmax: NaN only when every value is NaN
+            # fmin from NaN: NaN only when every value is NaN; max from -inf propagates NaN
+            return math.nan if self.op == "min" else -math.inf
         info = np.iinfo(np.int64)
         return int(info.max) if self.op == "min" else int(info.min)
 
@@ -184,6 +187,8 @@ class _ValueMap:
         if lo >= base and hi <= top:
             return True
         new_lo, new_hi = min(lo, base) if len(lut) else lo, max(hi, top) if len(lut) else hi
+        if new_lo > 0 and new_hi < _LUT_SPAN:
+            new_lo = 0  # non-negative keys index the table directly
         if new_hi - new_lo + 1 > _LUT_SPAN:
             self._lut = None
             return False
@@ -202,8 +207,8 @@ class _ValueMap:
             if self._lut is not None and self._cover(int(vals.min()), int(vals.max())):
                 lut = self._lut
                 assert lut is not None
-                out = lut[vals - self._base]
-                if (out < 0).any():
+                out = np.take(lut, vals - self._base if self._base else vals)
+                if out.min() < 0:
                     new = np.unique(vals[out < 0])
                     lut[new - self._base] = self.size + np.arange(len(new), dtype=np.int64)
                     self._chunks.append(pa.array(new, pa.int64()).cast(self.dtype))
@@ -291,14 +296,32 @@ class FoldState:
     # --- geometry ---------------------------------------------------------------------------
 
     def pane_of(self, ts_ns: np.ndarray) -> np.ndarray:
-        return np.asarray(np.floor_divide(ts_ns - self.offset, self.pane_ns), dtype=np.int64)
+        """The pane number of each event time (ns); a batch spanning few panes is cut by
+        comparison with the pane bounds instead of a division per row."""
+        g, off = self.pane_ns, self.offset
+        lo, hi = (int(ts_ns.min()) - off) // g, (int(ts_ns.max()) - off) // g
+        if lo == hi:
+            return np.full(len(ts_ns), lo, dtype=np.int64)
+        if hi - lo <= 16:
+            bounds = off + np.arange(lo + 1, hi + 1, dtype=np.int64) * g
+            return lo + np.searchsorted(bounds, ts_ns, side="right").astype(np.int64)
+        return np.asarray(np.floor_divide(ts_ns - off, g), dtype=np.int64)
+
+    def first_open_pane(self, threshold: int) -> int:
+        """The smallest pane whose latest window ends after ``threshold``: rows of earlier panes
+        are late for every window they belong to."""
+        # latest end of pane p: offset + (p // r) * slide + size > threshold
+        return ((threshold - self.offset - self.size) // self.slide + 1) * self.r
 
     def latest_start(self, panes: np.ndarray) -> np.ndarray:
         """Start (ns) of the latest window that pane ``p`` can belong to."""
         return self.offset + (panes // self.r) * self.slide
 
-    def in_some_window(self, panes: np.ndarray) -> np.ndarray:
-        """False for panes in the gap between hopping windows (``slide > size``)."""
+    def in_some_window(self, panes: np.ndarray) -> np.ndarray | None:
+        """False for panes in the gap between hopping windows (``slide > size``); ``None`` when
+        every pane is in a window."""
+        if self.m >= self.r:
+            return None
         return np.asarray((panes - (panes // self.r) * self.r) < self.m)
 
     def windows_of(self, pane: int) -> range:
@@ -325,9 +348,14 @@ class FoldState:
             self._arrays[col.name] = grown.reshape(-1)
         self._cap, self._rows_cap = new_cap, new_rows
 
-    def _rows_for(self, panes: np.ndarray) -> np.ndarray:
-        """The state row of each pane number (allocated when new)."""
+    def _rows_for(self, panes: np.ndarray) -> np.ndarray | int:
+        """The state row of each pane number (allocated when new); one row if all are one."""
         lo, hi = int(panes.min()), int(panes.max())
+        if lo == hi:
+            return self._row(lo)
+        if hi - lo == 1:  # both present
+            pair = np.array([self._row(lo), self._row(hi)], dtype=np.int64)
+            return np.asarray(np.take(pair, panes - lo), dtype=np.int64)
         if hi - lo < 4096:
             present = np.flatnonzero(np.bincount(panes - lo)) + lo
             lut = np.full(hi - lo + 1, -1, dtype=np.int64)
@@ -353,12 +381,16 @@ class FoldState:
         rows = self._rows_for(panes)
         self._grow(self.keys.size, len(self.pane_row) + len(self._free))
         pos = rows * self._cap + slots
+        with np.errstate(invalid="ignore"):  # NaN in max: NaN is the result, not an error
+            self._fold_at(pos, values)
+
+    def _fold_at(self, pos: np.ndarray, values: dict[str, Any]) -> None:
         for col in self.plan.columns:
             arr, val = self._arrays[col.name], values[col.name]
             if col.op == "add":
                 np.add.at(arr, pos, val)
             elif arr.dtype.kind == "f":
-                (np.fmin if col.op == "min" else np.fmax).at(arr, pos, val)
+                (np.fmin if col.op == "min" else np.maximum).at(arr, pos, val)
             else:
                 (np.minimum if col.op == "min" else np.maximum).at(arr, pos, val)
 
@@ -412,7 +444,9 @@ class FoldState:
             if col.op == "add":
                 out[col.name] = block.sum(axis=0)
             elif block.dtype.kind == "f":
-                out[col.name] = (np.fmin if col.op == "min" else np.fmax).reduce(block, axis=0)
+                with np.errstate(invalid="ignore"):
+                    reduce = np.fmin if col.op == "min" else np.maximum
+                    out[col.name] = reduce.reduce(block, axis=0)
             else:
                 out[col.name] = block.min(axis=0) if col.op == "min" else block.max(axis=0)
         return out

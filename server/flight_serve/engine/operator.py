@@ -556,6 +556,11 @@ class WindowOperator:
         return self._tracker.watermark_ns
 
     @property
+    def folded_state(self) -> bool:
+        """Whether the state is folded per batch (:mod:`.fold`) rather than SQL-merged."""
+        return self._fold is not None
+
+    @property
     def open_panes(self) -> int:
         """Pane rows held in state (one per key and open window), not counting the buffer."""
         if self._fold is not None:
@@ -847,16 +852,17 @@ class WindowOperator:
             # threshold passed them): a row here is late for them even if it opens their pane
             if fs.fired_upto is None or threshold > fs.fired_upto:
                 fs.fired_upto = threshold
-            starts = fs.latest_start(panes)
-            ends = starts + fs.size
-            late = keep & (ends <= threshold)
+            late = panes < fs.first_open_pane(threshold)
+            if keep is not None:
+                late &= keep
             if late.any():
                 idx = np.flatnonzero(late)
-                late_table = self._late_rows(batch, idx, "late", (starts[idx], ends[idx]))
+                starts = fs.latest_start(panes[idx])
+                late_table = self._late_rows(batch, idx, "late", (starts, starts + fs.size))
                 self.metrics.rows_late += len(idx)
-                keep &= ~late
+                keep = ~late if keep is None else keep & ~late
         take: np.ndarray | None = None
-        if not keep.all():
+        if keep is not None and not keep.all():
             take = np.flatnonzero(keep)
             if not len(take):
                 return late_table
