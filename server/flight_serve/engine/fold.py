@@ -33,6 +33,11 @@ agree on NaN only where that order happens to match. Integer sums wrap on int64 
 float32/float64 inputs take this path, keys of integer, string, binary, boolean, date and
 timestamp types; anything else (and every other aggregate, ``emit = 'update'``, empty windows,
 session / cumulate / calendar windows) keeps the SQL path: :func:`plan` returns ``None``.
+
+Memory: the key map keeps every key it has seen (it is not compacted when keys stop coming), and
+each open pane's arrays are as wide as that map, so the state is ``open panes x keys ever seen x
+8 bytes`` per state column; a checkpoint holds only the (key, pane) pairs with rows. A stream
+whose keys keep changing (ever-new ids) grows the map without bound: compaction is not done yet.
 """
 
 from __future__ import annotations
