@@ -331,17 +331,29 @@ def pipelines_top(args: argparse.Namespace, act: Callable[[str, dict[str, Any]],
 
 def follow_logs(args: argparse.Namespace, act: Callable[[str, dict[str, Any]], Any]) -> int:
     """``pipelines logs ID --follow``: print the log lines, then each new one (every
-    ``--interval`` s) until the pipeline ends (finished, failed, cancelled) or Ctrl+C."""
+    ``--interval`` s) until the pipeline ends (finished, failed, cancelled) or Ctrl+C.
+
+    A pipeline that ended still logs what it does after recording its state (its checkpoints
+    removed): after the end, the lines are polled until one interval brings none."""
     after = 0
+
+    def drain() -> int:
+        nonlocal after
+        lines = act("pipeline.logs", {"id": args.id, "after": after})["lines"]
+        for line in lines:
+            print(f"{line['ts']} {line['level']}: {line['message']}", flush=True)
+            after = int(line["seq"])
+        return len(lines)
+
     try:
         while True:
-            for line in act("pipeline.logs", {"id": args.id, "after": after})["lines"]:
-                print(f"{line['ts']} {line['level']}: {line['message']}", flush=True)
-                after = int(line["seq"])
+            drain()
             state = act("pipeline.status", {"id": args.id})["state"]
             if state != "running":
-                for line in act("pipeline.logs", {"id": args.id, "after": after})["lines"]:
-                    print(f"{line['ts']} {line['level']}: {line['message']}", flush=True)
+                drain()
+                time.sleep(args.interval)
+                while drain():
+                    time.sleep(args.interval)
                 return 0
             time.sleep(args.interval)
     except KeyboardInterrupt:

@@ -149,3 +149,43 @@ INSERT INTO out SELECT * FROM events;"""
         pytest.raises(pa.ArrowInvalid, match="option start_offset: must be at least 0, got -1"),
     ):
         act(client, "pipeline.submit", {"sql": sql})
+
+
+def test_a_failed_pipelines_status_carries_its_errors_domain_and_whether_it_is_retryable(
+    tmp_path: Path,
+) -> None:
+    """``pipeline.status`` says what class of error failed a run (issue 14): FalkorDB down is
+    ``external`` and retryable; a row the query cannot compute (a division by zero) is the
+    user's input and not retryable; a pipeline that has not failed has neither."""
+    port = free_port()  # closed: nothing listens
+    numbers = tmp_path / "numbers.csv"
+    numbers.write_text("k,v\na,5\nb,0\n")
+    graph = f"""CREATE SOURCE s (k VARCHAR, t TIMESTAMP(0), WATERMARK FOR t AS t)
+WITH (connector = 'file', path = '{_csv(tmp_path)}');
+CREATE SINK g WITH (connector = 'falkordb', url = 'falkor://127.0.0.1:{port}', graph = 'g',
+    node_label = 'K', node_key = 'k', max_retries = '0');
+INSERT INTO g SELECT k FROM s;"""
+    divide = f"""CREATE SOURCE n (k VARCHAR, v BIGINT) WITH (connector = 'file', path = '{numbers}');
+CREATE SINK out WITH (connector = 'file', path = '{tmp_path / "out.csv"}');
+INSERT INTO out SELECT k, 100 / v AS r FROM n;"""
+    healthy = f"""CREATE SOURCE e (k VARCHAR) WITH (connector = 'flight', stream = 'events');
+CREATE SINK copy WITH (connector = 'file', path = '{tmp_path / "copy.csv"}');
+INSERT INTO copy SELECT k FROM e;"""
+    with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
+        pids = [act(client, "pipeline.submit", {"sql": sql})["id"] for sql in (graph, divide)]
+        running = act(client, "pipeline.submit", {"sql": healthy})["id"]
+        statuses = []
+        for pid in pids:
+            deadline = time.monotonic() + 20
+            while (status := dict(act(client, "pipeline.status", {"id": pid})))["state"] != (
+                "failed"
+            ):
+                assert time.monotonic() < deadline, status
+                time.sleep(0.05)
+            statuses.append(status)
+        other = dict(act(client, "pipeline.status", {"id": running}))
+    kinds = [(s["last_error_domain"], s["last_error_retryable"]) for s in statuses]
+    assert kinds == [("external", True), ("input", False)], statuses
+    assert "Divide by zero" in str(statuses[1]["last_error"])
+    assert (other["state"], other["last_error"]) == ("running", None)
+    assert (other["last_error_domain"], other["last_error_retryable"]) == (None, None)

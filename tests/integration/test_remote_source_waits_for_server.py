@@ -338,17 +338,21 @@ def test_a_checkpoint_taken_while_the_source_waits_keeps_the_streams_incarnation
     assert after.sources["src"]["incarnation"] == incarnation
 
 
+#: a source declaring column k, which the events put on B (id, t) do not have
+MISSING_K_PIPELINE = """SET checkpoint_interval = '200ms';
+CREATE SOURCE events (id BIGINT, t TIMESTAMP(3), k VARCHAR)
+WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}', stream = 'events');
+CREATE SINK out WITH (connector = 'flight', stream = 'out', writer = 'p');
+INSERT INTO out SELECT id, t, k FROM events;"""
+
+
 def test_a_missing_column_found_after_the_wait_fails_the_run_with_its_message(
     tmp_path: Path,
 ) -> None:
     # 0 s submit (B down; the source declares k, which B's events will not have); B starts
     # with events (id, t): the run fails with the message a submit with B up gets at once
     port = free_port()
-    sql = f"""SET checkpoint_interval = '200ms';
-CREATE SOURCE events (id BIGINT, t TIMESTAMP(3), k VARCHAR)
-WITH (connector = 'flight', server = 'grpc://127.0.0.1:{port}', stream = 'events');
-CREATE SINK out WITH (connector = 'flight', stream = 'out', writer = 'p');
-INSERT INTO out SELECT id, t, k FROM events;"""
+    sql = MISSING_K_PIPELINE.format(port=port)
     with start_server(tmp_path / "a") as a, flight.connect(a.location) as client:
         pid = act(client, "pipeline.submit", {"sql": sql})["id"]
         wait_until(lambda: status(client, pid)["waiting"] is not None, "the source's wait")
@@ -626,3 +630,29 @@ INSERT INTO out SELECT id FROM events;"""
     assert errors == []
     ids = pq.read_table(tmp_path / "out.parquet").column("id").to_pylist()
     assert ids == list(range(100))
+
+
+def test_a_missing_column_of_a_stream_created_after_the_source_opened_names_the_stream(
+    tmp_path: Path,
+) -> None:
+    # 0 s B up without stream 'events'; submit (the source opens and waits for the stream);
+    # then events (id, t) arrive: the run fails with the stream's missing column, the message a
+    # submit gets when the stream is already there (not the per-batch conform message)
+    port = free_port()
+    sql = MISSING_K_PIPELINE.format(port=port)
+    with (
+        start_server(tmp_path / "b", port=port) as b,
+        start_server(tmp_path / "a") as a,
+        flight.connect(a.location) as client,
+    ):
+        pid = act(client, "pipeline.submit", {"sql": sql})["id"]
+        wait_until(lambda: status(client, pid)["state"] == "running", "the run to start")
+        time.sleep(0.5)  # the source has asked B for the stream, which is not there yet
+        put_events = FlightServeClient(b.location)
+        put_events.put("events", rows(0, 10), writer="w")
+        put_events.close()
+        wait_until(lambda: status(client, pid)["state"] == "failed", "the run to fail")
+        assert status(client, pid)["last_error"] == (
+            f"flight connector (server grpc://127.0.0.1:{port}, stream 'events'): the stream "
+            "has no column 'k'; its columns: id, t"
+        )

@@ -439,6 +439,17 @@ class FlightSource(ResumedSource):
                 f"{exc}; declare the source's columns to let the pipeline wait for the server"
             ) from exc.__cause__
 
+    def _check_declared(self, stream_schema: pa.Schema | None) -> None:
+        """Raise ConnectorError when the stream (``stream_schema``; ``None``: not there yet)
+        lacks a declared column."""
+        if stream_schema is not None and self._declared is not None:
+            missing = [n for n in self._declared.names if stream_schema.get_field_index(n) < 0]
+            if missing:
+                raise ConnectorError(
+                    f"{self.what}: the stream has no column {', '.join(map(repr, missing))}; its "
+                    f"columns: {', '.join(stream_schema.names)}"
+                )
+
     def _from_info(self, info: tuple[pa.Schema, dict[str, Any]] | None, start: int) -> None:
         """Set what the stream's FlightInfo says (``None``: no stream yet) for a read from
         offset ``start``.
@@ -448,13 +459,7 @@ class FlightSource(ResumedSource):
         """
         stream_schema: pa.Schema | None = info[0] if info is not None else None
         self.stream_schema = stream_schema
-        if stream_schema is not None and self._declared is not None:
-            missing = [n for n in self._declared.names if stream_schema.get_field_index(n) < 0]
-            if missing:
-                raise ConnectorError(
-                    f"{self.what}: the stream has no column {', '.join(map(repr, missing))}; its "
-                    f"columns: {', '.join(stream_schema.names)}"
-                )
+        self._check_declared(stream_schema)
         metadata = info[1] if info is not None else {}
         incarnation = metadata.get("incarnation")
         #: the stream's incarnation when the source was opened (``None``: no stream yet)
@@ -583,6 +588,9 @@ class FlightSource(ResumedSource):
             self._known.add(writer)
             events.append(SourceEvent("partition", writer))
         if entry.batch is not None:
+            if self.stream_schema is None:  # opened before the stream existed: check it now
+                self._check_declared(entry.batch.schema)
+                self.stream_schema = entry.batch.schema
             events.append(
                 SourceEvent("batch", writer, conform(entry.batch, self.schema, self.what), offset=entry.offset)
             )

@@ -48,6 +48,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_serve._arrow import ColumnMismatch, conform_batch, ipc_bytes, read_ipc_table
+from flight_serve.engine import fold
 from flight_serve.engine.aggregate import AggregateCall, quote_ident
 from flight_serve.engine.sqlguard import check_sql
 from flight_serve.engine.watermark import WatermarkTracker
@@ -116,6 +117,9 @@ class WindowAggregation:
             with count 0 and every other aggregate NULL. A key counts for window ``[s, e)`` when it
             was first seen before ``e`` and last seen at or after ``s - ttl`` (by event time, among
             the rows accepted when the window fires). Keys with a NULL part are not tracked.
+        fold_state: keep tumbling / hopping count, sum, min, max and avg in folded numpy state
+            (:mod:`.fold`, updated per batch, no SQL merge) when every aggregate, key and value
+            type allows it; ``False`` forces the SQL-merge path (same results).
     """
 
     window: WindowSpec
@@ -133,6 +137,7 @@ class WindowAggregation:
     max_future_skew: timedelta | None = None
     empty_windows_key_ttl: timedelta | None = None
     idle_watermark_advance: timedelta | None = None
+    fold_state: bool = True
 
     def build(
         self,
@@ -169,7 +174,9 @@ class OperatorSnapshot:
     """One operator's share of a checkpoint: immutable Arrow tables plus JSON-ready ``meta``.
 
     Attributes:
-        panes: the pane state, one row of partial aggregates per key and open window.
+        panes: the pane state. Version 1: one row of partial aggregates per key and open
+            window. Version 2 (folded state): one row per key, open window (``__ws``, ``__we``)
+            and pane of it (``__pane``) with that pane's state columns (:mod:`.fold`).
         buffer: accepted rows not merged into panes yet (input columns, ``__ts``, ``__ws``,
             ``__we``; int64 ns).
         closed_sessions: emitted sessions still remembered (session windows).
@@ -177,7 +184,12 @@ class OperatorSnapshot:
         meta: version, watermark tracker state, empty-window progress, metrics.
     """
 
-    VERSION: ClassVar[int] = 1
+    #: the newest layout: 2 = folded state (:mod:`.fold`): ``panes`` holds one row per key and
+    #: pane (key columns, ``__pane``, the state columns), ``buffer`` is empty. 1 = SQL-merged
+    #: pane state (one row of partial aggregates per key and window, plus the row buffer), still
+    #: written and read by the queries that run on the SQL path.
+    VERSION: ClassVar[int] = 2
+    VERSION_PANES: ClassVar[int] = 1
 
     panes: pa.Table
     buffer: pa.Table
@@ -391,6 +403,20 @@ class WindowOperator:
             output_schema = output_schema.append(pa.field(REVISION, pa.int64()))
         self.output_schema = output_schema
         self._empty_late = self.late_schema.empty_table()
+        self._fold: fold.FoldState | None = None
+        w = config.window
+        if (
+            config.fold_state
+            and isinstance(w, TumblingWindow | HoppingWindow)
+            and not self._update
+            and self._empty_ttl_ns is None
+        ):
+            fold_plan = fold.plan(config.aggregates, config.key_columns, input_schema)
+            if fold_plan is not None:
+                slide = w.slide_ns if isinstance(w, HoppingWindow) else w.size_ns
+                self._fold = fold.FoldState(
+                    fold_plan, w.offset_ns, w.size_ns, slide, input_schema, config.key_columns
+                )
 
     # --- planning -----------------------------------------------------------------------------
 
@@ -530,8 +556,15 @@ class WindowOperator:
         return self._tracker.watermark_ns
 
     @property
+    def folded_state(self) -> bool:
+        """Whether the state is folded per batch (:mod:`.fold`) rather than SQL-merged."""
+        return self._fold is not None
+
+    @property
     def open_panes(self) -> int:
         """Pane rows held in state (one per key and open window), not counting the buffer."""
+        if self._fold is not None:
+            return self._fold.open_count()
         return self._state.num_rows
 
     @property
@@ -663,9 +696,12 @@ class WindowOperator:
         """The operator's whole state, as immutable Arrow tables and JSON-ready values.
 
         Taking a snapshot never consumes or resets live state (Arrow tables are immutable; the
-        buffer is copied as it is, not merged). :meth:`WindowAggregation.build` with
-        ``restore=`` continues from it; :meth:`OperatorSnapshot.to_bytes` serialises it.
+        buffer is copied as it is, not merged; folded state is copied out of its arrays).
+        :meth:`WindowAggregation.build` with ``restore=`` continues from it;
+        :meth:`OperatorSnapshot.to_bytes` serialises it.
         """
+        if self._fold is not None:
+            return self._fold_snapshot()
         buffer = (
             pa.Table.from_batches(self._buffer.batches, self._buffer_schema)
             if self._buffer.batches
@@ -677,19 +713,66 @@ class WindowOperator:
             closed_sessions=self._closed,
             known_keys=self._known,
             meta={
-                "version": OperatorSnapshot.VERSION,
+                "version": OperatorSnapshot.VERSION_PANES,
                 "watermark": self._tracker.snapshot(),
                 "empty_done_ns": self._empty_done,
                 "metrics": dict(vars(self.metrics)),
             },
         )
 
+    def _fold_schema(self) -> pa.Schema:
+        assert self._fold is not None
+        return pa.schema(
+            [self.input_schema.field(k) for k in self.config.key_columns]
+            + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64()), pa.field(fold.PANE, pa.int64())]
+            + [pa.field(c.name, pa.from_numpy_dtype(c.dtype)) for c in self._fold.plan.columns]
+        )
+
+    def _fold_snapshot(self) -> OperatorSnapshot:
+        assert self._fold is not None
+        keys, starts, panes, values = self._fold.pane_table()
+        schema = self._fold_schema()
+        arrays = [
+            *keys,
+            pa.array(starts, pa.int64()),
+            pa.array(starts + self._fold.size, pa.int64()),
+            pa.array(panes, pa.int64()),
+            *(pa.array(v) for v in values.values()),
+        ]
+        return OperatorSnapshot(
+            panes=pa.Table.from_arrays(arrays, schema=schema),
+            buffer=self._buffer_schema.empty_table(),
+            closed_sessions=self._closed,
+            known_keys=self._known,
+            meta={
+                "version": OperatorSnapshot.VERSION,
+                "watermark": self._tracker.snapshot(),
+                "empty_done_ns": self._empty_done,
+                "fired_upto_ns": self._fold.fired_upto,
+                "metrics": dict(vars(self.metrics)),
+            },
+        )
+
     def _restore(self, snapshot: OperatorSnapshot) -> None:
-        if snapshot.meta.get("version") != OperatorSnapshot.VERSION:
+        version = snapshot.meta.get("version")
+        want = (
+            OperatorSnapshot.VERSION if self._fold is not None else OperatorSnapshot.VERSION_PANES
+        )
+        if version != want:
+            layouts: dict[object, str] = {
+                OperatorSnapshot.VERSION_PANES: "SQL-merged pane state",
+                OperatorSnapshot.VERSION: "folded state",
+            }
             raise CheckpointError(
-                f"operator snapshot version {snapshot.meta.get('version')!r} is not "
-                f"{OperatorSnapshot.VERSION}"
+                f"operator snapshot version {version!r} "
+                f"({layouts.get(version, 'an unknown layout')}) cannot restore this query, which "
+                f"keeps {layouts[want]} (version {want}); a version 1 checkpoint of a tumbling or "
+                "hopping query of count/sum/min/max/avg predates the folded state and is not "
+                "converted: start the pipeline again from its source"
             )
+        if self._fold is not None:
+            self._restore_fold(snapshot)
+            return
         for name, table, schema in (
             ("pane state", snapshot.panes, self._state_schema),
             ("buffer", snapshot.buffer, self._buffer_schema),
@@ -718,6 +801,121 @@ class WindowOperator:
                 setattr(self.metrics, key, int(value))
         self._refresh_bounds()
 
+    def _restore_fold(self, snapshot: OperatorSnapshot) -> None:
+        fs = self._fold
+        assert fs is not None
+        for name, table, schema in (
+            ("pane state", snapshot.panes, self._fold_schema()),
+            ("buffer", snapshot.buffer, self._buffer_schema),
+            ("closed sessions", snapshot.closed_sessions, self._closed.schema),
+            ("key registry", snapshot.known_keys, self._known.schema),
+        ):
+            if not table.schema.equals(schema):
+                raise CheckpointError(
+                    f"the checkpoint's {name} does not match this query (was the query or its "
+                    f"input schema changed?): {table.schema} vs {schema}"
+                )
+        panes = snapshot.panes.combine_chunks()
+        if panes.num_rows:  # one row per (key, pane): the one of the pane's latest window
+            pane_ids = np.asarray(panes[fold.PANE].to_numpy(), dtype=np.int64)
+            latest = fs.latest_start(pane_ids)
+            panes = panes.filter(pa.array(np.asarray(panes[WS].to_numpy()) == latest))
+        if panes.num_rows:
+            slots = fs.keys.slots([panes[k].combine_chunks() for k in self.config.key_columns])
+            if not self.config.key_columns:
+                slots = np.zeros(panes.num_rows, dtype=np.int64)
+            values = {
+                c.name: np.asarray(panes[c.name].to_numpy(), dtype=c.dtype) for c in fs.plan.columns
+            }
+            fs.fold(np.asarray(panes[fold.PANE].to_numpy(), dtype=np.int64), slots, values)
+        upto = snapshot.meta.get("fired_upto_ns")
+        fs.fired_upto = None if upto is None else int(upto)
+        self._empty_done = int(snapshot.meta["empty_done_ns"])
+        self._tracker.restore(snapshot.meta["watermark"])
+        for key, value in snapshot.meta.get("metrics", {}).items():
+            if hasattr(self.metrics, key):
+                setattr(self.metrics, key, int(value))
+        self._refresh_bounds()
+
+    def _accept_fold(
+        self, batch: pa.RecordBatch, ts_ns: Int64Array, watermark: int
+    ) -> pa.Table | None:
+        """Fold the accepted rows of ``batch`` into the folded state; return the late rows."""
+        fs = self._fold
+        assert fs is not None
+        panes = fs.pane_of(ts_ns)
+        keep = fs.in_some_window(panes)
+        threshold = self._threshold(watermark)
+        late_table = None
+        if threshold > MIN_WATERMARK_NS:
+            # windows ending at or before the threshold are closed (fired, or empty when the
+            # threshold passed them): a row here is late for them even if it opens their pane
+            if fs.fired_upto is None or threshold > fs.fired_upto:
+                fs.fired_upto = threshold
+            late = panes < fs.first_open_pane(threshold)
+            if keep is not None:
+                late &= keep
+            if late.any():
+                idx = np.flatnonzero(late)
+                starts = fs.latest_start(panes[idx])
+                late_table = self._late_rows(batch, idx, "late", (starts, starts + fs.size))
+                self.metrics.rows_late += len(idx)
+                keep = ~late if keep is None else keep & ~late
+        take: np.ndarray | None = None
+        if keep is not None and not keep.all():
+            take = np.flatnonzero(keep)
+            if not len(take):
+                return late_table
+            panes = panes[take]
+        key_arrays = [batch.column(k) for k in self.config.key_columns]
+        if take is not None:
+            key_arrays = [a.take(pa.array(take, pa.int64())) for a in key_arrays]
+        slots = fs.keys.slots(key_arrays) if key_arrays else np.zeros(len(panes), dtype=np.int64)
+        fs.fold(panes, slots, fs.row_values(batch, take))
+        self._refresh_bounds()
+        return late_table
+
+    def _fold_fire(self, watermark: int) -> pa.Table | None:
+        """The pane rows (keys, ``__ws``, ``__we``, the SQL path's partial columns) of the
+        windows that close at ``watermark``; their panes are evicted."""
+        fs = self._fold
+        assert fs is not None
+        threshold = (
+            MAX_WATERMARK_NS if watermark == MAX_WATERMARK_NS else self._threshold(watermark)
+        )
+        parts = []
+        for k in fs.due_windows(threshold):
+            got = fs.window_slots(k)
+            if got is not None and len(got[0]):
+                parts.append(self._fold_table(k, *got))
+        fs.evict(threshold)
+        self._refresh_bounds()
+        return pa.concat_tables(parts) if parts else None
+
+    def _fold_table(self, k: int, slots: np.ndarray, values: dict[str, np.ndarray]) -> pa.Table:
+        fs = self._fold
+        assert fs is not None
+        n = len(slots)
+        start = fs.offset + k * fs.slide
+        cols: dict[str, Any] = dict(zip(self.config.key_columns, fs.keys.keys(slots), strict=True))
+        cols[WS] = pa.array(np.full(n, start, dtype=np.int64))
+        cols[WE] = pa.array(np.full(n, start + fs.size, dtype=np.int64))
+        schema = self._state_schema
+        for i, (func, value, count) in enumerate(fs.plan.aggregates):
+            p = f"__p{i}"
+            cnt = values[count]
+            if func == "count":
+                cols[f"{p}c"] = pa.array(cnt, pa.int64())
+            elif func == "avg":
+                assert value is not None
+                cols[f"{p}s"] = pa.array(values[value], pa.float64(), mask=cnt == 0)
+                cols[f"{p}c"] = pa.array(cnt, pa.int64())
+            else:
+                assert value is not None
+                typ = schema.field(f"{p}v").type
+                cols[f"{p}v"] = pa.array(values[value], mask=cnt == 0).cast(typ)
+        return pa.table(cols)
+
     # --- internals ----------------------------------------------------------------------------
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -740,6 +938,8 @@ class WindowOperator:
         return max(watermark - self._lateness_ns, MIN_WATERMARK_NS)
 
     def _accept(self, batch: pa.RecordBatch, ts_ns: Int64Array, watermark: int) -> pa.Table | None:
+        if self._fold is not None:
+            return self._accept_fold(batch, ts_ns, watermark)
         window = self.config.window
         rows, starts, ends = window.assign_bounds_ns(ts_ns)
         threshold = self._threshold(watermark)
@@ -873,6 +1073,11 @@ class WindowOperator:
         return watermark if self._update else self._threshold(watermark)
 
     def _may_fire(self, watermark: int) -> bool:
+        if self._fold is not None:
+            if watermark == MAX_WATERMARK_NS:
+                return bool(self._fold.pane_row)
+            end = self._fold.next_end()
+            return end is not None and end <= self._threshold(watermark)
         if self._empty_ttl_ns is not None and (
             self._known.num_rows or self._state.num_rows or self._buffer.rows
         ):
@@ -885,6 +1090,9 @@ class WindowOperator:
         return self._state_min_end is not None and self._state_min_end <= self._threshold(watermark)
 
     def _refresh_bounds(self) -> None:
+        if self._fold is not None:
+            self._state_min_end, self._state_min_pending_end = self._fold.next_end(), None
+            return
         state = self._state
         if not state.num_rows:
             self._state_min_end = self._state_min_pending_end = None
@@ -934,6 +1142,9 @@ class WindowOperator:
         return buf.append_column(SID, pa.array(sid, pa.int64())).to_batches()
 
     def _fire(self, watermark: int) -> pa.Table | None:
+        if self._fold is not None:
+            folded = self._fold_fire(watermark)
+            return None if folded is None else self._output(folded)
         self._merge()
         state = self._state
         if not state.num_rows and not (self._empty_ttl_ns is not None and self._known.num_rows):
@@ -972,6 +1183,10 @@ class WindowOperator:
             fired = self._with_empty_windows(fired, watermark)
         if not fired.num_rows:
             return None
+        return self._output(fired)
+
+    def _output(self, fired: pa.Table) -> pa.Table:
+        """Fired pane rows → the output rows, ordered by window end, start and keys."""
         self.metrics.windows_fired += fired.num_rows
         order: list[tuple[str, Literal["ascending", "descending"]]] = [
             (WE, "ascending"),

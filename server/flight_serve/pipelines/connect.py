@@ -13,9 +13,12 @@ Checks:
 * :func:`check_checkpointed` (a checkpointed run, ``flight-serve run`` with checkpoints or a
   server pipeline): every connector is exactly-once there; a refusal says what to do instead.
 
-Factories: a row's ``sink`` builds the sink of a run without checkpoints, its ``epoch_sink``
-the exactly-once sink of a checkpointed run (a row without one, ``stdout``, writes its plain
-sink there too); the runtime calls them and names no sink connector.
+Factories, each given the run as a :class:`~.slots.ConnectorHost`: a row's ``source`` (and
+``table``) builds a source from its relation (a checkpointed run's from its checkpoint's
+offsets), its ``slot`` checks a sink's options into a :class:`~.slots.SinkSlot` (no I/O), its
+``sink`` builds the sink of a run without checkpoints and its ``epoch_sink`` the exactly-once
+sink of a checkpointed run (a row without one, ``stdout``, writes its plain sink there too).
+The runtime calls them and names no connector.
 
 Errors: :class:`~flight_serve.errors.PipelineSQLError` with the line and column of the option.
 """
@@ -24,29 +27,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from flight_serve.connectors.base import EpochSink, Sink, Source
 from flight_serve.connectors.datagen import OPTION_ALIASES as DATAGEN_ALIASES
 from flight_serve.connectors.datagen import SOURCE_OPTIONS as DATAGEN_OPTIONS
 from flight_serve.connectors.datagen import DatagenOptions, DatagenSource
 from flight_serve.connectors.falkordb import FALKORDB_OPTIONS, FalkorDBSink
-from flight_serve.connectors.file import FileSink
+from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
 from flight_serve.connectors.flight import FlightSink, FlightStreamTarget
+from flight_serve.connectors.iceberg import default_catalog_properties
 from flight_serve.connectors.stdout import StdoutSink
-from flight_serve.errors import ConnectorOptionError
+from flight_serve.errors import ConnectorError, ConnectorOptionError
+from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink
-from flight_serve.pipelines.graph_io import EpochGraphSink
+from flight_serve.pipelines.flight_io import FLIGHT_AUTH_OPTIONS, flight_sink_slot, flight_source
+from flight_serve.pipelines.graph_io import EpochGraphSink, graph_sink_options
 from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
 from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
-from flight_serve.pipelines.iceberg_io import EpochIcebergSink, IcebergRunSink, is_catalog_option
-from flight_serve.pipelines.pipeline import Option, PipelinePlan, RelationDef
+from flight_serve.pipelines.iceberg_io import (
+    EpochIcebergSink,
+    IcebergRunSink,
+    catalog_of,
+    iceberg_sink_spec,
+    iceberg_source,
+    is_catalog_option,
+)
+from flight_serve.pipelines.pipeline import Option, PipelinePlan, RelationDef, SinkDef
 from flight_serve.pipelines.query import did_you_mean
+from flight_serve.pipelines.slots import ConnectorHost, SinkSlot
 from flight_serve.pipelines.store_io import StoreTarget
-
-if TYPE_CHECKING:
-    from flight_serve.pipelines.durable import DurableRuntime
-    from flight_serve.pipelines.runtime import PipelineRuntime, SinkSlot
+from flight_serve.store.streams import data_dir_holder
 
 __all__ = [
     "CONNECTORS",
@@ -58,8 +70,8 @@ __all__ = [
     "connector_of",
 ]
 
-#: Options of a ``flight`` connector with a ``server``: TLS trust and identity, bearer token.
-FLIGHT_AUTH_OPTIONS: tuple[str, ...] = ("tls_ca", "tls_cert", "tls_key", "token_env")
+#: The file sink's formats, by the extension of its files.
+_EXTENSION = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
 
 #: ``(role, options, server pipeline) -> bool``: whether a checkpointed run covers it.
 ExactlyOnce = Callable[[str, Mapping[str, Option], bool], bool]
@@ -83,24 +95,143 @@ def _flight_exactly_once(role: str, options: Mapping[str, Option], server: bool)
     return server or "server" in options
 
 
-#: ``(runtime, relation) -> Source``: a source of a run (a checkpointed run's resumes from its
+#: ``(host, relation) -> Source``: a source of a run (a checkpointed run's resumes from its
 #: checkpoint's offsets: in the factory, or when the run loop opens it).
-SourceFactory = Callable[["PipelineRuntime", RelationDef], Source]
+SourceFactory = Callable[[ConnectorHost, RelationDef], Source]
+
+#: ``(host, relation) -> FileSource``: a static table, read once before the first batch.
+TableFactory = Callable[[ConnectorHost, RelationDef], FileSource]
+
+#: ``(host, sink) -> SinkSlot``: a sink's checked options (no I/O: the run opens its sink).
+SlotFactory = Callable[[ConnectorHost, SinkDef], SinkSlot]
 
 
-def _file_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
-    return runtime.file_source(relation, "source")
+def _file(host: ConnectorHost, relation: RelationDef, role: str) -> FileSource:
+    """The files of a ``file`` source or table (``role``).
+
+    Raises:
+        PipelineSQLError: no ``path``, a bad option, no file matches, a file that cannot be read.
+    """
+    what = f"{role.upper()} {relation.name}"
+    options = relation.connector
+    if "path" not in options:
+        raise sql_error(
+            f"{what} needs WITH (path = '<file, directory or glob>')", relation.node
+        )
+    batch_rows = host.plan.batch_rows or DEFAULT_BATCH_ROWS
+    if "batch_rows" in options:
+        option = options["batch_rows"]
+        try:
+            batch_rows = int(option.text)
+        except ValueError:
+            raise option.error(f"expected a whole number, got {option.text!r}") from None
+    try:
+        paths = resolve_paths(options["path"].text, host.plan.base_dir)
+    except ConnectorError as exc:
+        raise options["path"].error(str(exc)) from exc
+    try:
+        return FileSource(
+            paths,
+            options["format"].text if "format" in options else None,
+            batch_rows=batch_rows,
+            schema=relation.columns,
+            delimiter=options["delimiter"].text if "delimiter" in options else ",",
+            base_dir=host.plan.base_dir,
+            name=relation.name,
+        )
+    except ConnectorError as exc:
+        raise sql_error(f"{what}: {exc}", relation.node.this) from exc
 
 
-def _flight_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
-    return runtime.flight_source(relation)
+def _file_source(host: ConnectorHost, relation: RelationDef) -> Source:
+    return _file(host, relation, "source")
 
 
-def _iceberg_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
-    return runtime.iceberg_source(relation)
+def _file_table(host: ConnectorHost, relation: RelationDef) -> FileSource:
+    return _file(host, relation, "table")
 
 
-def _datagen_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
+def _file_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
+    """A file sink: its path (relative to the output directory; by default
+    ``<sink>.<format>``) and format (by default the path's extension).
+
+    Raises:
+        PipelineSQLError: neither a format nor a path with an extension; another format.
+    """
+    options = sink.connector
+    fmt = options["format"].text.lower() if "format" in options else None
+    if "path" in options:
+        path = Path(options["path"].text).expanduser()
+        path = path if path.is_absolute() else host.output_dir / path
+        if fmt is None:
+            fmt = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl"}.get(
+                path.suffix.lower()
+            )
+    elif fmt is not None:
+        path = host.output_dir / f"{sink.name}.{_EXTENSION.get(fmt, fmt)}"
+    else:
+        raise sql_error(
+            f"SINK {sink.name} needs WITH (format = …) or a path with an extension", sink.node
+        )
+    if fmt not in _EXTENSION:
+        where = options["format"] if "format" in options else options["path"]
+        raise where.error(f"the file sink writes parquet, csv or jsonl, not {fmt!r}")
+    return SinkSlot(sink, "file", fmt, path)
+
+
+def _stdout_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
+    options = sink.connector
+    fmt = options["format"].text.lower() if "format" in options else None
+    return SinkSlot(sink, "stdout", fmt or "table", None)
+
+
+def _falkordb_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
+    return SinkSlot(sink, "falkordb", "graph", None, graph=graph_sink_options(sink))
+
+
+def _iceberg_source(host: ConnectorHost, relation: RelationDef) -> Source:
+    """An Iceberg table as a live source; a checkpointed run's from its last consumed
+    snapshot (:mod:`~flight_serve.pipelines.iceberg_io`)."""
+    coordinator = host.coordinator
+    if coordinator is None:
+        return iceberg_source(
+            relation, host.data_dir, batch_rows=host.plan.batch_rows or DEFAULT_BATCH_ROWS
+        )
+    return iceberg_source(
+        relation,
+        host.data_dir,
+        batch_rows=host.plan.batch_rows or 65_536,
+        offset=coordinator.source_state(relation.name),
+        on_gap=host.report_gap,
+    )
+
+
+def _iceberg_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
+    """An Iceberg sink's checked options.
+
+    Raises:
+        PipelineSQLError: a run in this process would write the embedded catalog of a data
+            dir a running server holds; a bad option.
+    """
+    options = sink.connector
+    if (
+        host.writes
+        and host.store is None
+        and catalog_of(options, host.data_dir)[1] == default_catalog_properties(host.data_dir)
+        and (holder := data_dir_holder(host.data_dir)) is not None
+    ):
+        raise options["connector"].error(
+            f"SINK {sink.name}: the embedded Iceberg catalog of {host.data_dir} belongs to a "
+            f"running server ({holder} holds the data dir): a run in this process "
+            "never writes into a server's data dir. Submit the pipeline to that server "
+            "(flight-serve submit), or run it with another --output-dir (its catalog "
+            "is <output-dir>/flight-data) or a catalog_uri of its own"
+        )
+    spec = iceberg_sink_spec(sink, host.data_dir)
+    return SinkSlot(sink, "iceberg", "iceberg", None, iceberg=spec)
+
+
+def _datagen_source(host: ConnectorHost, relation: RelationDef) -> Source:
     """A ``datagen`` source (:mod:`~flight_serve.connectors.datagen`): the declared columns
     are its schema; the run loop opens it from its checkpoint's row counters.
 
@@ -127,7 +258,7 @@ def _datagen_source(runtime: PipelineRuntime, relation: RelationDef) -> Source:
 
 #: ``(slot, pipeline) -> Sink``: the sink of a run without checkpoints; ``pipeline`` names
 #: the run in what it writes (the pipeline file's stem).
-SinkFactory = Callable[["SinkSlot", str], Sink]
+SinkFactory = Callable[[SinkSlot, str], Sink]
 
 
 @dataclass(frozen=True)
@@ -135,14 +266,16 @@ class EpochSinkArgs:
     """What an exactly-once sink of a checkpointed run is built from.
 
     Attributes:
-        runtime: the checkpointed run (its name, the server's store, the wait callback).
+        host: the checkpointed run (the server's store, the wait callback).
+        pipeline: the run's name in checkpoints (what its sinks write under).
         mark: the sink's commit mark in the checkpoint resumed from (``{}``: none).
         rows: rows the sink had committed by that checkpoint.
         restored_epoch: that checkpoint's epoch (``None``: a fresh run).
         finished: whether it was a finished run's.
     """
 
-    runtime: DurableRuntime
+    host: ConnectorHost
+    pipeline: str
     mark: Mapping[str, Any]
     rows: int
     restored_epoch: int | None
@@ -150,7 +283,7 @@ class EpochSinkArgs:
 
 
 #: ``(slot, args) -> EpochSink``: the exactly-once sink of a checkpointed run.
-EpochSinkFactory = Callable[["SinkSlot", EpochSinkArgs], EpochSink]
+EpochSinkFactory = Callable[[SinkSlot, EpochSinkArgs], EpochSink]
 
 
 def _file_sink(slot: SinkSlot, pipeline: str) -> Sink:
@@ -188,7 +321,7 @@ def _falkordb_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
     name = slot.definition.name
     return EpochGraphSink(
         name,
-        _falkordb_sink(slot, args.runtime.name),
+        _falkordb_sink(slot, args.pipeline),
         restored_epoch=args.restored_epoch,
         rows=args.rows,
     )
@@ -204,19 +337,19 @@ def _flight_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
     assert slot.flight is not None
     assert slot.schema is not None
     server, stream, writer = slot.flight
-    runtime = args.runtime
+    host = args.host
     target: StoreTarget | FlightStreamTarget
-    if "server" in slot.definition.connector or runtime.store is None:
+    if "server" in slot.definition.connector or host.store is None:
         target = FlightStreamTarget(
             server,
             stream,
             slot.schema,
             writer,
-            on_retry=runtime.connector_wait,
+            on_retry=host.connector_wait,
             auth=slot.flight_auth,
         )
     else:
-        target = StoreTarget(runtime.store, stream, slot.schema, writer)
+        target = StoreTarget(host.store, stream, slot.schema, writer)
     return EpochStreamSink(
         slot.definition.name,
         target,
@@ -240,7 +373,7 @@ def _iceberg_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
     return EpochIcebergSink(
         name,
         slot.iceberg,
-        f"{args.runtime.name}/{name}",
+        f"{args.pipeline}/{name}",
         slot.schema,
         mark=dict(args.mark) or None,
         restored_epoch=args.restored_epoch,
@@ -260,6 +393,8 @@ class ConnectorSpec:
         extra_option: options beyond :attr:`options` it also takes (Iceberg catalog
             properties).
         source: builds its source (source connectors).
+        table: builds its static table (table connectors).
+        slot: checks a sink's options into its :class:`~.slots.SinkSlot` (sink connectors).
         sink: builds its sink of a run without checkpoints (sink connectors).
         epoch_sink: builds its exactly-once sink of a checkpointed run (``None``: the run
             writes :attr:`sink`'s, as for ``stdout``).
@@ -270,6 +405,8 @@ class ConnectorSpec:
     exactly_once: ExactlyOnce = _never
     extra_option: Callable[[str], bool] | None = None
     source: SourceFactory | None = None
+    table: TableFactory | None = None
+    slot: SlotFactory | None = None
     sink: SinkFactory | None = None
     epoch_sink: EpochSinkFactory | None = None
     roles: frozenset[str] = field(init=False)
@@ -297,17 +434,22 @@ REGISTRY: dict[str, ConnectorSpec] = {
             },
             exactly_once=_always,
             source=_file_source,
+            table=_file_table,
+            slot=_file_slot,
             sink=_file_sink,
             epoch_sink=_file_epoch_sink,
         ),
         ConnectorSpec(
-            "stdout", {"sink": ("connector", "format")}, exactly_once=_always, sink=_stdout_sink
+            "stdout", {"sink": ("connector", "format")}, exactly_once=_always,
+            slot=_stdout_slot,
+            sink=_stdout_sink,
         ),
         # an epoch marker in the graph: exactly once anywhere
         ConnectorSpec(
             "falkordb",
             {"sink": FALKORDB_OPTIONS},
             exactly_once=_always,
+            slot=_falkordb_slot,
             sink=_falkordb_sink,
             epoch_sink=_falkordb_epoch_sink,
         ),
@@ -327,7 +469,8 @@ REGISTRY: dict[str, ConnectorSpec] = {
                 "sink": ("connector", "server", "stream", "writer", *FLIGHT_AUTH_OPTIONS),
             },
             exactly_once=_flight_exactly_once,
-            source=_flight_source,
+            source=flight_source,
+            slot=flight_sink_slot,
             sink=_flight_sink,
             epoch_sink=_flight_epoch_sink,
         ),
@@ -337,6 +480,7 @@ REGISTRY: dict[str, ConnectorSpec] = {
             exactly_once=_always,
             extra_option=is_catalog_option,
             source=_iceberg_source,
+            slot=_iceberg_slot,
             sink=_iceberg_sink,
             epoch_sink=_iceberg_epoch_sink,
         ),

@@ -1,8 +1,13 @@
 """Durable runs: a pipeline that takes checkpoints, and resumes from one after a crash.
 
-:class:`DurableRuntime` is the embedded runtime (:class:`~flight_serve.pipelines.runtime.PipelineRuntime`)
-plus checkpoints (:mod:`flight_serve.pipelines.checkpoint`) and exactly-once sinks
-(:mod:`flight_serve.pipelines.epoch_sinks`):
+:class:`DurableRuntime` is one run of the runtime (:class:`~flight_serve.pipelines.runtime.PipelineRuntime`)
+composed with a checkpoint coordinator (:mod:`flight_serve.pipelines.coordinator`, over the
+state root of :mod:`flight_serve.pipelines.checkpoint`) and, for a server pipeline, the
+server's store (its streams, and the writer names its stream sinks hold). The runtime builds
+the sources from their checkpoint's offsets, the operators from their snapshots and the
+exactly-once sinks (:mod:`flight_serve.pipelines.epoch_sinks`) from their commit marks, and
+asks the coordinator for a barrier between polls; this class is the run's handle (stop,
+checkpoint on request, metrics, writer holds):
 
 * **barriers**: before a source reads its next batch, every batch read so far has gone through
   every operator and sink (one thread), so that instant is a consistent cut. A checkpoint is taken
@@ -38,26 +43,18 @@ what the embedded runtime raises.
 
 from __future__ import annotations
 
-import base64
-import logging
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from flight_serve._arrow import read_ipc
 from flight_serve.connectors.base import EpochSink, Source
-from flight_serve.connectors.flight import (
-    RETRY_BUDGET_S,
-    FlightSource,
-    FlightTicketSource,
-)
-from flight_serve.errors import CheckpointError, ConnectorError, ExternalError, FlightServeError
+from flight_serve.connectors.file import FileSource
+from flight_serve.connectors.flight import RETRY_BUDGET_S
 from flight_serve.functions.python import SandboxConfig
-from flight_serve.pipelines.checkpoint import CheckpointStore
-from flight_serve.pipelines.connect import REGISTRY, EpochSinkArgs, check_checkpointed
+from flight_serve.pipelines.checkpoint import CheckpointStore, Manifest
+from flight_serve.pipelines.connect import check_checkpointed
 from flight_serve.pipelines.coordinator import (
     CRASH_ENV,
     CheckpointCoordinator,
@@ -65,18 +62,16 @@ from flight_serve.pipelines.coordinator import (
     PipelineStopped,
     ResumeFrom,
 )
-from flight_serve.pipelines.dialect import sql_error
-from flight_serve.pipelines.graph import WindowNode
-from flight_serve.pipelines.iceberg_io import iceberg_source
-from flight_serve.pipelines.pipeline import PipelinePlan, RelationDef
+from flight_serve.pipelines.graph import Node, WindowNode
+from flight_serve.pipelines.pipeline import PipelinePlan
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
+from flight_serve.pipelines.slots import SinkSlot
 from flight_serve.pipelines.store_io import StoreSource
-from flight_serve.pipelines.user_functions import code_digests
+from flight_serve.pipelines.user_functions import FunctionSet, code_digests
 from flight_serve.store import StreamStore
 from flight_serve.store.streams import WriterBusyError, WriterHold
-from flight_serve.types import MIN_WATERMARK_NS
 
 __all__ = [
     "CRASH_ENV",
@@ -86,18 +81,12 @@ __all__ = [
     "ResumeFrom",
 ]
 
-log = logging.getLogger("flight_serve.pipelines")
 
-def _schema_of(text: str) -> pa.Schema | None:
-    """A schema a checkpoint recorded (Arrow IPC, base64), or ``None`` if it does not read."""
-    try:
-        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-    except (ValueError, pa.ArrowException):
-        return None
-
-
-class DurableRuntime(PipelineRuntime):
-    """A pipeline run that checkpoints and resumes (see the module docstring).
+class DurableRuntime:
+    """A pipeline run that checkpoints and resumes (see the module docstring): a
+    :class:`~flight_serve.pipelines.runtime.PipelineRuntime` (:attr:`runtime`) built with a
+    :class:`~flight_serve.pipelines.coordinator.CheckpointCoordinator` (:attr:`coordinator`)
+    and the server's store.
 
     Args:
         plan: the parsed pipeline.
@@ -152,7 +141,7 @@ class DurableRuntime(PipelineRuntime):
         self.checkpoints = CheckpointStore(root)
         self._writer_holds: list[WriterHold] = []
         #: the barriers and the checkpoint resumed from (composed into the run loop)
-        coordinator = CheckpointCoordinator(
+        self.coordinator = CheckpointCoordinator(
             self.checkpoints,
             self.options,
             name,
@@ -162,255 +151,141 @@ class DurableRuntime(PipelineRuntime):
             on_checkpoint=on_checkpoint,
             code_digests=code_digests(plan.user_functions),
         )
-        self._coordinator = coordinator
-        self.manifest = coordinator.manifest
-        #: rows skipped by earlier resumes (offset_reset = 'earliest'), from the checkpoint
-        self._data_loss_before = (
-            int(self.manifest.metrics.get("data_loss_rows", 0)) if self.manifest is not None else 0
-        )
-        # opens the sources (from their offsets) and builds the operators (from their snapshots)
-        super().__init__(
+        self.manifest: Manifest | None = self.coordinator.manifest
+        #: the run: sources opened from their offsets, operators built from their snapshots
+        self.runtime = PipelineRuntime(
             plan,
             output_dir=output_dir,
             plugins=plugins,
             data_dir=store.data_dir if store is not None else None,
-            coordinator=coordinator,
+            coordinator=self.coordinator,
             sandbox=sandbox,
+            store=store,
+            reconnect_s=RETRY_BUDGET_S,  # a server restarting is waited for
         )
-        coordinator.graph = self
+        self.coordinator.graph = self.runtime
 
-    # --- building -----------------------------------------------------------------------------
+    # --- the run's graph (PipelineRuntime) ------------------------------------------------
 
-    def _store_backed(self) -> bool:
-        """A server pipeline's ``flight`` connectors without ``server`` are its streams."""
-        return self.store is not None
+    @property
+    def plan(self) -> PipelinePlan:
+        return self.runtime.plan
 
-    def flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
-        options = relation.connector
-        state = self.coordinator_state(relation.name)
-        if "server" in options or self.store is None:  # another server (checked for runs)
-            return self._remote_source(relation, state)
-        stream = options["stream"].text if "stream" in options else relation.name
-        try:
-            source = StoreSource(
-                self.store,
-                stream,
-                name=relation.name,
-                schema=relation.columns,
-                start_offset=int(state.get("offset", 0)),
-                incarnation=state.get("incarnation"),
-                offset_reset=self.options.offset_reset,
-                on_gap=self.report_gap,
-                rows=int(state.get("rows", 0)),
-                stream_rows=int(state["stream_rows"]) if "stream_rows" in state else None,
-            )
-        except ConnectorError as exc:
-            raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
-        except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
-            raise exc.within(f"SOURCE {relation.name}") from exc.__cause__
-        if (
-            relation.time_column is not None
-            and source.schema.get_field_index(relation.time_column) < 0
-        ):
-            raise sql_error(
-                f"WATERMARK FOR {relation.time_column}: stream {stream} has no such column "
-                f"(columns: {', '.join(source.schema.names)})",
-                relation.node.this,
-            )
-        return source
+    @property
+    def sources(self) -> dict[str, FileSource]:
+        """The bounded (file) sources, by name."""
+        return self.runtime.sources
 
-    def iceberg_source(self, relation: RelationDef) -> Source:
-        """The Iceberg source, from the checkpoint's offset (its last consumed snapshot)."""
-        state = self.manifest.sources.get(relation.name) if self.manifest is not None else None
-        return iceberg_source(
-            relation,
-            self.data_dir,
-            batch_rows=self.plan.batch_rows or 65_536,
-            offset=state,
-            on_gap=self.report_gap,
-        )
+    @property
+    def flight_sources(self) -> dict[str, Source]:
+        """The live sources, by name."""
+        return self.runtime.flight_sources
 
-    def coordinator_state(self, name: str) -> dict[str, Any]:
-        """Source ``name``'s offsets in the checkpoint resumed from (``{}``: none)."""
-        if self.manifest is None:
-            return {}
-        return dict(self.manifest.sources.get(name, {}))
+    @property
+    def user_functions(self) -> FunctionSet:
+        """The run's user functions (``CREATE FUNCTION … LANGUAGE python | wasm``)."""
+        return self.runtime.user_functions
 
-    def _remote_source(self, relation: RelationDef, state: dict[str, Any]) -> Source:
-        """A source on another Flight server: a ticket's DoGet, or a stream's tail, resumed
-        from the checkpoint's offset (rows of the ticket, or the stream offset)."""
-        if relation.columns is None and isinstance(state.get("schema"), str):
-            # the columns the checkpointed run read: enough to wait for a server that is down
-            relation = replace(relation, columns=_schema_of(state["schema"]))
-        ticket = self._ticket(relation)
-        if ticket is not None:
-            ticket_source = self._ticket_source(relation, ticket, int(state.get("rows", 0)))
-            assert isinstance(ticket_source, FlightTicketSource)
-            return ticket_source
-        start = int(state["offset"]) if "offset" in state else None
-        source = super().flight_source(relation, start_offset=start)
-        assert isinstance(source, FlightSource)
-        if source.waiting_to_open:
-            # its server is unreachable now: the checks run once the source has reached it
-            source.check_open = lambda opened: self._check_resume(relation, state, opened)
-            known = state.get("incarnation")  # what a checkpoint taken while it waits records
-            source.incarnation = known if isinstance(known, str) else None
-        else:
-            try:
-                first = self._check_resume(relation, state, source)
-            except CheckpointError:
-                source.close()
-                raise
-            if first is not None:
-                source.close()
-                source = super().flight_source(relation, start_offset=first)
-                assert isinstance(source, FlightSource)
-        source.rows = int(state.get("rows", 0))
-        source.reconnect_s = RETRY_BUDGET_S  # a server restarting is waited for
-        return source
+    @property
+    def sinks(self) -> dict[str, SinkSlot]:
+        return self.runtime.sinks
 
-    def _check_resume(
-        self, relation: RelationDef, state: dict[str, Any], source: FlightSource
-    ) -> int | None:
-        """Whether a remote tail source can resume from the checkpoint's offset: ``None`` if
-        it can; the oldest offset there is when the stream was re-created or the offset is gone
-        and ``offset_reset = 'earliest'`` (the gap is reported).
+    @property
+    def nodes(self) -> list[Node]:
+        return self.runtime.nodes
 
-        Raises:
-            CheckpointError: the stream was dropped or re-created since the checkpoint, or the
-                checkpoint's offset is gone (retention), without ``offset_reset = 'earliest'``.
-        """
-        start = int(state["offset"]) if "offset" in state else None
-        known = state.get("incarnation")
-        what = f"source {relation.name} (stream {source.stream!r} on {source.server})"
-        message = None
-        if known is not None and source.incarnation != known:
-            message = (
-                f"{what}: the stream was dropped or re-created since the checkpoint "
-                f"(incarnation {known}, now {source.incarnation or 'none'}); the offset {start} "
-                "names nothing"
-            )
-            fix = "start over (cancel and submit again, or --fresh), or SET offset_reset = "
-            fix += "'earliest' to read the new stream from its start"
-        elif start is not None and start < source.first_offset:
-            message = (
-                f"{what}: the checkpoint's offset {start} is gone (retention kept offsets "
-                f"{source.first_offset} and up): {source.first_offset - start} entries were "
-                "never read"
-            )
-            fix = f"SET offset_reset = 'earliest' to go on from {source.first_offset} (the gap "
-            fix += "is reported), or start over"
-        if message is None:
-            return None
-        if self.options.offset_reset != "earliest":
-            raise CheckpointError(f"{message}. {fix}")
-        first = source.first_offset
-        self.report_gap(f"{message}; resuming at {first} (offset_reset = 'earliest')")
-        return first
+    @property
+    def gaps(self) -> list[str]:
+        """Inputs skipped under ``offset_reset = 'earliest'``."""
+        return self.runtime.gaps
 
-    def _store_sources(self) -> dict[str, StoreSource]:
-        return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}
+    @property
+    def connector_waiting(self) -> str | None:
+        """Why a connector retries its server now, else ``None``."""
+        return self.runtime.connector_waiting
+
+    @property
+    def on_wait(self) -> Callable[[str | None], None] | None:
+        """Told when a connector starts waiting for its server and when none waits any more."""
+        return self.runtime.on_wait
+
+    @on_wait.setter
+    def on_wait(self, callback: Callable[[str | None], None] | None) -> None:
+        self.runtime.on_wait = callback
+
+    def connector_wait(self, waiting: str | None) -> None:
+        """See :meth:`PipelineRuntime.connector_wait`."""
+        self.runtime.connector_wait(waiting)
+
+    def explain(self) -> str:
+        """The plan as text (:meth:`PipelineRuntime.explain`)."""
+        return self.runtime.explain()
+
+    def snapshot_sources(self) -> dict[str, dict[str, Any]]:
+        """Each source's offsets now."""
+        return self.runtime.snapshot_sources()
+
+    def metrics(self) -> dict[str, Any]:
+        """The run's counters (:meth:`PipelineRuntime.metrics`)."""
+        return self.runtime.metrics()
+
+    def watermark_ns(self) -> int | None:
+        """The lowest watermark of the windowed queries (:meth:`PipelineRuntime.watermark_ns`)."""
+        return self.runtime.watermark_ns()
+
+    def plugin_errors(self) -> dict[str, str]:
+        """The last error of each plugin function (:meth:`PipelineRuntime.plugin_errors`)."""
+        return self.runtime.plugin_errors()
+
+    def summary(self) -> RunSummary:
+        """Rows per sink, targets (a server stream is ``stream <name>``) and late rows so far."""
+        return self.runtime.summary()
 
     def _window_nodes(self) -> list[WindowNode]:
-        return [n for n in self.nodes if isinstance(n, WindowNode)]
+        return self.runtime.window_nodes()
 
     @property
     def _txn(self) -> dict[str, EpochSink]:
         """The exactly-once sinks, by name."""
         return {n: s.epoch for n, s in self.sinks.items() if s.epoch is not None}
 
-    def _open_writers(self) -> None:
-        manifest = self.manifest
-        restored = manifest.epoch if manifest is not None else None
-        finished = manifest is not None and manifest.finished
-        for name, slot in self.sinks.items():
-            if slot.schema is None:
-                continue
-            entry = self._coordinator.sink_mark(name)
-            spec = REGISTRY[slot.connector]
-            try:
-                if spec.epoch_sink is None:  # stdout: its rows are counted in the mark
-                    assert spec.sink is not None
-                    slot.writer = spec.sink(slot, self.name)
-                    continue
-                epoch = spec.epoch_sink(
-                    slot,
-                    EpochSinkArgs(self, entry, int(entry.get("rows", 0)), restored, finished),
-                )
-                slot.epoch = epoch
-                if manifest is not None:  # redo the commit of the checkpoint resumed from
-                    staged = self._coordinator.staged(entry)
-                    epoch.recover(read_ipc(staged) if staged is not None else [])
-            except ConnectorError as exc:
-                raise sql_error(f"SINK {name}: {exc}", slot.definition.node) from exc
-
-    # --- running ------------------------------------------------------------------------------
-
-    def note(self, message: str) -> None:
-        """Log ``message`` about this run (info)."""
-        log.info(message, extra={"pipeline": getattr(self, "name", None)})
+    # --- checkpoints (CheckpointCoordinator) ----------------------------------------------
 
     @property
     def on_checkpoint(self) -> Callable[[CheckpointInfo], None] | None:
         """Called after every completed checkpoint."""
-        return self._coordinator.on_checkpoint
+        return self.coordinator.on_checkpoint
 
     @on_checkpoint.setter
     def on_checkpoint(self, callback: Callable[[CheckpointInfo], None] | None) -> None:
-        self._coordinator.on_checkpoint = callback
+        self.coordinator.on_checkpoint = callback
 
     @property
     def epoch(self) -> int:
         """The last completed checkpoint's epoch (or the one resumed from; 0: none)."""
-        return self._coordinator.epoch
+        return self.coordinator.epoch
 
     @property
     def last_checkpoint(self) -> CheckpointInfo | None:
         """The last checkpoint this run completed."""
-        return self._coordinator.last_checkpoint
+        return self.coordinator.last_checkpoint
 
     @property
     def resumed_from(self) -> int | None:
         """The epoch the run resumed from (``None``: it started fresh)."""
-        return self._coordinator.resumed_from
+        return self.coordinator.resumed_from
 
     def request_checkpoint(self) -> None:
         """Take a checkpoint at the next barrier."""
-        self._coordinator.request()
+        self.coordinator.request()
 
     def wait_checkpoint(self, after: int, timeout_s: float) -> CheckpointInfo | None:
         """Wait until a checkpoint of an epoch above ``after`` completes; ``None`` on timeout."""
-        return self._coordinator.wait(after, timeout_s)
+        return self.coordinator.wait(after, timeout_s)
 
     def request_stop(self) -> None:
         """Checkpoint at the next barrier, then stop (:class:`PipelineStopped`)."""
-        self._coordinator.request_stop()
-
-    def metrics(self) -> dict[str, Any]:
-        """Counters now: rows read from sources, rows written per sink, late rows per windowed
-        query, watermark per windowed query, open panes, gaps reported, ``nodes``
-        (:meth:`~flight_serve.pipelines.runtime.PipelineRuntime.node_metrics`), and
-        ``data_loss_rows``: the rows resumes under ``offset_reset = 'earliest'`` skipped
-        because retention had removed them (cumulative over the pipeline's resumes)."""
-        windows = self._window_nodes()
-        sources: list[Source] = [*self.sources.values(), *self.flight_sources.values()]
-        return {
-            "rows_in": sum(s.rows for s in sources),
-            "rows_out": {name: slot.rows for name, slot in self.sinks.items()},
-            "late_rows": {n.query.label: n.late_rows() for n in windows},
-            "watermark_ns": {n.query.label: n.op.watermark_ns for n in windows},
-            "open_panes": sum(n.op.open_panes for n in windows),
-            "gaps": list(self.gaps),
-            "data_loss_rows": self._data_loss_before
-            + sum(s.data_loss_rows for s in self._store_sources().values()),
-            "nodes": self.node_metrics(),
-        }
-
-    def watermark_ns(self) -> int | None:
-        """The lowest watermark of the windowed queries (``None`` without one, or before any)."""
-        marks = [n.op.watermark_ns for n in self._window_nodes()]
-        low = min(marks) if marks else None
-        return None if low is None or low == MIN_WATERMARK_NS else low
+        self.coordinator.request_stop()
 
     def checkpoint(self, *, finished: bool = False) -> CheckpointInfo:
         """Take checkpoint ``epoch + 1`` now (:meth:`CheckpointCoordinator.take`).
@@ -418,13 +293,17 @@ class DurableRuntime(PipelineRuntime):
         Raises:
             CheckpointError: the state root cannot be written (nothing is committed then).
         """
-        return self._coordinator.take(finished=finished)
+        return self.coordinator.take(finished=finished)
+
+    # --- running --------------------------------------------------------------------------
 
     def run(
         self, *, write: bool = True, collect: bool = False
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Run from the restored checkpoint (or the start) to the end of the input, taking
-        checkpoints; at the end take the finished checkpoint and write the file sinks' files.
+        checkpoints; at the end take the finished checkpoint and write the file sinks' files
+        (:meth:`PipelineRuntime.run` with a coordinator); then let go of the writer names
+        :meth:`hold_writers` took.
 
         Yields nothing (a durable run writes its sinks). Raises what
         :class:`~flight_serve.pipelines.runtime.PipelineRuntime` raises, :class:`CheckpointError`,
@@ -432,30 +311,21 @@ class DurableRuntime(PipelineRuntime):
         """
         if not write or collect:
             raise ValueError("a durable run writes its sinks; collect with PipelineRuntime")
-        epochs = self._txn
         try:
-            if not self._coordinator.finished:
-                yield from super().run(write=True)
-                self.checkpoint(finished=True)
-            else:  # a crash after the finished checkpoint: only complete what it interrupted
-                self._open_writers()
-            epochs = self._txn
-            for epoch in epochs.values():
-                epoch.end_input()
-        except FlightServeError:
-            raise
+            yield from self.runtime.run(write=True)
         finally:
-            for epoch in self._txn.values():
-                epoch.close()
             self.release_writers()
+
+    def _store_sources(self) -> dict[str, StoreSource]:
+        return {n: s for n, s in self.flight_sources.items() if isinstance(s, StoreSource)}
 
     def waiting_for(self) -> str | None:
         """What the run waits for now, as a sentence: a plugin or a connector's server
-        (:meth:`plugin_waiting`), else each server stream source that has read every entry
-        there is (``source events: waiting for stream 'events' to be created`` / ``… for new
-        entries of stream 'events' (next offset 3)``), ``; ``-joined; ``None`` while it has
-        input to work on."""
-        waiting = self.plugin_waiting()
+        (:meth:`PipelineRuntime.plugin_waiting`), else each server stream source that has
+        read every entry there is (``source events: waiting for stream 'events' to be
+        created`` / ``… for new entries of stream 'events' (next offset 3)``), ``; ``-joined;
+        ``None`` while it has input to work on."""
+        waiting = self.runtime.plugin_waiting()
         if waiting is not None:
             return waiting
         idle = []
@@ -474,12 +344,10 @@ class DurableRuntime(PipelineRuntime):
 
     def store_writers(self) -> dict[str, tuple[str, str]]:
         """``(stream, writer)`` of each stream sink into this server's store, by sink name."""
-        if self.store is None:
-            return {}
         return {
-            name: (slot.flight[1], slot.flight[2])
+            name: slot.store_writer
             for name, slot in self.sinks.items()
-            if slot.flight is not None and "server" not in slot.definition.connector
+            if slot.store_writer is not None
         }
 
     def hold_writers(self) -> None:
@@ -519,14 +387,3 @@ class DurableRuntime(PipelineRuntime):
         for source in self.flight_sources.values():
             source.close()
         self.user_functions.close()
-
-    def summary(self) -> RunSummary:
-        """Rows per sink, targets (a server stream is ``stream <name>``) and late rows so far."""
-        summary = super().summary()
-        if self.store is None:
-            return summary
-        targets = dict(summary.targets)
-        for name, slot in self.sinks.items():
-            if slot.flight is not None and "server" not in slot.definition.connector:
-                targets[name] = f"stream {slot.flight[1]}"
-        return RunSummary(summary.rows, targets, summary.late_rows)

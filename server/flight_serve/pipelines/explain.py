@@ -295,13 +295,20 @@ def _explain_query(node: Node, user_functions: Collection[str] = ()) -> list[str
             f"__a{i} = {a.func}({a.column or '*'})" for i, a in enumerate(cfg.aggregates)
         ]
         out.append(f"  aggregates: {', '.join(aggregates)}")
-        merge = op.merge_sql
-        out.append("  partial aggregation (DataFusion, over the buffered rows `buf`):")
-        out.append(_indent(_partial_sql(merge)))
-        out.append(
-            "  merge aggregation (DataFusion, pane state `state` UNION ALL the partials):"
-        )
-        out.append(_indent(_pretty_sql(merge)))
+        if op.folded_state:
+            out.append(
+                "  state: folded on arrival (engine/fold.py): each batch is added into "
+                "fixed-width numpy state per (pane, key slot); a window's close reads its "
+                "slots, no SQL merge"
+            )
+        else:
+            merge = op.merge_sql
+            out.append("  partial aggregation (DataFusion, over the buffered rows `buf`):")
+            out.append(_indent(_partial_sql(merge)))
+            out.append(
+                "  merge aggregation (DataFusion, pane state `state` UNION ALL the partials):"
+            )
+            out.append(_indent(_pretty_sql(merge)))
         if cfg.projection_sql is not None:
             out.append("  final projection (DataFusion, over the fired windows `fired`):")
             out.append(_indent(_pretty_sql(cfg.projection_sql)))

@@ -142,6 +142,10 @@ class _Run:
                     if not isinstance(exc, FlightServeError)
                     else str(exc)
                 )
+                kind = {  # what failed it: the user's input, an outside system, …
+                    "domain": exc.domain if isinstance(exc, FlightServeError) else "internal",
+                    "retryable": exc.retryable if isinstance(exc, FlightServeError) else False,
+                }
                 log.warning(
                     "pipeline failed", extra={"pipeline": pid, "error": message}, exc_info=True
                 )
@@ -155,11 +159,15 @@ class _Run:
                 )
                 if not retry or options is None:
                     registry.log(pid, "error", f"failed: {message}")
-                    registry.set_state(pid, "failed", error=message, attempts=self.attempts)
+                    registry.set_state(
+                        pid, "failed", error=message, error_kind=kind, attempts=self.attempts
+                    )
                     return
                 self.attempts += 1
                 pause = options.backoff(self.attempts)
-                registry.set_state(pid, "running", error=message, attempts=self.attempts)
+                registry.set_state(
+                    pid, "running", error=message, error_kind=kind, attempts=self.attempts
+                )
                 registry.log(
                     pid,
                     "warning",
@@ -465,6 +473,7 @@ class PipelineManager:
         """
         record = self.registry.get(pid)
         metrics = record.metrics
+        kind = record.last_error_kind if record.last_error is not None else None
         run = self._runs.get(pid)
         live = run.runtime if run is not None and run.thread.is_alive() else None
         marks = [int(v) for v in metrics.get("watermark_ns", {}).values()]
@@ -492,6 +501,10 @@ class PipelineManager:
             "nodes": metrics.get("nodes", []),
             "last_checkpoint": record.last_checkpoint,
             "last_error": record.last_error,
+            # the last error's class: its domain ("input", "external", "internal", …) and
+            # whether the same run may succeed later unchanged (a server that was down)
+            "last_error_domain": kind["domain"] if kind is not None else None,
+            "last_error_retryable": kind["retryable"] if kind is not None else None,
             "attempts": record.attempts,
             # live, not from the last checkpoint: a plugin stage may block checkpoints
             "waiting": live.waiting_for() if live is not None else None,

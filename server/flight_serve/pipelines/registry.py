@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS pipelines (
     attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT,
     last_checkpoint TEXT,
-    metrics TEXT
+    metrics TEXT,
+    last_error_kind TEXT
 );
 CREATE TABLE IF NOT EXISTS pipeline_logs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -70,6 +71,9 @@ class PipelineRecord:
         submitted_at, updated_at: ISO 8601 UTC.
         attempts: retries in a row after failures.
         last_error: the last error's message, if any.
+        last_error_kind: that error's ``{"domain", "retryable"}`` (its
+            :class:`~flight_serve.errors.FlightServeError` class's; ``internal`` and not
+            retryable for any other exception), or ``None``.
         last_checkpoint: ``{"epoch", "taken_at", "duration_ms", "bytes", "finished"}`` or ``None``.
         metrics: the counters taken with the last checkpoint.
     """
@@ -86,6 +90,7 @@ class PipelineRecord:
     last_error: str | None
     last_checkpoint: dict[str, Any] | None
     metrics: dict[str, Any]
+    last_error_kind: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,9 @@ class Registry:
             self._db.execute("PRAGMA journal_mode = WAL")
             self._db.execute("PRAGMA synchronous = FULL")
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(pipelines)")}
+            if "last_error_kind" not in columns:  # a registry of an older server
+                self._db.execute("ALTER TABLE pipelines ADD COLUMN last_error_kind TEXT")
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open the pipeline registry {path}: {exc}") from exc
 
@@ -131,7 +139,9 @@ class Registry:
 
     @staticmethod
     def _record(row: tuple[Any, ...]) -> PipelineRecord:
-        (pid, name, sql, base, out, state, submitted, updated, attempts, error, ckpt, metrics) = row
+        # an older registry's last_error_kind was added last (see __init__): SELECT * ends with it
+        pid, name, sql, base, out, state, submitted, updated, attempts = row[:9]
+        error, ckpt, metrics, kind = row[9:]
         return PipelineRecord(
             pid,
             name,
@@ -145,6 +155,7 @@ class Registry:
             error,
             json.loads(ckpt) if ckpt else None,
             json.loads(metrics) if metrics else {},
+            json.loads(kind) if kind else None,
         )
 
     def add(self, pid: str, name: str, sql: str, base_dir: str, output_dir: str) -> PipelineRecord:
@@ -179,13 +190,18 @@ class Registry:
         state: PipelineState,
         *,
         error: str | None = None,
+        error_kind: dict[str, Any] | None = None,
         attempts: int | None = None,
     ) -> None:
-        """Set ``pid``'s state (and its last error and attempts when given)."""
+        """Set ``pid``'s state (and its last error, the error's ``{"domain", "retryable"}``
+        and attempts when given)."""
         sets, args = ["state = ?", "updated_at = ?"], [state, _now()]
         if error is not None:
             sets.append("last_error = ?")
             args.append(error)
+        if error_kind is not None:
+            sets.append("last_error_kind = ?")
+            args.append(json.dumps(error_kind))
         if attempts is not None:
             sets.append("attempts = ?")
             args.append(str(attempts))

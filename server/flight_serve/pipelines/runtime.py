@@ -27,29 +27,19 @@ read) or :class:`~flight_serve.errors.QueryError` (DataFusion fails on a batch).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from flight_serve.connectors.base import EpochSink, Sink, Source, SourceEvent
-from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSource, resolve_paths
-from flight_serve.connectors.flight import (
-    DEFAULT_SERVER,
-    FlightClientAuth,
-    FlightSource,
-    FlightTicketSource,
-    server_uri_problem,
-)
-from flight_serve.connectors.iceberg import default_catalog_properties
+from flight_serve._arrow import read_ipc
+from flight_serve.connectors.base import Source, SourceEvent
+from flight_serve.connectors.file import FileSource
 from flight_serve.errors import (
     CheckpointError,
     ConnectorError,
@@ -58,12 +48,7 @@ from flight_serve.errors import (
     PipelineSQLError,
 )
 from flight_serve.functions.python import SandboxConfig
-from flight_serve.pipelines.connect import (
-    CONNECTORS,
-    FLIGHT_AUTH_OPTIONS,
-    REGISTRY,
-    connector_of,
-)
+from flight_serve.pipelines.connect import CONNECTORS, REGISTRY, EpochSinkArgs, connector_of
 from flight_serve.pipelines.coordinator import CheckpointCoordinator
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.function_nodes import TableFunctionNode
@@ -76,30 +61,19 @@ from flight_serve.pipelines.graph import (
     check_row_columns,
     columns_text,
 )
-from flight_serve.pipelines.graph_io import graph_sink_options
-from flight_serve.pipelines.iceberg_io import (
-    IcebergSinkSpec,
-    catalog_of,
-    iceberg_sink_spec,
-    iceberg_source,
-)
-from flight_serve.pipelines.pipeline import (
-    Option,
-    PipelinePlan,
-    QueryDef,
-    RelationDef,
-    SinkDef,
-)
+from flight_serve.pipelines.pipeline import PipelinePlan, QueryDef
 from flight_serve.pipelines.plugins import PluginHub
+from flight_serve.pipelines.slots import SinkSlot
 from flight_serve.pipelines.user_functions import FunctionSet
-from flight_serve.store.streams import data_dir_holder
+from flight_serve.store import StreamStore
+from flight_serve.types import MIN_WATERMARK_NS
 
-__all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary"]  # CONNECTORS: see .connect
+# CONNECTORS: see .connect; SinkSlot: see .slots
+__all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary", "SinkSlot"]
 
 #: How often (seconds) windowed queries re-check idle partitions while a live source is quiet:
 #: a quarter of the smallest ``idle_timeout``, within these bounds.
 _TICK_BOUNDS_S = (0.01, 0.5)
-_EXTENSION = {"parquet": "parquet", "csv": "csv", "jsonl": "jsonl"}
 #: Events a live source hands out per poll at most.
 _LIVE_MAX_EVENTS = 64
 
@@ -125,44 +99,6 @@ def _same_columns(a: pa.Schema, b: pa.Schema) -> bool:
     return a.names == b.names and all(x.type == y.type for x, y in zip(a, b, strict=True))
 
 
-
-@dataclass
-class SinkSlot:
-    """A sink of the run: its definition and checked options, and the sink a factory of its
-    registry row (:mod:`.connect`) built for it."""
-
-    definition: SinkDef
-    connector: str
-    format: str
-    path: Path | None
-    schema: pa.Schema | None = None
-    #: falkordb sinks: the options (text)
-    graph: dict[str, str] | None = None
-    fed_by: list[str] = field(default_factory=list)
-    #: the sink of a run without checkpoints (and stdout's in any run)
-    writer: Sink | None = None
-    #: the exactly-once sink of a checkpointed run
-    epoch: EpochSink | None = None
-    rows: int = 0
-    #: flight sinks: (server, stream, writer), and how to authenticate there
-    flight: tuple[str, str, str] | None = None
-    flight_auth: FlightClientAuth | None = None
-    #: iceberg sinks: the checked options
-    iceberg: IcebergSinkSpec | None = None
-
-    @property
-    def target(self) -> str:
-        if self.graph is not None:
-            return f"falkordb graph {self.graph.get('graph') or self.definition.name}"
-        if self.iceberg is not None:
-            return f"iceberg table {self.iceberg.table}"
-        if self.flight is not None:
-            server, stream, writer = self.flight
-            return f"{server} stream {stream} (writer {writer})"
-        return str(self.path) if self.path is not None else "stdout"
-
-
-
 # --- the runtime ------------------------------------------------------------------------------
 
 
@@ -182,6 +118,13 @@ class PipelineRuntime:
             :func:`flight_serve.functions.registry.create_function`.
         sandbox: the ``python`` runner's sandbox (``SandboxConfig``: hidden paths, whether
             running without bwrap is allowed); ``None``: its defaults.
+        coordinator: the checkpoints of a checkpointed run (:mod:`.coordinator`): sources,
+            operators and sinks are built from the checkpoint it resumes from, the run loop
+            asks it for a barrier between polls, and the sinks are exactly-once epoch sinks.
+        store: a server pipeline's store (``flight`` connectors without ``server`` are its
+            streams); ``None`` in a run in this process.
+        reconnect_s: how long (seconds) a source on another server waits for it to come back
+            (a checkpointed run's: ``RETRY_BUDGET_S``); ``None``: the source's default.
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -203,8 +146,15 @@ class PipelineRuntime:
         coordinator: CheckpointCoordinator | None = None,
         python_functions: str | None = None,
         sandbox: SandboxConfig | None = None,
+        store: StreamStore | None = None,
+        reconnect_s: float | None = None,
     ) -> None:
         self.plan = plan
+        #: how long a source on another server waits for it to come back (checkpointed runs)
+        self.reconnect_s = reconnect_s
+        #: a server pipeline's store: its ``flight`` connectors without ``server`` read and
+        #: write its streams (``None``: an embedded run)
+        self.store = store
         #: the checkpoints of a checkpointed run (the state it resumes from, its barriers)
         self.coordinator = coordinator
         #: inputs skipped under ``offset_reset = 'earliest'`` (see :meth:`report_gap`)
@@ -213,7 +163,7 @@ class PipelineRuntime:
         #: timeouts, and wall-clock time (ns since the epoch); injectable for tests
         self.clock_ns: Callable[[], int] = clock_ns or time.monotonic_ns
         self.wall_clock_ns: Callable[[], int] = wall_clock_ns or time.time_ns
-        self._writes = load_tables  # explain builds the plan only: it writes nothing
+        self.writes = load_tables  # explain builds the plan only: it writes nothing
         #: where the embedded Iceberg catalog lives (``<output_dir>/flight-data`` by default)
         self.data_dir = (
             data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
@@ -241,7 +191,9 @@ class PipelineRuntime:
         self._collect = False
         self._ran = False
         for relation in plan.tables.values():
-            source = self.file_source(relation, "table")
+            table = connector_of(relation.connector, "table", f"TABLE {relation.name}").table
+            assert table is not None  # connector_of checked the role
+            source = table(self, relation)
             self.table_sources[relation.name] = source
             try:
                 self.tables[relation.name] = (
@@ -275,7 +227,9 @@ class PipelineRuntime:
                 raise relation.no_time_column(schema.names, f"the files of {relation.name}")
             self.streams[relation.name] = Stream(relation.name, schema, source.partitions)
         for sink in plan.sinks.values():
-            self.sinks[sink.name] = self._sink(sink)
+            checked = connector_of(sink.connector, "sink", f"SINK {sink.name}").slot
+            assert checked is not None  # connector_of checked the role
+            self.sinks[sink.name] = checked(self, sink)
         #: CREATE FUNCTION … LANGUAGE python | wasm, as UDFs (made only when it will run)
         self.user_functions = FunctionSet(
             plan.user_functions, run=load_tables, python_runner=python_functions, sandbox=sandbox
@@ -300,258 +254,6 @@ class PipelineRuntime:
                 slot.rows = int(coordinator.sink_mark(name).get("rows", 0))
 
     # --- building -----------------------------------------------------------------------------
-
-    def _connector(self, options: dict[str, Option], role: str, what: str) -> str:
-        """The name of the connector ``options`` name (checked: :func:`.connect.connector_of`)."""
-        return connector_of(options, role, what).name
-
-    def file_source(self, relation: RelationDef, role: str) -> FileSource:
-        what = f"{role.upper()} {relation.name}"
-        self._connector(relation.connector, role, what)
-        options = relation.connector
-        if "path" not in options:
-            raise sql_error(
-                f"{what} needs WITH (path = '<file, directory or glob>')", relation.node
-            )
-        batch_rows = self.plan.batch_rows or DEFAULT_BATCH_ROWS
-        if "batch_rows" in options:
-            option = options["batch_rows"]
-            try:
-                batch_rows = int(option.text)
-            except ValueError:
-                raise option.error(f"expected a whole number, got {option.text!r}") from None
-        try:
-            paths = resolve_paths(options["path"].text, self.plan.base_dir)
-        except ConnectorError as exc:
-            raise options["path"].error(str(exc)) from exc
-        try:
-            return FileSource(
-                paths,
-                options["format"].text if "format" in options else None,
-                batch_rows=batch_rows,
-                schema=relation.columns,
-                delimiter=options["delimiter"].text if "delimiter" in options else ",",
-                base_dir=self.plan.base_dir,
-                name=relation.name,
-            )
-        except ConnectorError as exc:
-            raise sql_error(f"{what}: {exc}", relation.node.this) from exc
-
-    def flight_auth(self, options: dict[str, Option]) -> FlightClientAuth | None:
-        """The ``tls_ca``, ``tls_cert`` / ``tls_key`` (PEM files; relative paths start at the
-        pipeline's directory) and ``token_env`` (the name of an environment variable of the
-        process running the pipeline that holds a bearer token) options of a ``flight``
-        connector; ``None`` if none is given.
-
-        Raises:
-            PipelineSQLError: such an option without ``server``, ``tls_cert`` without
-                ``tls_key`` (or the reverse), a file that cannot be read, an unset variable.
-        """
-        given = [key for key in FLIGHT_AUTH_OPTIONS if key in options]
-        if not given:
-            return None
-        if "server" not in options:
-            raise options[given[0]].error(
-                f"{given[0]} is for another server: give its server = 'grpc+tls://host:port' too"
-            )
-        if ("tls_cert" in options) != ("tls_key" in options):
-            key = "tls_cert" if "tls_cert" in options else "tls_key"
-            raise options[key].error("tls_cert and tls_key go together (mutual TLS)")
-        pem: dict[str, str] = {}
-        for key in ("tls_ca", "tls_cert", "tls_key"):
-            if key in options:
-                path = Path(options[key].text).expanduser()
-                path = path if path.is_absolute() else self.plan.base_dir / path
-                try:
-                    pem[key] = path.read_text()
-                except (OSError, UnicodeDecodeError) as exc:
-                    raise options[key].error(f"cannot read {path}: {exc}") from None
-        token = None
-        if "token_env" in options:
-            name = options["token_env"].text
-            token = os.environ.get(name)
-            if not token:
-                raise options["token_env"].error(
-                    f"the environment variable {name} (the bearer token) is not set or empty"
-                )
-        return FlightClientAuth(pem.get("tls_ca"), pem.get("tls_cert"), pem.get("tls_key"), token)
-
-    def _server(self, options: dict[str, Option]) -> str:
-        """The ``server`` option of a flight connector (default :data:`DEFAULT_SERVER`).
-
-        Raises:
-            PipelineSQLError: not a Flight URI (``http://…``), pointing at the value.
-        """
-        if "server" not in options:
-            return DEFAULT_SERVER
-        problem = server_uri_problem(options["server"].text)
-        if problem is not None:
-            raise options["server"].error(problem)
-        return options["server"].text
-
-    def _ticket(self, relation: RelationDef) -> bytes | None:
-        """The ``ticket`` (UTF-8 text) or ``ticket_base64`` option of a flight source."""
-        options = relation.connector
-        if "ticket" in options and "ticket_base64" in options:
-            raise options["ticket_base64"].error("give ticket or ticket_base64, not both")
-        for key in ("stream", "start_offset", "stop_at_end"):
-            if key in options and ("ticket" in options or "ticket_base64" in options):
-                raise options[key].error(f"a ticket source takes no {key} (it reads one DoGet)")
-        if "ticket" in options:
-            return options["ticket"].text.encode()
-        if "ticket_base64" in options:
-            option = options["ticket_base64"]
-            try:
-                return base64.b64decode(option.text, validate=True)
-            except binascii.Error as exc:
-                raise option.error(f"not base64: {exc}") from None
-        return None
-
-    def _ticket_source(self, relation: RelationDef, ticket: bytes, rows: int) -> Source:
-        options = relation.connector
-        server = self._server(options)
-        try:
-            source = FlightTicketSource(
-                server,
-                ticket,
-                name=relation.name,
-                schema=relation.columns,
-                start_rows=rows,
-                auth=self.flight_auth(options),
-            )
-        except ConnectorError as exc:
-            raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
-        except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
-            raise exc.within(f"SOURCE {relation.name}") from exc.__cause__
-        source.on_retry = self.connector_wait  # its retries show in the pipeline's status
-        if (
-            relation.time_column is not None
-            and source.schema.get_field_index(relation.time_column) < 0
-        ):
-            source.close()
-            raise relation.no_time_column(source.schema.names, "the DoGet")
-        return source
-
-    def flight_source(self, relation: RelationDef, start_offset: int | None = None) -> Source:
-        """A ``flight`` source: a ticket's DoGet, or a stream's tail from ``start_offset``
-        (default: the ``start_offset`` option, else 0)."""
-        options = relation.connector
-        ticket = self._ticket(relation)
-        if ticket is not None:
-            return self._ticket_source(relation, ticket, 0)
-        resume_at = start_offset
-        server = self._server(options)
-        stream = options["stream"].text if "stream" in options else relation.name
-        start_offset = 0
-        if "start_offset" in options:
-            option = options["start_offset"]
-            try:
-                start_offset = int(option.text)
-            except ValueError:
-                raise option.error(f"expected a whole number, got {option.text!r}") from None
-            if start_offset < 0:
-                raise option.error(f"must be at least 0, got {start_offset}")
-        stop_at_end = False
-        if "stop_at_end" in options:
-            option = options["stop_at_end"]
-            if option.text.lower() not in ("true", "false"):
-                raise option.error(f"expected 'true' or 'false', got {option.text!r}")
-            stop_at_end = option.text.lower() == "true"
-        try:
-            source = FlightSource(
-                server,
-                stream,
-                schema=relation.columns,
-                start_offset=start_offset if resume_at is None else resume_at,
-                stop_at_end=stop_at_end,
-                auth=self.flight_auth(options),
-            )
-        except ConnectorError as exc:
-            raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
-        except ExternalError as exc:  # the server failed, not the SQL: it stays UNAVAILABLE
-            raise exc.within(f"SOURCE {relation.name}") from exc.__cause__
-        source.on_retry = self.connector_wait  # its wait for its server shows in the status
-        if (
-            relation.time_column is not None
-            and source.schema.get_field_index(relation.time_column) < 0
-        ):
-            source.close()
-            raise relation.no_time_column(source.schema.names, f"stream {stream}")
-        return source
-
-    def iceberg_source(self, relation: RelationDef) -> Source:
-        """An Iceberg table as a live source (:mod:`~flight_serve.pipelines.iceberg_io`)."""
-        return iceberg_source(
-            relation, self.data_dir, batch_rows=self.plan.batch_rows or DEFAULT_BATCH_ROWS
-        )
-
-    def _sink(self, sink: SinkDef) -> SinkSlot:
-        what = f"SINK {sink.name}"
-        connector = self._connector(sink.connector, "sink", what)
-        options = sink.connector
-        fmt = options["format"].text.lower() if "format" in options else None
-        if connector == "iceberg":
-            if (
-                self._writes
-                and not self._store_backed()
-                and catalog_of(options, self.data_dir)[1]
-                == default_catalog_properties(self.data_dir)
-                and (holder := data_dir_holder(self.data_dir)) is not None
-            ):
-                raise options["connector"].error(
-                    f"{what}: the embedded Iceberg catalog of {self.data_dir} belongs to a "
-                    f"running server ({holder} holds the data dir): a run in this process "
-                    "never writes into a server's data dir. Submit the pipeline to that server "
-                    "(flight-serve submit), or run it with another --output-dir (its catalog "
-                    "is <output-dir>/flight-data) or a catalog_uri of its own"
-                )
-            spec = iceberg_sink_spec(sink, self.data_dir)
-            return SinkSlot(sink, connector, "iceberg", None, iceberg=spec)
-        if connector == "falkordb":
-            return SinkSlot(sink, connector, "graph", None, graph=graph_sink_options(sink))
-        if connector == "stdout":
-            return SinkSlot(sink, connector, fmt or "table", None)
-        if connector == "flight":
-            if "server" not in options and self._writes and not self._store_backed():
-                raise options["connector"].error(
-                    f"{what}: a run in this process writes only into a server the pipeline "
-                    f"names: add server = '{DEFAULT_SERVER}' (the server's Flight URI) to the "
-                    "sink. Submitted to a server (flight-serve submit), a flight sink without "
-                    "a server option writes that server's own stream"
-                )
-            server = self._server(options)
-            stream = options["stream"].text if "stream" in options else sink.name
-            writer = options["writer"].text if "writer" in options else sink.name
-            return SinkSlot(
-                sink,
-                connector,
-                "arrow",
-                None,
-                flight=(server, stream, writer),
-                flight_auth=self.flight_auth(options),
-            )
-        if "path" in options:
-            path = Path(options["path"].text).expanduser()
-            path = path if path.is_absolute() else self.output_dir / path
-            if fmt is None:
-                fmt = {".parquet": "parquet", ".csv": "csv", ".jsonl": "jsonl"}.get(
-                    path.suffix.lower()
-                )
-        elif fmt is not None:
-            path = self.output_dir / f"{sink.name}.{_EXTENSION.get(fmt, fmt)}"
-        else:
-            raise sql_error(
-                f"{what} needs WITH (format = …) or a path with an extension", sink.node
-            )
-        if fmt not in _EXTENSION:
-            where = options["format"] if "format" in options else options["path"]
-            raise where.error(f"the file sink writes parquet, csv or jsonl, not {fmt!r}")
-        return SinkSlot(sink, connector, fmt, path)
-
-    def _store_backed(self) -> bool:
-        """Whether ``flight`` connectors without a ``server`` option are a server's own
-        streams (a pipeline inside the server); an embedded run is not."""
-        return False
 
     def _build_queries(self) -> None:
         pending = list(self.plan.queries)
@@ -620,12 +322,10 @@ class PipelineRuntime:
                     query.select,
                 )
             sink.fed_by.append(query.label)
-            if sink.iceberg is not None and query.window is not None:
+            if query.window is not None:
                 config = window.op.config
                 try:
-                    sink.iceberg = sink.iceberg.for_emit(
-                        config.emit, config.key_columns, node.schema
-                    )
+                    sink.fit_window(config.emit, config.key_columns, node.schema)
                 except ConnectorError as exc:
                     raise sql_error(f"{query.label}: {exc}", query.select) from exc
         self.nodes.append(node)
@@ -799,18 +499,34 @@ class PipelineRuntime:
         return min(max(min(timeouts) / 4, low), high) if timeouts else high
 
     def _open_writers(self) -> None:
-        stem = self.plan.path.stem if self.plan.path is not None else "pipeline"
-        for slot in self.sinks.values():
+        """Open the sink of every slot rows are inserted into: its registry row's ``sink``,
+        or in a checkpointed run its ``epoch_sink`` (``stdout`` has none: its plain sink),
+        which first redoes the commit of the checkpoint resumed from."""
+        coordinator = self.coordinator
+        manifest = coordinator.manifest if coordinator is not None else None
+        if coordinator is not None:
+            pipeline = coordinator.name
+        else:
+            pipeline = self.plan.path.stem if self.plan.path is not None else "pipeline"
+        for name, slot in self.sinks.items():
             if slot.schema is None:
                 continue  # nothing is inserted into it
-            factory = REGISTRY[slot.connector].sink
-            assert factory is not None  # connector_of checked the role
+            spec = REGISTRY[slot.connector]
             try:
-                slot.writer = factory(slot, stem)
+                if coordinator is None or spec.epoch_sink is None:
+                    assert spec.sink is not None  # connector_of checked the role
+                    slot.writer = spec.sink(slot, pipeline)
+                    continue
+                mark = coordinator.sink_mark(name)
+                restored = manifest.epoch if manifest is not None else None
+                finished = manifest is not None and manifest.finished
+                args = EpochSinkArgs(self, pipeline, mark, int(mark.get("rows", 0)), restored, finished)
+                epoch = slot.epoch = spec.epoch_sink(slot, args)
+                if manifest is not None:  # redo the commit of the checkpoint resumed from
+                    staged = coordinator.staged(mark)
+                    epoch.recover(read_ipc(staged) if staged is not None else [])
             except ConnectorError as exc:
-                raise sql_error(
-                    f"SINK {slot.definition.name}: {exc}", slot.definition.node
-                ) from exc
+                raise sql_error(f"SINK {name}: {exc}", slot.definition.node) from exc
 
     def run(
         self, *, write: bool = True, collect: bool = False
@@ -822,8 +538,36 @@ class PipelineRuntime:
             collect: yield ``(sink name, batch)`` for every batch inserted into a sink, as soon as
                 the input batch that produced it has been processed.
 
-        Yields nothing unless ``collect``. Raises what the module docstring lists.
+        A checkpointed run (a ``coordinator``) writes its sinks and collects nothing: it runs
+        from the checkpoint resumed from, taking checkpoints at the barriers, takes the
+        *finished* checkpoint at the end, and then its epoch sinks end their input (the file
+        sinks' files are written); resumed from a finished run's checkpoint, it only completes
+        what a crash interrupted (the last commit).
+
+        Yields nothing unless ``collect``. Raises what the module docstring lists; a
+        checkpointed run :class:`~flight_serve.errors.CheckpointError` and
+        :class:`~flight_serve.pipelines.coordinator.PipelineStopped` after a stop request.
         """
+        coordinator = self.coordinator
+        if coordinator is not None and (not write or collect):
+            raise ValueError("a durable run writes its sinks; collect with PipelineRuntime")
+        try:
+            if coordinator is None or not coordinator.finished:
+                yield from self._run(write=write, collect=collect)
+                if coordinator is not None:
+                    coordinator.take(finished=True)
+            else:  # a crash after the finished checkpoint: only complete what it interrupted
+                self._open_writers()
+            for slot in self.sinks.values():
+                if slot.epoch is not None:
+                    slot.epoch.end_input()
+        finally:
+            for slot in self.sinks.values():
+                if slot.epoch is not None:
+                    slot.epoch.close()
+
+    def _run(self, *, write: bool, collect: bool) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """The run loop with its sinks opened; every node, source and plain sink closed."""
         if self._ran:
             raise RuntimeError("a PipelineRuntime runs once; build a new one")
         self._ran = True
@@ -903,15 +647,48 @@ class PipelineRuntime:
             yield self._pending.popleft()
 
     def summary(self) -> RunSummary:
-        """Rows per sink, targets and late rows so far."""
+        """Rows per sink, targets (a server's own stream is ``stream <name>``) and late rows
+        so far."""
         late = {
             n.query.label: rows for n in self.nodes if (rows := n.late_rows()) is not None
         }
         return RunSummary(
             rows={name: slot.rows for name, slot in self.sinks.items()},
-            targets={name: slot.target for name, slot in self.sinks.items()},
+            targets={name: slot.summary_target for name, slot in self.sinks.items()},
             late_rows=late,
         )
+
+    def window_nodes(self) -> list[WindowNode]:
+        """The windowed queries' nodes, in build order."""
+        return [n for n in self.nodes if isinstance(n, WindowNode)]
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters now: rows read from sources, rows written per sink, late rows per windowed
+        query, watermark per windowed query, open panes, gaps reported, ``nodes``
+        (:meth:`node_metrics`), and ``data_loss_rows``: the rows resumes under
+        ``offset_reset = 'earliest'`` skipped because retention had removed them (cumulative
+        over the pipeline's resumes: the checkpoint resumed from records the earlier ones)."""
+        windows = self.window_nodes()
+        sources: list[Source] = [*self.sources.values(), *self.flight_sources.values()]
+        manifest = self.coordinator.manifest if self.coordinator is not None else None
+        before = int(manifest.metrics.get("data_loss_rows", 0)) if manifest is not None else 0
+        return {
+            "rows_in": sum(s.rows for s in sources),
+            "rows_out": {name: slot.rows for name, slot in self.sinks.items()},
+            "late_rows": {n.query.label: n.late_rows() for n in windows},
+            "watermark_ns": {n.query.label: n.op.watermark_ns for n in windows},
+            "open_panes": sum(n.op.open_panes for n in windows),
+            "gaps": list(self.gaps),
+            # a source that skipped rows on resume counts them (a server stream's)
+            "data_loss_rows": before + sum(getattr(s, "data_loss_rows", 0) for s in sources),
+            "nodes": self.node_metrics(),
+        }
+
+    def watermark_ns(self) -> int | None:
+        """The lowest watermark of the windowed queries (``None`` without one, or before any)."""
+        marks = [n.op.watermark_ns for n in self.window_nodes()]
+        low = min(marks) if marks else None
+        return None if low is None or low == MIN_WATERMARK_NS else low
 
     # --- checkpoints (coordinator.Checkpointed) ----------------------------------------------
 
