@@ -50,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_serve.engine._numpy import unique_sorted
 from flight_serve.engine.aggregate import AggregateCall
 
 Int64Array = np.ndarray  # int64, 1-D
@@ -214,7 +215,7 @@ class _ValueMap:
                 assert lut is not None
                 out = np.take(lut, vals - self._base if self._base else vals)
                 if out.min() < 0:
-                    new = np.unique(vals[out < 0])
+                    new = unique_sorted(vals[out < 0])
                     lut[new - self._base] = self.size + np.arange(len(new), dtype=np.int64)
                     self._chunks.append(pa.array(new, pa.int64()).cast(self.dtype))
                     self._stale = True

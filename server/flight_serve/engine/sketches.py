@@ -53,6 +53,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flight_serve.engine._numpy import unique_sorted
+
 HLL_PRECISION = 12
 HLL_REGISTERS = 1 << HLL_PRECISION
 HLL_SKETCH = pa.list_(pa.uint32())
@@ -139,7 +141,7 @@ def _first_u64(digests: pa.Array[Any]) -> np.ndarray:
 
 def _hll_reduce(pane: np.ndarray, entries: np.ndarray, panes: int) -> pa.Array[Any]:
     """Sparse registers per pane: for each (pane, register) the entry with the highest rank."""
-    key = np.unique((pane.astype(np.uint64) << np.uint64(32)) | entries.astype(np.uint64))
+    key = unique_sorted((pane.astype(np.uint64) << np.uint64(32)) | entries.astype(np.uint64))
     pane_k = (key >> np.uint64(32)).astype(np.int64)
     register = (key & np.uint64(0xFFFFFFFF)) >> np.uint64(8)
     last = np.ones(len(key), dtype=bool)
