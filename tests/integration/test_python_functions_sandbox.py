@@ -8,7 +8,9 @@ pyarrow.compute or written-out values, and each escape attempt against the host 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import uuid
@@ -512,3 +514,35 @@ def test_a_worker_writing_a_bogus_frame_cannot_harm_the_server(close_after: Any)
         f.call([pa.array([-1.0])])
     assert f.call([pa.array([3.0])]).to_pylist() == [3.0]
     assert f.restarts == 1
+
+
+def test_a_package_under_tmp_is_importable_in_the_sandbox(
+    monkeypatch: pytest.MonkeyPatch, close_after: Any
+) -> None:
+    # the sandbox's /tmp is private: a checkout (or CI clone) under /tmp, its venv and the
+    # PYTHONPATH entries there are bound back read-only (here through 0755 directories, as a
+    # clone's are); the rest of the host's /tmp stays unseen
+    top = Path(tempfile.mkdtemp(prefix="flight-serve-checkout-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        package = top / "deep" / "pkg"
+        package.mkdir(parents=True, mode=0o755)
+        (package / "tmp_helper_mod.py").write_text("def triple(x):\n    return x * 3\n")
+        (top / "elsewhere.txt").write_text("not for the sandbox")
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join([str(package), os.environ.get("PYTHONPATH", "")])
+        )
+        code = f"""
+        import os
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import tmp_helper_mod
+        def f(x):
+            assert not os.path.exists({str(top / "elsewhere.txt")!r})
+            return pc.multiply(x, tmp_helper_mod.triple(1.0))
+        """
+        f = scalar(code, (pa.float64(),), pa.float64())
+        close_after(f)
+        assert f.call([pa.array([1.0, None, 2.5])]).to_pylist() == [3.0, None, 7.5]
+    finally:
+        shutil.rmtree(top)

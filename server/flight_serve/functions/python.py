@@ -364,6 +364,31 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _tmp_binds(paths: Sequence[str]) -> list[str]:
+    """bwrap arguments that bind the ``paths`` under ``/tmp`` (the interpreter's venv, the
+    package: a checkout or CI clone in ``/tmp``) back, read-only, over the sandbox's private
+    ``/tmp``; outermost first, a path inside one already bound is left out."""
+    under: set[str] = set()
+    for path in paths:
+        for candidate in (os.path.abspath(path), os.path.realpath(path)):
+            if candidate.startswith("/tmp/") and os.path.isdir(candidate):
+                under.add(candidate)
+    args: list[str] = []
+    bound: list[str] = []
+    made: set[str] = set()
+    for path in sorted(under):
+        if any(path == b or path.startswith(b + "/") for b in bound):
+            continue
+        parent = Path(path).parent
+        for step in reversed([parent, *parent.parents]):  # bwrap would make them 0700
+            if str(step).startswith("/tmp/") and str(step) not in made:
+                args += ["--perms", "0755", "--dir", str(step)]
+                made.add(str(step))
+        args += ["--ro-bind", path, path]
+        bound.append(path)
+    return args
+
+
 def _reachable(paths: Sequence[str]) -> list[str]:
     """bwrap arguments that let uid 65534 reach ``paths``: every directory on the way that
     others cannot traverse becomes an empty tmpfs with the next step bound back (read-only)."""
@@ -507,6 +532,9 @@ class _PythonFunction:
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--perms", "1777", "--size", str(64 << 20), "--tmpfs", "/tmp"]
         argv += ["--clearenv", "--chdir", "/tmp"]
+        needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+        needed += [p for p in (*sys.path, *pythonpath) if p and os.path.isdir(p)]
+        argv += _tmp_binds(needed)  # an interpreter or package under /tmp (a checkout there)
         for hidden in self._config.hidden_paths:
             if os.path.isdir(hidden):
                 argv += ["--tmpfs", os.path.realpath(hidden)]
@@ -522,10 +550,11 @@ class _PythonFunction:
                 )
             argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
             argv += ["--unshare-cgroup-try"]
-            needed = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-            needed += [p for p in (*sys.path, *pythonpath) if p and os.path.isdir(p)]
             needed += [os.path.realpath(sys.executable), setpriv]
-            argv += _reachable([os.path.realpath(p) for p in needed])
+            # (paths under /tmp are bound by _tmp_binds, through 0755 directories of its own)
+            argv += _reachable(
+                [r for r in map(os.path.realpath, needed) if not r.startswith("/tmp/")]
+            )
             argv += ["--cap-drop", "ALL"]
             for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
                 argv += ["--cap-add", cap]
