@@ -322,13 +322,7 @@ class PipelineManager:
         runtime = run.runtime if run is not None else None
         metrics = runtime.metrics() if runtime is not None else {}
         if runtime is not None:
-            metrics["source_lag_entries"] = sum(
-                max(self.store.info(s.stream).next_offset - s.position, 0)
-                for s in runtime.flight_sources.values()
-                if isinstance(s, StoreSource) and self.store.exists(s.stream)
-            ) + sum(  # tails of another server's streams, as of their last message
-                s.lag_entries for s in runtime.flight_sources.values() if isinstance(s, FlightSource)
-            )
+            metrics["source_lag_entries"] = self._source_lag_entries(runtime)
             metrics["outputs"] = runtime.summary().targets
         self.registry.checkpointed(
             pid,
@@ -344,6 +338,17 @@ class PipelineManager:
         if run is not None and run.attempts:
             run.attempts = 0  # a checkpoint after a retry: the retries in a row start over
             self.registry.set_state(pid, "running", attempts=0)
+
+    def _source_lag_entries(self, runtime: DurableRuntime) -> int:
+        """Entries of the sources' streams not read yet: this server's streams from the
+        sources' positions, another server's as of their last message."""
+        return sum(
+            max(self.store.info(s.stream).next_offset - s.position, 0)
+            for s in runtime.flight_sources.values()
+            if isinstance(s, StoreSource) and self.store.exists(s.stream)
+        ) + sum(
+            s.lag_entries for s in runtime.flight_sources.values() if isinstance(s, FlightSource)
+        )
 
     def resumed(self, pid: str, runtime: DurableRuntime) -> None:
         """Record the checkpoint ``runtime`` resumed from as ``pid``'s last one when the
@@ -366,7 +371,13 @@ class PipelineManager:
                 "bytes": sum(manifest.files.values()) + len(manifest.to_json()),
                 "finished": manifest.finished,
             },
-            {**record.metrics, **manifest.metrics, "outputs": runtime.summary().targets},
+            {
+                **record.metrics,
+                **manifest.metrics,
+                # from the resumed positions: the registry's figure is an older checkpoint's
+                "source_lag_entries": self._source_lag_entries(runtime),
+                "outputs": runtime.summary().targets,
+            },
         )
         self.registry.log(
             pid, "info", f"checkpoint {manifest.epoch} was not in the registry: recorded"
