@@ -773,17 +773,7 @@ class WindowOperator:
         if self._fold is not None:
             self._restore_fold(snapshot)
             return
-        for name, table, schema in (
-            ("pane state", snapshot.panes, self._state_schema),
-            ("buffer", snapshot.buffer, self._buffer_schema),
-            ("closed sessions", snapshot.closed_sessions, self._closed.schema),
-            ("key registry", snapshot.known_keys, self._known.schema),
-        ):
-            if not table.schema.equals(schema):
-                raise CheckpointError(
-                    f"the checkpoint's {name} does not match this query (was the query or its "
-                    f"input schema changed?): {table.schema} vs {schema}"
-                )
+        self._check_snapshot_schemas(snapshot, self._state_schema)
         self._state = snapshot.panes
         if snapshot.buffer.num_rows:
             batches = snapshot.buffer.combine_chunks().to_batches()
@@ -801,11 +791,11 @@ class WindowOperator:
                 setattr(self.metrics, key, int(value))
         self._refresh_bounds()
 
-    def _restore_fold(self, snapshot: OperatorSnapshot) -> None:
-        fs = self._fold
-        assert fs is not None
+    def _check_snapshot_schemas(self, snapshot: OperatorSnapshot, pane_schema: pa.Schema) -> None:
+        """Raise CheckpointError when a table of ``snapshot`` does not have this query's schema
+        (``pane_schema``: the pane state's, SQL-path or folded)."""
         for name, table, schema in (
-            ("pane state", snapshot.panes, self._fold_schema()),
+            ("pane state", snapshot.panes, pane_schema),
             ("buffer", snapshot.buffer, self._buffer_schema),
             ("closed sessions", snapshot.closed_sessions, self._closed.schema),
             ("key registry", snapshot.known_keys, self._known.schema),
@@ -815,6 +805,11 @@ class WindowOperator:
                     f"the checkpoint's {name} does not match this query (was the query or its "
                     f"input schema changed?): {table.schema} vs {schema}"
                 )
+
+    def _restore_fold(self, snapshot: OperatorSnapshot) -> None:
+        fs = self._fold
+        assert fs is not None
+        self._check_snapshot_schemas(snapshot, self._fold_schema())
         panes = snapshot.panes.combine_chunks()
         if panes.num_rows:  # one row per (key, pane): the one of the pane's latest window
             pane_ids = np.asarray(panes[fold.PANE].to_numpy(), dtype=np.int64)
