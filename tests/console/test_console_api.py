@@ -9,7 +9,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,13 @@ def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
     assert (nodes["query:0"]["rows_in"], nodes["query:0"]["rows_out"]) == (rows, fired)
     assert nodes["query:0"]["late_rows"] == late
     assert nodes["query:0"]["open_windows"] == len(panes) - fired == status["open_panes"]
+    # the window's one input partition (the feeder's unnamed writer): its own watermark
+    watermark = datetime.fromtimestamp(newest - 5, UTC).isoformat()
+    assert status["watermark"] == watermark
+    assert nodes["query:0"]["partitions"] == [
+        {"partition": "", "watermark": watermark, "idle": False, "finished": False}
+    ]
+    assert "partitions" not in nodes["query:1"]
     assert nodes["query:1"]["kind"] == "map"  # SELECT * FROM LATE(events)
     assert (nodes["query:1"]["rows_in"], nodes["query:1"]["rows_out"]) == (late, late)
     assert "open_windows" not in nodes["query:1"]
@@ -125,8 +132,6 @@ def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
 
 
 def _iso(t: int) -> str:
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(t, UTC).replace(tzinfo=None).isoformat()
 
 

@@ -187,16 +187,51 @@ function graphView(graph) {
         n.late_rows !== undefined ? "late " + num(n.late_rows) : null,
         n.open_windows !== undefined ? "open windows " + num(n.open_windows) : null,
         n.watermark !== undefined ? "watermark " + date(n.watermark) : null,
-      ].filter(Boolean).join(" · ")))))));
+      ].filter(Boolean).join(" · ")),
+      n.partitions && n.partitions.length ? el("div", { class: "marks" },
+        n.partitions.slice(0, 4).map((p) => el("div", { "data-partition": p.partition },
+          partitionName(p.partition) + ": " + date(p.watermark) + partitionState(p))),
+        n.partitions.length > 4 ? el("div", {}, "… " + (n.partitions.length - 4) + " more partitions below") : null) : null)))));
 }
 
-function plot(title, id, label, color, integers) {
+function partitionName(name) { return name === "" ? "(unnamed writer)" : name; }
+function partitionState(p) { return p.finished ? " (ended)" : (p.idle ? " (idle)" : ""); }
+
+/* every windowed node's input partitions, one row each (the engine's W_p) */
+function partitionRows(graph) {
+  const rows = [];
+  for (const n of graph.nodes) for (const p of n.partitions || []) {
+    rows.push({ id: n.id + "/" + p.partition, query: n.label, partition: p.partition, watermark: p.watermark,
+      state: p.finished ? "ended" : (p.idle ? "idle" : "active") });
+  }
+  return rows;
+}
+
+/* a duration in seconds, short, for an axis: 45 s, 12 min, 5.2 h, 4,749 d */
+function shortDuration(s) {
+  if (s === null || s === undefined) return "";
+  const a = Math.abs(s);
+  if (a < 120) return rate(s) + " s";
+  if (a < 7200) return rate(s / 60) + " min";
+  if (a < 172800) return rate(s / 3600) + " h";
+  return rate(s / 86400) + " d";
+}
+function shortNumber(v) {
+  const a = Math.abs(v);
+  if (a >= 1e9) return rate(v / 1e9) + "G";
+  if (a >= 1e6) return rate(v / 1e6) + "M";
+  if (a >= 1e4) return rate(v / 1e3) + "k";
+  return rate(v);
+}
+
+function plot(title, id, label, color, integers, format = shortNumber) {
   const box = el("div", { class: "plot", id });
   if (typeof uPlot === "undefined") { box.append(el("p", { class: "error" }, "plot library missing: run make console-assets")); return { box, update() {} }; }
+  const values = (u, splits) => splits.map(format);
   const u = new uPlot({
     title, width: 420, height: 200,
-    series: [{}, { label, stroke: color, width: 2, fill: color + "22" }],
-    axes: [{}, integers ? { size: 60, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 1e5, 1e6] } : { size: 60 }],
+    series: [{}, { label, stroke: color, width: 2, fill: color + "22", value: (u, v) => v === null || v === undefined ? "--" : format(v) }],
+    axes: [{}, integers ? { size: 64, values, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 1e5, 1e6] } : { size: 64, values }],
     scales: { x: { time: true }, y: integers !== undefined ? { range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)] } : {} },
   }, [[], []], box);
   plots.push(u);
@@ -207,7 +242,7 @@ async function pipelinePage(pid) {
   const data = await api("/pipelines/" + encodeURIComponent(pid));
   const who = await api("/whoami");
   const admin = who.roles.includes("admin");
-  const lag = plot("Watermark lag (s)", "plot-lag", "lag s", "#2a62d8");
+  const lag = plot("Watermark lag", "plot-lag", "lag", "#2a62d8", undefined, shortDuration);
   const thr = plot("Throughput (rows/s)", "plot-throughput", "rows/s", "#237a3b", false);
   const panes = plot("Open windows", "plot-panes", "open panes", "#a05a00", true);
   const message = el("span", { id: "action-message" });
@@ -244,12 +279,19 @@ async function pipelinePage(pid) {
       card("last checkpoint", age(s.last_checkpoint_at), "card-checkpoint-age"),
       card("waiting for", s.waiting || "-", "card-waiting"));
     if (s.last_error) cards.append(card("last error", s.last_error, "card-error"));
-    partitions.replaceChildren(d.partitions.length
-      ? sortableTable([{ key: "stream", title: "Stream" }, { key: "writer", title: "Writer", render: (r) => r.writer || "(unnamed)" },
-        { key: "watermark", title: "Watermark", render: (r) => date(r.watermark) },
+    const marks = partitionRows(d.graph);
+    const markers = d.partitions.filter((p) => p.watermark !== null);
+    show(partitions,
+      marks.length
+        ? sortableTable([{ key: "query", title: "Query" }, { key: "partition", title: "Partition", render: (r) => partitionName(r.partition) },
+          { key: "watermark", title: "Watermark", render: (r) => date(r.watermark) }, { key: "state", title: "State" }],
+          marks, { id: "partitions-table" })
+        : el("p", { class: "muted" }, "no windowed query: no watermark"),
+      markers.length ? el("h3", {}, "Writers' watermark markers") : null,
+      markers.length ? sortableTable([{ key: "stream", title: "Stream" }, { key: "writer", title: "Writer", render: (r) => partitionName(r.writer) },
+        { key: "watermark", title: "Marker", render: (r) => date(r.watermark) },
         { key: "last_offset", title: "Last offset", num: true }, { key: "ended", title: "Ended", render: (r) => r.ended ? "yes" : "no" }],
-        d.partitions.map((p) => Object.assign({ id: p.stream + "/" + p.writer }, p)), { id: "partitions-table" })
-      : el("p", { class: "muted" }, "no server-stream sources (per-query watermarks are on the graph)"));
+        markers.map((p) => Object.assign({ id: p.stream + "/" + p.writer }, p)), { id: "markers-table" }) : null);
   }
   renderSummary(data);
   let after = 0;
