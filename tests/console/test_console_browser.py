@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ADMIN_TOKEN, READ_TOKEN, Deployment, wait_until
+from .conftest import ADMIN_TOKEN, PIPELINE, READ_TOKEN, Deployment, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -48,6 +48,9 @@ def page_with(browser: Any, deployment: Deployment, token: str | None, path: str
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.errors = errors
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.requests = requests
     page.goto(deployment.live.console_url + path)
     if token is not None:
         page.fill("#token", token)
@@ -87,6 +90,16 @@ def test_a_plot_moves_while_the_pipeline_runs(browser: Any, deployment: Deployme
     assert page.locator("#checkpoints-table tbody tr").count() >= 1
     assert page.is_disabled("#cancel")  # a read token: no admin buttons
     assert page.is_disabled("#checkpoint")
+    # offline: every request went to the console itself (no CDN), and uPlot (from npm) loaded
+    assert page.evaluate("typeof uPlot") == "function"
+    origin = deployment.live.console_url
+    assert [u for u in page.requests if not u.startswith(origin)] == []
+    assert f"{origin}static/vendor/uPlot.iife.min.js" in page.requests
+    # the y axes: one unit per axis, as few decimals as keep the ticks apart
+    assert page.evaluate("shortDuration.ticks([7000, 7100, 7200])") == ["1.94 h", "1.97 h", "2.00 h"]
+    assert page.evaluate("shortDuration.ticks([0, 30, 60, 90])") == ["0 s", "30 s", "60 s", "90 s"]
+    assert page.evaluate("shortDuration.ticks([4e8, 4.2e8])") == ["4,630 d", "4,861 d"]
+    assert page.evaluate("shortNumber.ticks([0, 10000, 20000])") == ["0k", "10k", "20k"]
     shot(page, "pipeline-running")
     assert page.errors == []
     page.context.close()
@@ -122,6 +135,55 @@ def test_pipelines_page_numbers_equal_the_flight_status(browser: Any, deployment
     page.context.close()
 
 
+def _date(iso: str) -> str:
+    """app.js's date(): ISO 8601 UTC as "YYYY-MM-DD HH:MM:SS UTC" (no fraction)."""
+    return re.sub(r"\.\d+", "", iso).replace("T", " ").replace("+00:00", " UTC")
+
+
+def _kib(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def test_pipeline_page_numbers_equal_the_flight_status(browser: Any, deployment: Deployment) -> None:
+    """Cards, per-partition watermarks, the checkpoint history and the SQL of a settled
+    pipeline, against pipeline.status and the API."""
+    status = deployment.settle()
+    page = page_with(browser, deployment, READ_TOKEN, f"#/pipeline/{deployment.pid}")
+    page.wait_for_selector("#checkpoints-table tbody tr")
+    wait_until(lambda: page.text_content("#card-rows-in") == f"{deployment.feeder.rows:,}", "rows in")
+    assert page.text_content("#card-state") == "running"
+    assert page.text_content("#card-watermark") == _date(status["watermark"])
+    assert page.text_content("#card-late") == f"{deployment.feeder.late:,}"
+    assert page.text_content("#card-panes") == f"{status['open_panes']:,}"
+    # the window's input partition (the feeder's unnamed writer), its watermark as a date
+    rows = [r.locator("td").all_text_contents() for r in page.locator("#partitions-table tbody tr").all()]
+    assert rows == [["INSERT INTO counts (line 7)", "(unnamed writer)", _date(status["watermark"]), "active"]]
+    marks = page.text_content('[data-node="query:0"] .marks')
+    assert marks == f"(unnamed writer): {_date(status['watermark'])}"
+    assert page.locator("#markers-table").count() == 0  # the feeder sends no watermark markers
+    # the checkpoint history: epoch, when, duration, size, newest first, as the API has it
+    base = deployment.live.console_url
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(f"{base}api/v1/pipelines/{deployment.pid}/checkpoints",
+                                     headers={"Authorization": f"Bearer {READ_TOKEN}"})  # fmt: skip
+    page.wait_for_timeout(1500)  # one more refresh of the table than the API call below
+    with urllib.request.urlopen(request, timeout=30) as response:
+        history = json.loads(response.read())["checkpoints"]
+    shown = [r.locator("td").all_text_contents() for r in page.locator("#checkpoints-table tbody tr").all()]
+    want = [[str(c["epoch"]), _date(c["taken_at"]), f"{c['duration_ms']:.1f}", _kib(c["bytes"])]
+            for c in history[:50]]  # fmt: skip
+    assert shown == want  # settled: no input, no new checkpoint
+    assert int(shown[0][0]) == status["last_checkpoint"]["epoch"]
+    assert [int(r[0]) for r in shown] == sorted((int(r[0]) for r in shown), reverse=True)
+    assert (page.text_content("#sql") or "").strip() == PIPELINE.strip()
+    logs = [line.split(" ", 1)[1] for line in (page.text_content("#logs") or "").splitlines()]
+    assert logs == ["info: submitted"]
+    assert page.errors == []
+    page.context.close()
+
+
 def test_streams_page(browser: Any, deployment: Deployment) -> None:
     deployment.settle()
     page = page_with(browser, deployment, READ_TOKEN, "#/streams")
@@ -145,6 +207,15 @@ def test_streams_page(browser: Any, deployment: Deployment) -> None:
     assert first_row == [str(deployment.feeder.batches - 1), newest["k"], newest["t"].isoformat(),
                          str(newest["v"])]  # fmt: skip
     shot(page, "stream-events")
+    # live: a batch appended while the page is open shows up at the top within a refresh
+    deployment.feeder.feed_one()
+    added = deployment.feeder.batch(deployment.feeder.batches - 1).to_pylist()[-1]
+    top = page.locator("#rows tbody tr").first
+    wait_until(lambda: top.locator("td").first.text_content() == str(deployment.feeder.batches - 1),
+               "the new batch shown", timeout_s=10)  # fmt: skip
+    assert top.locator("td").all_text_contents() == [
+        str(deployment.feeder.batches - 1), added["k"], added["t"].isoformat(), str(added["v"])
+    ]
     assert page.errors == []
     page.context.close()
 
@@ -167,6 +238,12 @@ def test_sql_box_returns_the_right_rows(browser: Any, deployment: Deployment) ->
     assert text.splitlines() == ['"k","n","total"'] + [
         f'"{r["k"]}",{r["n"]},{r["total"]}' for r in expected
     ]
+    with page.expect_download() as download:
+        page.click("#parquet")
+    assert download.value.suggested_filename == "result.parquet"
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(download.value.path()).to_pylist() == expected
     shot(page, "sql")
     page.fill("#sql-input", "SELECT * FROM nope")
     page.click("#run")
@@ -226,10 +303,58 @@ def test_a_read_token_cannot_cancel_and_an_admin_can(browser: Any, deployment: D
     page.click("#checkpoint")
     page.wait_for_function("document.getElementById('action-message').textContent.includes('completed')")
     assert '"completed":true' in (page.text_content("#action-message") or "")
+    assert "cancelled" not in (page.text_content("#logs") or "")
     page.click("#cancel")
     wait_until(lambda: deployment.live.status(deployment.pid)["state"] == "cancelled", "cancelled")
     page.wait_for_function("document.getElementById('card-state').textContent === 'cancelled'")
+    # the logs are followed: the lines logged after the page opened arrive, once each
+    wait_until(lambda: "checkpoints removed" in (page.text_content("#logs") or ""), "live log lines")
+    lines = [line.split(" ", 1)[1] for line in (page.text_content("#logs") or "").splitlines()]
+    assert lines[0] == "info: submitted"
+    assert lines.count("info: cancelled") == 1
+    assert lines[-1].startswith("info: checkpoints removed (")
+    shot(page, "pipeline-cancelled")
+    assert page.errors == []
     page.context.close()
+
+
+def test_pipelines_table_sorts_and_filters(browser: Any, deployment: Deployment) -> None:
+    """Two pipelines (the first cancelled above): clicking a header orders the rows by it,
+    again reverses; the filter keeps the matching rows."""
+    live = deployment.live
+    sql = PIPELINE.replace("'counts'", "'counts_2'").replace("'late_rows'", "'late_2'")
+    second = live.action("pipeline.submit", {"sql": sql, "name": "second"})["id"]
+    deployment.feeder.feed_one()  # the second reads every row, the cancelled first not this one
+    wait_until(lambda: live.status(second)["rows_in"] == deployment.feeder.rows, "second caught up")
+    first_rows = live.status(deployment.pid)["rows_in"]
+    assert first_rows < deployment.feeder.rows
+    page = page_with(browser, deployment, READ_TOKEN, "#/pipelines")
+    ids = page.locator('#pipelines tbody [data-col="id"]')
+    wait_until(lambda: ids.count() == 2, "two rows")
+    wait_until(lambda: page.locator(f'#pipelines tr[data-id="{second}"] [data-col="rows_in"]')
+               .text_content() == f"{deployment.feeder.rows:,}", "second's rows")  # fmt: skip
+    page.click('#pipelines th[data-key="rows_in"]')
+    assert ids.all_text_contents() == [deployment.pid, second]
+    assert page.locator('#pipelines [data-col="rows_in"]').all_text_contents() == [
+        f"{first_rows:,}", f"{deployment.feeder.rows:,}"
+    ]
+    page.click('#pipelines th[data-key="rows_in"]')
+    assert ids.all_text_contents() == [second, deployment.pid]
+    assert page.get_attribute('#pipelines th[data-key="rows_in"]', "class") == "sortable sorted-desc"
+    page.click('#pipelines th[data-key="state"]')  # cancelled < running
+    assert page.locator('#pipelines [data-col="state"]').all_text_contents() == ["cancelled", "running"]
+    page.wait_for_timeout(1200)  # a refresh keeps the order
+    assert ids.all_text_contents() == [deployment.pid, second]
+    page.fill("#filter", "second")
+    assert ids.all_text_contents() == [second]
+    page.fill("#filter", "cancel")
+    assert ids.all_text_contents() == [deployment.pid]
+    page.fill("#filter", "")
+    assert ids.count() == 2
+    shot(page, "pipelines-sorted")
+    assert page.errors == []
+    page.context.close()
+    live.action("pipeline.cancel", {"id": second})
 
 
 def test_readme_screenshot(browser: Any, deployment: Deployment) -> None:
@@ -256,8 +381,6 @@ def test_readme_screenshot(browser: Any, deployment: Deployment) -> None:
 
 
 def deployment_sql() -> str:
-    from .conftest import PIPELINE
-
     return PIPELINE.replace("'counts'", "'counts_hourly'").replace(
         "'late_rows'", "'late_hourly'"
     ).replace("INTERVAL '10' SECOND)", "INTERVAL '1' MINUTE)")

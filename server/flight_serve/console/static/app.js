@@ -207,31 +207,39 @@ function partitionRows(graph) {
   return rows;
 }
 
-/* a duration in seconds, short, for an axis: 45 s, 12 min, 5.2 h, 4,749 d */
-function shortDuration(s) {
-  if (s === null || s === undefined) return "";
-  const a = Math.abs(s);
-  if (a < 120) return rate(s) + " s";
-  if (a < 7200) return rate(s / 60) + " min";
-  if (a < 172800) return rate(s / 3600) + " h";
-  return rate(s / 86400) + " d";
+/* Axis units: one unit for every tick of an axis, chosen by its largest tick, so the
+   labels stay short (a lag of years is "4,749 d", not 410,000,000 s). [divisor, suffix] */
+const DURATION_UNITS = [[86400, " d", 172800], [3600, " h", 7200], [60, " min", 120], [1, " s", 0]];
+const NUMBER_UNITS = [[1e9, "G", 1e9], [1e6, "M", 1e6], [1e3, "k", 1e4], [1, "", 0]];
+function unitFor(units, top) { return units.find(([, , from]) => Math.abs(top) >= from) || units[units.length - 1]; }
+function scaled(units) {
+  return {
+    one: (v) => { const [d, s] = unitFor(units, v); return rate(v / d) + s; },
+    ticks: (splits) => {  // as few decimals as keep the ticks apart
+      const [d, s] = unitFor(units, Math.max(...splits.map(Math.abs)));
+      let labels = [];
+      for (let digits = 0; digits <= 3; digits++) {
+        labels = splits.map((v) => (v / d).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits }) + s);
+        if (new Set(labels).size === labels.length) break;
+      }
+      return labels;
+    },
+  };
 }
-function shortNumber(v) {
-  const a = Math.abs(v);
-  if (a >= 1e9) return rate(v / 1e9) + "G";
-  if (a >= 1e6) return rate(v / 1e6) + "M";
-  if (a >= 1e4) return rate(v / 1e3) + "k";
-  return rate(v);
-}
+const shortDuration = scaled(DURATION_UNITS);
+const shortNumber = scaled(NUMBER_UNITS);
 
 function plot(title, id, label, color, integers, format = shortNumber) {
   const box = el("div", { class: "plot", id });
   if (typeof uPlot === "undefined") { box.append(el("p", { class: "error" }, "plot library missing: run make console-assets")); return { box, update() {} }; }
-  const values = (u, splits) => splits.map(format);
+  const values = (u, splits) => format.ticks(splits);
+  // room for the longest tick label (uPlot calls this with the labels it will draw)
+  const size = (u, labels) => 18 + 7 * Math.max(3, ...(labels || []).map((l) => String(l).length));
+  const axis = integers ? { size, values, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 1e5, 1e6] } : { size, values };
   const u = new uPlot({
     title, width: 420, height: 200,
-    series: [{}, { label, stroke: color, width: 2, fill: color + "22", value: (u, v) => v === null || v === undefined ? "--" : format(v) }],
-    axes: [{}, integers ? { size: 64, values, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 1e5, 1e6] } : { size: 64, values }],
+    series: [{}, { label, stroke: color, width: 2, fill: color + "22", value: (u, v) => v === null || v === undefined ? "--" : format.one(v) }],
+    axes: [{}, axis],
     scales: { x: { time: true }, y: integers !== undefined ? { range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)] } : {} },
   }, [[], []], box);
   plots.push(u);
