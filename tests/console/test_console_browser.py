@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import ADMIN_TOKEN, PIPELINE, READ_TOKEN, Deployment, wait_until
+from .conftest import (
+    ADMIN_TOKEN,
+    PIPELINE,
+    READ_TOKEN,
+    Deployment,
+    start_serve,
+    stop_serve,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
@@ -384,3 +392,61 @@ def deployment_sql() -> str:
     return PIPELINE.replace("'counts'", "'counts_hourly'").replace(
         "'late_rows'", "'late_hourly'"
     ).replace("INTERVAL '10' SECOND)", "INTERVAL '1' MINUTE)")
+
+
+def test_https_with_the_servers_certificate(browser: Any, tmp_path: Path) -> None:
+    """``flight-serve serve --tls-cert --tls-key --tokens-file``: the console speaks HTTPS with
+    the server's own certificate, and chromium, told to trust exactly that certificate's key
+    (``--ignore-certificate-errors-spki-list``), loads the page and signs in."""
+    import base64
+    import hashlib
+    import ssl
+    import subprocess
+
+    def openssl(*args: str, data: bytes | None = None) -> bytes:
+        return subprocess.run(["openssl", *args], cwd=tmp_path, input=data, check=True,
+                              capture_output=True).stdout  # fmt: skip
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command line")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout", "server.key", "-out", "server.pem")  # fmt: skip
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{READ_TOKEN} read reader\n")
+    live = start_serve(tmp_path, "--tls-cert", str(tmp_path / "server.pem"),
+                       "--tls-key", str(tmp_path / "server.key"), "--tokens-file", str(tokens))  # fmt: skip
+    try:
+        assert live.console_url == f"https://127.0.0.1:{live.console_port}/"
+        served = ssl.get_server_certificate(("127.0.0.1", live.console_port))
+        assert ssl.PEM_cert_to_DER_cert(served) == ssl.PEM_cert_to_DER_cert(
+            (tmp_path / "server.pem").read_text()
+        )
+        public = openssl("x509", "-in", "server.pem", "-pubkey", "-noout")
+        spki = openssl("pkey", "-pubin", "-outform", "der", data=public)
+        pin = base64.b64encode(hashlib.sha256(spki).digest()).decode()
+        pinned = browser.browser_type.launch(  # the module's Playwright: a second chromium
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  f"--ignore-certificate-errors-spki-list={pin}"],
+        )  # fmt: skip
+        try:
+            page = pinned.new_page()
+            page.goto(live.console_url)
+            page.wait_for_selector("#login", state="visible")
+            page.fill("#token", READ_TOKEN)
+            page.click("#login-form button")
+            page.wait_for_selector("#no-pipelines", state="visible")
+            assert page.text_content("#who") == "reader (read)"
+            assert page.evaluate("location.protocol") == "https:"
+            shot(page, "https")
+        finally:
+            pinned.close()
+        # a browser that does not trust that certificate gets no page
+        page = browser.new_page()
+        with pytest.raises(sync_api.Error, match="ERR_CERT_AUTHORITY_INVALID"):
+            page.goto(live.console_url)
+        page.close()
+    finally:
+        stop_serve(live)
