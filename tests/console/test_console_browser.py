@@ -262,13 +262,30 @@ def test_sql_box_returns_the_right_rows(browser: Any, deployment: Deployment) ->
 
 
 def test_late_rows_page(browser: Any, deployment: Deployment) -> None:
+    feeder = deployment.feeder
     deployment.settle()
+    before = feeder.late
+    feeder.feed_late(150)  # one batch of 150 late rows: more than a page of 100
+    wait_until(lambda: sum(deployment.live.status(deployment.pid)["late_rows"].values()) == feeder.late,
+               "the late rows counted")  # fmt: skip
+    total = feeder.late
     page = page_with(browser, deployment, READ_TOKEN, f"#/late/{deployment.pid}")
     page.wait_for_selector("#late-rows tbody tr")
-    rows = page.locator("#late-rows tbody tr").count()
-    assert rows == min(deployment.feeder.late, 100)
-    assert f"{deployment.feeder.late:,} late rows so far" in (page.text_content("#late-outputs") or "")
+    wait_until(lambda: page.text_content("#late-page") == f"rows 1 to 100 of {total}, newest first",
+               "the first page")  # fmt: skip
+    assert f"{total:,} late rows so far" in (page.text_content("#late-outputs") or "")
+    values = page.locator('#late-rows tbody tr td:nth-child(4)')  # offset, k, t, v, ...
+    assert values.all_text_contents() == [str(-2 - j) for j in range(149, 49, -1)]  # newest first
+    assert page.is_disabled("#late-newer")
     shot(page, "late-rows")
+    page.click("#late-older")  # the rest: 50 of the big batch, then the feeder's one a 5th batch
+    page.wait_for_function("document.getElementById('late-page').textContent.startsWith('rows 101')")
+    assert page.text_content("#late-page") == f"rows 101 to {total} of {total}, newest first"
+    assert values.all_text_contents() == [str(-2 - j) for j in range(49, -1, -1)] + ["-1"] * before
+    assert page.is_disabled("#late-older")
+    page.click("#late-newer")
+    page.wait_for_function("document.getElementById('late-page').textContent.startsWith('rows 1 to')")
+    assert values.count() == 100
     assert page.errors == []
     page.context.close()
 

@@ -326,25 +326,39 @@ class ConsoleSource:
             "writers": writers,
         }
 
-    def newest_rows(self, name: str, limit: int) -> tuple[pa.Schema, list[tuple[int, pa.RecordBatch]]]:
-        """The newest ``limit`` rows of stream ``name`` (or fewer), as ``(offset, batch)``
-        pairs, oldest first."""
+    def newest_rows(
+        self, name: str, limit: int, skip: int = 0
+    ) -> tuple[pa.Schema, list[tuple[int, pa.RecordBatch]]]:
+        """The newest ``limit`` rows of stream ``name`` (or fewer) after leaving out the
+        ``skip`` newest ones (paging back), as ``(offset, batch)`` pairs, oldest first."""
         info = self.store.info(name)
         picked: list[tuple[int, pa.RecordBatch]] = []
         rows = 0
         offset = info.next_offset
         step = 16
-        while rows < limit and offset > info.first_offset:
+        want = limit + skip
+        while rows < want and offset > info.first_offset:
             start = max(info.first_offset, offset - step)
             chunk = list(self.store.read(name, start, offset, incarnation=info.incarnation))
             for entry in reversed(chunk):
                 picked.append(entry)
                 rows += entry[1].num_rows
-                if rows >= limit:
+                if rows >= want:
                     break
             offset = start
             step *= 2
         picked.reverse()
+        # leave out the skip newest rows, then keep the last limit of what is left
+        while skip > 0 and picked:
+            last_offset, last = picked[-1]
+            if last.num_rows <= skip:
+                skip -= last.num_rows
+                rows -= last.num_rows
+                picked.pop()
+            else:
+                picked[-1] = (last_offset, last.slice(0, last.num_rows - skip))
+                rows -= skip
+                skip = 0
         extra = rows - limit
         if extra > 0 and picked:
             first_offset, first = picked[0]

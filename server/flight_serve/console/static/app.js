@@ -398,17 +398,29 @@ async function latePage(pid) {
     list.pipelines.map((p) => el("option", { value: p.id, selected: p.id === pid ? "" : null }, p.id + " (" + num(p.late_rows) + " late)")));
   pick.addEventListener("change", () => { location.hash = "#/late/" + encodeURIComponent(pick.value); });
   const out = el("div", { id: "late-outputs" });
-  show(main, el("h1", {}, "Late rows"), el("div", { class: "toolbar" }, pick), out);
+  const PAGE = 100;
+  let skip = 0;
+  const newer = el("button", { id: "late-newer", disabled: "" }, "← newer");
+  const older = el("button", { id: "late-older", disabled: "" }, "older →");
+  const where = el("span", { id: "late-page", class: "muted" });
+  show(main, el("h1", {}, "Late rows"), el("div", { class: "toolbar" }, pick, newer, older, where), out);
   if (!pid) return;
-  every(2000, async () => {
-    const d = await api("/pipelines/" + encodeURIComponent(pid) + "/late?limit=100");
+  async function load() {
+    const d = await api("/pipelines/" + encodeURIComponent(pid) + "/late?limit=" + PAGE + "&skip=" + skip);
+    const total = Math.max(0, ...d.outputs.map((o) => o.total_rows || 0));
+    newer.disabled = skip === 0;
+    older.disabled = skip + PAGE >= total;
+    where.textContent = total ? "rows " + num(Math.min(skip + 1, total)) + " to " + num(Math.min(skip + PAGE, total)) + " of " + num(total) + ", newest first" : "";
     out.replaceChildren(...(d.outputs.length ? d.outputs.map((o) => el("div", {},
       el("h2", {}, "LATE of " + o.of + " → " + (o.sink || "-") + (o.stream ? " (stream " + o.stream + ")" : "")),
       el("p", {}, num(o.late_rows) + " late rows so far"),
       o.rows ? resultTable([{ name: "offset" }, ...o.columns], o.rows.map((r, i) => [o.offsets[i], ...r]).reverse(), "late-rows")
         : el("p", { class: "muted" }, "its sink is not a server stream of this server: the rows are at " + (o.sink || "-"))))
       : [el("p", { class: "muted" }, "this pipeline has no query reading LATE(x): its late rows are only counted (" + num(list.pipelines.find((p) => p.id === pid)?.late_rows) + ")")]));
-  });
+  }
+  newer.addEventListener("click", () => { skip = Math.max(0, skip - PAGE); load(); });
+  older.addEventListener("click", () => { skip += PAGE; load(); });
+  every(2000, load);
 }
 
 async function route() {
