@@ -107,7 +107,7 @@ def test_a_plot_moves_while_the_pipeline_runs(browser: Any, deployment: Deployme
     assert page.evaluate("shortDuration.ticks([7000, 7100, 7200])") == ["1.94 h", "1.97 h", "2.00 h"]
     assert page.evaluate("shortDuration.ticks([0, 30, 60, 90])") == ["0 s", "30 s", "60 s", "90 s"]
     assert page.evaluate("shortDuration.ticks([4e8, 4.2e8])") == ["4,630 d", "4,861 d"]
-    assert page.evaluate("shortNumber.ticks([0, 10000, 20000])") == ["0k", "10k", "20k"]
+    assert page.evaluate("shortNumber.ticks([0, 10000, 20000])") == ["0", "10k", "20k"]
     shot(page, "pipeline-running")
     assert page.errors == []
     page.context.close()
@@ -467,3 +467,76 @@ def test_https_with_the_servers_certificate(browser: Any, tmp_path: Path) -> Non
         page.close()
     finally:
         stop_serve(live)
+
+
+def test_demo_sync_plots_move_while_the_months_are_appended(browser: Any, tmp_path: Path) -> None:
+    """The issue's "done when": ``flight-serve demo --sync`` on a terminal (a pty) prints the
+    console's address and waits for Enter; the console open, Enter appends the months, and the
+    sync pipeline's lag and throughput plots move while they come."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import termios
+    import threading
+
+    from .conftest import CLI
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0))  # no wrapping
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHT_SERVE_")}
+    command = [str(CLI), "demo", "--sync", "--months", "6", "--month-pause", "1",
+               "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
+    os.close(child)
+    out: list[str] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(main, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            out.append(data.decode(errors="replace"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def text() -> str:
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", "".join(out))
+
+    try:
+        wait_until(lambda: "press Enter" in text(), "the demo's prompt", timeout_s=180)
+        url = re.search(r"open (https?://\S+#/pipeline/\S+), then press Enter", text())
+        assert url is not None, text()
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url.group(1))
+        page.wait_for_selector("#plot-lag canvas")
+        assert "2013-01" not in text()  # nothing appended before Enter
+        os.write(main, b"\n")
+        seen: list[tuple[int, float, float]] = []
+
+        def sample() -> bool:
+            points = int(page.get_attribute("#plot-lag", "data-points") or 0)
+            lag = page.get_attribute("#plot-lag", "data-last") or ""
+            rate = page.get_attribute("#plot-throughput", "data-last") or ""
+            if lag not in ("", "null") and rate not in ("", "null"):
+                seen.append((points, float(lag), float(rate)))
+            return "2013-06:" in text()
+
+        wait_until(sample, "six months appended", timeout_s=120)
+        shot(page, "demo-sync")
+        assert len({p for p, _, _ in seen}) >= 3  # a sample a second, while the months come
+        assert seen[-1][1] < seen[0][1]  # the watermark follows the months: its lag shrinks
+        assert max(r for _, _, r in seen) > 1000  # tens of thousands of flights a month
+        assert page.text_content("#card-state") == "running"
+        page.close()
+        assert proc.wait(180) == 0, text()
+        assert "graph updated through 2013-07-01" in text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main)

@@ -219,7 +219,8 @@ function scaled(units) {
       const [d, s] = unitFor(units, Math.max(...splits.map(Math.abs)));
       let labels = [];
       for (let digits = 0; digits <= 3; digits++) {
-        labels = splits.map((v) => (v / d).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits }) + s);
+        labels = splits.map((v) => v === 0 && !s.startsWith(" ") ? "0"  // "0", not "0k"
+          : (v / d).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits }) + s);
         if (new Set(labels).size === labels.length) break;
       }
       return labels;
