@@ -946,6 +946,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             falkordb_url=args.falkordb,
             months=args.months,
             month_pause_s=args.month_pause,
+            # a person at a terminal: time to open the web console before the months come
+            wait_to_start=sys.stdin.isatty() and sys.stdout.isatty(),
         )
     if args.command == "demo":
         return _demo(args)

@@ -242,7 +242,8 @@ def _query(args: argparse.Namespace, client: Any) -> int:
 
         pq.write_table(table, args.out)
     if args.out is not None:
-        print(f"wrote {table.num_rows:,} rows to {args.out}", file=sys.stderr)
+        rows = f"{table.num_rows:,} row{'s' if table.num_rows != 1 else ''}"
+        print(f"wrote {rows} to {args.out}", file=sys.stderr)
     return 0
 
 

@@ -176,6 +176,14 @@ class Feeder:
         self.rows += table.num_rows
         self.late += int(table.num_rows == 11)
 
+    def feed_late(self, n: int) -> None:
+        """Append one batch of ``n`` rows all older than every open window: ``n`` late rows."""
+        rows = [{"k": "b", "t": self.t0, "v": -2 - j} for j in range(n)]
+        self.live.put("events", pa.Table.from_pylist(rows, schema=SCHEMA))
+        self.batches += 1
+        self.rows += n
+        self.late += n
+
     def start(self) -> None:
         self._stop.clear()
 

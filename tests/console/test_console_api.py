@@ -9,7 +9,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,13 @@ def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
     assert (nodes["query:0"]["rows_in"], nodes["query:0"]["rows_out"]) == (rows, fired)
     assert nodes["query:0"]["late_rows"] == late
     assert nodes["query:0"]["open_windows"] == len(panes) - fired == status["open_panes"]
+    # the window's one input partition (the feeder's unnamed writer): its own watermark
+    watermark = datetime.fromtimestamp(newest - 5, UTC).isoformat()
+    assert status["watermark"] == watermark
+    assert nodes["query:0"]["partitions"] == [
+        {"partition": "", "watermark": watermark, "idle": False, "finished": False}
+    ]
+    assert "partitions" not in nodes["query:1"]
     assert nodes["query:1"]["kind"] == "map"  # SELECT * FROM LATE(events)
     assert (nodes["query:1"]["rows_in"], nodes["query:1"]["rows_out"]) == (late, late)
     assert "open_windows" not in nodes["query:1"]
@@ -108,6 +115,13 @@ def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
     assert [(o["stream"], o["late_rows"], len(o["rows"])) for o in late] == [("late_rows", n, n)]
     t0 = deployment.feeder.t0
     assert [r[:4] for r in late[0]["rows"]] == [["a", _iso(t0), -1, "late"]] * n
+    assert (late[0]["total_rows"], late[0]["skipped"]) == (n, 0)
+    # paging back, newest first: skip the newest 2, then the next 3 (one row per offset here)
+    page = get_json(live.console_url, f"/api/v1/pipelines/{pid}/late?limit=3&skip=2")["outputs"][0]
+    assert page["offsets"] == [n - 5, n - 4, n - 3]
+    assert (page["total_rows"], page["skipped"]) == (n, 2)
+    status, body, _ = call(live.console_url, f"/api/v1/pipelines/{pid}/late?skip=-1")
+    assert (status, json.loads(body)) == (400, {"error": "skip must be from 0 to 1000000, got -1"})
 
     samples = get_json(live.console_url, f"/api/v1/pipelines/{pid}/samples")["samples"]
     assert samples[-1]["rows_in"] == deployment.feeder.rows
@@ -125,8 +139,6 @@ def test_pipelines_row_equals_the_flight_status(deployment: Deployment) -> None:
 
 
 def _iso(t: int) -> str:
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(t, UTC).replace(tzinfo=None).isoformat()
 
 
@@ -154,6 +166,13 @@ def test_streams_equal_the_store(deployment: Deployment) -> None:
     newest = deployment.feeder.batch(last).to_pylist()
     assert rows["offsets"][-len(newest):] == [last] * len(newest)
     assert rows["rows"][-len(newest):] == [[r["k"], r["t"].isoformat(), r["v"]] for r in newest]
+    # skip cuts inside a batch: leave out the newest 4 rows, take the 8 before them
+    fed = [r for i in range(deployment.feeder.batches) for r in deployment.feeder.batch(i).to_pylist()]
+    offsets = [i for i in range(deployment.feeder.batches) for _ in deployment.feeder.batch(i).to_pylist()]
+    rows = get_json(live.console_url, "/api/v1/streams/events/rows?limit=8&skip=4")
+    assert rows["rows"] == [[r["k"], r["t"].isoformat(), r["v"]] for r in fed[-12:-4]]
+    assert rows["offsets"] == offsets[-12:-4]
+    assert (rows["total_rows"], rows["skipped"]) == (len(fed), 4)
 
 
 def test_query_equals_the_flight_query(deployment: Deployment) -> None:

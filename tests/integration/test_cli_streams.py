@@ -111,8 +111,16 @@ def test_query_formats(server: FlightServeService, tmp_path: Path) -> None:
     assert done.stdout == '{"k": "a", "n": 5, "total": 10}\n'
     out = tmp_path / "r.parquet"
     done = cli("query", sql, "--format", "parquet", "--out", str(out), *where, token="read-token")
-    assert (done.returncode, done.stderr) == (0, f"wrote 1 rows to {out}\n")
+    assert (done.returncode, done.stderr) == (0, f"wrote 1 row to {out}\n")
     assert pq.read_table(out).to_pylist() == [{"k": "a", "n": 5, "total": 10}]
+    for fmt, want in (("csv", '"k","n","total"\n"a",5,10\n'), ("json", '{"k": "a", "n": 5, "total": 10}\n')):
+        out = tmp_path / f"r.{fmt}.out"  # --format wins over the file's suffix
+        done = cli("query", sql, "--format", fmt, "--out", str(out), *where, token="read-token")
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", f"wrote 1 row to {out}\n")
+        assert out.read_text() == want
+    out = tmp_path / "r.csv"  # without --format: the file's suffix
+    done = cli("query", sql, "--out", str(out), *where, token="read-token")
+    assert (done.returncode, out.read_text()) == (0, '"k","n","total"\n"a",5,10\n')
     done = cli("query", sql, "--format", "parquet", *where, token="read-token")
     assert (done.returncode, done.stderr) == (1, "flight-serve: --format parquet needs --out FILE\n")
     done = cli("query", "SELECT * FROM nope", *where, token="read-token")

@@ -53,6 +53,8 @@ MAX_BODY_BYTES = 1024 * 1024
 #: Rows of a SQL result sent as JSON (the row count is always the whole result's).
 MAX_RESULT_ROWS = 1000
 MAX_TAIL_ROWS = 1000
+#: Newest rows a page of rows may leave out (``skip``: paging back through late rows).
+MAX_SKIP_ROWS = 1_000_000
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -344,21 +346,23 @@ def _logs(c: ConsoleServer, parts: list[str], q: Any, b: bytes, caller: _Caller)
 def _late(c: ConsoleServer, parts: list[str], q: Any, b: bytes, caller: _Caller) -> Any:
     pid = parts[1]
     limit = _int(q, "limit", 100, 1, MAX_TAIL_ROWS)
+    skip = _int(q, "skip", 0, 0, MAX_SKIP_ROWS)
     status = c.source.status(pid)
     outputs = []
     for output in c.source.late_outputs(pid, status):
         entry: dict[str, Any] = {**output, "late_rows": (status.get("late_rows") or {}).get(output["of"], 0)}
         stream = output["stream"]
         if stream is not None and c.source.store.exists(stream):
-            entry.update(_rows_of(c, stream, limit))
+            entry.update(_rows_of(c, stream, limit, skip))
         outputs.append(entry)
     return {"outputs": outputs}
 
 
-def _rows_of(c: ConsoleServer, stream: str, limit: int) -> dict[str, Any]:
+def _rows_of(c: ConsoleServer, stream: str, limit: int, skip: int = 0) -> dict[str, Any]:
     import pyarrow as pa
 
-    schema, picked = c.source.newest_rows(stream, limit)
+    total = c.source.store.info(stream).num_rows
+    schema, picked = c.source.newest_rows(stream, limit, skip)
     columns = [{"name": f.name, "type": str(f.type)} for f in schema]
     rows: list[list[Any]] = []
     offsets: list[int] = []
@@ -366,7 +370,8 @@ def _rows_of(c: ConsoleServer, stream: str, limit: int) -> dict[str, Any]:
         batch_rows = table_rows(pa.Table.from_batches([batch]))
         rows.extend(batch_rows)
         offsets.extend([offset] * len(batch_rows))
-    return {"columns": columns, "rows": rows, "offsets": offsets}
+    return {"columns": columns, "rows": rows, "offsets": offsets, "total_rows": total,
+            "skipped": min(skip, total)}  # fmt: skip
 
 
 def _checkpoint(c: ConsoleServer, parts: list[str], q: Any, b: bytes, caller: _Caller) -> Any:
@@ -389,8 +394,9 @@ def _stream(c: ConsoleServer, parts: list[str], q: Any, b: bytes, caller: _Calle
 
 def _stream_rows(c: ConsoleServer, parts: list[str], q: Any, b: bytes, caller: _Caller) -> Any:
     limit = _int(q, "limit", 20, 1, MAX_TAIL_ROWS)
+    skip = _int(q, "skip", 0, 0, MAX_SKIP_ROWS)
     info = c.source.store.info(parts[1])
-    return {"next_offset": info.next_offset, **_rows_of(c, parts[1], limit)}
+    return {"next_offset": info.next_offset, **_rows_of(c, parts[1], limit, skip)}
 
 
 def _sql_of(body: bytes) -> str:

@@ -25,6 +25,7 @@ from flight_serve.flight.sql import query as sql_query
 from flight_serve.pipelines.manager import PipelineManager
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.store import StreamStore
+from flight_serve.types import MAX_WATERMARK_NS
 
 __all__ = ["ConsoleSource", "QueryResult", "json_value"]
 
@@ -146,7 +147,9 @@ class ConsoleSource:
         sum over every source: given on a single source only; late rows and watermark per
         windowed query; rows per sink). With the status's ``nodes`` (the runtime's per-node
         counts) each function and query node also gets its own ``rows_in``, ``rows_out`` and,
-        windowed, ``open_windows`` (a function used by several queries: their sum)."""
+        windowed, ``open_windows`` and ``partitions``: each input partition's own watermark,
+        ``[{partition, watermark (ISO 8601, "+inf" once ended, None before progress), idle,
+        finished}]`` (a function used by several queries: the sums)."""
         plan = self.plan(pid)
         nodes: list[dict[str, Any]] = []
         edges: list[list[str]] = []
@@ -173,6 +176,12 @@ class ConsoleSource:
             seen["rows_out"] += entry["rows_out"]
             if entry.get("open_windows") is not None:
                 seen["open_windows"] = entry["open_windows"]
+            if entry.get("partitions") is not None:
+                seen["partitions"] = [
+                    {"partition": str(p["partition"]), "watermark": _iso_mark(p["watermark_ns"]),
+                     "idle": bool(p["idle"]), "finished": bool(p["finished"])}
+                    for p in entry["partitions"]
+                ]  # fmt: skip
         for name in plan.functions:
             nodes.append({"id": f"function:{name}", "kind": "function", "label": name,
                           "detail": "plugin", **counts.get(f"function:{name}", {})})  # fmt: skip
@@ -317,25 +326,39 @@ class ConsoleSource:
             "writers": writers,
         }
 
-    def newest_rows(self, name: str, limit: int) -> tuple[pa.Schema, list[tuple[int, pa.RecordBatch]]]:
-        """The newest ``limit`` rows of stream ``name`` (or fewer), as ``(offset, batch)``
-        pairs, oldest first."""
+    def newest_rows(
+        self, name: str, limit: int, skip: int = 0
+    ) -> tuple[pa.Schema, list[tuple[int, pa.RecordBatch]]]:
+        """The newest ``limit`` rows of stream ``name`` (or fewer) after leaving out the
+        ``skip`` newest ones (paging back), as ``(offset, batch)`` pairs, oldest first."""
         info = self.store.info(name)
         picked: list[tuple[int, pa.RecordBatch]] = []
         rows = 0
         offset = info.next_offset
         step = 16
-        while rows < limit and offset > info.first_offset:
+        want = limit + skip
+        while rows < want and offset > info.first_offset:
             start = max(info.first_offset, offset - step)
             chunk = list(self.store.read(name, start, offset, incarnation=info.incarnation))
             for entry in reversed(chunk):
                 picked.append(entry)
                 rows += entry[1].num_rows
-                if rows >= limit:
+                if rows >= want:
                     break
             offset = start
             step *= 2
         picked.reverse()
+        # leave out the skip newest rows, then keep the last limit of what is left
+        while skip > 0 and picked:
+            last_offset, last = picked[-1]
+            if last.num_rows <= skip:
+                skip -= last.num_rows
+                rows -= last.num_rows
+                picked.pop()
+            else:
+                picked[-1] = (last_offset, last.slice(0, last.num_rows - skip))
+                rows -= skip
+                skip = 0
         extra = rows - limit
         if extra > 0 and picked:
             first_offset, first = picked[0]
@@ -365,6 +388,13 @@ def _window_kind(window: Any) -> str:
 
 def _all(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield from batches
+
+
+def _iso_mark(ns: int | None) -> str | None:
+    """A watermark in ns as :func:`_iso_ns` does, ``"+inf"`` at or past the end of input."""
+    if ns is not None and ns >= MAX_WATERMARK_NS:
+        return "+inf"
+    return _iso_ns(ns)
 
 
 def _iso_ns(ns: int | None) -> str | None:

@@ -244,6 +244,7 @@ def run_sync_demo(
     console: Console | None = None,
     month_pause_s: float = 0.0,
     web_console: bool = True,
+    wait_to_start: bool = False,
 ) -> int:
     """Run the sync demo (see the module docstring); return the exit code (0).
 
@@ -259,6 +260,8 @@ def run_sync_demo(
             console's plots can be watched moving).
         web_console: serve the web console (:mod:`flight_serve.console`) on a free port and
             print its address.
+        wait_to_start: with the web console, wait for Enter on stdin before appending the
+            months (``flight-serve demo --sync`` on a terminal: time to open the console).
 
     Raises:
         TimeoutError: the pipeline did not catch up with a month in ``timeout_s`` seconds.
@@ -315,6 +318,11 @@ def run_sync_demo(
         )
         pipeline_id = submitted["id"]
         console.print(f"submitted pipeline {pipeline_id} (flights_sync)")
+        if web_console and wait_to_start:
+            console.input(
+                f"open {web.url}#/pipeline/{pipeline_id}, then press Enter to append the "
+                "months (its lag and throughput plots move while they are) "
+            )
         seen: list[pa.Table] = []
         lags = []
         for part in parts:

@@ -555,6 +555,11 @@ class WindowOperator:
         """The operator watermark in ns since the epoch (see :mod:`.watermark`)."""
         return self._tracker.watermark_ns
 
+    def partition_watermarks(self) -> dict[str, dict[str, Any]]:
+        """Each input partition's own watermark now
+        (:meth:`~flight_serve.engine.watermark.WatermarkTracker.partition_watermarks`)."""
+        return self._tracker.partition_watermarks()
+
     @property
     def folded_state(self) -> bool:
         """Whether the state is folded per batch (:mod:`.fold`) rather than SQL-merged."""

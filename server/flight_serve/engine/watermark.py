@@ -210,6 +210,32 @@ class WatermarkTracker:
             self._watermark_ns = candidate
         return self._watermark_ns
 
+    def partition_watermarks(self) -> dict[str, dict[str, Any]]:
+        """Each known partition's own watermark now, by partition name: ``{"watermark_ns":
+        W_p in ns since the epoch (``None`` before the partition made progress; the largest
+        int64, +inf, once it finished), "idle": bool, "finished": bool}``. Read-only (for
+        status pages: Flink's per-subtask watermarks).
+
+        >>> w = WatermarkTracker(max_out_of_orderness_ns=10)
+        >>> w.add_partition("b")
+        >>> _ = w.observe("a", 100)
+        >>> w.partition_watermarks()["a"]
+        {'watermark_ns': 90, 'idle': False, 'finished': False}
+        >>> w.partition_watermarks()["b"]["watermark_ns"] is None
+        True
+        """
+        now = self.clock_ns()
+        out: dict[str, dict[str, Any]] = {}
+        for name, part in self._parts.items():
+            mark: int | None = self._partition_watermark(part)
+            if part.finished:
+                mark = MAX_WATERMARK_NS
+            elif mark == MIN_WATERMARK_NS:
+                mark = None
+            out[name] = {"watermark_ns": mark, "idle": self._idle(part, now),
+                         "finished": part.finished}  # fmt: skip
+        return out
+
     def snapshot(self) -> dict[str, Any]:
         """A JSON-ready copy of the tracker's state (for checkpoints); live state is untouched.
 

@@ -743,7 +743,9 @@ class PipelineRuntime:
         "function:<name>" for a plugin stage), kind ("window" | "map" | "function"), label,
         query (its index), rows_in, rows_out (rows since this run started; a restore starts
         them at 0), late_rows (cumulative, windowed only, else None), open_windows (pane rows
-        held now, windowed only, else None)}``."""
+        held now, windowed only, else None)}``; a windowed node also ``partitions``: each input
+        partition's own watermark, ``[{partition (a writer's name, "" unnamed; a file's path),
+        watermark_ns (None before progress, the largest int64 once ended), idle, finished}]``."""
         out: list[dict[str, Any]] = []
         for n in self.nodes:
             node_id, kind, label = f"query:{n.query.index}", "map", n.query.label
@@ -758,4 +760,9 @@ class PipelineRuntime:
                 "rows_in": n.rows_in, "rows_out": n.rows_out,
                 "late_rows": n.late_rows(), "open_windows": n.open_windows(),
             })  # fmt: skip
+            if isinstance(n, WindowNode):
+                out[-1]["partitions"] = [
+                    {"partition": name, **mark}
+                    for name, mark in n.op.partition_watermarks().items()
+                ]
         return out

@@ -187,16 +187,60 @@ function graphView(graph) {
         n.late_rows !== undefined ? "late " + num(n.late_rows) : null,
         n.open_windows !== undefined ? "open windows " + num(n.open_windows) : null,
         n.watermark !== undefined ? "watermark " + date(n.watermark) : null,
-      ].filter(Boolean).join(" · ")))))));
+      ].filter(Boolean).join(" · ")),
+      n.partitions && n.partitions.length ? el("div", { class: "marks" },
+        n.partitions.slice(0, 4).map((p) => el("div", { "data-partition": p.partition },
+          partitionName(p.partition) + ": " + date(p.watermark) + partitionState(p))),
+        n.partitions.length > 4 ? el("div", {}, "… " + (n.partitions.length - 4) + " more partitions below") : null) : null)))));
 }
 
-function plot(title, id, label, color, integers) {
+function partitionName(name) { return name === "" ? "(unnamed writer)" : name; }
+function partitionState(p) { return p.finished ? " (ended)" : (p.idle ? " (idle)" : ""); }
+
+/* every windowed node's input partitions, one row each (the engine's W_p) */
+function partitionRows(graph) {
+  const rows = [];
+  for (const n of graph.nodes) for (const p of n.partitions || []) {
+    rows.push({ id: n.id + "/" + p.partition, query: n.label, partition: p.partition, watermark: p.watermark,
+      state: p.finished ? "ended" : (p.idle ? "idle" : "active") });
+  }
+  return rows;
+}
+
+/* Axis units: one unit for every tick of an axis, chosen by its largest tick, so the
+   labels stay short (a lag of years is "4,749 d", not 410,000,000 s). [divisor, suffix] */
+const DURATION_UNITS = [[86400, " d", 172800], [3600, " h", 7200], [60, " min", 120], [1, " s", 0]];
+const NUMBER_UNITS = [[1e9, "G", 1e9], [1e6, "M", 1e6], [1e3, "k", 1e4], [1, "", 0]];
+function unitFor(units, top) { return units.find(([, , from]) => Math.abs(top) >= from) || units[units.length - 1]; }
+function scaled(units) {
+  return {
+    one: (v) => { const [d, s] = unitFor(units, v); return rate(v / d) + s; },
+    ticks: (splits) => {  // as few decimals as keep the ticks apart
+      const [d, s] = unitFor(units, Math.max(...splits.map(Math.abs)));
+      let labels = [];
+      for (let digits = 0; digits <= 3; digits++) {
+        labels = splits.map((v) => v === 0 && !s.startsWith(" ") ? "0"  // "0", not "0k"
+          : (v / d).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits }) + s);
+        if (new Set(labels).size === labels.length) break;
+      }
+      return labels;
+    },
+  };
+}
+const shortDuration = scaled(DURATION_UNITS);
+const shortNumber = scaled(NUMBER_UNITS);
+
+function plot(title, id, label, color, integers, format = shortNumber) {
   const box = el("div", { class: "plot", id });
   if (typeof uPlot === "undefined") { box.append(el("p", { class: "error" }, "plot library missing: run make console-assets")); return { box, update() {} }; }
+  const values = (u, splits) => format.ticks(splits);
+  // room for the longest tick label (uPlot calls this with the labels it will draw)
+  const size = (u, labels) => 18 + 7 * Math.max(3, ...(labels || []).map((l) => String(l).length));
+  const axis = integers ? { size, values, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 1e5, 1e6] } : { size, values };
   const u = new uPlot({
     title, width: 420, height: 200,
-    series: [{}, { label, stroke: color, width: 2, fill: color + "22" }],
-    axes: [{}, integers ? { size: 60, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 1e4, 1e5, 1e6] } : { size: 60 }],
+    series: [{}, { label, stroke: color, width: 2, fill: color + "22", value: (u, v) => v === null || v === undefined ? "--" : format.one(v) }],
+    axes: [{}, axis],
     scales: { x: { time: true }, y: integers !== undefined ? { range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)] } : {} },
   }, [[], []], box);
   plots.push(u);
@@ -207,7 +251,7 @@ async function pipelinePage(pid) {
   const data = await api("/pipelines/" + encodeURIComponent(pid));
   const who = await api("/whoami");
   const admin = who.roles.includes("admin");
-  const lag = plot("Watermark lag (s)", "plot-lag", "lag s", "#2a62d8");
+  const lag = plot("Watermark lag", "plot-lag", "lag", "#2a62d8", undefined, shortDuration);
   const thr = plot("Throughput (rows/s)", "plot-throughput", "rows/s", "#237a3b", false);
   const panes = plot("Open windows", "plot-panes", "open panes", "#a05a00", true);
   const message = el("span", { id: "action-message" });
@@ -244,12 +288,19 @@ async function pipelinePage(pid) {
       card("last checkpoint", age(s.last_checkpoint_at), "card-checkpoint-age"),
       card("waiting for", s.waiting || "-", "card-waiting"));
     if (s.last_error) cards.append(card("last error", s.last_error, "card-error"));
-    partitions.replaceChildren(d.partitions.length
-      ? sortableTable([{ key: "stream", title: "Stream" }, { key: "writer", title: "Writer", render: (r) => r.writer || "(unnamed)" },
-        { key: "watermark", title: "Watermark", render: (r) => date(r.watermark) },
+    const marks = partitionRows(d.graph);
+    const markers = d.partitions.filter((p) => p.watermark !== null);
+    show(partitions,
+      marks.length
+        ? sortableTable([{ key: "query", title: "Query" }, { key: "partition", title: "Partition", render: (r) => partitionName(r.partition) },
+          { key: "watermark", title: "Watermark", render: (r) => date(r.watermark) }, { key: "state", title: "State" }],
+          marks, { id: "partitions-table" })
+        : el("p", { class: "muted" }, "no windowed query: no watermark"),
+      markers.length ? el("h3", {}, "Writers' watermark markers") : null,
+      markers.length ? sortableTable([{ key: "stream", title: "Stream" }, { key: "writer", title: "Writer", render: (r) => partitionName(r.writer) },
+        { key: "watermark", title: "Marker", render: (r) => date(r.watermark) },
         { key: "last_offset", title: "Last offset", num: true }, { key: "ended", title: "Ended", render: (r) => r.ended ? "yes" : "no" }],
-        d.partitions.map((p) => Object.assign({ id: p.stream + "/" + p.writer }, p)), { id: "partitions-table" })
-      : el("p", { class: "muted" }, "no server-stream sources (per-query watermarks are on the graph)"));
+        markers.map((p) => Object.assign({ id: p.stream + "/" + p.writer }, p)), { id: "markers-table" }) : null);
   }
   renderSummary(data);
   let after = 0;
@@ -348,17 +399,29 @@ async function latePage(pid) {
     list.pipelines.map((p) => el("option", { value: p.id, selected: p.id === pid ? "" : null }, p.id + " (" + num(p.late_rows) + " late)")));
   pick.addEventListener("change", () => { location.hash = "#/late/" + encodeURIComponent(pick.value); });
   const out = el("div", { id: "late-outputs" });
-  show(main, el("h1", {}, "Late rows"), el("div", { class: "toolbar" }, pick), out);
+  const PAGE = 100;
+  let skip = 0;
+  const newer = el("button", { id: "late-newer", disabled: "" }, "← newer");
+  const older = el("button", { id: "late-older", disabled: "" }, "older →");
+  const where = el("span", { id: "late-page", class: "muted" });
+  show(main, el("h1", {}, "Late rows"), el("div", { class: "toolbar" }, pick, newer, older, where), out);
   if (!pid) return;
-  every(2000, async () => {
-    const d = await api("/pipelines/" + encodeURIComponent(pid) + "/late?limit=100");
+  async function load() {
+    const d = await api("/pipelines/" + encodeURIComponent(pid) + "/late?limit=" + PAGE + "&skip=" + skip);
+    const total = Math.max(0, ...d.outputs.map((o) => o.total_rows || 0));
+    newer.disabled = skip === 0;
+    older.disabled = skip + PAGE >= total;
+    where.textContent = total ? "rows " + num(Math.min(skip + 1, total)) + " to " + num(Math.min(skip + PAGE, total)) + " of " + num(total) + ", newest first" : "";
     out.replaceChildren(...(d.outputs.length ? d.outputs.map((o) => el("div", {},
       el("h2", {}, "LATE of " + o.of + " → " + (o.sink || "-") + (o.stream ? " (stream " + o.stream + ")" : "")),
       el("p", {}, num(o.late_rows) + " late rows so far"),
       o.rows ? resultTable([{ name: "offset" }, ...o.columns], o.rows.map((r, i) => [o.offsets[i], ...r]).reverse(), "late-rows")
         : el("p", { class: "muted" }, "its sink is not a server stream of this server: the rows are at " + (o.sink || "-"))))
       : [el("p", { class: "muted" }, "this pipeline has no query reading LATE(x): its late rows are only counted (" + num(list.pipelines.find((p) => p.id === pid)?.late_rows) + ")")]));
-  });
+  }
+  newer.addEventListener("click", () => { skip = Math.max(0, skip - PAGE); load(); });
+  older.addEventListener("click", () => { skip += PAGE; load(); });
+  every(2000, load);
 }
 
 async function route() {
