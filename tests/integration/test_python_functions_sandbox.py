@@ -31,6 +31,8 @@ from flight_serve.functions.python import (
     bwrap_path,
     python_function,
 )
+from flight_serve.functions.registry import create_function
+from flight_serve.pipelines.pipeline import parse_pipeline
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,6 +40,15 @@ pytestmark = [
 ]
 
 FLOAT64 = pa.float64()
+#: a pipeline whose function takes WITH (...) limits; {with} is the clause, {body} the code
+LIMITED = (
+    "CREATE SOURCE s (x DOUBLE) WITH (connector = 'file', path = 'in.csv');\n"
+    "CREATE FUNCTION f(x DOUBLE) RETURNS DOUBLE LANGUAGE python WITH ({with}) AS $$\n"
+    "{body}"
+    "$$;\n"
+    "CREATE SINK out WITH (connector = 'stdout');\n"
+    "INSERT INTO out SELECT f(x) AS y FROM s;\n"
+)
 DELAY_CLASS = """
 import pyarrow.compute as pc
 def delay_class(dep_delay):
@@ -265,7 +276,7 @@ def test_a_memory_bomb_hits_the_limit_and_the_worker_is_replaced(close_after: An
     before = f.worker_pids()
     with pytest.raises(
         FunctionCallError,
-        match=r"^function f failed while running at line 4 of the function's code: MemoryError .*memory limit 268435456 bytes; its worker was replaced",
+        match=r"^function f failed while running at line 4 of the function's code: MemoryError .*memory limit 256 MiB = 268435456 bytes; its worker was replaced",
     ):
         f.call([pa.array([-1.0])])
     assert f.call([pa.array([5.0])]).to_pylist() == [5.0]
@@ -546,3 +557,71 @@ def test_a_package_under_tmp_is_importable_in_the_sandbox(
         assert f.call([pa.array([1.0, None, 2.5])]).to_pylist() == [3.0, None, 7.5]
     finally:
         shutil.rmtree(top)
+
+
+# --- WITH (memory_limit, deadline, workers) -----------------------------------------------------
+
+
+def limited(clause: str, body: str) -> PythonScalarFunction:
+    """``f`` of :data:`LIMITED` with ``WITH ({clause})``, built by the registry (sandboxed)."""
+    spec = parse_pipeline(LIMITED.format(**{"with": clause, "body": body})).user_functions["f"]
+    function = create_function(spec, python_runner="python")
+    assert isinstance(function, PythonScalarFunction)
+    return function
+
+
+def test_a_memory_bomb_under_a_128_mib_memory_limit_names_the_limit(close_after: Any) -> None:
+    body = (
+        "def f(x):\n    if x[0].as_py() < 0:\n        return bytearray(200 << 20)\n    return x\n"
+    )
+    f = limited("memory_limit = '128MiB', workers = 1", body)
+    close_after(f)
+    assert f._config.memory_limit_bytes == 128 << 20
+    with pytest.raises(FunctionCallError) as caught:
+        f.call([pa.array([-1.0])])
+    assert str(caught.value) == (
+        "function f failed while running at line 5 of the pipeline file (line 4 of the "
+        "function's code): MemoryError (memory limit 128 MiB = 134217728 bytes "
+        "(WITH memory_limit = '128MiB'); its worker was replaced)"
+    )
+    assert f.call([pa.array([5.0])]).to_pylist() == [5.0]  # a new worker, same limit
+    assert f.restarts == 1
+    # the same bomb fits under the default limit (1 GiB): the limit is what stopped it
+    g = limited(
+        "workers = 1",
+        body.replace("return bytearray(200 << 20)", "b = bytearray(200 << 20); return x"),
+    )
+    close_after(g)
+    assert g.call([pa.array([-1.0])]).to_pylist() == [-1.0]
+
+
+def test_a_loop_under_a_half_second_deadline_names_the_deadline(close_after: Any) -> None:
+    body = "def f(x):\n    while x[0].as_py() < 0:\n        pass\n    return x\n"
+    f = limited("deadline = '0.5s', workers = 1", body)
+    close_after(f)
+    assert f._config.deadline == timedelta(seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(FunctionCallError) as caught:
+        f.call([pa.array([-1.0])])
+    waited = time.monotonic() - started
+    assert str(caught.value) == (
+        "function f ran past its deadline of 0.5 s (WITH deadline = '0.5s') on a batch of 1 "
+        "rows; its worker was killed"
+    )
+    assert 0.5 <= waited < 5.0  # not the default 30 s
+    assert f.call([pa.array([2.0])]).to_pylist() == [2.0]
+
+
+def test_workers_sets_the_pool_size_and_no_options_keep_the_defaults(close_after: Any) -> None:
+    body = "def f(x):\n    return x\n"
+    f = limited("workers = 3", body)
+    close_after(f)
+    assert (f._config.pool_size, f._config.min_workers) == (3, 1)
+    default = limited("vectorized = true", body)
+    close_after(default)
+    assert default._config == SandboxConfig()
+    assert (default._config.memory_limit_bytes, default._config.deadline) == (
+        1 << 30,
+        timedelta(seconds=30),
+    )
+    assert default._config.pool_size == 2

@@ -23,7 +23,8 @@ The sandbox (``bwrap``):
   pyenv) are replaced by an empty tmpfs with just those paths bound back. As another user,
   bwrap uses a user namespace with ``--uid``/``--gid 65534``;
 * rlimits set by the worker before the code is loaded: ``RLIMIT_DATA`` =
-  ``memory_limit_bytes`` (a data-segment limit: an address-space limit breaks ``import
+  ``memory_limit_bytes`` (``WITH (memory_limit = '…')`` overrides it per function, as
+  ``deadline`` and ``workers`` do ``deadline`` and ``pool_size``: :func:`with_limits`) (a data-segment limit: an address-space limit breaks ``import
   pyarrow``), ``RLIMIT_CPU`` = ``cpu_limit_s`` CPU seconds over the worker's life (then the
   kernel kills it and the pool replaces it), no core files;
 * a seccomp filter (x86_64; :func:`flight_serve.functions.worker.install_seccomp`) installed
@@ -78,7 +79,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -88,6 +89,7 @@ import pyarrow as pa
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError, FunctionWorkerError
 from flight_serve.functions import worker as proto
 from flight_serve.functions.base import FunctionSpec
+from flight_serve.functions.limits import format_bytes, function_limits, limit_note
 
 __all__ = [
     "PythonScalarFunction",
@@ -96,6 +98,7 @@ __all__ = [
     "bwrap_path",
     "create",
     "python_function",
+    "with_limits",
 ]
 
 _SANDBOX_UID: Final = 65534
@@ -172,10 +175,34 @@ def python_function(
     Raises :class:`~flight_serve.errors.FunctionDefinitionError` (see the module docstring) and
     :class:`~flight_serve.errors.FunctionWorkerError` (a worker did not start).
     """
-    config = config or SandboxConfig()
+    config = with_limits(spec, config or SandboxConfig())
     if spec.kind == "table":
         return PythonTableFunction(spec, config)
     return PythonScalarFunction(spec, config)
+
+
+def with_limits(spec: FunctionSpec, config: SandboxConfig) -> SandboxConfig:
+    """``config`` with the limits ``spec``'s ``WITH (...)`` gives
+    (:func:`~flight_serve.functions.limits.function_limits`): ``memory_limit`` ->
+    ``memory_limit_bytes`` (``RLIMIT_DATA``), ``deadline`` -> ``deadline`` (per call),
+    ``workers`` -> ``pool_size`` (and ``min_workers`` at most that). Limits not given keep
+    ``config``'s.
+
+    Raises:
+        FunctionDefinitionError: a bad limit (naming the option, the function and its line).
+    """
+    limits = function_limits(spec)
+    if limits.memory_limit_bytes is not None:
+        config = replace(config, memory_limit_bytes=limits.memory_limit_bytes)
+    if limits.deadline is not None:
+        config = replace(config, deadline=limits.deadline)
+    if limits.workers is not None:
+        config = replace(
+            config,
+            pool_size=limits.workers,
+            min_workers=min(config.min_workers, limits.workers),
+        )
+    return config
 
 
 def create(
@@ -710,8 +737,9 @@ class _PythonFunction:
             except _Deadline:
                 self._discard(worker)
                 raise FunctionCallError(
-                    f"function {self._spec.name} ran past its deadline of {deadline_s:g} s on a "
-                    f"batch of {batch.num_rows} rows; its worker was killed"
+                    f"function {self._spec.name} ran past its deadline of {deadline_s:g} s"
+                    f"{limit_note(self._spec, 'deadline')} on a batch of {batch.num_rows} rows; "
+                    "its worker was killed"
                 ) from None
             except _WorkerDied:
                 how = worker.died()
@@ -732,8 +760,7 @@ class _PythonFunction:
                 if error_kind == "memory":
                     self._discard(worker)
                     raise FunctionCallError(
-                        f"{message} (memory limit "
-                        f"{self._config.memory_limit_bytes} bytes; its worker was replaced)"
+                        f"{message} (memory limit {self._memory_text()}; its worker was replaced)"
                     )
                 self._release(worker)
                 raise FunctionCallError(message)
@@ -746,9 +773,17 @@ class _PythonFunction:
             return self._check(body, batch.num_rows)
         raise FunctionCallError(
             f"function {self._spec.name}: its worker died on the same batch twice (last: {how}); "
-            f"the memory limit is {self._config.memory_limit_bytes} bytes, the CPU limit "
+            f"the memory limit is {self._memory_text()}, the CPU limit "
             f"{self._config.cpu_limit_s} s"
         )
+
+    def _memory_text(self) -> str:
+        """``128 MiB = 134217728 bytes (WITH memory_limit = '128MiB')`` (the option when
+        given)."""
+        limit = self._config.memory_limit_bytes
+        human = format_bytes(limit)
+        exact = human if human.endswith(" bytes") else f"{human} = {limit} bytes"
+        return exact + limit_note(self._spec, "memory_limit")
 
     def _check(self, body: bytearray, n: int) -> list[pa.RecordBatch]:
         """The worker's answer, checked again here (a worker is never trusted)."""
