@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError
+from flight_serve.functions import worker as proto
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
 from flight_serve.functions.python import (
     PythonScalarFunction,
@@ -625,3 +626,81 @@ def test_workers_sets_the_pool_size_and_no_options_keep_the_defaults(close_after
         timedelta(seconds=30),
     )
     assert default._config.pool_size == 2
+
+
+# --- the shared-memory transport ----------------------------------------------------------------
+
+#: what a function sees of its shared regions: each memfd's name, and whether ftruncate
+#: (growing or shrinking it under the server) is refused
+REGIONS = """
+import os
+import pyarrow as pa
+def f(x):
+    seen = []
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:flight-serve-"):
+            size = os.fstat(fd).st_size
+            try:
+                os.ftruncate(fd, size // 2)
+                refused = "no"
+            except PermissionError:
+                refused = "EPERM"
+            seen.append(f"{target.split()[0]} {size} {refused}")
+    return pa.array([";".join(seen)] * len(x))
+"""
+
+
+def test_batches_cross_through_sealed_shared_memory(close_after: Any) -> None:
+    f = scalar(REGIONS, returns=pa.string(), config=SandboxConfig(pool_size=1))
+    close_after(f)
+    assert f.call([pa.array([1.0])]).to_pylist() == [
+        "/memfd:flight-serve-f-request 67108864 EPERM;/memfd:flight-serve-f-response 67108864 EPERM"
+    ]
+    (worker,) = f._idle
+    assert worker.shm_ready
+
+
+def test_big_batches_and_shared_memory_off_use_the_pipes(close_after: Any) -> None:
+    values = pa.array([float(i) for i in range(100_000)])  # 800 kB: larger than a 64 KiB region
+    small = scalar(
+        "def f(x):\n    return x\n", config=SandboxConfig(pool_size=1, shared_memory_bytes=64 << 10)
+    )
+    close_after(small)
+    sent: list[int] = []
+    (worker,) = small._idle
+    exchange = worker.exchange
+
+    def spy(kind: int, payload: Any, timeout_s: float, max_bytes: int) -> Any:
+        sent.append(kind)
+        answer = exchange(kind, payload, timeout_s, max_bytes)
+        sent.append(answer[0])
+        return answer
+
+    worker.exchange = spy  # type: ignore[method-assign]
+    assert small.call([values]).equals(values)
+    assert small.call([values.slice(0, 10)]).equals(values.slice(0, 10))
+    assert sent == [proto.CALL, proto.RESULT, proto.CALL_SHM, proto.RESULT_SHM]
+    off = scalar("def f(x):\n    return x\n", config=SandboxConfig(shared_memory=False))
+    close_after(off)
+    assert off._idle[0].shared is None
+    assert off.call([values]).equals(values)
+
+
+def test_a_function_keeping_its_argument_keeps_its_values(close_after: Any) -> None:
+    """The worker copies each request out of the region the server reuses: an argument kept
+    from one call still holds its values after the next."""
+    keep = """
+kept = []
+def f(x):
+    kept.append(x)
+    return kept[0]
+"""
+    f = scalar(keep, config=SandboxConfig(pool_size=1))
+    close_after(f)
+    assert f.call([pa.array([1.0, 2.0])]).to_pylist() == [1.0, 2.0]
+    assert f.call([pa.array([3.0, 4.0])]).to_pylist() == [1.0, 2.0]
+    assert f.call([pa.array([5.0, 6.0])]).to_pylist() == [1.0, 2.0]
