@@ -77,6 +77,11 @@ def functions_python(repeat: int) -> list[Comparison]:
     out: list[Comparison] = []
 
     handler = _handler(DELAY_CLASS, "delay_class")
+    results: dict[str, pa.Array[Any]] = {}
+
+    def in_process() -> None:
+        results["in_process"] = pa.concat_arrays([handler(b) for b in batches])
+
     for name, transport, shared in (
         ("python_function_vectorized", "batches through shared memory", True),
         ("python_function_vectorized_pipes", "batches through the pipes (before)", False),
@@ -85,7 +90,7 @@ def functions_python(repeat: int) -> list[Comparison]:
             _spec("delay_class", DELAY_CLASS, pa.string()),
             SandboxConfig(pool_size=1, shared_memory=shared),
         )
-        results: dict[str, pa.Array[Any]] = {}
+        results.clear()
         try:
             comparison = Comparison(
                 name=name,
@@ -98,9 +103,6 @@ def functions_python(repeat: int) -> list[Comparison]:
 
             def sandboxed(function: PythonScalarFunction = delay_class) -> None:
                 results["sandbox"] = pa.concat_arrays([function.call([b]) for b in batches])
-
-            def in_process() -> None:
-                results["in_process"] = pa.concat_arrays([handler(b) for b in batches])
 
             alternate(comparison, sandboxed, in_process, repeat)
             same = results["sandbox"].equals(expected) and results["in_process"].equals(expected)
