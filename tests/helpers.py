@@ -142,10 +142,11 @@ def free_port() -> int:
 
 class ServeProcess:
     """``flight-serve serve`` on ``port`` over ``data``, as a real process (``env``: extra
-    environment, e.g. a fault-injection point)."""
+    environment, e.g. a fault-injection point; ``metrics_port``: serve ``/metrics`` there, 0
+    for none)."""
 
-    def __init__(self, data: Path, port: int, **env: str) -> None:
-        self.data, self.port = data, port
+    def __init__(self, data: Path, port: int, metrics_port: int = 0, **env: str) -> None:
+        self.data, self.port, self.metrics_port = data, port, metrics_port
         self.location = f"grpc://127.0.0.1:{port}"
         self.log = open(data.parent / f"{data.name}.log", "a")  # noqa: SIM115 (closed in close)
         self.proc = subprocess.Popen(
@@ -157,7 +158,7 @@ class ServeProcess:
                 "--health-port",
                 "0",
                 "--metrics-port",
-                "0",
+                str(metrics_port),
                 "--data-dir",
                 str(data),
             ],

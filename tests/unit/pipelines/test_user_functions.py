@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError, PipelineSQLError
 from flight_serve.flight.config import ServerConfig
+from flight_serve.flight.ops.metrics import Metrics
 from flight_serve.flight.ops.roles import TlsFiles
 from flight_serve.functions.inprocess import InProcessScalar
 from flight_serve.functions.limits import (
@@ -40,6 +41,8 @@ from flight_serve.functions.registry import (
     python_runner_from_env,
 )
 from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.user_functions import CALL_SECONDS_BUCKETS, FunctionSet
+from prometheus_client.parser import text_string_to_metric_families
 
 SOURCE = "CREATE SOURCE s (x DOUBLE, n BIGINT) WITH (connector = 'file', path = 'in.csv');\n"
 QUERY = "CREATE SINK out WITH (connector = 'stdout');\nINSERT INTO out SELECT x FROM s;\n"
@@ -746,3 +749,68 @@ def test_limits_are_kept_as_options_and_read_with_their_units() -> None:
     assert with_limits(one, SandboxConfig(min_workers=2, pool_size=4)) == SandboxConfig(
         min_workers=1, pool_size=1
     )
+
+
+# --- per-function metrics ------------------------------------------------------------------------
+
+
+def test_each_call_is_counted_with_its_rows_errors_and_time_bucket() -> None:
+    """FunctionSet counts every call DataFusion makes (a failed one as an error, an empty batch
+    not at all) and the server's collector turns ``pipeline.status``'s counts into families."""
+    text = SOURCE + (
+        "CREATE FUNCTION f(x DOUBLE) RETURNS DOUBLE LANGUAGE python AS $$\n"
+        "def f(x):\n"
+        "    if len(x) == 3:\n"
+        "        raise ValueError('three')\n"
+        "    return x\n"
+        "$$;\n" + QUERY
+    )
+    specs = parse_pipeline(text).user_functions
+    functions = FunctionSet(specs, python_runner="inprocess")
+    try:
+        ctx = datafusion.SessionContext()
+        functions.register(ctx)
+        for values in ([1.0, 2.0], [3.0], []):
+            ctx.from_arrow(pa.table({"x": pa.array(values, pa.float64())}), "t")
+            assert ctx.sql("SELECT f(x) AS y FROM t").to_pydict() == {"y": values}
+            ctx.deregister_table("t")
+        ctx.from_arrow(pa.table({"x": [1.0, 2.0, 3.0]}), "t")
+        with pytest.raises(Exception, match="three"):
+            ctx.sql("SELECT f(x) AS y FROM t").collect()
+        stats = functions.metrics()["f"]
+    finally:
+        functions.close()
+    assert {k: stats[k] for k in ("calls", "rows", "errors", "language")} == {
+        "calls": 3,
+        "rows": 6,
+        "errors": 1,
+        "language": "python",
+    }
+    assert stats["call_seconds"]["buckets"]["+Inf"] == 3
+    assert list(stats["call_seconds"]["buckets"]) == [
+        *(repr(b) for b in CALL_SECONDS_BUCKETS),
+        "+Inf",
+    ]
+
+    class Source:  # the pipeline manager's two calls the collector makes
+        def pipelines(self) -> list[dict[str, object]]:
+            return [{"id": "p1", "state": "running"}, {"id": "p2", "state": "finished"}]
+
+        def status(self, pid: str) -> dict[str, object]:
+            return {"functions": {"f": stats}}
+
+    metrics = Metrics()
+    metrics.watch_pipelines(Source())
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render())}
+    labels = {"pipeline": "p1", "function": "f", "digest": stats["sha256"], "language": "python"}
+    assert [
+        (s.name, s.labels, s.value) for s in families["flight_serve_function_errors"].samples
+    ] == [("flight_serve_function_errors_total", labels, 1.0)]
+    assert [s.value for s in families["flight_serve_function_calls"].samples] == [3.0]
+    assert [s.value for s in families["flight_serve_function_rows"].samples] == [6.0]
+    count = [
+        s.value
+        for s in families["flight_serve_function_call_duration_seconds"].samples
+        if s.name.endswith("_count")
+    ]
+    assert count == [3.0]
