@@ -9,6 +9,7 @@
 ``scrape_metrics``: a Prometheus scrape; ``cancel_flight_info_body``: a CancelFlightInfo action body.
 ``ID_TIMES``, ``id_rows``: rows (id, t = id ms).
 ``stream_rows``, ``ID_EVENTS``, ``id_batches``: what two chained servers pass on, by unique id.
+``build_geo_wasm``: examples/udfs/geo.rs built to WebAssembly by Debian's rustc (or a skip).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 
 WAIT_S = 30.0
 CLI = Path(sys.executable).parent / "flight-serve"
+ROOT = Path(__file__).resolve().parents[1]
+#: Debian's rustc (the one with the wasm32 standard library), its wasm32 std and its linker
+RUSTC = Path("/usr/bin/rustc")
+WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
+RUST_LLD = Path("/usr/bin/rust-lld")
 
 
 def wait_until(
@@ -260,3 +266,38 @@ def id_rows(first: int, count: int) -> pa.Table:
     """``count`` rows of :data:`ID_TIMES`, ids from ``first``."""
     ids = list(range(first, first + count))
     return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=ID_TIMES)
+
+
+def build_geo_wasm(out_dir: Path) -> bytes:
+    """examples/udfs/geo.rs compiled for ``wasm32-unknown-unknown`` by Debian's rustc (as
+    ``make wasm-examples`` builds it) into ``out_dir/geo.wasm``; the module's bytes.
+
+    Skips the calling test (``pytest.skip``) when the toolchain is missing; raises
+    ``subprocess.CalledProcessError`` when rustc fails.
+    """
+    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not RUST_LLD.exists():
+        import pytest
+
+        pytest.skip(
+            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
+            "wasm-examples installs them)"
+        )
+    out = out_dir / "geo.wasm"
+    subprocess.run(
+        [
+            str(RUSTC),
+            "--target",
+            "wasm32-unknown-unknown",
+            "--crate-type",
+            "cdylib",
+            "-C",
+            "opt-level=3",
+            "-C",
+            "strip=debuginfo",
+            "-o",
+            str(out),
+            str(ROOT / "examples" / "udfs" / "geo.rs"),
+        ],
+        check=True,
+    )
+    return out.read_bytes()

@@ -28,15 +28,12 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from helpers import ID_EVENTS as SCHEMA
-from helpers import ServeProcess, free_port, stream_rows
+from helpers import ServeProcess, build_geo_wasm, free_port, stream_rows
 from helpers import id_batches as batches
 
 pytestmark = [pytest.mark.integration]
 
 CLI = Path(sys.executable).parent / "flight-serve"
-ROOT = Path(__file__).resolve().parents[2]
-RUSTC = Path("/usr/bin/rustc")
-WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
 
 act = partial(helpers.act, timeout_s=30)
 wait_until = partial(
@@ -101,32 +98,8 @@ EMBEDDED = (
 
 @pytest.fixture(scope="module")
 def geo_wasm(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc (as
-    tests/unit/functions/test_wasm.py builds it)."""
-    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not Path("/usr/bin/rust-lld").exists():
-        pytest.skip(
-            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
-            "wasm-examples installs them)"
-        )
-    out = tmp_path_factory.mktemp("udfs") / "geo.wasm"
-    subprocess.run(
-        [
-            str(RUSTC),
-            "--target",
-            "wasm32-unknown-unknown",
-            "--crate-type",
-            "cdylib",
-            "-C",
-            "opt-level=3",
-            "-C",
-            "strip=debuginfo",
-            "-o",
-            str(out),
-            str(ROOT / "examples" / "udfs" / "geo.rs"),
-        ],
-        check=True,
-    )
-    return out.read_bytes()
+    """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc."""
+    return build_geo_wasm(tmp_path_factory.mktemp("udfs"))
 
 
 def ingest(location: str, items: list[pa.RecordBatch]) -> None:

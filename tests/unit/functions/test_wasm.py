@@ -8,11 +8,9 @@ missing export, other signature) use the Rust module or small WAT modules.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,39 +30,13 @@ from flight_serve.functions.wasm import (
     module_cache_stats,
     spec_limits,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-RUSTC = Path("/usr/bin/rustc")
-WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
+from helpers import build_geo_wasm
 
 
 @pytest.fixture(scope="module")
 def geo_wasm(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc."""
-    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not Path("/usr/bin/rust-lld").exists():
-        pytest.skip(
-            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
-            "wasm-examples installs them)"
-        )
-    out = tmp_path_factory.mktemp("udfs") / "geo.wasm"
-    subprocess.run(
-        [
-            str(RUSTC),
-            "--target",
-            "wasm32-unknown-unknown",
-            "--crate-type",
-            "cdylib",
-            "-C",
-            "opt-level=3",
-            "-C",
-            "strip=debuginfo",
-            "-o",
-            str(out),
-            str(ROOT / "examples" / "udfs" / "geo.rs"),
-        ],
-        check=True,
-    )
-    return out.read_bytes()
+    return build_geo_wasm(tmp_path_factory.mktemp("udfs"))
 
 
 def spec(
