@@ -704,3 +704,43 @@ def f(x):
     assert f.call([pa.array([1.0, 2.0])]).to_pylist() == [1.0, 2.0]
     assert f.call([pa.array([3.0, 4.0])]).to_pylist() == [1.0, 2.0]
     assert f.call([pa.array([5.0, 6.0])]).to_pylist() == [1.0, 2.0]
+
+
+def test_a_runtime_error_names_the_right_line_of_a_body_or_using_file(
+    close_after: Any, tmp_path: Path
+) -> None:
+    """The body's first line is the ``$$`` line even when ``AS $$`` is below ``CREATE
+    FUNCTION`` (line 2 here, the body from line 4); a USING file's error gives its own line."""
+    text = (
+        "CREATE SOURCE s (x DOUBLE) WITH (connector = 'file', path = 'in.csv');\n"
+        "CREATE FUNCTION f(x DOUBLE) RETURNS DOUBLE LANGUAGE python\n"
+        "WITH (workers = 1)\n"
+        "AS $$\n"
+        "def f(x):\n"
+        "    return x if len(x) > 1 else 1 / 0\n"
+        "$$;\n"
+        "CREATE FUNCTION g(x DOUBLE) RETURNS DOUBLE LANGUAGE python USING 'g.py';\n"
+        "CREATE SINK out WITH (connector = 'stdout');\n"
+        "INSERT INTO out SELECT f(x) AS y, g(x) AS z FROM s;\n"
+    )
+    (tmp_path / "g.py").write_text("import math\n\ndef g(x):\n    return math.floor(1 / 0)\n")
+    specs = parse_pipeline(text, base_dir=tmp_path).user_functions
+    assert (specs["f"].line, specs["f"].code_line, specs["g"].code_line) == (2, 4, 0)
+    f = create_function(specs["f"], python_runner="python")
+    g = create_function(specs["g"], python_runner="python")
+    close_after(f)
+    close_after(g)
+    assert isinstance(f, PythonScalarFunction)
+    assert isinstance(g, PythonScalarFunction)
+    with pytest.raises(FunctionCallError) as caught:
+        f.call([pa.array([1.0])])
+    assert str(caught.value) == (
+        "function f failed while running at line 6 of the pipeline file (line 3 of the "
+        "function's code): ZeroDivisionError: division by zero"
+    )
+    with pytest.raises(FunctionCallError) as caught:
+        g.call([pa.array([1.0])])
+    assert str(caught.value) == (
+        "function g failed while running at line 4 of the function's code: "
+        "ZeroDivisionError: division by zero"
+    )

@@ -52,7 +52,7 @@ Failures:
 * :class:`~flight_serve.errors.FunctionDefinitionError` (before any batch): a syntax error (the
   code is compiled here, not run; the line is mapped to the pipeline file as
   :func:`~flight_serve.functions.worker.code_line` says: code line ``k`` is file line
-  ``spec.line + k - 1``), a missing or non-callable handler, a handler that cannot take the
+  ``spec.first_code_line + k - 1``), a missing or non-callable handler, a handler that cannot take the
   declared arguments, module-level code that raises (the worker's hello), no ``bwrap``;
 * :class:`~flight_serve.errors.FunctionCallError`: the handler raised (the message gives the
   exception's last line and the user code's line), returned the wrong type or length (expected
@@ -591,7 +591,7 @@ class _PythonFunction:
         except SyntaxError as exc:
             raise FunctionDefinitionError(
                 f"function {spec.name}: syntax error at "
-                f"{proto.code_line(exc.lineno or 1, spec.line)}: {exc.msg}"
+                f"{proto.code_line(exc.lineno or 1, spec.first_code_line)}: {exc.msg}"
             ) from None
         self._lock = threading.Condition()
         self._idle: list[_Worker] = []
@@ -635,7 +635,7 @@ class _PythonFunction:
                 code=self._code,
                 handler=self._handler,
                 vectorized=self._vectorized,
-                line=self._spec.line,
+                line=self._spec.first_code_line,
                 args=self._args,
                 returns=self._returns,
             )
@@ -711,7 +711,7 @@ class _PythonFunction:
             "code": self._code,
             "handler": self._handler,
             "vectorized": self._vectorized,
-            "line": self._spec.line,
+            "line": self._spec.first_code_line,
             "args": proto.schema_to_text(self._args),
             "returns": proto.schema_to_text(self._returns),
             "memory_limit_bytes": self._config.memory_limit_bytes,

@@ -241,6 +241,7 @@ def user_function(
             raise PipelineSQLError(f"{where}: option {bad} is for LANGUAGE python functions")
     body = create.args.get("expression")
     code: bytes
+    inline = False  # the code is an AS $$ … $$ body (its lines are the pipeline's)
     first_line = 1
     origin = "the pipeline"
     if isinstance(using, exp.Var) and using.name.upper() == "BASE64":
@@ -282,6 +283,7 @@ def user_function(
             )
         source = str(body.name) if isinstance(body, exp.Literal) else str(body.this)
         code = source.encode("utf-8")
+        inline = True
         if isinstance(body, exp.Heredoc):
             first_line = _body_line(text, create, source) or line or 1
         else:
@@ -301,6 +303,8 @@ def user_function(
         handler=handler or name,
         options=options,
         line=line or 0,
+        # an inline body's line 1 is on the $$ line; a USING file or base64 has its own lines
+        code_line=first_line if inline else 0,
     )
     check_option_names(spec)
     function_limits(spec)  # a bad limit is refused here, before anything is registered
