@@ -26,10 +26,11 @@ The sandbox (``bwrap``):
   pyenv) are replaced by an empty tmpfs with just those paths bound back. As another user,
   bwrap uses a user namespace with ``--uid``/``--gid 65534``;
 * rlimits set by the worker before the code is loaded: ``RLIMIT_DATA`` =
-  ``memory_limit_bytes`` (``WITH (memory_limit = '…')`` overrides it per function, as
-  ``deadline`` and ``workers`` do ``deadline`` and ``pool_size``: :func:`with_limits`) (a data-segment limit: an address-space limit breaks ``import
-  pyarrow``), ``RLIMIT_CPU`` = ``cpu_limit_s`` CPU seconds over the worker's life (then the
-  kernel kills it and the pool replaces it), no core files;
+  ``memory_limit_bytes`` (a data-segment limit: an address-space limit breaks ``import
+  pyarrow``; ``WITH (memory_limit = '…')`` sets it per function, as ``deadline`` and
+  ``workers`` set ``deadline`` and ``pool_size``: :func:`with_limits`), ``RLIMIT_CPU`` =
+  ``cpu_limit_s`` CPU seconds over the worker's life (then the kernel kills it and the pool
+  replaces it), no core files;
 * a seccomp filter (x86_64; :func:`flight_serve.functions.worker.install_seccomp`) installed
   before the code is loaded: no ``execve``, no new processes (``clone`` makes threads only), no
   sockets, no mounts, namespaces, ``ptrace``, BPF, kernel keys or io_uring. On other
@@ -52,8 +53,9 @@ Failures:
 * :class:`~flight_serve.errors.FunctionDefinitionError` (before any batch): a syntax error (the
   code is compiled here, not run; the line is mapped to the pipeline file as
   :func:`~flight_serve.functions.worker.code_line` says: code line ``k`` is file line
-  ``spec.first_code_line + k - 1``), a missing or non-callable handler, a handler that cannot take the
-  declared arguments, module-level code that raises (the worker's hello), no ``bwrap``;
+  ``spec.first_code_line + k - 1``), a missing or non-callable handler, a handler that
+  cannot take the declared arguments, module-level code that raises (the worker's hello), no
+  ``bwrap``;
 * :class:`~flight_serve.errors.FunctionCallError`: the handler raised (the message gives the
   exception's last line and the user code's line), returned the wrong type or length (expected
   and got), ran past ``deadline`` (the worker is killed; the message gives the deadline in
@@ -318,7 +320,8 @@ class _SharedRegion:
         self.buffer = pa.py_buffer(self.map)
 
     def close(self) -> None:
-        """Close the descriptor; the mapping goes with the last reference to it."""
+        """Close the descriptor (once the worker inherited it; the number stays valid in the
+        worker); the mapping goes with the last reference to the region."""
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -352,8 +355,9 @@ class _Worker:
         try:
             self.proc = _spawn(argv, env, fds)
         except OSError as exc:
-            self._close_shared()
             raise FunctionWorkerError(f"function {name}: cannot start a worker: {exc}") from None
+        finally:  # the worker has its copies; ours are not needed (each mmap holds a dup)
+            self._close_shared()
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
         self.wfd = self.proc.stdin.fileno()
@@ -478,7 +482,6 @@ class _Worker:
         self._drain.join(timeout=2)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
-        self._close_shared()
 
 
 def _descendants(pid: int) -> list[int]:
