@@ -23,10 +23,12 @@ payload):
   means the call's IPC stream is the request region's first ``length`` bytes (a stream that
   does not fit still comes as ``CALL``), and the worker answers ``RESULT_SHM`` (``!Q``
   length: the result's IPC stream is the response region's first bytes) when its result fits,
-  else ``RESULT`` through the pipe. The worker copies the request out of the region before
-  calling the handler (the parent reuses it for the next call; a handler may keep its
-  arguments); the parent copies the result out before reading it (a worker is never trusted,
-  and could change the region after the parent checked it).
+  else ``RESULT`` through the pipe. The worker reads the request in place (zero-copy: the
+  handler's arguments are views of the region, valid during the call; the parent writes the
+  next batch over them, so a handler that keeps an argument across calls must copy it); the
+  parent copies the result out before reading it (a worker is never trusted, and could change
+  the region after the parent checked it). The request region is mapped read-only in the
+  worker, and the parent never reads it back.
 * ``ERROR``: JSON ``{"kind": "definition" | "call" | "memory", "message": str}``; the message
   already names the function and, for an exception, the user code's line (see
   :func:`code_line`).
@@ -527,7 +529,9 @@ def main() -> int:
             (size,) = LENGTH.unpack(payload)
             if size > shared[0].size:
                 return 2
-            data = copy_out(shared[0], size)  # a copy: the parent reuses the region
+            # zero-copy: the arguments are views of the region, valid during this call (the
+            # server writes the next batch over them; a handler that keeps one copies it)
+            data = shared[0].slice(0, size)
         try:
             _, batches = from_ipc(data)
             batch = batches[0]
