@@ -5,10 +5,14 @@ The function is the issue's ``delay_class`` (``pc.if_else(pc.greater(dep_delay, 
 nulls per copy) in 64 Ki-row batches:
 
 * ``python_function_vectorized``: subject: ``PythonScalarFunction.call`` once per batch (a pool
-  of one warm worker in bwrap: each batch crosses the worker's stdin/stdout pipes as Arrow IPC
-  and the result comes back the same way, checked on both sides); baseline: the same handler
-  (the same source, ``exec``-ed here) called on the same arrays in this process. Target:
-  ratio ≥ 0.7 (issue 15). Both sides' outputs are checked equal.
+  of one warm worker in bwrap: each batch's Arrow IPC stream is written into a shared-memory
+  region the worker maps, the result comes back the same way, copied out and checked on both
+  sides; the pipes carry 17-byte frames); baseline: the same handler (the same source,
+  ``exec``-ed here) called on the same arrays in this process. Target: ratio ≥ 0.7 (issue 15).
+  Both sides' outputs are checked equal.
+* ``python_function_vectorized_pipes``: the same with ``SandboxConfig(shared_memory=False)``:
+  every batch and result through the worker's stdin/stdout pipes (the transport before shared
+  memory), in the same run, for the before/after ratio.
 * ``python_function_call_overhead``: 1,000 calls with a 1-row batch of an identity function:
   the sandbox vs the in-process handler (a time ratio, lower is better; informative: the note
   gives µs per call, the round trip through the pipes and both IPC encodings).
@@ -72,39 +76,46 @@ def functions_python(repeat: int) -> list[Comparison]:
     expected = pc.if_else(pc.greater(dep_delay, 15), "late", "on time")
     out: list[Comparison] = []
 
-    delay_class = _scalar(
-        _spec("delay_class", DELAY_CLASS, pa.string()), SandboxConfig(pool_size=1)
-    )
     handler = _handler(DELAY_CLASS, "delay_class")
     results: dict[str, pa.Array[Any]] = {}
-    try:
-        comparison = Comparison(
-            name="python_function_vectorized",
-            subject="delay_class in a bwrap worker, one call per 64 Ki-row batch",
-            baseline="the same handler called in this process",
-            units=len(dep_delay),
-            unit="rows",
-            ratio_target=0.7,
+
+    def in_process() -> None:
+        results["in_process"] = pa.concat_arrays([handler(b) for b in batches])
+
+    for name, transport, shared in (
+        ("python_function_vectorized", "batches through shared memory", True),
+        ("python_function_vectorized_pipes", "batches through the pipes (before)", False),
+    ):
+        delay_class = _scalar(
+            _spec("delay_class", DELAY_CLASS, pa.string()),
+            SandboxConfig(pool_size=1, shared_memory=shared),
         )
+        results.clear()
+        try:
+            comparison = Comparison(
+                name=name,
+                subject=f"delay_class in a bwrap worker, one call per 64 Ki-row batch, {transport}",
+                baseline="the same handler called in this process",
+                units=len(dep_delay),
+                unit="rows",
+                ratio_target=0.7 if shared else None,
+            )
 
-        def sandboxed() -> None:
-            results["sandbox"] = pa.concat_arrays([delay_class.call([b]) for b in batches])
+            def sandboxed(function: PythonScalarFunction = delay_class) -> None:
+                results["sandbox"] = pa.concat_arrays([function.call([b]) for b in batches])
 
-        def in_process() -> None:
-            results["in_process"] = pa.concat_arrays([handler(b) for b in batches])
-
-        alternate(comparison, sandboxed, in_process, repeat)
-        same = results["sandbox"].equals(expected) and results["in_process"].equals(expected)
-        if not same:
-            raise RuntimeError("the sandboxed and in-process outputs differ")
-        comparison.note = (
-            f"{len(batches)} batches; outputs equal pyarrow.compute's on both sides "
-            f"({pc.sum(pc.equal(expected, 'late')).as_py():,} late, {expected.null_count:,} null); "
-            f"sandbox seccomp filter: {delay_class.seccomp}"
-        )
-        out.append(comparison)
-    finally:
-        delay_class.close()
+            alternate(comparison, sandboxed, in_process, repeat)
+            same = results["sandbox"].equals(expected) and results["in_process"].equals(expected)
+            if not same:
+                raise RuntimeError("the sandboxed and in-process outputs differ")
+            comparison.note = (
+                f"{len(batches)} batches; outputs equal pyarrow.compute's on both sides "
+                f"({pc.sum(pc.equal(expected, 'late')).as_py():,} late, "
+                f"{expected.null_count:,} null); sandbox seccomp filter: {delay_class.seccomp}"
+            )
+            out.append(comparison)
+        finally:
+            delay_class.close()
 
     ident = _scalar(_spec("ident", IDENTITY, pa.float64()), SandboxConfig(pool_size=1))
     ident_here = _handler(IDENTITY, "ident")

@@ -9,6 +9,7 @@
 ``scrape_metrics``: a Prometheus scrape; ``cancel_flight_info_body``: a CancelFlightInfo action body.
 ``ID_TIMES``, ``id_rows``: rows (id, t = id ms).
 ``stream_rows``, ``ID_EVENTS``, ``id_batches``: what two chained servers pass on, by unique id.
+``build_geo_wasm``: examples/udfs/geo.rs built to WebAssembly by Debian's rustc (or a skip).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 
 WAIT_S = 30.0
 CLI = Path(sys.executable).parent / "flight-serve"
+ROOT = Path(__file__).resolve().parents[1]
+#: Debian's rustc (the one with the wasm32 standard library), its wasm32 std and its linker
+RUSTC = Path("/usr/bin/rustc")
+WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
+RUST_LLD = Path("/usr/bin/rust-lld")
 
 
 def wait_until(
@@ -142,10 +148,11 @@ def free_port() -> int:
 
 class ServeProcess:
     """``flight-serve serve`` on ``port`` over ``data``, as a real process (``env``: extra
-    environment, e.g. a fault-injection point)."""
+    environment, e.g. a fault-injection point; ``metrics_port``: serve ``/metrics`` there, 0
+    for none)."""
 
-    def __init__(self, data: Path, port: int, **env: str) -> None:
-        self.data, self.port = data, port
+    def __init__(self, data: Path, port: int, metrics_port: int = 0, **env: str) -> None:
+        self.data, self.port, self.metrics_port = data, port, metrics_port
         self.location = f"grpc://127.0.0.1:{port}"
         self.log = open(data.parent / f"{data.name}.log", "a")  # noqa: SIM115 (closed in close)
         self.proc = subprocess.Popen(
@@ -157,7 +164,7 @@ class ServeProcess:
                 "--health-port",
                 "0",
                 "--metrics-port",
-                "0",
+                str(metrics_port),
                 "--data-dir",
                 str(data),
             ],
@@ -259,3 +266,38 @@ def id_rows(first: int, count: int) -> pa.Table:
     """``count`` rows of :data:`ID_TIMES`, ids from ``first``."""
     ids = list(range(first, first + count))
     return pa.table({"id": ids, "t": pa.array(ids, pa.timestamp("ms"))}, schema=ID_TIMES)
+
+
+def build_geo_wasm(out_dir: Path) -> bytes:
+    """examples/udfs/geo.rs compiled for ``wasm32-unknown-unknown`` by Debian's rustc (as
+    ``make wasm-examples`` builds it) into ``out_dir/geo.wasm``; the module's bytes.
+
+    Skips the calling test (``pytest.skip``) when the toolchain is missing; raises
+    ``subprocess.CalledProcessError`` when rustc fails.
+    """
+    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not RUST_LLD.exists():
+        import pytest
+
+        pytest.skip(
+            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
+            "wasm-examples installs them)"
+        )
+    out = out_dir / "geo.wasm"
+    subprocess.run(
+        [
+            str(RUSTC),
+            "--target",
+            "wasm32-unknown-unknown",
+            "--crate-type",
+            "cdylib",
+            "-C",
+            "opt-level=3",
+            "-C",
+            "strip=debuginfo",
+            "-o",
+            str(out),
+            str(ROOT / "examples" / "udfs" / "geo.rs"),
+        ],
+        check=True,
+    )
+    return out.read_bytes()

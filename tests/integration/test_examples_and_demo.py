@@ -19,6 +19,7 @@ import pytest
 from flight_serve.demo.functions import run_functions
 from flight_serve.demo.nycflights13 import load_airports, load_flights
 from flight_serve.flight.service import FlightServeService
+from helpers import build_geo_wasm
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "clients" / "examples").glob("*.py"))
@@ -121,23 +122,14 @@ def test_demo_command_runs_the_three_jobs(tmp_path: Path) -> None:
     )
 
 
-RUSTC = Path("/usr/bin/rustc")
-
-
 def test_demo_functions_step_runs_python_and_wasm_over_the_flights(tmp_path: Path) -> None:
     """``flight-serve demo``'s last step: delay_class (Python, sandboxed) and great_circle (wasm
     built from examples/udfs/geo.rs) over every flight with both airports known, against
     DataFusion batch SQL over the same join."""
-    if not RUSTC.is_file() or not Path("/usr/lib/rustlib/wasm32-unknown-unknown").is_dir():
-        pytest.skip("needs Debian's /usr/bin/rustc and libstd-rust-dev-wasm32 (make wasm-examples)")
     if shutil.which("bwrap") is None:
         pytest.skip("needs bubblewrap (bwrap)")
+    build_geo_wasm(tmp_path)
     wasm = tmp_path / "geo.wasm"
-    subprocess.run(
-        [str(RUSTC), "--target", "wasm32-unknown-unknown", "--crate-type", "cdylib", "-C",
-         "opt-level=3", "-o", str(wasm), str(ROOT / "examples" / "udfs" / "geo.rs")],
-        check=True,
-    )  # fmt: skip
     flights, airports = load_flights(), load_airports()
     result = run_functions(flights, airports, wasm)
     ctx = datafusion.SessionContext()

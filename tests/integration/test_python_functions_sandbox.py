@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError
+from flight_serve.functions import worker as proto
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
 from flight_serve.functions.python import (
     PythonScalarFunction,
@@ -31,6 +32,8 @@ from flight_serve.functions.python import (
     bwrap_path,
     python_function,
 )
+from flight_serve.functions.registry import create_function
+from flight_serve.pipelines.pipeline import parse_pipeline
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,6 +41,15 @@ pytestmark = [
 ]
 
 FLOAT64 = pa.float64()
+#: a pipeline whose function takes WITH (...) limits; {with} is the clause, {body} the code
+LIMITED = (
+    "CREATE SOURCE s (x DOUBLE) WITH (connector = 'file', path = 'in.csv');\n"
+    "CREATE FUNCTION f(x DOUBLE) RETURNS DOUBLE LANGUAGE python WITH ({with}) AS $$\n"
+    "{body}"
+    "$$;\n"
+    "CREATE SINK out WITH (connector = 'stdout');\n"
+    "INSERT INTO out SELECT f(x) AS y FROM s;\n"
+)
 DELAY_CLASS = """
 import pyarrow.compute as pc
 def delay_class(dep_delay):
@@ -265,7 +277,7 @@ def test_a_memory_bomb_hits_the_limit_and_the_worker_is_replaced(close_after: An
     before = f.worker_pids()
     with pytest.raises(
         FunctionCallError,
-        match=r"^function f failed while running at line 4 of the function's code: MemoryError .*memory limit 268435456 bytes; its worker was replaced",
+        match=r"^function f failed while running at line 4 of the function's code: MemoryError .*memory limit 256 MiB = 268435456 bytes; its worker was replaced",
     ):
         f.call([pa.array([-1.0])])
     assert f.call([pa.array([5.0])]).to_pylist() == [5.0]
@@ -546,3 +558,150 @@ def test_a_package_under_tmp_is_importable_in_the_sandbox(
         assert f.call([pa.array([1.0, None, 2.5])]).to_pylist() == [3.0, None, 7.5]
     finally:
         shutil.rmtree(top)
+
+
+# --- WITH (memory_limit, deadline, workers) -----------------------------------------------------
+
+
+def limited(clause: str, body: str) -> PythonScalarFunction:
+    """``f`` of :data:`LIMITED` with ``WITH ({clause})``, built by the registry (sandboxed)."""
+    spec = parse_pipeline(LIMITED.format(**{"with": clause, "body": body})).user_functions["f"]
+    function = create_function(spec, python_runner="python")
+    assert isinstance(function, PythonScalarFunction)
+    return function
+
+
+def test_a_memory_bomb_under_a_128_mib_memory_limit_names_the_limit(close_after: Any) -> None:
+    body = (
+        "def f(x):\n    if x[0].as_py() < 0:\n        return bytearray(200 << 20)\n    return x\n"
+    )
+    f = limited("memory_limit = '128MiB', workers = 1", body)
+    close_after(f)
+    assert f._config.memory_limit_bytes == 128 << 20
+    with pytest.raises(FunctionCallError) as caught:
+        f.call([pa.array([-1.0])])
+    assert str(caught.value) == (
+        "function f failed while running at line 5 of the pipeline file (line 4 of the "
+        "function's code): MemoryError (memory limit 128 MiB = 134217728 bytes "
+        "(WITH memory_limit = '128MiB'); its worker was replaced)"
+    )
+    assert f.call([pa.array([5.0])]).to_pylist() == [5.0]  # a new worker, same limit
+    assert f.restarts == 1
+    # the same bomb fits under the default limit (1 GiB): the limit is what stopped it
+    g = limited(
+        "workers = 1",
+        body.replace("return bytearray(200 << 20)", "b = bytearray(200 << 20); return x"),
+    )
+    close_after(g)
+    assert g.call([pa.array([-1.0])]).to_pylist() == [-1.0]
+
+
+def test_a_loop_under_a_half_second_deadline_names_the_deadline(close_after: Any) -> None:
+    body = "def f(x):\n    while x[0].as_py() < 0:\n        pass\n    return x\n"
+    f = limited("deadline = '0.5s', workers = 1", body)
+    close_after(f)
+    assert f._config.deadline == timedelta(seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(FunctionCallError) as caught:
+        f.call([pa.array([-1.0])])
+    waited = time.monotonic() - started
+    assert str(caught.value) == (
+        "function f ran past its deadline of 0.5 s (WITH deadline = '0.5s') on a batch of 1 "
+        "rows; its worker was killed"
+    )
+    assert 0.5 <= waited < 5.0  # not the default 30 s
+    assert f.call([pa.array([2.0])]).to_pylist() == [2.0]
+
+
+def test_workers_sets_the_pool_size_and_no_options_keep_the_defaults(close_after: Any) -> None:
+    body = "def f(x):\n    return x\n"
+    f = limited("workers = 3", body)
+    close_after(f)
+    assert (f._config.pool_size, f._config.min_workers) == (3, 1)
+    default = limited("vectorized = true", body)
+    close_after(default)
+    assert default._config == SandboxConfig()
+    assert (default._config.memory_limit_bytes, default._config.deadline) == (
+        1 << 30,
+        timedelta(seconds=30),
+    )
+    assert default._config.pool_size == 2
+
+
+# --- the shared-memory transport ----------------------------------------------------------------
+
+#: what a function sees of its shared regions: each memfd's name, and whether ftruncate
+#: (growing or shrinking it under the server) is refused
+REGIONS = """
+import os
+import pyarrow as pa
+def f(x):
+    seen = []
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:flight-serve-"):
+            size = os.fstat(fd).st_size
+            try:
+                os.ftruncate(fd, size // 2)
+                refused = "no"
+            except PermissionError:
+                refused = "EPERM"
+            seen.append(f"{target.split()[0]} {size} {refused}")
+    return pa.array([";".join(seen)] * len(x))
+"""
+
+
+def test_batches_cross_through_sealed_shared_memory(close_after: Any) -> None:
+    f = scalar(REGIONS, returns=pa.string(), config=SandboxConfig(pool_size=1))
+    close_after(f)
+    assert f.call([pa.array([1.0])]).to_pylist() == [
+        "/memfd:flight-serve-f-request 67108864 EPERM;/memfd:flight-serve-f-response 67108864 EPERM"
+    ]
+    (worker,) = f._idle
+    assert worker.shm_ready
+
+
+def test_big_batches_and_shared_memory_off_use_the_pipes(close_after: Any) -> None:
+    values = pa.array([float(i) for i in range(100_000)])  # 800 kB: larger than a 64 KiB region
+    small = scalar(
+        "def f(x):\n    return x\n", config=SandboxConfig(pool_size=1, shared_memory_bytes=64 << 10)
+    )
+    close_after(small)
+    sent: list[int] = []
+    (worker,) = small._idle
+    exchange = worker.exchange
+
+    def spy(kind: int, payload: Any, timeout_s: float, max_bytes: int) -> Any:
+        sent.append(kind)
+        answer = exchange(kind, payload, timeout_s, max_bytes)
+        sent.append(answer[0])
+        return answer
+
+    worker.exchange = spy  # type: ignore[method-assign]
+    assert small.call([values]).equals(values)
+    assert small.call([values.slice(0, 10)]).equals(values.slice(0, 10))
+    assert sent == [proto.CALL, proto.RESULT, proto.CALL_SHM, proto.RESULT_SHM]
+    off = scalar("def f(x):\n    return x\n", config=SandboxConfig(shared_memory=False))
+    close_after(off)
+    assert off._idle[0].shared is None
+    assert off.call([values]).equals(values)
+
+
+def test_arguments_are_views_of_the_region_valid_during_the_call(close_after: Any) -> None:
+    """The worker reads each batch in place (zero-copy): an argument kept across calls without
+    a copy shows the bytes of the newest batch laid out the same; a copy keeps its values."""
+    keep = """
+import pyarrow as pa
+kept = []
+def f(x):
+    kept.append((x, pa.concat_arrays([x])))  # the view, and a copy
+    view, copy = kept[0]
+    return pa.array([str(view.to_pylist()), str(copy.to_pylist())])
+"""
+    f = scalar(keep, returns=pa.string(), config=SandboxConfig(pool_size=1))
+    close_after(f)
+    assert f.call([pa.array([1.0, 2.0])]).to_pylist() == ["[1.0, 2.0]", "[1.0, 2.0]"]
+    assert f.call([pa.array([3.0, 4.0])]).to_pylist() == ["[3.0, 4.0]", "[1.0, 2.0]"]

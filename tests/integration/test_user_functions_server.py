@@ -28,15 +28,12 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from helpers import ID_EVENTS as SCHEMA
-from helpers import ServeProcess, free_port, stream_rows
+from helpers import ServeProcess, build_geo_wasm, free_port, stream_rows
 from helpers import id_batches as batches
 
 pytestmark = [pytest.mark.integration]
 
 CLI = Path(sys.executable).parent / "flight-serve"
-ROOT = Path(__file__).resolve().parents[2]
-RUSTC = Path("/usr/bin/rustc")
-WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
 
 act = partial(helpers.act, timeout_s=30)
 wait_until = partial(
@@ -101,32 +98,8 @@ EMBEDDED = (
 
 @pytest.fixture(scope="module")
 def geo_wasm(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc (as
-    tests/unit/functions/test_wasm.py builds it)."""
-    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not Path("/usr/bin/rust-lld").exists():
-        pytest.skip(
-            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
-            "wasm-examples installs them)"
-        )
-    out = tmp_path_factory.mktemp("udfs") / "geo.wasm"
-    subprocess.run(
-        [
-            str(RUSTC),
-            "--target",
-            "wasm32-unknown-unknown",
-            "--crate-type",
-            "cdylib",
-            "-C",
-            "opt-level=3",
-            "-C",
-            "strip=debuginfo",
-            "-o",
-            str(out),
-            str(ROOT / "examples" / "udfs" / "geo.rs"),
-        ],
-        check=True,
-    )
-    return out.read_bytes()
+    """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc."""
+    return build_geo_wasm(tmp_path_factory.mktemp("udfs"))
 
 
 def ingest(location: str, items: list[pa.RecordBatch]) -> None:
@@ -263,9 +236,7 @@ def test_python_and_wasm_functions_survive_a_sigkill_as_a_straight_run_computes_
     straight = straight_run(client, 120)
     want = oracle(120)
     assert [{k: r[k] for k in ("id", "s", "g", "uid")} for r in straight] == want
-    assert [r["g"] for r in want] == [
-        math.gcd(r["id"] * r["id"] % 97, r["id"]) for r in want
-    ]
+    assert [r["g"] for r in want] == [math.gcd(r["id"] * r["id"] % 97, r["id"]) for r in want]
     assert len(want) == len(expected(120))
 
     server = servers["a"] = ServeProcess(tmp_path / "data", free_port())
@@ -335,3 +306,76 @@ def test_run_without_bwrap_refuses_python_unless_allowed(tmp_path: Path) -> None
     out = sorted((tmp_path / "out.csv").rglob("*.csv")) or [tmp_path / "out.csv"]
     rows = [row for f in out for row in pa_csv.read_csv(f).to_pylist()]
     assert rows == [{"x": 1.5, "uid": os.getuid()}, {"x": 2.5, "uid": os.getuid()}]
+
+
+METERED = (
+    "SET checkpoint_interval = '100ms';\n"
+    "CREATE SOURCE events (id BIGINT, k VARCHAR, t TIMESTAMP(3), v BIGINT, "
+    "WATERMARK FOR t AS t) WITH (connector = 'flight', stream = 'events');\n"
+    "CREATE FUNCTION score(v BIGINT, k VARCHAR) RETURNS BIGINT\n"
+    "LANGUAGE python USING 'udfs/score.py';\n"
+    "CREATE FUNCTION gcd(a BIGINT, b BIGINT) RETURNS BIGINT LANGUAGE wasm USING 'udfs/geo.wasm';\n"
+    "CREATE SINK metered WITH (connector = 'flight', stream = 'metered');\n"
+    "INSERT INTO metered SELECT id, score(v, k) AS s, gcd(v, id) AS g FROM events;\n"
+)
+
+
+def test_the_metrics_endpoint_counts_each_functions_calls_rows_and_times(
+    servers: dict[str, ServeProcess], tmp_path: Path, geo_wasm: bytes
+) -> None:
+    """Three batches of 10 rows, each ingested once the one before is out: each function is
+    called once per batch; /metrics (scraped over HTTP) says so, labelled by pipeline,
+    function, digest and language, and agrees with ``pipeline.status``."""
+    client = tmp_path / "client"
+    (client / "udfs").mkdir(parents=True)
+    (client / "udfs" / "score.py").write_bytes(SCORE)
+    (client / "udfs" / "geo.wasm").write_bytes(geo_wasm)
+    server = servers["m"] = ServeProcess(tmp_path / "data", free_port(), free_port())
+    body = {"sql": METERED, "name": "metered", "base_dir": str(client)}
+    pid = act(server.location, "pipeline.submit", body)["id"]
+    for n in range(3):
+        ingest(server.location, batches(1 + 10 * n, 1))
+        wait_until(lambda n=n: len(stream_rows(server.location, "metered")) == 10 * (n + 1), "out")
+
+    samples = helpers.scrape_metrics(server.metrics_port)
+    digests = {
+        "score": hashlib.sha256(SCORE).hexdigest()[:12],
+        "gcd": hashlib.sha256(geo_wasm).hexdigest()[:12],
+    }
+    status = act(server.location, "pipeline.status", {"id": pid})["functions"]
+    for name, language in (("score", "python"), ("gcd", "wasm")):
+        labels = {"pipeline": pid, "function": name, "digest": digests[name], "language": language}
+        key = frozenset(labels.items())
+        assert samples["flight_serve_function_calls_total"][key] == 3.0, name
+        assert samples["flight_serve_function_rows_total"][key] == 30.0, name
+        assert samples["flight_serve_function_errors_total"][key] == 0.0, name
+        assert samples["flight_serve_function_call_duration_seconds_count"][key] == 3.0, name
+        inf = frozenset({**labels, "le": "+Inf"}.items())
+        assert samples["flight_serve_function_call_duration_seconds_bucket"][inf] == 3.0, name
+        total = samples["flight_serve_function_call_duration_seconds_sum"][key]
+        assert total == pytest.approx(status[name]["call_seconds"]["sum"]), name
+        assert 0 < total < 30, name
+        by_le = {
+            dict(labelset)["le"]: value
+            for labelset, value in samples[
+                "flight_serve_function_call_duration_seconds_bucket"
+            ].items()
+            if dict(labelset)["function"] == name
+        }
+        # 17 bounds and +Inf, cumulative, as the status's histogram says
+        assert by_le == {
+            le: float(n) for le, n in status[name]["call_seconds"]["buckets"].items()
+        }, name
+        assert len(by_le) == 18, name
+        assert list(by_le.values()) == sorted(by_le.values()), name
+        assert {k: status[name][k] for k in ("calls", "rows", "errors")} == {
+            "calls": 3,
+            "rows": 30,
+            "errors": 0,
+        }
+    act(server.location, "pipeline.cancel", {"id": pid})
+    after = helpers.scrape_metrics(server.metrics_port)
+    assert not any(  # a cancelled pipeline has no series
+        dict(labelset).get("pipeline") == pid
+        for labelset in after.get("flight_serve_function_calls_total", {})
+    )

@@ -53,6 +53,10 @@ class FunctionSpec:
         handler: the Python callable's (or wasm export's base) name; defaults to ``name``.
         options: the ``WITH (...)`` options, as given (e.g. ``vectorized``), lower-case keys.
         line: 1-based line of ``CREATE FUNCTION`` in the pipeline file (0 when not from a file).
+        code_line: the pipeline file's line of the code's first line, for messages about a line
+            of the code (:func:`~flight_serve.functions.worker.code_line`): the line of the
+            opening ``$$`` of an inline body, 0 for code of its own (a ``USING`` file, base64:
+            its own lines are given); ``None`` (a spec not from the parser): ``line``.
     """
 
     name: str
@@ -65,6 +69,12 @@ class FunctionSpec:
     handler: str = ""
     options: dict[str, str] = field(default_factory=dict)
     line: int = 0
+    code_line: int | None = None
+
+    @property
+    def first_code_line(self) -> int:
+        """:attr:`code_line`, or :attr:`line` when it is ``None``."""
+        return self.line if self.code_line is None else self.code_line
 
     @property
     def digest(self) -> str:

@@ -4,7 +4,10 @@
 ``python`` into a :class:`PythonScalarFunction` or :class:`PythonTableFunction`. The code never
 runs in this process: each function has a pool of worker processes
 (``python -m flight_serve.functions.worker``) that the server spawns in a **bubblewrap**
-sandbox and feeds batches as Arrow IPC over the worker's stdin/stdout pipes (the protocol is in
+sandbox and feeds batches as Arrow IPC: written into a shared-memory region the worker maps
+(two sealed memfds per worker, request and response), with frames over the worker's
+stdin/stdout pipes saying what is where; a batch too large for its region, or
+``SandboxConfig(shared_memory=False)``, goes through the pipes (the protocol is in
 :mod:`flight_serve.functions.worker`).
 
 The sandbox (``bwrap``):
@@ -24,8 +27,10 @@ The sandbox (``bwrap``):
   bwrap uses a user namespace with ``--uid``/``--gid 65534``;
 * rlimits set by the worker before the code is loaded: ``RLIMIT_DATA`` =
   ``memory_limit_bytes`` (a data-segment limit: an address-space limit breaks ``import
-  pyarrow``), ``RLIMIT_CPU`` = ``cpu_limit_s`` CPU seconds over the worker's life (then the
-  kernel kills it and the pool replaces it), no core files;
+  pyarrow``; ``WITH (memory_limit = '…')`` sets it per function, as ``deadline`` and
+  ``workers`` set ``deadline`` and ``pool_size``: :func:`with_limits`), ``RLIMIT_CPU`` =
+  ``cpu_limit_s`` CPU seconds over the worker's life (then the kernel kills it and the pool
+  replaces it), no core files;
 * a seccomp filter (x86_64; :func:`flight_serve.functions.worker.install_seccomp`) installed
   before the code is loaded: no ``execve``, no new processes (``clone`` makes threads only), no
   sockets, no mounts, namespaces, ``ptrace``, BPF, kernel keys or io_uring. On other
@@ -48,8 +53,9 @@ Failures:
 * :class:`~flight_serve.errors.FunctionDefinitionError` (before any batch): a syntax error (the
   code is compiled here, not run; the line is mapped to the pipeline file as
   :func:`~flight_serve.functions.worker.code_line` says: code line ``k`` is file line
-  ``spec.line + k - 1``), a missing or non-callable handler, a handler that cannot take the
-  declared arguments, module-level code that raises (the worker's hello), no ``bwrap``;
+  ``spec.first_code_line + k - 1``), a missing or non-callable handler, a handler that
+  cannot take the declared arguments, module-level code that raises (the worker's hello), no
+  ``bwrap``;
 * :class:`~flight_serve.errors.FunctionCallError`: the handler raised (the message gives the
   exception's last line and the user code's line), returned the wrong type or length (expected
   and got), ran past ``deadline`` (the worker is killed; the message gives the deadline in
@@ -68,6 +74,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import json
+import mmap
 import os
 import select
 import shutil
@@ -78,7 +85,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -88,6 +95,7 @@ import pyarrow as pa
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError, FunctionWorkerError
 from flight_serve.functions import worker as proto
 from flight_serve.functions.base import FunctionSpec
+from flight_serve.functions.limits import format_bytes, function_limits, limit_note
 
 __all__ = [
     "PythonScalarFunction",
@@ -96,6 +104,7 @@ __all__ = [
     "bwrap_path",
     "create",
     "python_function",
+    "with_limits",
 ]
 
 _SANDBOX_UID: Final = 65534
@@ -117,6 +126,12 @@ class SandboxConfig:
         unsandboxed: allow running without bwrap as a plain subprocess (**not sandboxed**).
         in_process: run the code in this process (no isolation; library use only).
         bwrap: the bubblewrap binary (default: ``bwrap`` on ``PATH``).
+        shared_memory: batches cross through two shared-memory regions per worker (sealed
+            memfds of 64 MiB each, sparse) and the pipes carry only frame headers; ``False``:
+            every batch through the pipes (the slower transport, kept for comparison). A
+            batch whose IPC stream does not fit a region goes through the pipe either way.
+        shared_memory_bytes: each region's size in bytes (sparse: only the pages the largest
+            batch wrote take memory, until the worker ends).
         hidden_paths: directories the sandbox sees as empty (each an empty tmpfs): the server's
             data directory, its TLS keys and token files, whatever the read-only root would
             otherwise let the code read.
@@ -132,6 +147,8 @@ class SandboxConfig:
     in_process: bool = False
     bwrap: str | None = None
     hidden_paths: tuple[str, ...] = ()
+    shared_memory: bool = True
+    shared_memory_bytes: int = 64 << 20
 
 
 def bwrap_path(config: SandboxConfig | None = None) -> str | None:
@@ -172,10 +189,34 @@ def python_function(
     Raises :class:`~flight_serve.errors.FunctionDefinitionError` (see the module docstring) and
     :class:`~flight_serve.errors.FunctionWorkerError` (a worker did not start).
     """
-    config = config or SandboxConfig()
+    config = with_limits(spec, config or SandboxConfig())
     if spec.kind == "table":
         return PythonTableFunction(spec, config)
     return PythonScalarFunction(spec, config)
+
+
+def with_limits(spec: FunctionSpec, config: SandboxConfig) -> SandboxConfig:
+    """``config`` with the limits ``spec``'s ``WITH (...)`` gives
+    (:func:`~flight_serve.functions.limits.function_limits`): ``memory_limit`` ->
+    ``memory_limit_bytes`` (``RLIMIT_DATA``), ``deadline`` -> ``deadline`` (per call),
+    ``workers`` -> ``pool_size`` (and ``min_workers`` at most that). Limits not given keep
+    ``config``'s.
+
+    Raises:
+        FunctionDefinitionError: a bad limit (naming the option, the function and its line).
+    """
+    limits = function_limits(spec)
+    if limits.memory_limit_bytes is not None:
+        config = replace(config, memory_limit_bytes=limits.memory_limit_bytes)
+    if limits.deadline is not None:
+        config = replace(config, deadline=limits.deadline)
+    if limits.workers is not None:
+        config = replace(
+            config,
+            pool_size=limits.workers,
+            min_workers=min(config.min_workers, limits.workers),
+        )
+    return config
 
 
 def create(
@@ -224,7 +265,9 @@ _spawner_lock = threading.Lock()
 _spawner: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], env: dict[str, str], pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
     """Start a worker process from one long-lived thread of this process.
 
     ``bwrap --die-with-parent`` is ``PR_SET_PDEATHSIG``, which fires when the **thread** that
@@ -247,19 +290,74 @@ def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         cwd="/",
         start_new_session=True,
         close_fds=True,
+        pass_fds=tuple(pass_fds),
     )
     return future.result()
+
+
+class _SharedRegion:
+    """One fixed-size shared-memory region (a sealed ``memfd``) a worker inherits.
+
+    The memfd is ``memfd_create``-d here, sized with ``ftruncate`` (sparse: a page costs memory
+    only once written) and sealed against growing, shrinking and further seals, so neither
+    side can change its size under the other (no ``SIGBUS`` from a worker shrinking it). Both
+    sides ``mmap`` it shared; the worker gets its descriptor through ``pass_fds`` (bwrap and
+    setpriv keep inherited descriptors) and its number in the hello.
+    """
+
+    def __init__(self, name: str, size: int) -> None:
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, size)
+            seals = fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, seals)
+            self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size = size
+        #: a pyarrow view of the whole mapping (writes go straight into shared memory)
+        self.buffer = pa.py_buffer(self.map)
+
+    def close(self) -> None:
+        """Close the descriptor (once the worker inherited it; the number stays valid in the
+        worker); the mapping goes with the last reference to the region."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _shared_regions(name: str, size: int) -> tuple[_SharedRegion, _SharedRegion] | None:
+    """A worker's request and response regions, or ``None`` where the system has no memfd
+    (the pipes then carry every batch)."""
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        request = _SharedRegion(f"flight-serve-{name}-request", size)
+    except OSError:
+        return None
+    try:
+        response = _SharedRegion(f"flight-serve-{name}-response", size)
+    except OSError:
+        request.close()
+        return None
+    return request, response
 
 
 class _Worker:
     """One worker process and its two pipes; used by one call at a time."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], name: str) -> None:
+    def __init__(
+        self, argv: list[str], env: dict[str, str], name: str, shared_bytes: int = 0
+    ) -> None:
         self.name = name
+        self.shared = _shared_regions(name, shared_bytes) if shared_bytes > 0 else None
+        fds = [region.fd for region in self.shared] if self.shared is not None else []
         try:
-            self.proc = _spawn(argv, env)
+            self.proc = _spawn(argv, env, fds)
         except OSError as exc:
             raise FunctionWorkerError(f"function {name}: cannot start a worker: {exc}") from None
+        finally:  # the worker has its copies; ours are not needed (each mmap holds a dup)
+            self._close_shared()
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
         self.wfd = self.proc.stdin.fileno()
@@ -268,6 +366,8 @@ class _Worker:
             with contextlib.suppress(OSError):  # a larger pipe: fewer wake-ups per batch
                 fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        #: the worker mapped the regions (its READY said so); until then, pipes only
+        self.shm_ready = False
         self._drain = threading.Thread(
             target=self._read_stderr, name=f"function-{name}-stderr", daemon=True
         )
@@ -277,6 +377,46 @@ class _Worker:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.stderr_tail.append(line.decode("utf-8", "replace").rstrip())
+
+    def _close_shared(self) -> None:
+        if self.shared is not None:
+            for region in self.shared:
+                region.close()
+
+    def shared_hello(self) -> dict[str, int] | None:
+        """The hello's ``shm`` entry: the regions' descriptors and size (``None``: pipes only)."""
+        if self.shared is None:
+            return None
+        request, response = self.shared
+        return {"request_fd": request.fd, "response_fd": response.fd, "bytes": request.size}
+
+    def call(self, batch: pa.RecordBatch, timeout_s: float, max_bytes: int) -> tuple[int, Any]:
+        """One ``CALL`` of ``batch``; the answer's kind and body (a ``RESULT``'s body is its IPC
+        stream, copied out of shared memory when it came that way).
+
+        The batch goes through the request region when it fits (the IPC stream written
+        straight into it, a ``CALL_SHM`` frame giving its length), else through the pipe."""
+        length = 0
+        if self.shared is not None and self.shm_ready:
+            length = proto.write_ipc_into(self.shared[0].buffer, batch.schema, [batch])
+        if length:
+            kind, body = self.exchange(
+                proto.CALL_SHM, proto.LENGTH.pack(length), timeout_s, max_bytes
+            )
+        else:
+            kind, body = self.exchange(
+                proto.CALL, proto.to_ipc(batch.schema, [batch]), timeout_s, max_bytes
+            )
+        if kind != proto.RESULT_SHM:
+            return kind, body
+        assert self.shared is not None
+        if len(body) != proto.LENGTH.size:
+            return proto.RESULT_SHM, body  # not RESULT: the caller reports a broken protocol
+        (n,) = proto.LENGTH.unpack(body)
+        if n > self.shared[1].size or n > max_bytes:
+            raise _Oversized(n)
+        # copied out: the worker could change the region after the result was checked
+        return proto.RESULT, proto.copy_out(self.shared[1].buffer, n)
 
     def exchange(
         self, kind: int, payload: Any, timeout_s: float, max_bytes: int
@@ -454,7 +594,7 @@ class _PythonFunction:
         except SyntaxError as exc:
             raise FunctionDefinitionError(
                 f"function {spec.name}: syntax error at "
-                f"{proto.code_line(exc.lineno or 1, spec.line)}: {exc.msg}"
+                f"{proto.code_line(exc.lineno or 1, spec.first_code_line)}: {exc.msg}"
             ) from None
         self._lock = threading.Condition()
         self._idle: list[_Worker] = []
@@ -498,7 +638,7 @@ class _PythonFunction:
                 code=self._code,
                 handler=self._handler,
                 vectorized=self._vectorized,
-                line=self._spec.line,
+                line=self._spec.first_code_line,
                 args=self._args,
                 returns=self._returns,
             )
@@ -566,19 +706,21 @@ class _PythonFunction:
         return argv + worker, env, True
 
     def _start(self) -> _Worker:
-        worker = _Worker(self._argv, self._env, self._spec.name)
+        shared = self._config.shared_memory_bytes if self._config.shared_memory else 0
+        worker = _Worker(self._argv, self._env, self._spec.name, shared)
         hello = {
             "name": self._spec.name,
             "kind": self._spec.kind,
             "code": self._code,
             "handler": self._handler,
             "vectorized": self._vectorized,
-            "line": self._spec.line,
+            "line": self._spec.first_code_line,
             "args": proto.schema_to_text(self._args),
             "returns": proto.schema_to_text(self._returns),
             "memory_limit_bytes": self._config.memory_limit_bytes,
             "cpu_limit_s": self._config.cpu_limit_s,
             "seccomp": self._sandboxed,
+            "shm": worker.shared_hello(),
         }
         timeout = self._config.start_timeout.total_seconds()
         try:
@@ -610,6 +752,7 @@ class _PythonFunction:
             worker.kill()
             raise FunctionWorkerError(f"function {self._spec.name}: its worker broke the protocol")
         self.seccomp = bool(ready.get("seccomp"))
+        worker.shm_ready = bool(ready.get("shm")) and worker.shared is not None
         with self._lock:
             self._count += 1
         return worker
@@ -691,15 +834,12 @@ class _PythonFunction:
                 return self._runner.call_table(batch)
             except proto.Problem as problem:
                 raise FunctionCallError(problem.message) from None
-        payload = proto.to_ipc(batch.schema, [batch])
         deadline_s = self._config.deadline.total_seconds()
         how = ""
         for attempt in range(2):
             worker = self._acquire()
             try:
-                kind, body = worker.exchange(
-                    proto.CALL, payload, deadline_s, self._config.memory_limit_bytes
-                )
+                kind, body = worker.call(batch, deadline_s, self._config.memory_limit_bytes)
             except _Oversized as exc:
                 self._discard(worker)
                 raise FunctionCallError(
@@ -710,8 +850,9 @@ class _PythonFunction:
             except _Deadline:
                 self._discard(worker)
                 raise FunctionCallError(
-                    f"function {self._spec.name} ran past its deadline of {deadline_s:g} s on a "
-                    f"batch of {batch.num_rows} rows; its worker was killed"
+                    f"function {self._spec.name} ran past its deadline of {deadline_s:g} s"
+                    f"{limit_note(self._spec, 'deadline')} on a batch of {batch.num_rows} rows; "
+                    "its worker was killed"
                 ) from None
             except _WorkerDied:
                 how = worker.died()
@@ -732,8 +873,7 @@ class _PythonFunction:
                 if error_kind == "memory":
                     self._discard(worker)
                     raise FunctionCallError(
-                        f"{message} (memory limit "
-                        f"{self._config.memory_limit_bytes} bytes; its worker was replaced)"
+                        f"{message} (memory limit {self._memory_text()}; its worker was replaced)"
                     )
                 self._release(worker)
                 raise FunctionCallError(message)
@@ -746,11 +886,19 @@ class _PythonFunction:
             return self._check(body, batch.num_rows)
         raise FunctionCallError(
             f"function {self._spec.name}: its worker died on the same batch twice (last: {how}); "
-            f"the memory limit is {self._config.memory_limit_bytes} bytes, the CPU limit "
+            f"the memory limit is {self._memory_text()}, the CPU limit "
             f"{self._config.cpu_limit_s} s"
         )
 
-    def _check(self, body: bytearray, n: int) -> list[pa.RecordBatch]:
+    def _memory_text(self) -> str:
+        """``128 MiB = 134217728 bytes (WITH memory_limit = '128MiB')`` (the option when
+        given)."""
+        limit = self._config.memory_limit_bytes
+        human = format_bytes(limit)
+        exact = human if human.endswith(" bytes") else f"{human} = {limit} bytes"
+        return exact + limit_note(self._spec, "memory_limit")
+
+    def _check(self, body: pa.Buffer | bytearray, n: int) -> list[pa.RecordBatch]:
         """The worker's answer, checked again here (a worker is never trusted)."""
         try:
             schema, batches = proto.from_ipc(body)

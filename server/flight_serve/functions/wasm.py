@@ -17,6 +17,8 @@ described out (zero or one batch per call).
 * Instances are pooled (one call at a time per instance); each has its own store with a memory
   limit (``memory_limit_bytes``, wasmtime's store limits: ``memory.grow`` fails beyond it) and
   each call a deadline (``deadline_s``, wasmtime's epoch interruption, ticked every 10 ms).
+  ``CREATE FUNCTION … WITH (memory_limit = '…', deadline = '…', workers = …)`` sets them (and
+  the pool size) per function: :func:`create`, :func:`spec_limits`.
 * A trap (``unreachable``, an integer divide by zero, an out-of-bounds access, the deadline)
   fails the call with :class:`~flight_serve.errors.FunctionCallError` naming the function and
   the trap, and the instance is thrown away (the next call gets a fresh one).
@@ -41,6 +43,7 @@ import wasmtime
 
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError
 from flight_serve.functions.base import FunctionSpec
+from flight_serve.functions.limits import function_limits, limit_note
 
 ABI_VERSION = 1
 """The ABI version this runner speaks; a module's ``flight_serve_abi_version()`` must return it."""
@@ -512,11 +515,15 @@ class _WasmFunction:
         code = exc.trap_code if isinstance(exc, wasmtime.Trap) else None
         if code == wasmtime.TrapCode.INTERRUPT:
             return FunctionCallError(
-                f"function {name}: ran past its deadline of {self._deadline_s:g} s on a batch of "
-                f"{n} rows and was interrupted ({message})"
+                f"function {name}: ran past its deadline of {self._deadline_s:g} s"
+                f"{limit_note(self._spec, 'deadline')} on a batch of {n} rows and was "
+                f"interrupted ({message})"
             )
         used = inst.memory_bytes()
-        memory = f"linear memory {_mib(used)} of its {_mib(self._memory_limit)} limit"
+        memory = (
+            f"linear memory {_mib(used)} of its {_mib(self._memory_limit)} limit"
+            f"{limit_note(self._spec, 'memory_limit')}"
+        )
         if used * 2 > self._memory_limit:
             # memory.grow past the store's limit returns -1; the module's allocator then traps
             # (Rust: abort -> unreachable). More than half the limit in use: say so.
@@ -818,6 +825,41 @@ class WasmTableFunction(_WasmFunction):
             if p:
                 inst.dealloc(p, length, align)
         return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+
+
+def spec_limits(spec: FunctionSpec) -> dict[str, Any]:
+    """The keyword arguments ``spec``'s ``WITH (...)`` limits give
+    (:func:`~flight_serve.functions.limits.function_limits`): ``memory_limit`` ->
+    ``memory_limit_bytes`` (linear memory per instance), ``deadline`` -> ``deadline_s`` (per
+    call, epoch interruption), ``workers`` -> ``pool_size`` (idle instances kept). Limits not
+    given are left out (the defaults hold).
+
+    Raises:
+        FunctionDefinitionError: a bad limit (naming the option, the function and its line).
+    """
+    limits = function_limits(spec)
+    out: dict[str, Any] = {}
+    if limits.memory_limit_bytes is not None:
+        out["memory_limit_bytes"] = limits.memory_limit_bytes
+    if limits.deadline is not None:
+        out["deadline_s"] = limits.deadline.total_seconds()
+    if limits.workers is not None:
+        out["pool_size"] = limits.workers
+    return out
+
+
+def create(spec: FunctionSpec) -> WasmScalarFunction | WasmTableFunction:
+    """The registry's factory (:func:`flight_serve.functions.registry.create_function`): a
+    ready scalar or table function for ``spec``, with its ``WITH (...)`` limits
+    (:func:`spec_limits`).
+
+    Raises:
+        FunctionDefinitionError: as :class:`WasmScalarFunction` / :class:`WasmTableFunction`,
+            and a bad limit.
+    """
+    if spec.kind == "table":
+        return WasmTableFunction(spec, **spec_limits(spec))
+    return WasmScalarFunction(spec, **spec_limits(spec))
 
 
 def wasm_scalar_function(spec: FunctionSpec, **limits: Any) -> WasmScalarFunction:

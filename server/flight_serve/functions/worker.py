@@ -17,6 +17,18 @@ payload):
   argument; table: the input batch). Answer: ``RESULT``, an Arrow IPC stream (scalar: one
   batch, one column ``result``; table: zero or more batches of the declared schema), or
   ``ERROR``.
+* Shared memory (when the hello's ``"shm"`` is ``{"request_fd", "response_fd", "bytes"}``:
+  two sealed memfds of ``bytes`` each, inherited; ``null``: pipes only): the worker maps both
+  and says ``{"shm": true}`` in its ``READY``. Then a ``CALL_SHM`` (payload: ``!Q`` length)
+  means the call's IPC stream is the request region's first ``length`` bytes (a stream that
+  does not fit still comes as ``CALL``), and the worker answers ``RESULT_SHM`` (``!Q``
+  length: the result's IPC stream is the response region's first bytes) when its result fits,
+  else ``RESULT`` through the pipe. The worker reads the request in place (zero-copy: the
+  handler's arguments are views of the region, valid during the call; the parent writes the
+  next batch over them, so a handler that keeps an argument across calls must copy it); the
+  parent copies the result out before reading it (a worker is never trusted, and could change
+  the region after the parent checked it). The request region is mapped read-only in the
+  worker, and the parent never reads it back.
 * ``ERROR``: JSON ``{"kind": "definition" | "call" | "memory", "message": str}``; the message
   already names the function and, for an exception, the user code's line (see
   :func:`code_line`).
@@ -31,6 +43,7 @@ import base64
 import ctypes
 import inspect
 import json
+import mmap
 import os
 import platform
 import resource
@@ -43,11 +56,15 @@ from typing import Any, Final
 import pyarrow as pa
 
 FRAME: Final = struct.Struct("!BQ")
+#: the payload of ``CALL_SHM`` and ``RESULT_SHM``: a length in bytes
+LENGTH: Final = struct.Struct("!Q")
 HELLO: Final = 1
 READY: Final = 2
 CALL: Final = 3
 RESULT: Final = 4
 ERROR: Final = 5
+CALL_SHM: Final = 6
+RESULT_SHM: Final = 7
 
 #: The file name user code is compiled under: tracebacks are matched on it.
 CODE_FILENAME: Final = "<flight-serve function {name}>"
@@ -96,6 +113,33 @@ def to_ipc(schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> pa.Buffer:
         for batch in batches:
             writer.write_batch(batch)
     return buffer
+
+
+def write_ipc_into(target: pa.Buffer, schema: pa.Schema, batches: Iterable[pa.RecordBatch]) -> int:
+    """Write one Arrow IPC stream of ``batches`` straight into ``target`` (a mutable buffer:
+    a shared-memory region) from its first byte, in one pass; its length, or 0 when it does not
+    fit (``target``'s bytes are then undefined) or ``target`` is not mutable."""
+    if not target.is_mutable:
+        return 0
+    # the whole buffer: a slice of a pyarrow buffer is not mutable
+    sink = pa.FixedSizeBufferWriter(target)
+    try:
+        with pa.ipc.new_stream(sink, schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+    except OSError:  # "Write out of bounds": the stream is larger than the region
+        return 0
+    return int(sink.tell())
+
+
+def copy_out(region: pa.Buffer, size: int) -> pa.Buffer:
+    """The first ``size`` bytes of ``region`` copied into a new buffer of pyarrow's memory pool
+    (which reuses freed memory: no fresh pages to fault in, as a new ``bytes`` would have)."""
+    if size > region.size:
+        raise ValueError(f"{size} bytes asked of a region of {region.size}")
+    out = pa.allocate_buffer(size)
+    ctypes.memmove(out.address, region.address, size)
+    return out
 
 
 def from_ipc(data: Any) -> tuple[pa.Schema, list[pa.RecordBatch]]:
@@ -417,6 +461,22 @@ def _error(fd: int, problem: Problem) -> None:
     write_frame(fd, ERROR, json.dumps({"kind": problem.kind, "message": problem.message}).encode())
 
 
+def _map_shared(shm: Any) -> tuple[pa.Buffer, pa.Buffer] | None:
+    """The request and response regions the hello names, mapped shared (``None``: none)."""
+    if not isinstance(shm, dict):
+        return None
+    try:
+        size = int(shm["bytes"])
+        fds = int(shm["request_fd"]), int(shm["response_fd"])
+        request = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ)
+        response = mmap.mmap(fds[1], size, mmap.MAP_SHARED)
+    except (KeyError, TypeError, ValueError, OSError):
+        return None
+    for fd in fds:  # each mmap holds a duplicate of its descriptor
+        os.close(fd)
+    return pa.py_buffer(request), pa.py_buffer(response)
+
+
 def main() -> int:
     proto_in, proto_out = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -437,6 +497,7 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     import pyarrow.compute  # noqa: F401  (loaded before the filter; most functions use it)
 
+    shared = _map_shared(hello.get("shm"))
     seccomp = install_seccomp() if hello["seccomp"] else False
     try:
         runner = Runner(
@@ -452,23 +513,35 @@ def main() -> int:
     except Problem as problem:
         _error(proto_out, problem)
         return 0
-    write_frame(proto_out, READY, json.dumps({"seccomp": seccomp}).encode())
+    ready = {"seccomp": seccomp, "shm": shared is not None}
+    write_frame(proto_out, READY, json.dumps(ready).encode())
     while True:
         header = read_exact(proto_in, FRAME.size)
         if header is None:
             return 0
         kind, length = FRAME.unpack(header)
         payload = read_exact(proto_in, length)
-        if kind != CALL or payload is None:
+        if payload is None or kind not in (CALL, CALL_SHM) or (kind == CALL_SHM and not shared):
             return 2
+        data: Any = payload
+        if kind == CALL_SHM:
+            assert shared is not None
+            (size,) = LENGTH.unpack(payload)
+            if size > shared[0].size:
+                return 2
+            # zero-copy: the arguments are views of the region, valid during this call (the
+            # server writes the next batch over them; a handler that keeps one copies it)
+            data = shared[0].slice(0, size)
         try:
-            _, batches = from_ipc(payload)
+            _, batches = from_ipc(data)
             batch = batches[0]
             if runner.kind == "scalar":
                 result = runner.call_scalar(batch)
-                out = to_ipc(runner.returns, [pa.record_batch([result], schema=runner.returns)])
+                results = [pa.record_batch([result], schema=runner.returns)]
             else:
-                out = to_ipc(runner.returns, runner.call_table(batch))
+                results = runner.call_table(batch)
+            size = write_ipc_into(shared[1], runner.returns, results) if shared else 0
+            out = LENGTH.pack(size) if size else to_ipc(runner.returns, results)
         except Problem as problem:
             _error(proto_out, problem)
             continue
@@ -478,8 +551,8 @@ def main() -> int:
         except Exception as exc:  # the result could not be encoded
             _error(proto_out, Problem("call", f"function {runner.name}: {exc}"))
             continue
-        del payload, batches, batch
-        write_frame(proto_out, RESULT, out)
+        del payload, data, batches, batch, results
+        write_frame(proto_out, RESULT_SHM if size else RESULT, out)
         del out
 
 

@@ -9,6 +9,7 @@ The forms (RisingWave's)::
     CREATE FUNCTION f(a DOUBLE) RETURNS DOUBLE LANGUAGE wasm USING 'udfs/f.wasm';
     CREATE FUNCTION f(a BIGINT) RETURNS BIGINT LANGUAGE wasm USING BASE64 '…';
     … WITH (vectorized = false, …)           -- options, lower-case keys, kept as text
+    … WITH (memory_limit = '128MiB', deadline = '2s', workers = 2)   -- limits (functions.limits)
 
 sqlglot's ``risingwave`` dialect parses every form: the body is a ``Heredoc`` (or a string
 literal), ``LANGUAGE`` a ``LanguageProperty``, ``USING '<file>'`` a ``FileFormatProperty`` with
@@ -35,6 +36,7 @@ from sqlglot import TokenType, exp
 
 from flight_serve.errors import FunctionDefinitionError, PipelineSQLError
 from flight_serve.functions.base import FunctionSpec, Kind, Language
+from flight_serve.functions.limits import check_option_names, function_limits
 from flight_serve.pipelines.dialect import FlightServeSQL, position, sql_error
 
 __all__ = ["LANGUAGES", "check_windowed_calls", "is_user_function", "user_function"]
@@ -187,7 +189,9 @@ def user_function(
         PipelineSQLError: a clause outside the grammar, an unknown language, a type without an
             Arrow equivalent (the message names the function and its line).
         FunctionDefinitionError: a ``USING`` file that cannot be read, bad base64, a Python
-            syntax error (at its line), a handler the Python code never defines.
+            syntax error (at its line), a handler the Python code never defines, an unknown
+            ``WITH`` option or a bad limit (:func:`~flight_serve.functions.limits.function_limits`:
+            the option, its value and the line).
     """
     name = _name(create)
     line, _ = position(create)
@@ -237,6 +241,7 @@ def user_function(
             raise PipelineSQLError(f"{where}: option {bad} is for LANGUAGE python functions")
     body = create.args.get("expression")
     code: bytes
+    inline = False  # the code is an AS $$ … $$ body (its lines are the pipeline's)
     first_line = 1
     origin = "the pipeline"
     if isinstance(using, exp.Var) and using.name.upper() == "BASE64":
@@ -278,6 +283,7 @@ def user_function(
             )
         source = str(body.name) if isinstance(body, exp.Literal) else str(body.this)
         code = source.encode("utf-8")
+        inline = True
         if isinstance(body, exp.Heredoc):
             first_line = _body_line(text, create, source) or line or 1
         else:
@@ -286,7 +292,7 @@ def user_function(
         raise sql_error(f"{where} needs its code: AS $$ … $$ or USING '<file>'", create.this)
     if language == "python":
         _check_python(code, handler or name, where, origin, first_line)
-    return FunctionSpec(
+    spec = FunctionSpec(
         name=name,
         language="python" if language == "python" else "wasm",
         kind=kind,
@@ -297,7 +303,12 @@ def user_function(
         handler=handler or name,
         options=options,
         line=line or 0,
+        # an inline body's line 1 is on the $$ line; a USING file or base64 has its own lines
+        code_line=first_line if inline else 0,
     )
+    check_option_names(spec)
+    function_limits(spec)  # a bad limit is refused here, before anything is registered
+    return spec
 
 
 def check_windowed_calls(select: exp.Select, functions: dict[str, FunctionSpec]) -> None:

@@ -15,9 +15,11 @@ remembers the function's own error (:class:`~flight_serve.errors.FunctionCallErr
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -32,12 +34,28 @@ from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunct
 from flight_serve.functions.python import SandboxConfig
 from flight_serve.functions.registry import create_function
 
-__all__ = ["CodeStore", "FunctionSet", "FunctionStats", "code_digests", "explain_lines"]
+__all__ = [
+    "CALL_SECONDS_BUCKETS",
+    "CodeStore",
+    "FunctionSet",
+    "FunctionStats",
+    "code_digests",
+    "explain_lines",
+]
+
+
+#: the call-time histogram's upper bounds, seconds (Prometheus ``le``): 100 µs .. 30 s
+CALL_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 
 
 class FunctionStats:
     """Calls of one function since the run started: ``calls`` (batches), ``rows`` (rows in),
-    ``errors`` (failed calls), and the call time's p99 over the last :attr:`WINDOW` calls."""
+    ``errors`` (failed calls), the call time's p99 over the last :attr:`WINDOW` calls, and a
+    histogram of every call's time (:data:`CALL_SECONDS_BUCKETS`; the server's ``/metrics``).
+    Thread-safe (DataFusion may call from several threads)."""
 
     WINDOW = 1024
 
@@ -46,28 +64,47 @@ class FunctionStats:
         self.calls = 0
         self.rows = 0
         self.errors = 0
+        self.seconds = 0.0
+        #: calls per bucket (not cumulative), the last one past every bound (+Inf)
+        self.bucket_counts = [0] * (len(CALL_SECONDS_BUCKETS) + 1)
         self._times: deque[float] = deque(maxlen=self.WINDOW)
+        self._lock = threading.Lock()
 
     def record(self, seconds: float, rows: int, *, failed: bool) -> None:
         """One call of ``rows`` rows that took ``seconds`` (``failed``: it raised)."""
-        self.calls += 1
-        self.rows += rows
-        self.errors += int(failed)
-        self._times.append(seconds)
+        bucket = bisect.bisect_left(CALL_SECONDS_BUCKETS, seconds)  # the first le >= seconds
+        with self._lock:
+            self.calls += 1
+            self.rows += rows
+            self.errors += int(failed)
+            self.seconds += seconds
+            self.bucket_counts[bucket] += 1
+            self._times.append(seconds)
 
     def as_dict(self) -> dict[str, Any]:
-        """``{language, kind, sha256 (12 hex), calls, rows, errors, p99_ms}`` (``p99_ms`` is
-        ``None`` before the first call)."""
-        times = sorted(self._times)
+        """``{language, kind, sha256 (12 hex), calls, rows, errors, p99_ms, call_seconds}``
+        (``p99_ms`` is ``None`` before the first call; ``call_seconds`` is the histogram:
+        ``{"sum": seconds, "buckets": {"<le>": calls at or under it, cumulative, …, "+Inf":
+        calls}}``)."""
+        with self._lock:
+            times = sorted(self._times)
+            counts = list(self.bucket_counts)
+            calls, rows, errors, total = self.calls, self.rows, self.errors, self.seconds
         p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else None
+        buckets: dict[str, int] = {}
+        running = 0
+        for bound, count in zip((*map(repr, CALL_SECONDS_BUCKETS), "+Inf"), counts, strict=True):
+            running += count
+            buckets[bound] = running
         return {
             "language": self.spec.language,
             "kind": self.spec.kind,
             "sha256": self.spec.digest[:12],
-            "calls": self.calls,
-            "rows": self.rows,
-            "errors": self.errors,
+            "calls": calls,
+            "rows": rows,
+            "errors": errors,
             "p99_ms": round(p99 * 1000, 3) if p99 is not None else None,
+            "call_seconds": {"sum": total, "buckets": buckets},
         }
 
 
@@ -104,9 +141,7 @@ class FunctionSet:
         if run:
             try:
                 for spec in self.specs.values():
-                    made = create_function(
-                        spec, python_runner=python_runner, sandbox=sandbox
-                    )
+                    made = create_function(spec, python_runner=python_runner, sandbox=sandbox)
                     if isinstance(made, ScalarFunction) and spec.kind == "scalar":
                         self.scalars[spec.name] = made
                     elif isinstance(made, TableFunction):
@@ -127,6 +162,8 @@ class FunctionSet:
             if function is None:  # explain: never run on data
                 return pa.array([None] * (len(args[0]) if args else 1), type=returns)
             rows = len(args[0]) if args else 0
+            if args and not rows:  # an empty batch (DataFusion sends some): no call, no count
+                return pa.array([], type=returns)
             started = time.perf_counter()
             try:
                 result = function.call(list(args))

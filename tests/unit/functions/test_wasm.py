@@ -8,9 +8,9 @@ missing export, other signature) use the Rust module or small WAT modules.
 
 from __future__ import annotations
 
-import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,45 +19,24 @@ import pyarrow.compute as pc
 import pytest
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
+from flight_serve.functions.registry import create_function
 from flight_serve.functions.wasm import (
+    DEFAULT_DEADLINE_S,
+    DEFAULT_MEMORY_LIMIT_BYTES,
+    DEFAULT_POOL_SIZE,
     WasmScalarFunction,
     WasmTableFunction,
     clear_module_cache,
     module_cache_stats,
+    spec_limits,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
-RUSTC = Path("/usr/bin/rustc")
-WASM32_STD = Path("/usr/lib/rustlib/wasm32-unknown-unknown")
+from helpers import build_geo_wasm
 
 
 @pytest.fixture(scope="module")
 def geo_wasm(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """examples/udfs/geo.rs built for wasm32-unknown-unknown with Debian's rustc."""
-    if not RUSTC.is_file() or not WASM32_STD.is_dir() or not Path("/usr/bin/rust-lld").exists():
-        pytest.skip(
-            "needs Debian's /usr/bin/rustc, libstd-rust-dev-wasm32 and lld-14 (make "
-            "wasm-examples installs them)"
-        )
-    out = tmp_path_factory.mktemp("udfs") / "geo.wasm"
-    subprocess.run(
-        [
-            str(RUSTC),
-            "--target",
-            "wasm32-unknown-unknown",
-            "--crate-type",
-            "cdylib",
-            "-C",
-            "opt-level=3",
-            "-C",
-            "strip=debuginfo",
-            "-o",
-            str(out),
-            str(ROOT / "examples" / "udfs" / "geo.rs"),
-        ],
-        check=True,
-    )
-    return out.read_bytes()
+    return build_geo_wasm(tmp_path_factory.mktemp("udfs"))
 
 
 def spec(
@@ -508,3 +487,56 @@ def test_table_function_errors(geo_wasm: bytes) -> None:
         "function bad: output column x's values (80 bytes at 2147483632) is outside the "
         "module's 1.1 MiB of memory (10 rows returned for a batch of 2)"
     )
+
+
+# --- WITH (memory_limit, deadline, workers) -----------------------------------------------------
+
+
+def limited(name: str, code: bytes, **options: str) -> WasmScalarFunction:
+    """``name(x BIGINT) -> BIGINT`` with ``options`` as its ``WITH (...)``, made by the registry."""
+    made = create_function(replace(spec(name, [I64], I64, code), options=options, line=3))
+    assert isinstance(made, WasmScalarFunction)
+    return made
+
+
+def test_a_memory_bomb_under_a_small_memory_limit_names_the_limit() -> None:
+    fn = limited("bomb", wat(BOMB), memory_limit="2MiB")
+    assert fn._memory_limit == 2 << 20
+    with pytest.raises(FunctionCallError) as err:
+        fn.call([pa.array([1])])
+    # 17 pages (1.06 MiB) + one 1 MiB step would pass 2 MiB: memory.grow is refused at once
+    assert str(err.value) == (
+        "function bomb: trapped on a batch of 1 rows: wasm trap: wasm `unreachable` instruction "
+        "executed (probably at its memory limit: linear memory 1.1 MiB of its 2.0 MiB limit "
+        "(WITH memory_limit = '2MiB'))"
+    )
+
+
+def test_a_loop_under_a_half_second_deadline_names_the_deadline() -> None:
+    fn = limited("spin", wat(SPIN), deadline="500ms")
+    started = time.monotonic()
+    with pytest.raises(FunctionCallError) as err:
+        fn.call([pa.array([1, 2, 3])])
+    waited = time.monotonic() - started
+    assert str(err.value) == (
+        "function spin: ran past its deadline of 0.5 s (WITH deadline = '500ms') on a batch of "
+        "3 rows and was interrupted (wasm trap: interrupt)"
+    )
+    assert 0.5 <= waited < DEFAULT_DEADLINE_S
+
+
+def test_workers_sets_the_instance_pool_and_no_options_keep_the_defaults(geo_wasm: bytes) -> None:
+    fn = create_function(replace(spec("gcd", [I64, I64], I64, geo_wasm), options={"workers": "1"}))
+    assert isinstance(fn, WasmScalarFunction)
+    assert fn._pool_size == 1
+    default = create_function(spec("gcd", [I64, I64], I64, geo_wasm))
+    assert isinstance(default, WasmScalarFunction)
+    assert (default._memory_limit, default._deadline_s, default._pool_size) == (
+        DEFAULT_MEMORY_LIMIT_BYTES,
+        DEFAULT_DEADLINE_S,
+        DEFAULT_POOL_SIZE,
+    )
+    assert spec_limits(spec("gcd", [I64, I64], I64, geo_wasm)) == {}
+    assert spec_limits(
+        replace(spec("gcd", [I64], I64, b""), options={"memory_limit": "64KiB", "deadline": "2s"})
+    ) == {"memory_limit_bytes": 65536, "deadline_s": 2.0}

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import datafusion
@@ -24,15 +25,24 @@ import pyarrow.parquet as pq
 import pytest
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError, PipelineSQLError
 from flight_serve.flight.config import ServerConfig
+from flight_serve.flight.ops.metrics import Metrics
 from flight_serve.flight.ops.roles import TlsFiles
 from flight_serve.functions.inprocess import InProcessScalar
-from flight_serve.functions.python import SandboxConfig
+from flight_serve.functions.limits import (
+    FunctionLimits,
+    function_limits,
+    parse_duration,
+    parse_size,
+)
+from flight_serve.functions.python import SandboxConfig, with_limits
 from flight_serve.functions.registry import (
     PYTHON_RUNNER_ENV,
     create_function,
     python_runner_from_env,
 )
 from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.user_functions import CALL_SECONDS_BUCKETS, FunctionSet
+from prometheus_client.parser import text_string_to_metric_families
 
 SOURCE = "CREATE SOURCE s (x DOUBLE, n BIGINT) WITH (connector = 'file', path = 'in.csv');\n"
 QUERY = "CREATE SINK out WITH (connector = 'stdout');\nINSERT INTO out SELECT x FROM s;\n"
@@ -79,7 +89,7 @@ def test_the_four_forms_give_specs_with_their_code(tmp_path: Path) -> None:
         "CREATE FUNCTION great_circle(lat1 DOUBLE, lon1 DOUBLE, lat2 DOUBLE, lon2 DOUBLE) "
         "RETURNS DOUBLE\nLANGUAGE wasm USING 'udfs/geo.wasm';\n"
         "CREATE FUNCTION gcd(a BIGINT, b BIGINT) RETURNS BIGINT LANGUAGE wasm USING BASE64 "
-        f"'{base64.b64encode(wasm).decode()}' WITH (max_memory = '16MiB');\n" + KM + QUERY
+        f"'{base64.b64encode(wasm).decode()}' WITH (memory_limit = '16MiB');\n" + KM + QUERY
     )
     path = tmp_path / "p.sql"
     path.write_text(text)
@@ -121,7 +131,7 @@ def test_the_four_forms_give_specs_with_their_code(tmp_path: Path) -> None:
         (pa.int64(), pa.int64()),
         pa.int64(),
         wasm,
-        {"max_memory": "16MiB"},
+        {"memory_limit": "16MiB"},
         11,
     )
     assert (specs["km"].options, specs["km"].line) == ({"vectorized": "false"}, 12)
@@ -628,3 +638,179 @@ def test_the_server_hides_its_data_dir_and_credential_directories(tmp_path: Path
         tls=TlsFiles(tmp_path / "cert.pem", Path(sys.executable).parent / "key.pem"),
     )
     assert beside_python.python_sandbox().hidden_paths == (str(root / "data"),)
+
+
+# --- WITH (memory_limit, deadline, workers) ------------------------------------------------------
+
+
+def _limited(clause: str, language: str = "python") -> str:
+    code = "AS $$\ndef f(x):\n    return x\n$$" if language == "python" else "USING BASE64 'AA=='"
+    return (
+        SOURCE
+        + f"CREATE FUNCTION f(x DOUBLE) RETURNS DOUBLE LANGUAGE {language}\n"
+        + f"WITH ({clause}) {code};\n"
+        + QUERY
+    )
+
+
+@pytest.mark.parametrize(
+    ("clause", "language", "message"),
+    [
+        (
+            "memory_limit = '128MB'",
+            "python",
+            "option memory_limit = '128MB': write an integer and a unit: B, KiB, MiB, GiB or "
+            "TiB (such as '128MiB')",
+        ),
+        (
+            "memory_limit = '134217728'",
+            "python",
+            "option memory_limit = '134217728': write an integer and a unit: B, KiB, MiB, GiB "
+            "or TiB (such as '128MiB')",
+        ),
+        (
+            "memory_limit = '64MiB'",
+            "python",
+            "option memory_limit = '64MiB': LANGUAGE python functions take 128 MiB .. 1 TiB",
+        ),
+        (
+            "memory_limit = '8GiB'",
+            "wasm",
+            "option memory_limit = '8GiB': LANGUAGE wasm functions take 64 KiB .. 4 GiB",
+        ),
+        (
+            "deadline = '2'",
+            "python",
+            "option deadline = '2': write a number and a unit: ms, s, min or h (such as "
+            "'500ms' or '2s')",
+        ),
+        (
+            "deadline = '1.2.3s'",
+            "wasm",
+            "option deadline = '1.2.3s': write a number and a unit: ms, s, min or h (such as "
+            "'500ms' or '2s')",
+        ),
+        ("deadline = '1ms'", "python", "option deadline = '1ms': a deadline is 10ms .. 24h"),
+        ("workers = 0", "python", "option workers = '0': an integer 1 .. 64"),
+        ("workers = 'two'", "wasm", "option workers = 'two': an integer 1 .. 64"),
+        (
+            "memory = '1GiB'",
+            "python",
+            "unknown option memory (did you mean memory_limit? LANGUAGE python functions take "
+            "handler, vectorized, memory_limit, deadline, workers)",
+        ),
+        (
+            "timeout = '1s'",
+            "wasm",
+            "unknown option timeout (LANGUAGE wasm functions take handler, memory_limit, "
+            "deadline, workers)",
+        ),
+    ],
+    ids=[
+        "size-unit-ambiguous",
+        "size-no-unit",
+        "python-memory-too-small",
+        "wasm-memory-too-large",
+        "duration-no-unit",
+        "duration-not-a-number",
+        "deadline-too-short",
+        "workers-zero",
+        "workers-not-a-number",
+        "unknown-python",
+        "unknown-wasm",
+    ],
+)
+def test_a_bad_limit_names_the_option_and_the_line(
+    clause: str, language: str, message: str
+) -> None:
+    with pytest.raises(FunctionDefinitionError) as caught:
+        parse_pipeline(_limited(clause, language))
+    assert str(caught.value) == f"FUNCTION f (line 2): {message}"
+
+
+def test_limits_are_kept_as_options_and_read_with_their_units() -> None:
+    spec = parse_pipeline(
+        _limited("memory_limit = '128MiB', deadline = '2s', workers = 2")
+    ).user_functions["f"]
+    assert spec.options == {"memory_limit": "128MiB", "deadline": "2s", "workers": "2"}
+    assert function_limits(spec) == FunctionLimits(128 << 20, timedelta(seconds=2), 2)
+    assert with_limits(spec, SandboxConfig()) == SandboxConfig(
+        memory_limit_bytes=128 << 20, deadline=timedelta(seconds=2), pool_size=2
+    )
+    assert parse_size("64 KiB") == 65536
+    assert parse_size("1048576B") == 1 << 20
+    assert parse_duration("500ms") == parse_duration("0.5 s") == timedelta(milliseconds=500)
+    assert parse_duration("1min") == timedelta(minutes=1)
+    # none given: the defaults hold (and workers = 1 lowers min_workers with the pool)
+    plain = parse_pipeline(SOURCE + DELAY_CLASS + QUERY).user_functions["delay_class"]
+    assert function_limits(plain) == FunctionLimits()
+    assert with_limits(plain, SandboxConfig()) == SandboxConfig()
+    one = replace(spec, options={"workers": "1"})
+    assert with_limits(one, SandboxConfig(min_workers=2, pool_size=4)) == SandboxConfig(
+        min_workers=1, pool_size=1
+    )
+
+
+# --- per-function metrics ------------------------------------------------------------------------
+
+
+def test_each_call_is_counted_with_its_rows_errors_and_time_bucket() -> None:
+    """FunctionSet counts every call DataFusion makes (a failed one as an error, an empty batch
+    not at all) and the server's collector turns ``pipeline.status``'s counts into families."""
+    text = SOURCE + (
+        "CREATE FUNCTION f(x DOUBLE) RETURNS DOUBLE LANGUAGE python AS $$\n"
+        "def f(x):\n"
+        "    if len(x) == 3:\n"
+        "        raise ValueError('three')\n"
+        "    return x\n"
+        "$$;\n" + QUERY
+    )
+    specs = parse_pipeline(text).user_functions
+    functions = FunctionSet(specs, python_runner="inprocess")
+    try:
+        ctx = datafusion.SessionContext()
+        functions.register(ctx)
+        for values in ([1.0, 2.0], [3.0], []):
+            ctx.from_arrow(pa.table({"x": pa.array(values, pa.float64())}), "t")
+            assert ctx.sql("SELECT f(x) AS y FROM t").to_pydict() == {"y": values}
+            ctx.deregister_table("t")
+        ctx.from_arrow(pa.table({"x": [1.0, 2.0, 3.0]}), "t")
+        with pytest.raises(Exception, match="three"):
+            ctx.sql("SELECT f(x) AS y FROM t").collect()
+        stats = functions.metrics()["f"]
+    finally:
+        functions.close()
+    assert {k: stats[k] for k in ("calls", "rows", "errors", "language")} == {
+        "calls": 3,
+        "rows": 6,
+        "errors": 1,
+        "language": "python",
+    }
+    assert stats["call_seconds"]["buckets"]["+Inf"] == 3
+    assert list(stats["call_seconds"]["buckets"]) == [
+        *(repr(b) for b in CALL_SECONDS_BUCKETS),
+        "+Inf",
+    ]
+
+    class Source:  # the pipeline manager's two calls the collector makes
+        def pipelines(self) -> list[dict[str, object]]:
+            return [{"id": "p1", "state": "running"}, {"id": "p2", "state": "finished"}]
+
+        def status(self, pid: str) -> dict[str, object]:
+            return {"functions": {"f": stats}}
+
+    metrics = Metrics()
+    metrics.watch_pipelines(Source())
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render())}
+    labels = {"pipeline": "p1", "function": "f", "digest": stats["sha256"], "language": "python"}
+    assert [
+        (s.name, s.labels, s.value) for s in families["flight_serve_function_errors"].samples
+    ] == [("flight_serve_function_errors_total", labels, 1.0)]
+    assert [s.value for s in families["flight_serve_function_calls"].samples] == [3.0]
+    assert [s.value for s in families["flight_serve_function_rows"].samples] == [6.0]
+    count = [
+        s.value
+        for s in families["flight_serve_function_call_duration_seconds"].samples
+        if s.name.endswith("_count")
+    ]
+    assert count == [3.0]

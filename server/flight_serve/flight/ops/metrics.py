@@ -21,6 +21,14 @@ Families (DESIGN §7, named by Prometheus conventions):
   ``flight_serve_pipeline_checkpoint_duration_seconds{pipeline}`` and
   ``flight_serve_pipeline_checkpoint_size_bytes{pipeline}`` (the last checkpoint's). A
   ``finished`` or ``cancelled`` pipeline has none of them (a ``failed`` one keeps them).
+- Per user function of a live pipeline (``CREATE FUNCTION … LANGUAGE python | wasm``; read
+  from ``pipeline.status``'s ``"functions"`` at scrape time, counted since the pipeline's run
+  started: a restart starts them at 0), labelled ``{pipeline, function, digest, language}``
+  (``digest``: the code's SHA-256, first 12 hex characters, as ``explain`` shows it):
+  ``flight_serve_function_calls_total`` (calls, one per batch),
+  ``flight_serve_function_rows_total`` (rows passed in), ``flight_serve_function_errors_total``
+  (failed calls) and the histogram ``flight_serve_function_call_duration_seconds`` (one call's
+  wall-clock time; buckets 100 µs .. 30 s). A ``finished`` or ``cancelled`` pipeline has none.
 - The memory budget (:class:`~flight_serve.flight.ops.limits.MemoryBudget`, when the server has one):
   ``flight_serve_memory_budget_bytes``, ``flight_serve_memory_held_bytes{kind}`` (``query``,
   ``doput``, ``window_state``), ``flight_serve_memory_peak_held_bytes`` and
@@ -41,7 +49,12 @@ from typing import Any, Final, Protocol
 import pyarrow as pa
 import pyarrow.flight as flight
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
@@ -248,6 +261,60 @@ class _PipelineCollector(Collector):
         yield from (watermark, lag, rows_in, data_loss, late, open_windows, duration, size)
 
 
+class _FunctionCollector(Collector):
+    """Per user function of every live pipeline, from ``status(pid)["functions"]``."""
+
+    def __init__(self, source: PipelineSource) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        labels = ["pipeline", "function", "digest", "language"]
+        calls = CounterMetricFamily(
+            "flight_serve_function_calls",
+            "Calls (one per batch) of a user function since its pipeline's run started.",
+            labels=labels,
+        )
+        rows = CounterMetricFamily(
+            "flight_serve_function_rows",
+            "Rows passed to a user function since its pipeline's run started.",
+            labels=labels,
+        )
+        errors = CounterMetricFamily(
+            "flight_serve_function_errors",
+            "Calls of a user function that failed (it raised, trapped, ran past its deadline "
+            "or memory limit, returned a wrong result, or its worker died twice).",
+            labels=labels,
+        )
+        seconds = HistogramMetricFamily(
+            "flight_serve_function_call_duration_seconds",
+            "Wall-clock time of one call of a user function (one batch).",
+            labels=labels,
+        )
+        try:
+            pids = [
+                str(p["id"])
+                for p in self._source.pipelines()
+                if p.get("state") not in ("finished", "cancelled")
+            ]
+        except Exception:  # a scrape never fails because the registry is odd
+            log.exception("cannot list pipelines for the function metrics")
+            pids = []
+        for pid in pids:
+            try:
+                functions = self._source.status(pid).get("functions") or {}
+                for name, stats in sorted(functions.items()):
+                    values = [pid, str(name), str(stats["sha256"]), str(stats["language"])]
+                    calls.add_metric(values, float(stats["calls"]))
+                    rows.add_metric(values, float(stats["rows"]))
+                    errors.add_metric(values, float(stats["errors"]))
+                    histogram = stats["call_seconds"]
+                    buckets = [(le, float(n)) for le, n in histogram["buckets"].items()]
+                    seconds.add_metric(values, buckets, sum_value=float(histogram["sum"]))
+            except Exception:  # one odd pipeline record does not hide the others
+                log.exception("cannot collect function metrics", extra={"pipeline": pid})
+        yield from (calls, rows, errors, seconds)
+
+
 class Metrics:
     """One server's metric families (see the module docstring)."""
 
@@ -289,8 +356,10 @@ class Metrics:
         self.http_port: int | None = None
 
     def watch_pipelines(self, source: PipelineSource) -> None:
-        """Add the per-pipeline families, read from ``source`` at each scrape."""
+        """Add the per-pipeline and per-function families, read from ``source`` at each
+        scrape."""
         self.registry.register(_PipelineCollector(source))
+        self.registry.register(_FunctionCollector(source))
 
     def watch_budget(self, budget: BudgetSource) -> None:
         """Add the memory budget's families, read from ``budget`` at each scrape."""
