@@ -625,8 +625,10 @@ class PipelineManager:
             InvalidInputError: it is not running, or is starting; the SQL is empty; or its
                 stateful operators differ (``IncompatibleUpdate``: the message lists them).
             PipelineSQLError, FunctionDefinitionError: the new text does not plan.
-            CheckpointError: the checkpoint could not be taken or resumed (the old version
-                runs on).
+            IncompatibleUpdateError: the new version could not resume the checkpoint the old
+                one took (its operators' state does not fit it, e.g. an aggregated column's
+                type changed): the old version resumes from it.
+            CheckpointError: the old version did not stop within the timeout.
         """
         what = "pipeline.update"
         record = self.registry.get(pid)
@@ -699,6 +701,12 @@ class PipelineManager:
                 f"update to version {version} failed, version {record.version} resumes: {exc}",
             )
             self._launch(current, None)  # the old version, from the checkpoint it just took
+            if isinstance(exc, CheckpointError):  # the new text does not fit the state
+                raise IncompatibleUpdateError(
+                    f"{what}: pipeline {pid}: version {version} cannot resume from checkpoint "
+                    f"{stopped_at}: {exc}; version {record.version} resumes from it (nothing "
+                    "was changed)"
+                ) from exc
             raise
         try:
             if code_key is not None:
