@@ -10,6 +10,7 @@ version 1's checkpoint with version 2's code."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import subprocess
 import sys
@@ -96,9 +97,7 @@ def expected_rows(last_v1: int, last: int) -> list[dict[str, int]]:
     """``rows``: version 1 (``a``) for ids up to ``last_v1``, version 2 (``a * 10``, keys but
     c) after."""
     out = [{"id": i, "a": adj(i, 1)} for i in range(1, last_v1 + 1)]
-    out += [
-        {"id": i, "a": adj(i, 2) * 10} for i in range(last_v1 + 1, last + 1) if key(i) != "c"
-    ]
+    out += [{"id": i, "a": adj(i, 2) * 10} for i in range(last_v1 + 1, last + 1) if key(i) != "c"]
     return out
 
 
@@ -231,8 +230,8 @@ def test_update_resumes_the_new_version_from_the_old_state_and_refuses_incompati
         printed.stdout
     ), printed.stdout
     # the same text and code again: nothing to do
-    same = act(server.location, "pipeline.update", {"id": pid, "sql": V2, "files": {
-        "udfs/adj.py": __import__("base64").b64encode(ADJ_V2).decode()}})  # fmt: skip
+    files = {"udfs/adj.py": base64.b64encode(ADJ_V2).decode()}
+    same = act(server.location, "pipeline.update", {"id": pid, "sql": V2, "files": files})
     assert (same["changed"], same["version"]) == (False, 2)
 
     # --- SIGKILL before version 2 took a checkpoint of its own: it resumes version 1's -----
@@ -248,9 +247,7 @@ def test_update_resumes_the_new_version_from_the_old_state_and_refuses_incompati
         "the windows up to 120 s",
     )
     assert by_window(stream_rows(server.location, "counts")) == expected_counts(60, 120)
-    assert by_id(stream_rows(server.location, "sevens")) == [
-        {"id": i} for i in range(63, 121, 7)
-    ]
+    assert by_id(stream_rows(server.location, "sevens")) == [{"id": i} for i in range(63, 121, 7)]
     status = act(server.location, "pipeline.status", {"id": pid})
     assert (status["state"], status["version"], len(status["versions"])) == ("running", 2, 2)
     logs = lines()
