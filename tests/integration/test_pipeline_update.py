@@ -58,7 +58,7 @@ V1 = (
     + "CREATE SINK rows WITH (connector = 'flight', stream = 'rows');\n"
     + "INSERT INTO rows SELECT id, a FROM scored;\n"
 )
-#: a new per-row query first (every later query's index moves by two), the same window, a
+#: a new per-row query first (every later query's index moves by one), the same window, a
 #: changed per-row query into the same sink, and (in the file) a changed function
 V2 = (
     SOURCE

@@ -87,7 +87,7 @@ def _aggregate_text(call: AggregateCall) -> str:
     text = f"{call.func}({inner})"
     if call.ignore_nulls:
         text += " IGNORE NULLS"
-    return text if call.alias == call.func else f"{text} AS {call.alias}"
+    return text if call.alias.lower() in (call.func, text.lower()) else f"{text} AS {call.alias}"
 
 
 def _operator_name(query: QueryDef) -> str:
