@@ -19,9 +19,8 @@ FLIGHTS = (
     "sched_dep TIMESTAMP(3), WATERMARK FOR sched_dep AS sched_dep) "
     "WITH (connector = 'flight', stream = '{stream}');\n"
 )
-BASE = (
-    FLIGHTS
-    + "CREATE FUNCTION late(d DOUBLE) RETURNS BOOLEAN LANGUAGE python AS $$\n"
+BASE = FLIGHTS + (
+    "CREATE FUNCTION late(d DOUBLE) RETURNS BOOLEAN LANGUAGE python AS $$\n"
     "import pyarrow.compute as pc\n"
     "def late(d):\n"
     "    return pc.greater(d, {limit})\n"
