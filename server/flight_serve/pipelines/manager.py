@@ -239,6 +239,8 @@ class PipelineManager:
         self.registry = Registry(self.data_dir / "pipelines.sqlite")
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
+        #: held by :meth:`update` and :meth:`cancel`: one changes a pipeline's run at a time
+        self._switch = threading.Lock()
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -566,6 +568,10 @@ class PipelineManager:
         Raises:
             NotFoundError: no such pipeline.
         """
+        with self._switch:  # not while an update swaps the run
+            return self._cancel(pid)
+
+    def _cancel(self, pid: str) -> dict[str, Any]:
         record = self.registry.get(pid)
         with self._lock:
             run = self._runs.get(pid)
@@ -630,6 +636,17 @@ class PipelineManager:
                 type changed): the old version resumes from it.
             CheckpointError: the old version did not stop within the timeout.
         """
+        with self._switch:  # one update (or cancel) at a time
+            return self._update(pid, sql, function_files, changed_by, note)
+
+    def _update(
+        self,
+        pid: str,
+        sql: str,
+        function_files: Mapping[str, bytes] | None,
+        changed_by: str | None,
+        note: str | None,
+    ) -> dict[str, Any]:
         what = "pipeline.update"
         record = self.registry.get(pid)
         if not sql.strip():

@@ -267,10 +267,15 @@ class Registry:
             try:
                 with self._db:
                     self._db.execute("BEGIN")
-                    (version,) = self._db.execute(
-                        "SELECT version FROM pipelines WHERE id = ?", (pid,)
+                    version, old_sql, submitted = self._db.execute(
+                        "SELECT version, sql, submitted_at FROM pipelines WHERE id = ?", (pid,)
                     ).fetchone()
                     version = int(version) + 1
+                    self._db.execute(  # a pipeline of an older server: its version 1 first
+                        "INSERT OR IGNORE INTO pipeline_versions VALUES "
+                        "(?, 1, ?, ?, '{}', NULL, 'submitted', NULL)",
+                        (pid, submitted, sql_digest(old_sql)),
+                    )
                     self._db.execute(
                         "UPDATE pipelines SET sql = ?, version = ?, code_key = ?, updated_at = ? "
                         "WHERE id = ?",
