@@ -357,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
         command = _sub(commands, name, help=what, parents=[server, pipeline_json])
         if needs_id:
             command.add_argument("id", help="the pipeline id (flight-serve pipelines list)")
+        if name == "update":
+            command.add_argument("pipeline", type=Path,
+                                 help="the new pipeline SQL file (its USING files are uploaded)")  # fmt: skip
         if name == "logs":
             command.add_argument("--follow", "-f", action="store_true",
                                  help="go on printing new lines until the pipeline ends")  # fmt: skip
@@ -392,6 +395,12 @@ _PIPELINE_COMMANDS = (
     ("logs", "a pipeline's recent log lines", True),
     ("checkpoint", "take a checkpoint now and wait for it", True),
     ("cancel", "stop a pipeline (its last checkpoint is kept)", True),
+    (
+        "update",
+        "run a new version of a pipeline from its state: checkpoint, stop, resume with the new "
+        "SQL and functions (refused, nothing changed, if a window, key or aggregate differs)",
+        True,
+    ),
 )
 
 
@@ -780,6 +789,17 @@ def _pipelines(args: argparse.Namespace) -> int:
             print(f"flight-serve: {exc}", file=sys.stderr)
             return 1
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
+    if args.what == "update":
+        path: Path = args.pipeline
+        try:
+            sql = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"flight-serve: {exc}", file=sys.stderr)
+            return 1
+        body.update(sql=sql, note=path.name)
+        files = _function_files(sql, path)
+        if files:  # the code travels with the new version, as with submit
+            body["files"] = files
     try:
         result = _action(
             args.server,
@@ -799,8 +819,27 @@ def _pipelines(args: argparse.Namespace) -> int:
     elif args.what == "logs":
         for line in result["lines"]:
             print(f"{line['ts']} {line['level']}: {line['message']}")
+    elif args.what == "update":
+        if not result["changed"]:
+            print(f"{result['id']}: unchanged (version {result['version']})")
+        else:
+            print(
+                f"{result['id']}: version {result['version']} resumed from checkpoint "
+                f"{result['resumed_from']} (version {result['previous_version']}'s)"
+            )
     elif args.what == "status":
         for key, value in result.items():  # a null (nothing waited for, no epoch yet) is "-"
+            if key == "versions":
+                print("versions:")
+                for v in value:
+                    codes = " ".join(f"{n}:{d[:12]}" for n, d in v["functions"].items())
+                    print(
+                        f"  {v['version']}  {v['at']}  sql {v['sql_sha256'][:12]}"
+                        + (f"  functions {codes}" if codes else "")
+                        + (f"  by {v['changed_by']}" if v["changed_by"] else "")
+                        + f"  {v['change']}"
+                    )
+                continue
             if value is None:
                 shown = "-"
             else:

@@ -67,6 +67,12 @@ class PipelineSQLError(InvalidInputError):
         self.col = col
 
 
+class IncompatibleUpdateError(InvalidInputError):
+    """``pipelines update`` with a text whose stateful operators (windows, keys, aggregates,
+    sources) differ from the running version's: its checkpoint cannot resume the new one. The
+    message has one line per operator that differs; the running version is unchanged."""
+
+
 class TicketError(InvalidInputError):
     """A ticket that is malformed, of an unknown version, or stale (its stream was dropped)."""
 

@@ -274,7 +274,7 @@ def test_help_shows_the_defaults() -> None:
 def test_pipelines_commands_have_their_own_help() -> None:
     top = cli("pipelines", "--help")
     assert top.returncode == 0
-    for name in ("list", "status", "logs", "checkpoint", "cancel"):
+    for name in ("list", "status", "logs", "checkpoint", "cancel", "update"):
         assert name in top.stdout
         own = cli("pipelines", name, "--help")
         assert own.returncode == 0

@@ -108,6 +108,8 @@ def test_read_queries_and_tails_only(client: flight.FlightClient) -> None:
         act(client, token, "stream.drop", {"stream": "s"})
     with pytest.raises(flight.FlightUnauthorizedError, match="'admin' role"):
         act(client, token, "pipeline.submit", {"sql": "SELECT 1"})
+    with pytest.raises(flight.FlightUnauthorizedError, match="'admin' role"):
+        act(client, token, "pipeline.update", {"id": "nope-00000000", "sql": "SELECT 1"})
 
 
 def test_write_uploads_only(client: flight.FlightClient) -> None:
@@ -127,6 +129,8 @@ def test_admin_pipelines_and_drops_only(client: flight.FlightClient) -> None:
     assert act(client, token, "stream.drop", {"stream": "to-drop"}) == {"dropped": "to-drop"}
     with pytest.raises(pa.ArrowKeyError):  # past the role check: no such pipeline
         act(client, token, "pipeline.cancel", {"id": "nope-00000000"})
+    with pytest.raises(pa.ArrowKeyError):
+        act(client, token, "pipeline.update", {"id": "nope-00000000", "sql": "SELECT 1"})
     with pytest.raises(flight.FlightUnauthorizedError, match="'write' role"):
         put(client, token)
     with pytest.raises(flight.FlightUnauthorizedError, match="'read' role"):

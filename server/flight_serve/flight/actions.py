@@ -14,6 +14,8 @@ action                   body                                           result
                                                                         in / out, late rows, last
                                                                         checkpoint, last error
 ``pipeline.cancel``      ``{"id"}``                                     ``{"id", "state"}``
+``pipeline.update``      ``{"id", "sql", "files"?, "note"?}``           ``{"id", "version",
+                                                                        "resumed_from", …}``
 ``pipeline.checkpoint``  ``{"id", "wait_s"?}``                          ``{"id", "epoch",
                                                                         "completed", …}``
 ``pipeline.logs``        ``{"id", "after"?}``                           ``{"lines": [{"seq", "ts",
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.flight as flight
 
 from flight_serve.errors import ActionError
+from flight_serve.flight.ops.roles import caller_name
 from flight_serve.store import validate_stream_name
 
 if TYPE_CHECKING:
@@ -161,6 +164,23 @@ def register_pipeline_actions(register: RegisterAction, manager: PipelineManager
                 output_dir=_text(body, "output_dir", "pipeline.submit", required=False),
                 replace=_flag(body, "replace", "pipeline.submit"),
                 function_files=_files(body, "pipeline.submit"),
+                changed_by=caller_name(context),
+            )
+        )
+
+    def update(context: flight.ServerCallContext, raw: bytes) -> list[bytes]:
+        body = _body(raw, "pipeline.update")
+        pid = _text(body, "id", "pipeline.update")
+        sql = _text(body, "sql", "pipeline.update")
+        assert pid is not None
+        assert sql is not None
+        return _result(
+            manager.update(
+                pid,
+                sql,
+                function_files=_files(body, "pipeline.update"),
+                changed_by=caller_name(context),
+                note=_text(body, "note", "pipeline.update", required=False),
             )
         )
 
@@ -221,6 +241,15 @@ def register_pipeline_actions(register: RegisterAction, manager: PipelineManager
         "pipeline.cancel",
         'Checkpoint and stop a pipeline (state cancelled). Body: {"id"}. Result: {"id", "state"}.',
         cancel,
+    )
+    register(
+        "pipeline.update",
+        "Replace a running pipeline's text and code, keeping its state: it checkpoints, stops "
+        "and resumes from that checkpoint as the next version, if its windows, keys, aggregates "
+        'and sources are unchanged (else refused with the differences). Body: {"id", "sql", '
+        '"files"?, "note"?}. Result: {"id", "version", "previous_version", "resumed_from", '
+        '"sql_sha256", "functions", "changed"}.',
+        update,
     )
     register(
         "pipeline.checkpoint",

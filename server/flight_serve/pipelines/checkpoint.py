@@ -128,6 +128,9 @@ class Manifest:
         sinks: per sink name: its commit mark (connector-specific JSON).
         metrics: rows in and out, late rows, and other counters at the checkpoint.
         files: every file of the checkpoint and its size in bytes.
+        stateful: what its state belongs to: the pipeline's stateful operators and sources
+            (:func:`~flight_serve.pipelines.upgrade.stateful_operators`), which another version
+            of the pipeline must match to resume from it (``{}``: an older server's checkpoint).
     """
 
     pipeline: str
@@ -140,6 +143,7 @@ class Manifest:
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)
+    stateful: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         """The manifest as UTF-8 JSON."""
@@ -156,6 +160,7 @@ class Manifest:
                 "sinks": self.sinks,
                 "metrics": self.metrics,
                 "files": self.files,
+                "stateful": self.stateful,
             },
             indent=1,
             sort_keys=True,
@@ -183,6 +188,7 @@ class Manifest:
                 sinks=dict(raw["sinks"]),
                 metrics=dict(raw["metrics"]),
                 files={str(k): int(v) for k, v in raw["files"].items()},
+                stateful=dict(raw.get("stateful") or {}),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CheckpointError(f"unreadable checkpoint manifest {where}: {exc}") from exc

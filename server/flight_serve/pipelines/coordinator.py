@@ -51,6 +51,7 @@ from flight_serve.pipelines.checkpoint import (
     recovery_neutral_fingerprint,
 )
 from flight_serve.pipelines.run_options import RunOptions
+from flight_serve.pipelines.upgrade import diff_stateful, operator_index_map
 
 __all__ = [
     "CRASH_ENV",
@@ -146,9 +147,17 @@ class CheckpointCoordinator:
         restart_finished: with ``"latest"``, start over when the newest checkpoint is a
             finished run's.
         on_checkpoint: called after every completed checkpoint.
+        stateful: the pipeline's stateful operators and sources
+            (:func:`~flight_serve.pipelines.upgrade.stateful_operators`), recorded in every
+            manifest.
+        upgrade: resume a checkpoint of another version of the pipeline (another text or
+            code) when its recorded ``stateful`` matches this one's
+            (:func:`~flight_serve.pipelines.upgrade.diff_stateful` is empty): what
+            ``pipelines update`` and a restart after it do. ``False``: only the same pipeline.
 
     Raises:
-        CheckpointError: the checkpoint to resume was taken of another pipeline text.
+        CheckpointError: the checkpoint to resume was taken of another pipeline text (with
+            ``upgrade``: of a pipeline whose stateful operators differ, one line per operator).
 
     Hooks for tests (never set in production): :attr:`barrier_hooks` are called at the start of
     every barrier with the number of events counted so far (one may raise to "die" there), and
@@ -167,6 +176,8 @@ class CheckpointCoordinator:
     #: ``<name>:<sha256>`` of each user function's code (CREATE FUNCTION … LANGUAGE …): code
     #: read from a USING file is not in the text, and is part of the pipeline's identity too
     code_digests: tuple[str, ...] = ()
+    stateful: dict[str, Any] = field(default_factory=dict)
+    upgrade: bool = False
 
     def __post_init__(self) -> None:
         # recovery options (offset_reset, expired_snapshot) may be set after a failure
@@ -177,6 +188,10 @@ class CheckpointCoordinator:
             self.fingerprint = fingerprint(f"{self.fingerprint}\n{codes}")
             self._text_fingerprint = fingerprint(f"{self._text_fingerprint}\n{codes}")
         self.graph: Checkpointed | None = None
+        #: a new version's window query index -> its state's index in the resumed checkpoint
+        self._operator_index: dict[int, int] = {}
+        #: whether the checkpoint resumed from is another version's (``upgrade``)
+        self.upgraded = False
         self.last_checkpoint: CheckpointInfo | None = None
         self.resumed_from: int | None = None
         self.events = 0
@@ -214,6 +229,10 @@ class CheckpointCoordinator:
             if dropped:
                 self._note(f"resuming from epoch {resume}: checkpoints {dropped} deleted")
         if manifest.fingerprint not in (self.fingerprint, self._text_fingerprint):
+            if self.upgrade:
+                self._check_upgrade(manifest)
+                self.resumed_from = manifest.epoch
+                return manifest
             raise CheckpointError(
                 f"the pipeline text changed since checkpoint {manifest.epoch} in "
                 f"{self.checkpoints.uri} was taken; a checkpoint restores only the pipeline it "
@@ -222,6 +241,25 @@ class CheckpointCoordinator:
             )
         self.resumed_from = manifest.epoch
         return manifest
+
+    def _check_upgrade(self, manifest: Manifest) -> None:
+        """Accept ``manifest`` of another version when its stateful operators match."""
+        if not manifest.stateful:
+            raise CheckpointError(
+                f"checkpoint {manifest.epoch} in {self.checkpoints.uri} was taken of another "
+                "version of the pipeline by a server that did not record its stateful "
+                "operators; take a checkpoint with this server first (the old version), then "
+                "update"
+            )
+        diff = diff_stateful(manifest.stateful, self.stateful)
+        if diff:
+            raise CheckpointError(
+                f"the new version cannot resume from checkpoint {manifest.epoch} in "
+                f"{self.checkpoints.uri}: its stateful operators differ: " + "; ".join(diff)
+            )
+        self._operator_index = operator_index_map(manifest.stateful, self.stateful)
+        self.upgraded = True
+        self._note(f"resuming checkpoint {manifest.epoch} of another version of {self.name}")
 
     # --- the checkpoint resumed from --------------------------------------------------------
 
@@ -254,12 +292,14 @@ class CheckpointCoordinator:
         manifest = self.manifest
         if manifest is None:
             return None
-        entry = manifest.operators.get(str(index))
+        entry = manifest.operators.get(str(self._operator_index.get(index, index)))
         if entry is None:
             raise CheckpointError(
                 f"checkpoint {manifest.epoch} has no state for {label}; start over with --fresh"
             )
-        return OperatorSnapshot.from_bytes(self.checkpoints.read(manifest.epoch, str(entry["file"])))
+        return OperatorSnapshot.from_bytes(
+            self.checkpoints.read(manifest.epoch, str(entry["file"]))
+        )
 
     # --- barriers ---------------------------------------------------------------------------
 
@@ -356,6 +396,7 @@ class CheckpointCoordinator:
             sources=sources,
             sinks=sinks,
             metrics=graph.metrics(),
+            stateful=self.stateful,
         )
         written = self.checkpoints.write(manifest, files)
         crash_point("checkpoint", epoch)

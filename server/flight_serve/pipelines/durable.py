@@ -69,6 +69,7 @@ from flight_serve.pipelines.run_options import RunOptions
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.pipelines.slots import SinkSlot
 from flight_serve.pipelines.store_io import StoreSource
+from flight_serve.pipelines.upgrade import stateful_operators
 from flight_serve.pipelines.user_functions import FunctionSet, code_digests
 from flight_serve.store import StreamStore
 from flight_serve.store.streams import WriterBusyError, WriterHold
@@ -106,6 +107,8 @@ class DurableRuntime:
         plugins: the server's plugin hub (plugin functions; a checkpoint first waits for every
             batch sent to a plugin and emits its result, so no batch is in flight at a barrier).
         sandbox: the ``python`` runner's sandbox (see :class:`PipelineRuntime`).
+        upgrade: resume a checkpoint of another version of the pipeline whose stateful
+            operators match (``pipelines update``; see :class:`CheckpointCoordinator`).
 
     Raises:
         PipelineSQLError: a connector a checkpointed run cannot cover, with its position; or
@@ -128,6 +131,7 @@ class DurableRuntime:
         restart_finished: bool = True,
         plugins: PluginHub | None = None,
         sandbox: SandboxConfig | None = None,
+        upgrade: bool = False,
     ) -> None:
         self.options = options if options is not None else plan.run_options
         self.restart_finished = restart_finished
@@ -150,6 +154,8 @@ class DurableRuntime:
             restart_finished=restart_finished,
             on_checkpoint=on_checkpoint,
             code_digests=code_digests(plan.user_functions),
+            stateful=stateful_operators(plan),
+            upgrade=upgrade,
         )
         self.manifest: Manifest | None = self.coordinator.manifest
         #: the run: sources opened from their offsets, operators built from their snapshots

@@ -22,6 +22,9 @@ directly; file sources and sinks work as in ``flight-serve run``.
   each time (``retry_backoff``, at most a minute), up to ``max_retries`` times in a row (a
   completed checkpoint resets the count). Other pipelines are not affected.
 * **cancel**: checkpoint, stop, state ``cancelled`` (outputs stay).
+* **update** (:meth:`PipelineManager.update`, ``flight-serve pipelines update``): a new version
+  of a running pipeline resumes from the old version's last checkpoint when their stateful
+  operators match (:mod:`flight_serve.pipelines.upgrade`); the registry keeps every version.
 * **the end**: a pipeline whose every input ended (a file read to its end, a server stream
   whose every writer sent end of input) flushes its windows, marks its stream sinks' writers'
   end of input and goes ``finished``. A finished or cancelled pipeline's checkpoints are
@@ -46,6 +49,7 @@ from flight_serve.errors import (
     AlreadyExistsError,
     CheckpointError,
     FlightServeError,
+    IncompatibleUpdateError,
     InvalidInputError,
 )
 from flight_serve.functions.python import SandboxConfig
@@ -53,8 +57,9 @@ from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
-from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry
+from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry, sql_digest
 from flight_serve.pipelines.store_io import StoreSource
+from flight_serve.pipelines.upgrade import diff_stateful, stateful_operators
 from flight_serve.pipelines.user_functions import CodeStore
 from flight_serve.store import StreamStore
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
@@ -73,6 +78,11 @@ _SLUG = re.compile(r"[^a-z0-9_-]+")
 def _slug(name: str) -> str:
     slug = _SLUG.sub("-", name.lower()).strip("-")[:40]
     return slug or "pipeline"
+
+
+def _function_digests(runtime: DurableRuntime) -> dict[str, str]:
+    """Each user function's code SHA-256 (hex), by name."""
+    return {name: spec.digest for name, spec in sorted(runtime.plan.user_functions.items())}
 
 
 def _iso_ns(ns: int | None) -> str | None:
@@ -99,6 +109,8 @@ class _Run:
         self.stopping = threading.Event()
         self.wake = threading.Event()
         self.attempts = record.attempts
+        #: stopped by :meth:`PipelineManager.update` (a new version takes over)
+        self.updating = False
         self.thread = threading.Thread(
             target=self.main, name=f"flight-serve-pipeline-{record.id}", daemon=True
         )
@@ -133,6 +145,9 @@ class _Run:
                     registry.log(pid, "info", "cancelled")
                     registry.set_state(pid, "cancelled")
                     manager.retire(pid)
+                elif self.updating:
+                    epoch = self.runtime.epoch if self.runtime is not None else 0
+                    registry.log(pid, "info", f"stopped at epoch {epoch} for an update")
                 else:
                     registry.log(pid, "info", "stopped with the server; resumes on restart")
                 return
@@ -224,6 +239,8 @@ class PipelineManager:
         self.registry = Registry(self.data_dir / "pipelines.sqlite")
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
+        #: held by :meth:`update` and :meth:`cancel`: one changes a pipeline's run at a time
+        self._switch = threading.Lock()
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -236,8 +253,7 @@ class PipelineManager:
             self._launch(record, None)
         ids = [record.id for record in resumed]
         log.info(
-            f"resumed {len(ids)} pipeline(s) at start"
-            + (f": {', '.join(ids)}" if ids else ""),
+            f"resumed {len(ids)} pipeline(s) at start" + (f": {', '.join(ids)}" if ids else ""),
             extra={"pipelines": ids},
         )
 
@@ -290,12 +306,19 @@ class PipelineManager:
             return None
 
     def build(
-        self, record: PipelineRecord, function_files: Mapping[str, bytes] | None = None
+        self,
+        record: PipelineRecord,
+        function_files: Mapping[str, bytes] | None = None,
+        *,
+        upgrade: bool | None = None,
     ) -> DurableRuntime:
         """The runtime of ``record``'s pipeline, resumed from its newest checkpoint; the code of
-        its functions' ``USING`` files is ``function_files``, else what was stored at submit."""
+        its functions' ``USING`` files is ``function_files``, else what was stored with its
+        version. ``upgrade``: the checkpoint may be another version's with the same stateful
+        operators (default: when ``record`` is version 2 or later, so a restart right after an
+        update resumes the old version's checkpoint with the new code)."""
         if function_files is None:
-            function_files = CodeStore(self.data_dir).load(record.id)
+            function_files = CodeStore(self.data_dir).load(record.code_key or record.id)
         plan = parse_pipeline(
             record.sql, base_dir=Path(record.base_dir), function_files=function_files
         )
@@ -315,6 +338,7 @@ class PipelineManager:
             restart_finished=False,  # a finished pipeline never runs again: it only completes
             plugins=self.plugins,
             sandbox=self.sandbox,
+            upgrade=record.version > 1 if upgrade is None else upgrade,
         )
 
     def _checkpointed(self, pid: str, info: CheckpointInfo) -> None:
@@ -394,6 +418,7 @@ class PipelineManager:
         output_dir: str | None = None,
         replace: bool = False,
         function_files: Mapping[str, bytes] | None = None,
+        changed_by: str | None = None,
     ) -> dict[str, Any]:
         """Plan, open and start a pipeline; return ``{"id", "name", "state", "outputs"}``.
 
@@ -414,6 +439,7 @@ class PipelineManager:
             function_files: the bytes of the ``CREATE FUNCTION … USING '<file>'`` files, by path
                 as written (uploaded by ``flight-serve submit``); a file not given is read from
                 ``base_dir``. Either way they are stored in ``<data-dir>/functions``.
+            changed_by: who submits it (the caller's user name), for its version history.
 
         Raises:
             PipelineSQLError: the pipeline does not plan, or a connector cannot open (line and
@@ -431,8 +457,8 @@ class PipelineManager:
             ids = ", ".join(r.id for r in same)
             raise AlreadyExistsError(
                 f"pipeline.submit: a pipeline named {name!r} is already running ({ids}); "
-                "submit it under another name (flight-serve submit --name NEW, \"name\" in "
-                "the body) to run a second copy, or replace it (--replace, \"replace\": true: "
+                'submit it under another name (flight-serve submit --name NEW, "name" in '
+                'the body) to run a second copy, or replace it (--replace, "replace": true: '
                 "it is cancelled first)"
             )
         pid = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
@@ -451,7 +477,15 @@ class PipelineManager:
             raise
         if runtime.plan.function_files:  # a restart reads the code from the data directory
             CodeStore(self.data_dir).save(pid, runtime.plan.function_files)
-        record = self.registry.add(pid, record.name, sql, base, out)
+        record = self.registry.add(
+            pid,
+            record.name,
+            sql,
+            base,
+            out,
+            functions=_function_digests(runtime),
+            changed_by=changed_by,
+        )
         self.registry.log(pid, "info", "submitted")
         self._launch(record, runtime)
         return {
@@ -522,6 +556,10 @@ class PipelineManager:
             "plugin_errors": live.plugin_errors() if live is not None else {},
             # live: calls, rows, errors and p99 call time of each user function since this run
             "functions": live.user_functions.metrics() if live is not None else {},
+            # the version running, and every version: when, the SQL's and the functions'
+            # SHA-256, who changed it and how (pipelines update)
+            "version": record.version,
+            "versions": [vars(v) for v in self.registry.versions(pid)],
         }
 
     def cancel(self, pid: str) -> dict[str, Any]:
@@ -530,6 +568,10 @@ class PipelineManager:
         Raises:
             NotFoundError: no such pipeline.
         """
+        with self._switch:  # not while an update swaps the run
+            return self._cancel(pid)
+
+    def _cancel(self, pid: str) -> dict[str, Any]:
         record = self.registry.get(pid)
         with self._lock:
             run = self._runs.get(pid)
@@ -541,6 +583,184 @@ class PipelineManager:
             self.registry.set_state(pid, "cancelled")
             self.retire(pid)
         return {"id": pid, "state": self.registry.get(pid).state}
+
+    def update(
+        self,
+        pid: str,
+        sql: str,
+        *,
+        function_files: Mapping[str, bytes] | None = None,
+        changed_by: str | None = None,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace running pipeline ``pid``'s text and code with ``sql`` (and its ``USING``
+        files), keeping its state: the savepoint-and-redeploy of Flink in one call.
+
+        1. ``sql`` is planned (a syntax error, an unknown column, a ``USING`` file that is
+           neither in ``function_files`` nor under the pipeline's ``base_dir`` is refused) and
+           its stateful operators are compared with the running version's
+           (:func:`~flight_serve.pipelines.upgrade.diff_stateful`); a difference is refused
+           with one line per operator. Nothing has stopped so far.
+        2. The running version checkpoints and stops (its sinks commit that epoch).
+        3. The new version is built resuming from that checkpoint; the checkpoint's recorded
+           stateful operators are checked against it by the same function. If this fails (or
+           its stream sinks' writers cannot be held), the old version resumes from the same
+           checkpoint and the error is raised: nothing changed.
+        4. The new code is stored, the registry records version ``n + 1`` in one transaction
+           (this is the commit), and the new version runs.
+
+        Every source resumes at the checkpoint's offsets and every sink at its commit mark, so
+        each input row is processed exactly once: by the old version up to the checkpoint, by
+        the new one after it.
+
+        Args:
+            pid: the pipeline.
+            sql: the new pipeline text.
+            function_files: the bytes of its ``USING`` files by path as written (as
+                :meth:`submit`).
+            changed_by: who updates it (the caller's user name).
+            note: what the change is (``flight-serve pipelines update`` sends the file's name).
+
+        Returns:
+            ``{"id", "version", "previous_version", "resumed_from", "sql_sha256",
+            "functions", "changed"}`` (``changed`` false: the text and code are the running
+            version's; nothing was done).
+
+        Raises:
+            NotFoundError: no such pipeline.
+            InvalidInputError: it is not running, or is starting; the SQL is empty; or its
+                stateful operators differ (``IncompatibleUpdate``: the message lists them).
+            PipelineSQLError, FunctionDefinitionError: the new text does not plan.
+            IncompatibleUpdateError: the new version could not resume the checkpoint the old
+                one took (its operators' state does not fit it, e.g. an aggregated column's
+                type changed): the old version resumes from it.
+            CheckpointError: the old version did not stop within the timeout.
+        """
+        with self._switch:  # one update (or cancel) at a time
+            return self._update(pid, sql, function_files, changed_by, note)
+
+    def _update(
+        self,
+        pid: str,
+        sql: str,
+        function_files: Mapping[str, bytes] | None,
+        changed_by: str | None,
+        note: str | None,
+    ) -> dict[str, Any]:
+        what = "pipeline.update"
+        record = self.registry.get(pid)
+        if not sql.strip():
+            raise InvalidInputError(f"{what}: the pipeline SQL is empty")
+        if record.state != "running":
+            raise InvalidInputError(
+                f"{what}: pipeline {pid} is {record.state}; only a running pipeline is updated "
+                "(submit the new text instead)"
+            )
+        with self._lock:
+            run = self._runs.get(pid)
+        runtime = run.runtime if run is not None and run.thread.is_alive() else None
+        if run is None or runtime is None:
+            raise InvalidInputError(
+                f"{what}: pipeline {pid} is starting (resuming from its checkpoint, or waiting "
+                "to retry); ask again once it runs"
+            )
+        plan = parse_pipeline(sql, base_dir=Path(record.base_dir), function_files=function_files)
+        old, new = stateful_operators(runtime.plan), stateful_operators(plan)
+        diff = diff_stateful(old, new)
+        if diff:
+            raise IncompatibleUpdateError(
+                f"{what}: pipeline {pid} version {record.version} cannot be updated with this "
+                "text, its stateful operators differ (the running version is unchanged): "
+                + "; ".join(diff)
+            )
+        functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
+        if sql == record.sql and functions == _function_digests(runtime):
+            return {
+                "id": pid,
+                "version": record.version,
+                "previous_version": record.version,
+                "resumed_from": None,
+                "sql_sha256": sql_digest(sql),
+                "functions": functions,
+                "changed": False,
+            }
+        # the switch: the old version checkpoints and stops
+        run.updating = True
+        run.stop(cancel=False)
+        run.thread.join(STOP_TIMEOUT_S)
+        if run.thread.is_alive():
+            raise CheckpointError(
+                f"{what}: pipeline {pid} did not checkpoint and stop within {STOP_TIMEOUT_S:g} s; "
+                "it goes on as version "
+                f"{record.version} once it does (nothing was changed; try again)"
+            )
+        stopped_at = runtime.epoch
+        current = self.registry.get(pid)
+        if current.state != "running":  # it finished or failed just then
+            raise InvalidInputError(
+                f"{what}: pipeline {pid} became {current.state} while stopping for the update; "
+                "nothing was changed"
+            )
+        version = record.version + 1
+        code_key = f"{pid}.v{version}" if plan.function_files else None
+        staged = replace(record, sql=sql, version=version, code_key=code_key)
+        try:
+            fresh = self.build(staged, function_files=plan.function_files, upgrade=True)
+            try:
+                fresh.hold_writers()
+            except BaseException:
+                fresh.close_sources()
+                raise
+        except BaseException as exc:
+            self.registry.log(
+                pid,
+                "warning",
+                f"update to version {version} failed, version {record.version} resumes: {exc}",
+            )
+            self._launch(current, None)  # the old version, from the checkpoint it just took
+            if isinstance(exc, CheckpointError):  # the new text does not fit the state
+                raise IncompatibleUpdateError(
+                    f"{what}: pipeline {pid}: version {version} cannot resume from checkpoint "
+                    f"{stopped_at}: {exc}; version {record.version} resumes from it (nothing "
+                    "was changed)"
+                ) from exc
+            raise
+        try:
+            if code_key is not None:
+                CodeStore(self.data_dir).save(code_key, plan.function_files)
+            change = f"updated from version {record.version} at checkpoint {stopped_at}"
+            committed = self.registry.add_version(
+                pid,
+                sql,
+                functions=functions,
+                code_key=code_key,
+                changed_by=changed_by,
+                change=change + (f": {note}" if note else ""),
+                epoch=stopped_at,
+            )
+        except BaseException:
+            fresh.release_writers()
+            fresh.close_sources()
+            self._launch(current, None)
+            raise
+        self.registry.log(
+            pid,
+            "info",
+            f"version {version} ({change}"
+            + (f" by {changed_by}" if changed_by else "")
+            + (f": {note}" if note else "")
+            + ")",
+        )
+        self._launch(committed, fresh)
+        return {
+            "id": pid,
+            "version": version,
+            "previous_version": record.version,
+            "resumed_from": stopped_at,
+            "sql_sha256": sql_digest(sql),
+            "functions": functions,
+            "changed": True,
+        }
 
     def checkpoint(self, pid: str, wait_s: float = 30.0) -> dict[str, Any]:
         """Take a checkpoint of ``pid`` now and wait (up to ``wait_s``) until it completes.

@@ -12,6 +12,7 @@ Thread-safe: one connection guarded by a lock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
@@ -22,7 +23,7 @@ from typing import Any, Literal
 
 from flight_serve.errors import NotFoundError, StorageError
 
-__all__ = ["LogLine", "PipelineRecord", "PipelineState", "Registry"]
+__all__ = ["LogLine", "PipelineRecord", "PipelineState", "PipelineVersion", "Registry"]
 
 PipelineState = Literal["running", "failed", "cancelled", "finished"]
 
@@ -50,7 +51,31 @@ CREATE TABLE IF NOT EXISTS pipeline_logs (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS pipeline_logs_by_pipeline ON pipeline_logs (pipeline, seq);
+CREATE TABLE IF NOT EXISTS pipeline_versions (
+    pipeline TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    sql_sha256 TEXT NOT NULL,
+    functions TEXT NOT NULL,
+    changed_by TEXT,
+    change TEXT NOT NULL,
+    epoch INTEGER,
+    PRIMARY KEY (pipeline, version)
+);
 """
+
+
+#: the columns :class:`PipelineRecord` is read from, in its order (named: an older registry's
+#: added columns come last in ``SELECT *``)
+_COLUMNS = (
+    "id, name, sql, base_dir, output_dir, state, submitted_at, updated_at, attempts, "
+    "last_error, last_checkpoint, metrics, last_error_kind, version, code_key"
+)
+
+
+def sql_digest(sql: str) -> str:
+    """The SHA-256 (hex) of a pipeline's text, as ``pipelines status`` shows its versions."""
+    return hashlib.sha256(sql.encode("utf-8")).hexdigest()
 
 
 def _now() -> str:
@@ -76,6 +101,9 @@ class PipelineRecord:
             retryable for any other exception), or ``None``.
         last_checkpoint: ``{"epoch", "taken_at", "duration_ms", "bytes", "finished"}`` or ``None``.
         metrics: the counters taken with the last checkpoint.
+        version: its version (1 at submit, one more per ``pipelines update``).
+        code_key: the key of its ``USING`` files in the
+            :class:`~flight_serve.pipelines.user_functions.CodeStore` (``None``: its id).
     """
 
     id: str
@@ -91,6 +119,32 @@ class PipelineRecord:
     last_checkpoint: dict[str, Any] | None
     metrics: dict[str, Any]
     last_error_kind: dict[str, Any] | None = None
+    version: int = 1
+    code_key: str | None = None
+
+
+@dataclass(frozen=True)
+class PipelineVersion:
+    """One version of a pipeline (``pipelines status``'s ``"versions"``).
+
+    Attributes:
+        version: 1 at submit, then one more per update.
+        at: when it started, ISO 8601 UTC.
+        sql_sha256: the SHA-256 (hex) of its text.
+        functions: its user functions' code SHA-256 (hex), by function name.
+        changed_by: who submitted or updated it (the caller's user name; ``None`` without
+            authentication).
+        change: what happened (``submitted``, ``updated from version 1 at checkpoint 7: …``).
+        epoch: the checkpoint it resumed from (``None`` for version 1).
+    """
+
+    version: int
+    at: str
+    sql_sha256: str
+    functions: dict[str, str]
+    changed_by: str | None
+    change: str
+    epoch: int | None
 
 
 @dataclass(frozen=True)
@@ -120,8 +174,13 @@ class Registry:
             self._db.execute("PRAGMA synchronous = FULL")
             self._db.executescript(_SCHEMA)
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(pipelines)")}
-            if "last_error_kind" not in columns:  # a registry of an older server
-                self._db.execute("ALTER TABLE pipelines ADD COLUMN last_error_kind TEXT")
+            for column, kind in (  # a registry of an older server
+                ("last_error_kind", "TEXT"),
+                ("version", "INTEGER NOT NULL DEFAULT 1"),
+                ("code_key", "TEXT"),
+            ):
+                if column not in columns:
+                    self._db.execute(f"ALTER TABLE pipelines ADD COLUMN {column} {kind}")
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open the pipeline registry {path}: {exc}") from exc
 
@@ -139,9 +198,8 @@ class Registry:
 
     @staticmethod
     def _record(row: tuple[Any, ...]) -> PipelineRecord:
-        # an older registry's last_error_kind was added last (see __init__): SELECT * ends with it
         pid, name, sql, base, out, state, submitted, updated, attempts = row[:9]
-        error, ckpt, metrics, kind = row[9:]
+        error, ckpt, metrics, kind, version, code_key = row[9:]
         return PipelineRecord(
             pid,
             name,
@@ -156,17 +214,111 @@ class Registry:
             json.loads(ckpt) if ckpt else None,
             json.loads(metrics) if metrics else {},
             json.loads(kind) if kind else None,
+            int(version or 1),
+            code_key,
         )
 
-    def add(self, pid: str, name: str, sql: str, base_dir: str, output_dir: str) -> PipelineRecord:
-        """Register a new ``running`` pipeline."""
+    def add(
+        self,
+        pid: str,
+        name: str,
+        sql: str,
+        base_dir: str,
+        output_dir: str,
+        *,
+        functions: dict[str, str] | None = None,
+        changed_by: str | None = None,
+    ) -> PipelineRecord:
+        """Register a new ``running`` pipeline, as version 1 (``functions``: its functions'
+        code SHA-256 by name; ``changed_by``: who submitted it)."""
         now = _now()
-        self._run(
-            "INSERT INTO pipelines (id, name, sql, base_dir, output_dir, state, submitted_at, "
-            "updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
-            (pid, name, sql, base_dir, output_dir, now, now),
-        )
+        with self._lock:
+            try:
+                with self._db:  # one transaction: the pipeline and its version 1
+                    self._db.execute("BEGIN")
+                    self._db.execute(
+                        "INSERT INTO pipelines (id, name, sql, base_dir, output_dir, state, "
+                        "submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                        (pid, name, sql, base_dir, output_dir, now, now),
+                    )
+                    self._db.execute(
+                        "INSERT INTO pipeline_versions VALUES (?, 1, ?, ?, ?, ?, 'submitted', NULL)",
+                        (pid, now, sql_digest(sql), json.dumps(functions or {}), changed_by),
+                    )
+            except sqlite3.Error as exc:
+                raise StorageError(f"pipeline registry {self.path}: {exc}") from exc
         return self.get(pid)
+
+    def add_version(
+        self,
+        pid: str,
+        sql: str,
+        *,
+        functions: dict[str, str],
+        code_key: str | None,
+        changed_by: str | None,
+        change: str,
+        epoch: int | None,
+    ) -> PipelineRecord:
+        """Make ``sql`` (with the code stored under ``code_key``) ``pid``'s next version, in
+        one transaction: a crash leaves the old version or the new one, never a mix."""
+        now = _now()
+        with self._lock:
+            try:
+                with self._db:
+                    self._db.execute("BEGIN")
+                    version, old_sql, submitted = self._db.execute(
+                        "SELECT version, sql, submitted_at FROM pipelines WHERE id = ?", (pid,)
+                    ).fetchone()
+                    version = int(version) + 1
+                    self._db.execute(  # a pipeline of an older server: its version 1 first
+                        "INSERT OR IGNORE INTO pipeline_versions VALUES "
+                        "(?, 1, ?, ?, '{}', NULL, 'submitted', NULL)",
+                        (pid, submitted, sql_digest(old_sql)),
+                    )
+                    self._db.execute(
+                        "UPDATE pipelines SET sql = ?, version = ?, code_key = ?, updated_at = ? "
+                        "WHERE id = ?",
+                        (sql, version, code_key, now, pid),
+                    )
+                    self._db.execute(
+                        "INSERT INTO pipeline_versions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            pid,
+                            version,
+                            now,
+                            sql_digest(sql),
+                            json.dumps(functions),
+                            changed_by,
+                            change,
+                            epoch,
+                        ),
+                    )
+            except sqlite3.Error as exc:
+                raise StorageError(f"pipeline registry {self.path}: {exc}") from exc
+        return self.get(pid)
+
+    def versions(self, pid: str) -> list[PipelineVersion]:
+        """``pid``'s versions, oldest first (a pipeline of an older server: its version 1 as
+        the registry knows it, without function digests)."""
+        record = self.get(pid)
+        rows = self._run(
+            "SELECT version, at, sql_sha256, functions, changed_by, change, epoch FROM "
+            "pipeline_versions WHERE pipeline = ? ORDER BY version",
+            (pid,),
+        )
+        if not rows:
+            return [
+                PipelineVersion(
+                    1, record.submitted_at, sql_digest(record.sql), {}, None, "submitted", None
+                )
+            ]
+        return [
+            PipelineVersion(
+                int(v), at, digest, json.loads(functions), by, change, None if e is None else int(e)
+            )
+            for v, at, digest, functions, by, change, e in rows
+        ]
 
     def get(self, pid: str) -> PipelineRecord:
         """The pipeline ``pid``.
@@ -174,14 +326,14 @@ class Registry:
         Raises:
             NotFoundError: no such pipeline.
         """
-        rows = self._run("SELECT * FROM pipelines WHERE id = ?", (pid,))
+        rows = self._run(f"SELECT {_COLUMNS} FROM pipelines WHERE id = ?", (pid,))
         if not rows:
             raise NotFoundError(f"no pipeline {pid!r}; flight-serve pipelines list shows them")
         return self._record(rows[0])
 
     def all(self) -> list[PipelineRecord]:
         """Every pipeline, oldest first."""
-        rows = self._run("SELECT * FROM pipelines ORDER BY submitted_at, id")
+        rows = self._run(f"SELECT {_COLUMNS} FROM pipelines ORDER BY submitted_at, id")
         return [self._record(r) for r in rows]
 
     def set_state(

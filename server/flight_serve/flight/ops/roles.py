@@ -87,6 +87,7 @@ ACTION_ROLES: Final[Mapping[str, Role]] = {
     "stream.drop": "admin",
     "pipeline.submit": "admin",
     "pipeline.cancel": "admin",
+    "pipeline.update": "admin",
     "pipeline.checkpoint": "admin",
     "stream.tail": "read",
     "stream.writer_wait": "write",
@@ -269,6 +270,12 @@ class UsersAndTokensAuth(BasicBearerAuth):
 def _caller_of(context: flight.ServerCallContext) -> Caller | None:
     middleware = context.get_middleware(MIDDLEWARE_KEY)
     return middleware if isinstance(middleware, Caller) else None
+
+
+def caller_name(context: flight.ServerCallContext) -> str | None:
+    """The user name of the call's token (``None`` without :class:`RoleAuth`)."""
+    caller = _caller_of(context)
+    return caller.name if caller is not None else None
 
 
 def require_action_role(context: flight.ServerCallContext, action_type: str) -> None:
