@@ -154,6 +154,38 @@ def plan(
     return FoldPlan(tuple(cols.values()), tuple(specs))
 
 
+def row_values(
+    fold_plan: FoldPlan, batch: pa.RecordBatch | pa.Table, take: np.ndarray | None
+) -> dict[str, Any]:
+    """The per-row inputs of the state columns of ``fold_plan`` from the rows ``take`` of
+    ``batch`` (all rows when ``None``): a numpy array of the state column's dtype per column
+    (NULL values replaced by the column's identity), or the scalar 1 where every row counts."""
+    out: dict[str, Any] = {}
+    for col in fold_plan.columns:
+        if col.source is None:
+            out[col.name] = 1
+            continue
+        arr = batch.column(col.source)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        if take is not None:
+            arr = arr.take(pa.array(take, pa.int64()))
+        if col.kind == "valid":
+            out[col.name] = (
+                1
+                if arr.null_count == 0
+                else np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), np.int64)
+            )
+            continue
+        values = np.asarray(
+            arr.fill_null(0).to_numpy(zero_copy_only=False) if arr.null_count else arr.to_numpy()
+        ).astype(col.dtype, copy=arr.null_count > 0)
+        if arr.null_count:
+            values[~np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False))] = col.identity
+        out[col.name] = values
+    return out
+
+
 class _ValueMap:
     """A persistent map from the values of one Arrow column type to dense slots ``0, 1, …``."""
 
@@ -404,32 +436,7 @@ class FoldState:
         self, batch: pa.RecordBatch | pa.Table, take: np.ndarray | None
     ) -> dict[str, Any]:
         """The per-row inputs of the state columns from the rows ``take`` of ``batch``."""
-        out: dict[str, Any] = {}
-        for col in self.plan.columns:
-            if col.source is None:
-                out[col.name] = 1
-                continue
-            arr = batch.column(col.source)
-            if isinstance(arr, pa.ChunkedArray):
-                arr = arr.combine_chunks()
-            if take is not None:
-                arr = arr.take(pa.array(take, pa.int64()))
-            if col.kind == "valid":
-                out[col.name] = (
-                    1
-                    if arr.null_count == 0
-                    else np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), np.int64)
-                )
-                continue
-            values = np.asarray(
-                arr.fill_null(0).to_numpy(zero_copy_only=False)
-                if arr.null_count
-                else arr.to_numpy()
-            ).astype(col.dtype, copy=arr.null_count > 0)
-            if arr.null_count:
-                values[~np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False))] = col.identity
-            out[col.name] = values
-        return out
+        return row_values(self.plan, batch, take)
 
     # --- reading ------------------------------------------------------------------------------
 

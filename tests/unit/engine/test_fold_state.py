@@ -41,6 +41,8 @@ WINDOWS = {
     "hop_16_7": "HOP(s, t, INTERVAL '7' SECOND, INTERVAL '16' SECOND)",
     "hop_gaps": "HOP(s, t, INTERVAL '10' SECOND, INTERVAL '4' SECOND)",
     "tumble_offset": "TUMBLE(s, t, INTERVAL '10' SECOND, INTERVAL '3' SECOND)",
+    "session_4": "SESSION(s, t, INTERVAL '4' SECOND)",
+    "session_11": "SESSION(s, t, INTERVAL '11' SECOND)",
 }
 KEYS = {"one": ("k",), "two": ("k", "j"), "none": ()}
 
@@ -108,7 +110,10 @@ def run(
         late.extend(emission.late.to_pylist())
     end = op.finish()
     out.extend(end.output.to_pylist())
-    return canonical(out), canonical(late)
+    late_rows = canonical(late)
+    if "SESSION(" in sql:  # the SQL path lists a batch's late session rows in join order
+        late_rows.sort(key=repr)
+    return canonical(out), late_rows
 
 
 @pytest.mark.parametrize("window", sorted(WINDOWS))
@@ -129,7 +134,7 @@ def test_folded_state_equals_sql_merge(
     assert run(sql, batches, True) == run(sql, batches, False)
 
 
-@pytest.mark.parametrize("window", ["tumble", "hop_16_7"])
+@pytest.mark.parametrize("window", ["tumble", "hop_16_7", "session_4"])
 @settings(
     max_examples=30,
     deadline=None,
@@ -146,6 +151,74 @@ def test_folded_resumed_run_equals_straight_run(
     straight = run(sql, batches, True)
     assert run(sql, batches, True, cut) == straight
     assert straight == run(sql, batches, False)
+
+
+def session_rows(sql: str, data: list[Row], folded: bool) -> list[tuple[Any, ...]]:
+    """Output and late rows of a one-row-a-batch run, in order, times as seconds."""
+
+    def sec(value: Any) -> int:
+        return int(value.timestamp())
+
+    op = build(sql, folded)
+    assert op.folded_state is folded
+    got: list[tuple[Any, ...]] = []
+    for step in [*(op.process(b) for b in batches_of(data, 1)), op.finish()]:
+        got += [
+            ("out", r["k"], sec(r["window_start"]), sec(r["window_end"]), r["n"], r["sv"])
+            for r in step.output.to_pylist()
+        ]
+        got += [
+            ("late", r["k"], sec(r["t"]), sec(r["_window_start"]), sec(r["_window_end"]))
+            for r in step.late.to_pylist()
+        ]
+    return got
+
+
+def test_late_row_bridging_two_open_sessions_merges_them() -> None:
+    # gap 4 s, W = max t (bound 0), allowed lateness 28 s. At W = 30 (W - L = 2) the sessions
+    # [0, 5) and [7, 11) are open; t = 4 is behind W but on time for [4, 8), which bridges
+    # both; t = -3 is late for its own [-3, 1) but overlaps the open [0, 11): it joins it;
+    # t = -10 overlaps nothing open: late
+    sql = sql_of("session_4", KEYS["one"], 0, " WITH (allowed_lateness = '28s')")
+    data: list[Row] = [
+        ("a", 1, 0, 1, None),
+        ("a", 1, 1, 2, None),
+        ("a", 1, 7, 4, None),
+        ("a", 1, 30, 8, None),
+        ("a", 1, 4, 16, None),
+        ("a", 1, -3, 64, None),
+        ("a", 1, -10, 128, None),
+        ("a", 1, 61, 32, None),
+    ]
+    want = [
+        ("late", "a", -10, -10, -6),
+        ("out", "a", -3, 11, 5, 87),
+        ("out", "a", 30, 34, 1, 8),
+        ("out", "a", 61, 65, 1, 32),
+    ]
+    assert session_rows(sql, data, True) == want
+    assert session_rows(sql, data, False) == want
+
+
+def test_row_overlapping_an_emitted_session_is_late_for_it() -> None:
+    # gap 4 s, lateness 31 s: [0, 7) closes at W = 40 (W - L = 9); t = 6 of key a would join it
+    # (late, naming that session) while the same t = 6 of key b is on time for its [6, 10)
+    sql = sql_of("session_4", KEYS["one"], 0, " WITH (allowed_lateness = '31s')")
+    data: list[Row] = [
+        ("a", 1, 0, 1, None),
+        ("a", 1, 3, 2, None),
+        ("a", 1, 40, 4, None),
+        ("a", 1, 6, 8, None),
+        ("b", 1, 6, 16, None),
+    ]
+    want = [
+        ("out", "a", 0, 7, 2, 3),
+        ("late", "a", 6, 0, 7),
+        ("out", "b", 6, 10, 1, 16),
+        ("out", "a", 40, 44, 1, 4),
+    ]
+    assert session_rows(sql, data, True) == want
+    assert session_rows(sql, data, False) == want
 
 
 def test_snapshot_does_not_consume_folded_state() -> None:
