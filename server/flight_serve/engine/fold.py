@@ -32,7 +32,8 @@ grouped ``min`` / ``max`` (the SQL path) depend on the order the NaN arrives in,
 agree on NaN only where that order happens to match. Integer sums wrap on int64 overflow. Only integer (not uint64) and
 float32/float64 inputs take this path, keys of integer, string, binary, boolean, date and
 timestamp types; anything else (and every other aggregate, ``emit = 'update'``, empty windows,
-session / cumulate / calendar windows) keeps the SQL path: :func:`plan` returns ``None``.
+cumulate / calendar windows) keeps the SQL path: :func:`plan` returns ``None``. Session windows
+of the same aggregates are folded too, by :mod:`.fold_session` (one state row per open session).
 
 Memory: the key map keeps every key it has seen (it is not compacted when keys stop coming), and
 each open pane's arrays are as wide as that map, so the state is ``open panes x keys ever seen x
