@@ -39,6 +39,7 @@ from benchmarks import (
     plugins,
     remote,
     sync_lag,
+    tail_latency,
     vs_bytewax,
     windows,
 )
@@ -65,6 +66,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "datagen": datagen.datagen,
     "functions_python": functions_python.functions_python,
     "functions_wasm": functions_wasm.functions_wasm,
+    "tail_latency": tail_latency.tail_latency,
 }
 
 
