@@ -38,6 +38,7 @@ from benchmarks import (
     java_client,
     plugins,
     remote,
+    state_memory,
     sync_lag,
     tail_latency,
     vs_bytewax,
@@ -67,6 +68,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "functions_python": functions_python.functions_python,
     "functions_wasm": functions_wasm.functions_wasm,
     "tail_latency": tail_latency.tail_latency,
+    "state_memory": state_memory.state_memory,
 }
 
 

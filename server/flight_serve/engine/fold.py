@@ -237,6 +237,12 @@ class _ValueMap:
         self._lut, self._base = grown, new_lo
         return True
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the known values and the direct-address table."""
+        lut = 0 if self._lut is None else self._lut.nbytes
+        return lut + self._known.nbytes + sum(c.nbytes for c in self._chunks)
+
     def slots(self, column: pa.Array[Any]) -> np.ndarray:
         """The slot of each value of ``column`` (new values get new slots; NULL is a value)."""
         if self._int and column.null_count == 0 and len(column):
@@ -276,6 +282,11 @@ class KeyMap:
         if not self.key_columns:
             return 1
         return (self._pairs[-1] if self._pairs else self._columns[0]).size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the maps of every key column and column pair."""
+        return sum(m.nbytes for m in (*self._columns, *self._pairs))
 
     def slots(self, columns: list[pa.Array[Any]]) -> np.ndarray:
         """The slot of each row of the key ``columns`` (in ``key_columns`` order)."""
@@ -376,7 +387,7 @@ class FoldState:
     def _grow(self, slots_needed: int, rows_needed: int) -> None:
         cap, rows = self._cap, self._rows_cap
         new_cap = cap if slots_needed <= cap else max(slots_needed, 2 * cap, 64)
-        new_rows = rows if rows_needed <= rows else max(rows_needed, 2 * rows, 4)
+        new_rows = rows if rows_needed <= rows else max(rows_needed, 2 * rows)
         if (new_cap, new_rows) == (cap, rows):
             return
         for col in self.plan.columns:
@@ -438,6 +449,10 @@ class FoldState:
     ) -> dict[str, Any]:
         """The per-row inputs of the state columns from the rows ``take`` of ``batch``."""
         return row_values(self.plan, batch, take)
+
+    def state_bytes(self) -> int:
+        """Bytes of the pane x slot arrays as allocated (capacity included; not the key map)."""
+        return int(sum(a.nbytes for a in self._arrays.values()))
 
     # --- reading ------------------------------------------------------------------------------
 
