@@ -29,6 +29,7 @@ from benchmarks import (
     checkpoints,
     coldstart,
     datagen,
+    end_to_end,
     falkordb,
     flight_io,
     flightsql,
@@ -69,6 +70,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "functions_wasm": functions_wasm.functions_wasm,
     "tail_latency": tail_latency.tail_latency,
     "state_memory": state_memory.state_memory,
+    "end_to_end": end_to_end.end_to_end,
 }
 
 
