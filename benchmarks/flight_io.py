@@ -139,6 +139,7 @@ def _disk_note(comparison: Comparison, repeat: int) -> str:
     transfer: ``baseline / max(baseline, disk)``)."""
     disk = statistics.median(disk_floor_s(comparison.nbytes, repeat))
     ceiling = comparison.baseline_median / max(comparison.baseline_median, disk)
+    comparison.figures.update(disk_gb_s=comparison.nbytes / disk / 1e9, floor_ratio=ceiling)
     return (
         f"\n  the disk here (O_DIRECT, 4 MiB writes, one fdatasync) wrote the same "
         f"{comparison.nbytes / 1e6:,.0f} MB in {disk:.3f} s ({comparison.nbytes / disk / 1e9:.2f} "

@@ -36,6 +36,7 @@ from benchmarks import (
     functions_python,
     functions_wasm,
     iceberg,
+    issue19,
     java_client,
     plugins,
     remote,
@@ -105,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             render(console, comparison)
             results.append(comparison)
     render_summary(console, results)
+    issue19.render(console, results)
     console.print(f"total {time.perf_counter() - started:.0f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -170,6 +170,9 @@ def _one(location: str, run_option: str, windows: int, label: str) -> Comparison
         out.stop = floor.stop = True
     # the harness timed each call (put + wait + bookkeeping); the latencies are the stamps
     comparison.subject_s, comparison.baseline_s = subject_lat[1:], baseline_lat[1:]
+    for side, values in (("", comparison.subject_s), ("floor_", comparison.baseline_s)):
+        for q in (50, 99):
+            comparison.figures[f"{side}p{q}_ms"] = float(np.percentile(values, q) * 1e3)
     target = "p99 ≤ 10 ms" if label == "every_batch" else "informative"
     comparison.note = (
         f"pipeline: {_percentiles(comparison.subject_s)}; floor (DoPut -> tail, no pipeline): "
