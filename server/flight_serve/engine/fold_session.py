@@ -68,12 +68,12 @@ def _reduce(
     if np.ndim(values) == 0:  # a count of every row: the run lengths
         return np.diff(np.append(starts, n)).astype(np.int64) * int(values)
     ordered = values if order is None else values[order]
-    if col.op == "add":
-        return np.add.reduceat(ordered, starts)
-    if ordered.dtype.kind == "f":
-        with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # inf + -inf, NaN in max: NaN is the result
+        if col.op == "add":
+            return np.add.reduceat(ordered, starts)
+        if ordered.dtype.kind == "f":
             return (np.fmin if col.op == "min" else np.maximum).reduceat(ordered, starts)
-    return (np.minimum if col.op == "min" else np.maximum).reduceat(ordered, starts)
+        return (np.minimum if col.op == "min" else np.maximum).reduceat(ordered, starts)
 
 
 def _new_groups(slot: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

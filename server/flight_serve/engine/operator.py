@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 
 from flight_serve._arrow import ColumnMismatch, conform_batch, ipc_bytes, read_ipc_table
 from flight_serve.engine import fold
-from flight_serve.engine.aggregate import AggregateCall, quote_ident
+from flight_serve.engine.aggregate import AggregateCall, float_sql_type, quote_ident
 from flight_serve.engine.fold_session import SessionFoldState
 from flight_serve.engine.sqlguard import check_sql
 from flight_serve.engine.watermark import WatermarkTracker
@@ -500,9 +500,14 @@ class WindowOperator:
             if agg.column is not None:
                 copies.append(f"{quote_ident(agg.column)} AS {quote_ident(f'__i{i}')}")
                 own = replace(agg, column=f"__i{i}")
-            for name, expr in own.partial_sql(f"__p{i}", quote_ident(f"__t{i}")):
+            floating = (
+                None
+                if agg.column is None
+                else float_sql_type(self.input_schema.field(agg.column).type)
+            )
+            for name, expr in own.partial_sql(f"__p{i}", quote_ident(f"__t{i}"), floating):
                 partial_items.append(f"{expr} AS {quote_ident(name)}")
-            for name, expr in agg.merge_sql(f"__p{i}"):
+            for name, expr in agg.merge_sql(f"__p{i}", floating):
                 merge_items.append(f"{expr} AS {quote_ident(name)}")
         partial_items += [f"1 AS {quote_ident(CHG)}", f"-1 AS {quote_ident(REV)}"]
         merge_items += [

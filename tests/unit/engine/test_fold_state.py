@@ -53,7 +53,7 @@ rows = st.lists(
         st.sampled_from([1, 2, -5, None]),
         st.integers(-20, 60),
         st.one_of(st.none(), st.integers(-1000, 1000)),
-        st.one_of(st.none(), st.sampled_from([0.5, -2.25, 3.0, 1e300])),
+        st.one_of(st.none(), st.sampled_from([0.5, -2.25, 3.0, 1e300, math.inf, -math.inf])),
     ),
     min_size=1,
     max_size=40,
@@ -250,14 +250,23 @@ def test_snapshot_does_not_consume_folded_state() -> None:
     ]
 
 
-def test_min_of_infinity_after_nulls_is_infinity() -> None:
-    # as DataFusion's batch min; the SQL path's merge gives f64::MAX here (and -f64::MAX for the
-    # max of -inf), which is why the properties above draw no infinity (nor NaN: the SQL path's
-    # grouped min / max of NaN depend on arrival order)
-    op = build(sql_of("hop", KEYS["none"]), True)
-    for f in (None, None, math.inf):
-        op.process(batches_of([("a", 1, 0, None, f)], 9)[0])
-    assert {r["lf"] for r in op.finish().output.to_pylist()} == {math.inf}
+@pytest.mark.parametrize("folded", [True, False])
+@pytest.mark.parametrize("window", ["hop", "tumble", "session_4"])
+def test_min_and_max_of_infinities_next_to_nulls_are_infinities(window: str, folded: bool) -> None:
+    # as DataFusion's batch min; DataFusion 55's grouped min / max (the SQL path) started from
+    # +-f64::MAX and gave +-1.7976931348623157e308 here; the properties above draw no infinity
+    # (nor NaN: the SQL path's grouped min / max of NaN depend on arrival order)
+    for values, lo, hi in (
+        ((None, None, math.inf), math.inf, math.inf),
+        ((-math.inf, None), -math.inf, -math.inf),
+        ((math.inf, -math.inf, None), -math.inf, math.inf),
+        ((1.7976931348623157e308, math.inf), 1.7976931348623157e308, math.inf),
+    ):
+        op = build(sql_of(window, KEYS["none"]), folded)
+        for f in values:
+            op.process(batches_of([("a", 1, 0, None, f)], 9)[0])
+        got = {(r["lf"], r["hf"]) for r in op.finish().output.to_pylist()}
+        assert got == {(lo, hi)}, values
 
 
 def test_sum_of_nulls_is_null_and_count_skips_them() -> None:
