@@ -27,6 +27,10 @@ call per batch of groups, never per row or per group).
 | approx_distinct(x)     | HyperLogLog of ``digest(CAST(x AS VARCHAR), 'md5')`` (UDF) | register-wise max (UDF) | the estimate (uint64) |
 | approx_percentile_cont(x, q) | DDSketch of ``CAST(x AS DOUBLE)`` (UDF)     | bucket-wise sum (UDF)        | the interpolated quantile  |
 
+Float min / max use ``coalesce(min(nullif(x, +inf)), max(x))`` (and the mirror for max)
+in both steps: DataFusion's grouped min / max start from the largest finite value, so a group of
+only infinities would come out finite (:func:`float_bound_sql`).
+
 Result types are DataFusion's own for the same aggregate over the same input (count → int64,
 sum(int) → int64, sum(float) → float64, min/max/first_value/last_value → the input type, avg and
 stddev/var → float64, approx_distinct → uint64, approx_percentile_cont → float32 for float32 input
