@@ -35,17 +35,20 @@ timestamp types; anything else (and every other aggregate, ``emit = 'update'``, 
 cumulate / calendar windows) keeps the SQL path: :func:`plan` returns ``None``. Session windows
 of the same aggregates are folded too, by :mod:`.fold_session` (one state row per open session).
 
-Memory: the key map keeps every key it has seen (it is not compacted when keys stop coming), and
-each open pane's arrays are as wide as that map, so the state is ``open panes x keys ever seen x
-8 bytes`` per state column; a checkpoint holds only the (key, pane) pairs with rows. A stream
-whose keys keep changing (ever-new ids) grows the map without bound: compaction is not done yet.
+Memory: the key map keeps the keys it has seen, and each open pane's arrays are as wide as that
+map, so the state is ``open panes x keys in the map x 8 bytes`` per state column; a checkpoint
+holds only the (key, pane) pairs with rows. When windows are evicted and the map has grown past
+:attr:`FoldState.COMPACT_MIN_SLOTS` and twice its size at the last check, the keys with no row in
+any open pane are dropped (:meth:`FoldState.compact`: a new map of the live keys, the arrays
+narrowed to them), so a stream whose keys keep changing (ever-new ids) holds about the keys of
+its open windows, not every key it ever saw. (The session state's key map is not compacted yet.)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -319,6 +322,9 @@ class FoldState:
         schema: the operator's input schema; key_columns: the GROUP BY columns.
     """
 
+    #: the key map is compacted only above this many slots (and twice its size at the last check)
+    COMPACT_MIN_SLOTS: ClassVar[int] = 1 << 16
+
     def __init__(
         self,
         fold_plan: FoldPlan,
@@ -329,6 +335,8 @@ class FoldState:
         key_columns: tuple[str, ...],
     ) -> None:
         self.plan = fold_plan
+        self._schema = schema
+        self._compact_at = 0  # the map size that triggers the next compaction check
         self.offset, self.size, self.slide = offset_ns, size_ns, slide_ns
         self.pane_ns = math.gcd(size_ns, slide_ns)
         self.r, self.m = slide_ns // self.pane_ns, size_ns // self.pane_ns
@@ -538,6 +546,35 @@ class FoldState:
                 self._free.append(row)
         if self.fired_upto is None or threshold > self.fired_upto:
             self.fired_upto = threshold
+        size = self.keys.size
+        if size > max(self.COMPACT_MIN_SLOTS, self._compact_at):
+            self.compact()
+            self._compact_at = 2 * self.keys.size
+
+    def compact(self) -> bool:
+        """Drop the slots of the keys with no row in any open pane: a new key map of the live
+        keys and every state array narrowed to them. ``False`` (nothing done) when over half the
+        slots are live, or the query has no keys."""
+        n, cap, rows = self.keys.size, self._cap, self._rows_cap
+        if not self.keys.key_columns or not n:
+            return False
+        if rows and cap:
+            counts = self._arrays[ROWS].reshape(rows, cap)[:, :n]
+            live = np.flatnonzero((counts > 0).any(axis=0))
+        else:
+            live = np.zeros(0, dtype=np.int64)
+        if 2 * len(live) >= n:
+            return False
+        keys = KeyMap(self._schema, self.keys.key_columns)
+        new = keys.slots(self.keys.keys(live)) if len(live) else np.zeros(0, dtype=np.int64)
+        new_cap = max(len(live), 64)
+        for col in self.plan.columns:
+            grown = np.full((rows, new_cap), col.identity, dtype=col.dtype)
+            if rows and cap and len(live):
+                grown[:, new] = self._arrays[col.name].reshape(rows, cap)[:, live]
+            self._arrays[col.name] = grown.reshape(-1)
+        self.keys, self._cap = keys, new_cap
+        return True
 
     def pane_table(
         self,

@@ -13,8 +13,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from flight_serve.engine.fold import FoldState
 from flight_serve.engine.operator import OperatorSnapshot, WindowOperator
 from flight_serve.errors import CheckpointError
 from flight_serve.pipelines.query import parse_window_query
@@ -219,6 +221,44 @@ def test_row_overlapping_an_emitted_session_is_late_for_it() -> None:
     ]
     assert session_rows(sql, data, True) == want
     assert session_rows(sql, data, False) == want
+
+
+@pytest.mark.parametrize("window", ["tumble", "hop_16_7"])
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.generate],
+)
+@given(data=rows, size=st.integers(1, 7), cut=st.integers(0, 10))
+def test_key_map_compacted_at_every_eviction_changes_nothing(
+    window: str, data: list[Row], size: int, cut: int
+) -> None:
+    sql = sql_of(window, KEYS["two"], 0, " WITH (allowed_lateness = '2s')")
+    batches = batches_of(data, size)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(FoldState, "COMPACT_MIN_SLOTS", 0)
+        compacted = run(sql, batches, True, cut)
+    assert compacted == run(sql, batches, False)
+
+
+def test_compaction_keeps_only_the_keys_of_open_panes() -> None:
+    fs = build(sql_of("tumble", KEYS["one"]), True)._fold
+    assert fs is not None
+    keys = [f"k{i}" for i in range(100)]
+    fs.fold(
+        np.array([0] * 100 + [1, 1]),
+        fs.keys.slots([pa.array([*keys, "k7", "k42"])]),
+        {c.name: 1 if c.name == "n:*" else np.ones(102, c.dtype) for c in fs.plan.columns},
+    )
+    fs.evict(fs.window_end(0))  # pane 0 closes: only k7 and k42 have rows (pane 1)
+    assert fs.compact() is False or fs.keys.size == 2  # evict may have compacted already
+    assert fs.keys.size == 2
+    got = fs.window_slots(1)
+    assert got is not None
+    assert sorted(fs.keys.keys(got[0])[0].to_pylist()) == ["k42", "k7"]
+    assert got[1]["n:*"].tolist() == [1, 1]
 
 
 def test_snapshot_does_not_consume_folded_state() -> None:
