@@ -54,6 +54,8 @@ class Comparison:
     note: str = ""
     baseline_units: int | None = None
     lower_is_better: bool = False
+    #: extra measured figures by name (``p99_ms`` of a latency, the disk's ``floor_ratio``)
+    figures: dict[str, float] = field(default_factory=dict)
 
     @property
     def subject_median(self) -> float:
@@ -102,6 +104,7 @@ class Comparison:
             "baseline_units": self.baseline_units,
             "lower_is_better": self.lower_is_better,
             "nbytes": self.nbytes,
+            "figures": self.figures,
             "subject_s": self.subject_s,
             "baseline_s": self.baseline_s,
             "subject_median_s": self.subject_median,

@@ -103,6 +103,50 @@ def _no_fsync_note(comparison: Comparison, batches: list[pa.RecordBatch], repeat
     )
 
 
+def disk_floor_s(nbytes: int, repeat: int, chunk: int = 4 << 20) -> list[float]:
+    """Seconds to write ``nbytes`` with ``O_DIRECT`` (4 MiB page-aligned writes, one
+    ``fdatasync`` at the end) into a new file in the default temporary directory, the file system
+    the benchmark's data directories are on: the disk's own durable write speed here, ``repeat``
+    runs after one warm-up. ``O_DIRECT`` bypasses the page cache as the store's writer does."""
+    import mmap
+    import os
+    import time
+
+    buf = mmap.mmap(-1, chunk)  # anonymous maps are page-aligned, as O_DIRECT needs
+    buf.write(os.urandom(chunk))
+    times = []
+    with tempfile.TemporaryDirectory(prefix="flight-serve-disk-") as tmp:
+        path = os.path.join(tmp, "odirect")
+        for _ in range(repeat + 1):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0))
+            try:
+                started = time.perf_counter()
+                written = 0
+                while written < nbytes:
+                    written += os.pwrite(fd, buf, written)
+                os.fdatasync(fd)
+                times.append(time.perf_counter() - started)
+            finally:
+                os.close(fd)
+            os.unlink(path)
+    buf.close()
+    return times[1:]
+
+
+def _disk_note(comparison: Comparison, repeat: int) -> str:
+    """The physical floor: the disk's O_DIRECT throughput for the same bytes, and the ratio the
+    durable path could reach if it were bound by the disk alone (writes overlapping the
+    transfer: ``baseline / max(baseline, disk)``)."""
+    disk = statistics.median(disk_floor_s(comparison.nbytes, repeat))
+    ceiling = comparison.baseline_median / max(comparison.baseline_median, disk)
+    comparison.figures.update(disk_gb_s=comparison.nbytes / disk / 1e9, floor_ratio=ceiling)
+    return (
+        f"\n  the disk here (O_DIRECT, 4 MiB writes, one fdatasync) wrote the same "
+        f"{comparison.nbytes / 1e6:,.0f} MB in {disk:.3f} s ({comparison.nbytes / disk / 1e9:.2f} "
+        f"GB/s): a disk-bound durable DoPut could reach ratio {ceiling:.2f} at best"
+    )
+
+
 def _raw_put(client: flight.FlightClient, batches: list[pa.RecordBatch]) -> None:
     writer, _ = client.do_put(flight.FlightDescriptor.for_path("bench"), batches[0].schema)
     for batch in batches:
@@ -163,6 +207,7 @@ def doput(repeat: int, rows: int = ROWS) -> list[Comparison]:
         else f"[red]MISMATCH[/red]: stream rows {stored}, drained rows {drained}"
     )
     comparison.note += _no_fsync_note(comparison, batches, repeat)
+    comparison.note += _disk_note(comparison, repeat)
     return [comparison]
 
 

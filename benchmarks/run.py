@@ -29,16 +29,20 @@ from benchmarks import (
     checkpoints,
     coldstart,
     datagen,
+    end_to_end,
     falkordb,
     flight_io,
     flightsql,
     functions_python,
     functions_wasm,
     iceberg,
+    issue19,
     java_client,
     plugins,
     remote,
+    state_memory,
     sync_lag,
+    tail_latency,
     vs_bytewax,
     windows,
 )
@@ -65,6 +69,9 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "datagen": datagen.datagen,
     "functions_python": functions_python.functions_python,
     "functions_wasm": functions_wasm.functions_wasm,
+    "tail_latency": tail_latency.tail_latency,
+    "state_memory": state_memory.state_memory,
+    "end_to_end": end_to_end.end_to_end,
 }
 
 
@@ -99,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             render(console, comparison)
             results.append(comparison)
     render_summary(console, results)
+    issue19.render(console, results)
     console.print(f"total {time.perf_counter() - started:.0f} s")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ The engine runs the query as a stream: :func:`flight_serve.pipelines.query.parse
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -26,8 +27,11 @@ KEYS = 1_000
 _AGGS = "count(*) AS n, sum(v) AS total"
 
 
-def _engine(sql: str, batches: list[pa.RecordBatch]) -> tuple[list[pa.Table], list[int]]:
-    op = parse_window_query(sql).build(batches[0].schema)
+def _engine(
+    sql: str, batches: list[pa.RecordBatch], fold_state: bool = True
+) -> tuple[list[pa.Table], list[int]]:
+    aggregation = replace(parse_window_query(sql).aggregation, fold_state=fold_state)
+    op = aggregation.build(batches[0].schema)
     outputs: list[pa.Table] = []
     late = 0
     for batch in batches:
@@ -173,11 +177,11 @@ def session(repeat: int, count: int = 4_000_000) -> list[Comparison]:
     windows: list[int] = []
     comparison = Comparison(
         name="session",
-        subject="engine, SESSION gap 5 s",
+        subject="engine, SESSION gap 5 s (folded state)",
         baseline="DataFusion tumbling 5 s GROUP BY (not the same job)",
         units=count,
         unit="events",
-        rate_target=2e6,
+        rate_target=5e6,
     )
     alternate(
         comparison,
@@ -186,4 +190,31 @@ def session(repeat: int, count: int = 4_000_000) -> list[Comparison]:
         repeat,
     )
     comparison.note = f"{windows[-1]:,} sessions; the ratio is informative only (different jobs)"
-    return [comparison]
+    # before / after: the same job on the SQL-merge path (the engine before issue 19's sessions)
+    results: dict[str, list[pa.Table]] = {}
+    before = Comparison(
+        name="session_vs_sql_path",
+        subject="engine, SESSION gap 5 s, folded state",
+        baseline="the same on the SQL-merge path (fold_state = false)",
+        units=count,
+        unit="events",
+    )
+    alternate(
+        before,
+        lambda: results.__setitem__("folded", _engine(engine_sql, batches)[0]),
+        lambda: results.__setitem__("sql", _engine(engine_sql, batches, fold_state=False)[0]),
+        repeat,
+    )
+    got, want = (
+        pa.concat_tables(results[k]).sort_by([("key", "ascending"), ("window_start", "ascending")])
+        for k in ("folded", "sql")
+    )
+    same = got.select(["key", "window_start", "window_end", "n"]).equals(
+        want.select(["key", "window_start", "window_end", "n"])
+    ) and np.allclose(got["total"].to_numpy(), want["total"].to_numpy())
+    before.note = (
+        f"check: both paths gave the same {got.num_rows:,} sessions"
+        if same
+        else "[red]MISMATCH[/red] between the folded and the SQL-merge path"
+    )
+    return [comparison, before]

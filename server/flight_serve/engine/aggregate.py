@@ -27,6 +27,10 @@ call per batch of groups, never per row or per group).
 | approx_distinct(x)     | HyperLogLog of ``digest(CAST(x AS VARCHAR), 'md5')`` (UDF) | register-wise max (UDF) | the estimate (uint64) |
 | approx_percentile_cont(x, q) | DDSketch of ``CAST(x AS DOUBLE)`` (UDF)     | bucket-wise sum (UDF)        | the interpolated quantile  |
 
+Float min / max use ``coalesce(min(nullif(x, +inf)), max(x))`` (and the mirror for max)
+in both steps: DataFusion's grouped min / max start from the largest finite value, so a group of
+only infinities would come out finite (:func:`float_bound_sql`).
+
 Result types are DataFusion's own for the same aggregate over the same input (count → int64,
 sum(int) → int64, sum(float) → float64, min/max/first_value/last_value → the input type, avg and
 stddev/var → float64, approx_distinct → uint64, approx_percentile_cont → float32 for float32 input
@@ -166,11 +170,14 @@ class AggregateCall:
             _SCALAR_UDFS.update(sketches.scalar_udfs())
         return [_SCALAR_UDFS[n] for n in names]
 
-    def partial_sql(self, prefix: str, time_sql: str = '"__ts"') -> list[tuple[str, str]]:
+    def partial_sql(
+        self, prefix: str, time_sql: str = '"__ts"', float_sql_type: str | None = None
+    ) -> list[tuple[str, str]]:
         """``(partial column name, DataFusion SQL over the raw rows)`` pairs.
 
         ``time_sql`` is the SQL of the buffered event time (int64 ns since the epoch), for
-        aggregates ordered by event time.
+        aggregates ordered by event time. ``float_sql_type`` (``DOUBLE`` / ``REAL``) says the
+        column is floating point, for min / max (:func:`float_bound_sql`).
         """
         if self.column is None:
             return [(f"{prefix}c", "count(*)")]
@@ -221,10 +228,13 @@ class AggregateCall:
                     f"approx_percentile_cont({col}, {self.percentile!r}) FILTER (WHERE FALSE)",
                 ),
             ]
+        if func in ("min", "max") and float_sql_type is not None:
+            return [(f"{prefix}v", float_bound_sql(func, col, float_sql_type))]
         return [(f"{prefix}v", f"{func}({col})")]
 
-    def merge_sql(self, prefix: str) -> list[tuple[str, str]]:
-        """``(partial column name, DataFusion SQL that merges partial rows)`` pairs."""
+    def merge_sql(self, prefix: str, float_sql_type: str | None = None) -> list[tuple[str, str]]:
+        """``(partial column name, DataFusion SQL that merges partial rows)`` pairs
+        (``float_sql_type``: as for :meth:`partial_sql`)."""
         func = self.func
         if self.column is not None and func == "count" and self.distinct:
             d = quote_ident(f"{prefix}d")
@@ -257,6 +267,9 @@ class AggregateCall:
                 (f"{prefix}q", f"__fs_dd_merge(array_agg({quote_ident(f'{prefix}q')}))"),
                 (f"{prefix}z", f"min({quote_ident(f'{prefix}z')})"),
             ]
+        if func in ("min", "max") and float_sql_type is not None:
+            v = quote_ident(f"{prefix}v")
+            return [(f"{prefix}v", float_bound_sql(func, v, float_sql_type))]
         out = []
         for name, _ in self.partial_sql(prefix, '"__ts"'):
             fn = func if func in ("min", "max") else "sum"
@@ -308,3 +321,24 @@ def _moments_final(moments: pa.ChunkedArray[Any], func: str) -> pa.ChunkedArray[
     if func.startswith("stddev"):
         return cast("pa.ChunkedArray[Any]", pc.sqrt(variance))
     return variance
+
+
+def float_sql_type(t: pa.DataType) -> str | None:
+    """``DOUBLE`` / ``REAL`` for float64 / float32 (the input types of :func:`float_bound_sql`),
+    else ``None``."""
+    if t == pa.float64():
+        return "DOUBLE"
+    if t == pa.float32():
+        return "REAL"
+    return None
+
+
+def float_bound_sql(func: str, expr: str, sql_type: str) -> str:
+    """DataFusion SQL of ``min`` / ``max`` of the floating-point ``expr`` that is right for
+    infinities: DataFusion 55's grouped ``min`` starts from the largest finite value (``max``
+    from the lowest), so a group whose values are all +inf (-inf for ``max``) came out as
+    ±1.7976931348623157e308. The infinity is left out of the aggregate and only comes back when
+    nothing else is there: ``coalesce(min(nullif(x, +inf)), max(x))``."""
+    inf = f"CAST('{'inf' if func == 'min' else '-inf'}' AS {sql_type})"
+    other = "max" if func == "min" else "min"
+    return f"coalesce({func}(nullif({expr}, {inf})), {other}({expr}))"

@@ -32,19 +32,23 @@ grouped ``min`` / ``max`` (the SQL path) depend on the order the NaN arrives in,
 agree on NaN only where that order happens to match. Integer sums wrap on int64 overflow. Only integer (not uint64) and
 float32/float64 inputs take this path, keys of integer, string, binary, boolean, date and
 timestamp types; anything else (and every other aggregate, ``emit = 'update'``, empty windows,
-session / cumulate / calendar windows) keeps the SQL path: :func:`plan` returns ``None``.
+cumulate / calendar windows) keeps the SQL path: :func:`plan` returns ``None``. Session windows
+of the same aggregates are folded too, by :mod:`.fold_session` (one state row per open session).
 
-Memory: the key map keeps every key it has seen (it is not compacted when keys stop coming), and
-each open pane's arrays are as wide as that map, so the state is ``open panes x keys ever seen x
-8 bytes`` per state column; a checkpoint holds only the (key, pane) pairs with rows. A stream
-whose keys keep changing (ever-new ids) grows the map without bound: compaction is not done yet.
+Memory: the key map keeps the keys it has seen, and each open pane's arrays are as wide as that
+map, so the state is ``open panes x keys in the map x 8 bytes`` per state column; a checkpoint
+holds only the (key, pane) pairs with rows. When windows are evicted and the map has grown past
+:attr:`FoldState.COMPACT_MIN_SLOTS` and twice its size at the last check, the keys with no row in
+any open pane are dropped (:meth:`FoldState.compact`: a new map of the live keys, the arrays
+narrowed to them), so a stream whose keys keep changing (ever-new ids) holds about the keys of
+its open windows, not every key it ever saw. (The session state's key map is not compacted yet.)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -154,6 +158,38 @@ def plan(
     return FoldPlan(tuple(cols.values()), tuple(specs))
 
 
+def row_values(
+    fold_plan: FoldPlan, batch: pa.RecordBatch | pa.Table, take: np.ndarray | None
+) -> dict[str, Any]:
+    """The per-row inputs of the state columns of ``fold_plan`` from the rows ``take`` of
+    ``batch`` (all rows when ``None``): a numpy array of the state column's dtype per column
+    (NULL values replaced by the column's identity), or the scalar 1 where every row counts."""
+    out: dict[str, Any] = {}
+    for col in fold_plan.columns:
+        if col.source is None:
+            out[col.name] = 1
+            continue
+        arr = batch.column(col.source)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        if take is not None:
+            arr = arr.take(pa.array(take, pa.int64()))
+        if col.kind == "valid":
+            out[col.name] = (
+                1
+                if arr.null_count == 0
+                else np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), np.int64)
+            )
+            continue
+        values = np.asarray(
+            arr.fill_null(0).to_numpy(zero_copy_only=False) if arr.null_count else arr.to_numpy()
+        ).astype(col.dtype, copy=arr.null_count > 0)
+        if arr.null_count:
+            values[~np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False))] = col.identity
+        out[col.name] = values
+    return out
+
+
 class _ValueMap:
     """A persistent map from the values of one Arrow column type to dense slots ``0, 1, …``."""
 
@@ -204,6 +240,12 @@ class _ValueMap:
         self._lut, self._base = grown, new_lo
         return True
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the known values and the direct-address table."""
+        lut = 0 if self._lut is None else self._lut.nbytes
+        return lut + self._known.nbytes + sum(c.nbytes for c in self._chunks)
+
     def slots(self, column: pa.Array[Any]) -> np.ndarray:
         """The slot of each value of ``column`` (new values get new slots; NULL is a value)."""
         if self._int and column.null_count == 0 and len(column):
@@ -244,6 +286,11 @@ class KeyMap:
             return 1
         return (self._pairs[-1] if self._pairs else self._columns[0]).size
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the maps of every key column and column pair."""
+        return sum(m.nbytes for m in (*self._columns, *self._pairs))
+
     def slots(self, columns: list[pa.Array[Any]]) -> np.ndarray:
         """The slot of each row of the key ``columns`` (in ``key_columns`` order)."""
         if not self.key_columns:
@@ -275,6 +322,9 @@ class FoldState:
         schema: the operator's input schema; key_columns: the GROUP BY columns.
     """
 
+    #: the key map is compacted only above this many slots (and twice its size at the last check)
+    COMPACT_MIN_SLOTS: ClassVar[int] = 1 << 16
+
     def __init__(
         self,
         fold_plan: FoldPlan,
@@ -285,6 +335,8 @@ class FoldState:
         key_columns: tuple[str, ...],
     ) -> None:
         self.plan = fold_plan
+        self._schema = schema
+        self._compact_at = 0  # the map size that triggers the next compaction check
         self.offset, self.size, self.slide = offset_ns, size_ns, slide_ns
         self.pane_ns = math.gcd(size_ns, slide_ns)
         self.r, self.m = slide_ns // self.pane_ns, size_ns // self.pane_ns
@@ -343,7 +395,7 @@ class FoldState:
     def _grow(self, slots_needed: int, rows_needed: int) -> None:
         cap, rows = self._cap, self._rows_cap
         new_cap = cap if slots_needed <= cap else max(slots_needed, 2 * cap, 64)
-        new_rows = rows if rows_needed <= rows else max(rows_needed, 2 * rows, 4)
+        new_rows = rows if rows_needed <= rows else max(rows_needed, 2 * rows)
         if (new_cap, new_rows) == (cap, rows):
             return
         for col in self.plan.columns:
@@ -404,32 +456,11 @@ class FoldState:
         self, batch: pa.RecordBatch | pa.Table, take: np.ndarray | None
     ) -> dict[str, Any]:
         """The per-row inputs of the state columns from the rows ``take`` of ``batch``."""
-        out: dict[str, Any] = {}
-        for col in self.plan.columns:
-            if col.source is None:
-                out[col.name] = 1
-                continue
-            arr = batch.column(col.source)
-            if isinstance(arr, pa.ChunkedArray):
-                arr = arr.combine_chunks()
-            if take is not None:
-                arr = arr.take(pa.array(take, pa.int64()))
-            if col.kind == "valid":
-                out[col.name] = (
-                    1
-                    if arr.null_count == 0
-                    else np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), np.int64)
-                )
-                continue
-            values = np.asarray(
-                arr.fill_null(0).to_numpy(zero_copy_only=False)
-                if arr.null_count
-                else arr.to_numpy()
-            ).astype(col.dtype, copy=arr.null_count > 0)
-            if arr.null_count:
-                values[~np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False))] = col.identity
-            out[col.name] = values
-        return out
+        return row_values(self.plan, batch, take)
+
+    def state_bytes(self) -> int:
+        """Bytes of the pane x slot arrays as allocated (capacity included; not the key map)."""
+        return int(sum(a.nbytes for a in self._arrays.values()))
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -515,6 +546,35 @@ class FoldState:
                 self._free.append(row)
         if self.fired_upto is None or threshold > self.fired_upto:
             self.fired_upto = threshold
+        size = self.keys.size
+        if size > max(self.COMPACT_MIN_SLOTS, self._compact_at):
+            self.compact()
+            self._compact_at = 2 * self.keys.size
+
+    def compact(self) -> bool:
+        """Drop the slots of the keys with no row in any open pane: a new key map of the live
+        keys and every state array narrowed to them. ``False`` (nothing done) when over half the
+        slots are live, or the query has no keys."""
+        n, cap, rows = self.keys.size, self._cap, self._rows_cap
+        if not self.keys.key_columns or not n:
+            return False
+        if rows and cap:
+            counts = self._arrays[ROWS].reshape(rows, cap)[:, :n]
+            live = np.flatnonzero((counts > 0).any(axis=0))
+        else:
+            live = np.zeros(0, dtype=np.int64)
+        if 2 * len(live) >= n:
+            return False
+        keys = KeyMap(self._schema, self.keys.key_columns)
+        new = keys.slots(self.keys.keys(live)) if len(live) else np.zeros(0, dtype=np.int64)
+        new_cap = max(len(live), 64)
+        for col in self.plan.columns:
+            grown = np.full((rows, new_cap), col.identity, dtype=col.dtype)
+            if rows and cap and len(live):
+                grown[:, new] = self._arrays[col.name].reshape(rows, cap)[:, live]
+            self._arrays[col.name] = grown.reshape(-1)
+        self.keys, self._cap = keys, new_cap
+        return True
 
     def pane_table(
         self,

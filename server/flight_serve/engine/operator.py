@@ -49,7 +49,8 @@ import pyarrow.compute as pc
 
 from flight_serve._arrow import ColumnMismatch, conform_batch, ipc_bytes, read_ipc_table
 from flight_serve.engine import fold
-from flight_serve.engine.aggregate import AggregateCall, quote_ident
+from flight_serve.engine.aggregate import AggregateCall, float_sql_type, quote_ident
+from flight_serve.engine.fold_session import SessionFoldState
 from flight_serve.engine.sqlguard import check_sql
 from flight_serve.engine.watermark import WatermarkTracker
 from flight_serve.engine.windows import (
@@ -190,6 +191,10 @@ class OperatorSnapshot:
     #: written and read by the queries that run on the SQL path.
     VERSION: ClassVar[int] = 2
     VERSION_PANES: ClassVar[int] = 1
+    #: folded session state (:mod:`.fold_session`): ``panes`` holds one row per open session
+    #: (key columns, ``__ws``, ``__we``, the state columns), ``closed_sessions`` the remembered
+    #: emitted ones, ``buffer`` is empty
+    VERSION_SESSIONS: ClassVar[int] = 3
 
     panes: pa.Table
     buffer: pa.Table
@@ -417,6 +422,12 @@ class WindowOperator:
                 self._fold = fold.FoldState(
                     fold_plan, w.offset_ns, w.size_ns, slide, input_schema, config.key_columns
                 )
+        self._sfold: SessionFoldState | None = None
+        if config.fold_state and isinstance(w, SessionWindow) and not self._update:
+            fold_plan = fold.plan(config.aggregates, config.key_columns, input_schema)
+            if fold_plan is not None:
+                key_map = fold.KeyMap(input_schema, config.key_columns)
+                self._sfold = SessionFoldState(fold_plan, w.gap_ns, key_map)
 
     # --- planning -----------------------------------------------------------------------------
 
@@ -489,9 +500,14 @@ class WindowOperator:
             if agg.column is not None:
                 copies.append(f"{quote_ident(agg.column)} AS {quote_ident(f'__i{i}')}")
                 own = replace(agg, column=f"__i{i}")
-            for name, expr in own.partial_sql(f"__p{i}", quote_ident(f"__t{i}")):
+            floating = (
+                None
+                if agg.column is None
+                else float_sql_type(self.input_schema.field(agg.column).type)
+            )
+            for name, expr in own.partial_sql(f"__p{i}", quote_ident(f"__t{i}"), floating):
                 partial_items.append(f"{expr} AS {quote_ident(name)}")
-            for name, expr in agg.merge_sql(f"__p{i}"):
+            for name, expr in agg.merge_sql(f"__p{i}", floating):
                 merge_items.append(f"{expr} AS {quote_ident(name)}")
         partial_items += [f"1 AS {quote_ident(CHG)}", f"-1 AS {quote_ident(REV)}"]
         merge_items += [
@@ -563,13 +579,15 @@ class WindowOperator:
     @property
     def folded_state(self) -> bool:
         """Whether the state is folded per batch (:mod:`.fold`) rather than SQL-merged."""
-        return self._fold is not None
+        return self._fold is not None or self._sfold is not None
 
     @property
     def open_panes(self) -> int:
         """Pane rows held in state (one per key and open window), not counting the buffer."""
         if self._fold is not None:
             return self._fold.open_count()
+        if self._sfold is not None:
+            return self._sfold.open_count
         return self._state.num_rows
 
     @property
@@ -707,6 +725,8 @@ class WindowOperator:
         """
         if self._fold is not None:
             return self._fold_snapshot()
+        if self._sfold is not None:
+            return self._session_snapshot()
         buffer = (
             pa.Table.from_batches(self._buffer.batches, self._buffer_schema)
             if self._buffer.batches
@@ -760,23 +780,29 @@ class WindowOperator:
 
     def _restore(self, snapshot: OperatorSnapshot) -> None:
         version = snapshot.meta.get("version")
-        want = (
-            OperatorSnapshot.VERSION if self._fold is not None else OperatorSnapshot.VERSION_PANES
-        )
+        want = OperatorSnapshot.VERSION_PANES
+        if self._fold is not None:
+            want = OperatorSnapshot.VERSION
+        elif self._sfold is not None:
+            want = OperatorSnapshot.VERSION_SESSIONS
         if version != want:
             layouts: dict[object, str] = {
                 OperatorSnapshot.VERSION_PANES: "SQL-merged pane state",
                 OperatorSnapshot.VERSION: "folded state",
+                OperatorSnapshot.VERSION_SESSIONS: "folded session state",
             }
             raise CheckpointError(
                 f"operator snapshot version {version!r} "
                 f"({layouts.get(version, 'an unknown layout')}) cannot restore this query, which "
-                f"keeps {layouts[want]} (version {want}); a version 1 checkpoint of a tumbling or "
-                "hopping query of count/sum/min/max/avg predates the folded state and is not "
-                "converted: start the pipeline again from its source"
+                f"keeps {layouts[want]} (version {want}); a version 1 checkpoint of a tumbling, "
+                "hopping or session query of count/sum/min/max/avg predates the folded state and "
+                "is not converted: start the pipeline again from its source"
             )
         if self._fold is not None:
             self._restore_fold(snapshot)
+            return
+        if self._sfold is not None:
+            self._restore_sessions(snapshot)
             return
         self._check_snapshot_schemas(snapshot, self._state_schema)
         self._state = snapshot.panes
@@ -836,6 +862,134 @@ class WindowOperator:
             if hasattr(self.metrics, key):
                 setattr(self.metrics, key, int(value))
         self._refresh_bounds()
+
+    def _session_schema(self) -> pa.Schema:
+        assert self._sfold is not None
+        return pa.schema(
+            [self.input_schema.field(k) for k in self.config.key_columns]
+            + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
+            + [pa.field(c.name, pa.from_numpy_dtype(c.dtype)) for c in self._sfold.plan.columns]
+        )
+
+    def _session_snapshot(self) -> OperatorSnapshot:
+        ss = self._sfold
+        assert ss is not None
+        panes = pa.Table.from_arrays(
+            [
+                *ss.keys.keys(ss.slot),
+                pa.array(ss.start, pa.int64()),
+                pa.array(ss.end, pa.int64()),
+                *(pa.array(ss.values[c.name]) for c in ss.plan.columns),
+            ],
+            schema=self._session_schema(),
+        )
+        closed = pa.Table.from_arrays(
+            [
+                *ss.keys.keys(ss.closed_slot),
+                pa.array(ss.closed_start, pa.int64()),
+                pa.array(ss.closed_end, pa.int64()),
+            ],
+            schema=self._closed.schema,
+        )
+        return OperatorSnapshot(
+            panes=panes,
+            buffer=self._buffer_schema.empty_table(),
+            closed_sessions=closed,
+            known_keys=self._known,
+            meta={
+                "version": OperatorSnapshot.VERSION_SESSIONS,
+                "watermark": self._tracker.snapshot(),
+                "empty_done_ns": self._empty_done,
+                "metrics": dict(vars(self.metrics)),
+            },
+        )
+
+    def _restore_sessions(self, snapshot: OperatorSnapshot) -> None:
+        ss = self._sfold
+        assert ss is not None
+        self._check_snapshot_schemas(snapshot, self._session_schema())
+
+        def slots_of(table: pa.Table) -> np.ndarray:
+            if not self.config.key_columns:
+                return np.zeros(table.num_rows, dtype=np.int64)
+            return ss.keys.slots([table[k].combine_chunks() for k in self.config.key_columns])
+
+        def ints(table: pa.Table, name: str) -> np.ndarray:
+            return np.asarray(table[name].to_numpy(), dtype=np.int64)
+
+        panes, closed = snapshot.panes.combine_chunks(), snapshot.closed_sessions.combine_chunks()
+        ss.restore(
+            slots_of(panes),
+            ints(panes, WS),
+            ints(panes, WE),
+            {c.name: np.asarray(panes[c.name].to_numpy(), dtype=c.dtype) for c in ss.plan.columns},
+            (slots_of(closed), ints(closed, WS), ints(closed, WE)),
+        )
+        self._empty_done = int(snapshot.meta["empty_done_ns"])
+        self._tracker.restore(snapshot.meta["watermark"])
+        for key, value in snapshot.meta.get("metrics", {}).items():
+            if hasattr(self.metrics, key):
+                setattr(self.metrics, key, int(value))
+        self._refresh_bounds()
+
+    def _accept_sessions(
+        self, batch: pa.RecordBatch, ts_ns: Int64Array, watermark: int
+    ) -> pa.Table | None:
+        """Merge the accepted rows of ``batch`` into the folded sessions; return the late rows:
+        first those overlapping a session already emitted (``_window_*``: that session), then
+        those whose ``[t, t + gap)`` is closed and overlaps no open session of their key
+        (``_window_*``: ``[t, t + gap)``), each part in row order."""
+        ss = self._sfold
+        assert ss is not None
+        n, gap = batch.num_rows, ss.gap
+        key_arrays = [batch.column(k) for k in self.config.key_columns]
+        slots = ss.keys.slots(key_arrays) if key_arrays else np.zeros(n, dtype=np.int64)
+        keep = np.ones(n, dtype=bool)
+        late_tables: list[pa.Table] = []
+        closed_end = ss.closed_max_end()
+        if closed_end is not None and int(ts_ns.min()) < closed_end:
+            cand = np.flatnonzero(ts_ns < closed_end)
+            j = ss.closed_hit(slots[cand], ts_ns[cand])
+            hit = j >= 0
+            if hit.any():
+                idx, j = cand[hit], j[hit]
+                missed = (ss.closed_start[j], ss.closed_end[j])
+                late_tables.append(self._late_rows(batch, idx, "late", missed))
+                self.metrics.rows_late += len(idx)
+                keep[idx] = False
+        threshold = self._threshold(watermark)
+        if threshold > MIN_WATERMARK_NS:
+            dead = keep & (ts_ns + gap <= threshold)
+            if dead.any():
+                cand = np.flatnonzero(dead)
+                idx = cand[~ss.open_hit(slots[cand], ts_ns[cand])]
+                if len(idx):
+                    missed = (ts_ns[idx], ts_ns[idx] + gap)
+                    late_tables.append(self._late_rows(batch, idx, "late", missed))
+                    self.metrics.rows_late += len(idx)
+                    keep[idx] = False
+        take = None if keep.all() else np.flatnonzero(keep)
+        if take is None:
+            ss.add(slots, ts_ns, fold.row_values(ss.plan, batch, None))
+        elif len(take):
+            ss.add(slots[take], ts_ns[take], fold.row_values(ss.plan, batch, take))
+        self._refresh_bounds()
+        if not late_tables:
+            return None
+        return late_tables[0] if len(late_tables) == 1 else pa.concat_tables(late_tables)
+
+    def _session_fire(self, watermark: int) -> pa.Table | None:
+        """The fired sessions as pane rows (keys, ``__ws``, ``__we``, the SQL path's partial
+        columns); they leave the open sessions."""
+        ss = self._sfold
+        assert ss is not None
+        threshold = None if watermark == MAX_WATERMARK_NS else self._threshold(watermark)
+        fired = ss.take_closed(threshold)
+        self._refresh_bounds()
+        if fired is None:
+            return None
+        slots, starts, ends, values = fired
+        return self._fold_rows(ss.plan, ss.keys, slots, starts, ends, values)
 
     def _accept_fold(
         self, batch: pa.RecordBatch, ts_ns: Int64Array, watermark: int
@@ -897,11 +1051,25 @@ class WindowOperator:
         assert fs is not None
         n = len(slots)
         start = fs.offset + k * fs.slide
-        cols: dict[str, Any] = dict(zip(self.config.key_columns, fs.keys.keys(slots), strict=True))
-        cols[WS] = pa.array(np.full(n, start, dtype=np.int64))
-        cols[WE] = pa.array(np.full(n, start + fs.size, dtype=np.int64))
+        starts = np.full(n, start, dtype=np.int64)
+        return self._fold_rows(fs.plan, fs.keys, slots, starts, starts + fs.size, values)
+
+    def _fold_rows(
+        self,
+        fold_plan: fold.FoldPlan,
+        keys: fold.KeyMap,
+        slots: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        values: dict[str, np.ndarray],
+    ) -> pa.Table:
+        """Folded state rows as the SQL path's pane rows: keys, ``__ws``, ``__we`` (ns) and the
+        partial columns ``__p<i>…`` of each aggregate."""
+        cols: dict[str, Any] = dict(zip(self.config.key_columns, keys.keys(slots), strict=True))
+        cols[WS] = pa.array(starts, pa.int64())
+        cols[WE] = pa.array(ends, pa.int64())
         schema = self._state_schema
-        for i, (func, value, count) in enumerate(fs.plan.aggregates):
+        for i, (func, value, count) in enumerate(fold_plan.aggregates):
             p = f"__p{i}"
             cnt = values[count]
             if func == "count":
@@ -940,6 +1108,8 @@ class WindowOperator:
     def _accept(self, batch: pa.RecordBatch, ts_ns: Int64Array, watermark: int) -> pa.Table | None:
         if self._fold is not None:
             return self._accept_fold(batch, ts_ns, watermark)
+        if self._sfold is not None:
+            return self._accept_sessions(batch, ts_ns, watermark)
         window = self.config.window
         rows, starts, ends = window.assign_bounds_ns(ts_ns)
         threshold = self._threshold(watermark)
@@ -1078,6 +1248,11 @@ class WindowOperator:
                 return bool(self._fold.pane_row)
             end = self._fold.next_end()
             return end is not None and end <= self._threshold(watermark)
+        if self._sfold is not None:
+            end = self._sfold.min_end()
+            if watermark == MAX_WATERMARK_NS:
+                return end is not None
+            return end is not None and end <= self._threshold(watermark)
         if self._empty_ttl_ns is not None and (
             self._known.num_rows or self._state.num_rows or self._buffer.rows
         ):
@@ -1092,6 +1267,9 @@ class WindowOperator:
     def _refresh_bounds(self) -> None:
         if self._fold is not None:
             self._state_min_end, self._state_min_pending_end = self._fold.next_end(), None
+            return
+        if self._sfold is not None:
+            self._state_min_end, self._state_min_pending_end = self._sfold.min_end(), None
             return
         state = self._state
         if not state.num_rows:
@@ -1145,6 +1323,9 @@ class WindowOperator:
         if self._fold is not None:
             folded = self._fold_fire(watermark)
             return None if folded is None else self._output(folded)
+        if self._sfold is not None:
+            sessions = self._session_fire(watermark)
+            return None if sessions is None else self._output(sessions)
         self._merge()
         state = self._state
         if not state.num_rows and not (self._empty_ttl_ns is not None and self._known.num_rows):

@@ -295,7 +295,13 @@ def _explain_query(node: Node, user_functions: Collection[str] = ()) -> list[str
             f"__a{i} = {a.func}({a.column or '*'})" for i, a in enumerate(cfg.aggregates)
         ]
         out.append(f"  aggregates: {', '.join(aggregates)}")
-        if op.folded_state:
+        if op.folded_state and isinstance(cfg.window, SessionWindow):
+            out.append(
+                "  state: folded on arrival (engine/fold_session.py): each batch's runs of a key "
+                "are merged into its open sessions, fixed-width numpy state per session; a "
+                "session's close reads its row, no SQL merge"
+            )
+        elif op.folded_state:
             out.append(
                 "  state: folded on arrival (engine/fold.py): each batch is added into "
                 "fixed-width numpy state per (pane, key slot); a window's close reads its "

@@ -13,8 +13,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from flight_serve.engine.fold import FoldState
 from flight_serve.engine.operator import OperatorSnapshot, WindowOperator
 from flight_serve.errors import CheckpointError
 from flight_serve.pipelines.query import parse_window_query
@@ -41,6 +43,8 @@ WINDOWS = {
     "hop_16_7": "HOP(s, t, INTERVAL '7' SECOND, INTERVAL '16' SECOND)",
     "hop_gaps": "HOP(s, t, INTERVAL '10' SECOND, INTERVAL '4' SECOND)",
     "tumble_offset": "TUMBLE(s, t, INTERVAL '10' SECOND, INTERVAL '3' SECOND)",
+    "session_4": "SESSION(s, t, INTERVAL '4' SECOND)",
+    "session_11": "SESSION(s, t, INTERVAL '11' SECOND)",
 }
 KEYS = {"one": ("k",), "two": ("k", "j"), "none": ()}
 
@@ -51,7 +55,7 @@ rows = st.lists(
         st.sampled_from([1, 2, -5, None]),
         st.integers(-20, 60),
         st.one_of(st.none(), st.integers(-1000, 1000)),
-        st.one_of(st.none(), st.sampled_from([0.5, -2.25, 3.0, 1e300])),
+        st.one_of(st.none(), st.sampled_from([0.5, -2.25, 3.0, 1e300, math.inf, -math.inf])),
     ),
     min_size=1,
     max_size=40,
@@ -108,7 +112,10 @@ def run(
         late.extend(emission.late.to_pylist())
     end = op.finish()
     out.extend(end.output.to_pylist())
-    return canonical(out), canonical(late)
+    late_rows = canonical(late)
+    if "SESSION(" in sql:  # the SQL path lists a batch's late session rows in join order
+        late_rows.sort(key=repr)
+    return canonical(out), late_rows
 
 
 @pytest.mark.parametrize("window", sorted(WINDOWS))
@@ -129,7 +136,7 @@ def test_folded_state_equals_sql_merge(
     assert run(sql, batches, True) == run(sql, batches, False)
 
 
-@pytest.mark.parametrize("window", ["tumble", "hop_16_7"])
+@pytest.mark.parametrize("window", ["tumble", "hop_16_7", "session_4"])
 @settings(
     max_examples=30,
     deadline=None,
@@ -146,6 +153,112 @@ def test_folded_resumed_run_equals_straight_run(
     straight = run(sql, batches, True)
     assert run(sql, batches, True, cut) == straight
     assert straight == run(sql, batches, False)
+
+
+def session_rows(sql: str, data: list[Row], folded: bool) -> list[tuple[Any, ...]]:
+    """Output and late rows of a one-row-a-batch run, in order, times as seconds."""
+
+    def sec(value: Any) -> int:
+        return int(value.timestamp())
+
+    op = build(sql, folded)
+    assert op.folded_state is folded
+    got: list[tuple[Any, ...]] = []
+    for step in [*(op.process(b) for b in batches_of(data, 1)), op.finish()]:
+        got += [
+            ("out", r["k"], sec(r["window_start"]), sec(r["window_end"]), r["n"], r["sv"])
+            for r in step.output.to_pylist()
+        ]
+        got += [
+            ("late", r["k"], sec(r["t"]), sec(r["_window_start"]), sec(r["_window_end"]))
+            for r in step.late.to_pylist()
+        ]
+    return got
+
+
+def test_late_row_bridging_two_open_sessions_merges_them() -> None:
+    # gap 4 s, W = max t (bound 0), allowed lateness 28 s. At W = 30 (W - L = 2) the sessions
+    # [0, 5) and [7, 11) are open; t = 4 is behind W but on time for [4, 8), which bridges
+    # both; t = -3 is late for its own [-3, 1) but overlaps the open [0, 11): it joins it;
+    # t = -10 overlaps nothing open: late
+    sql = sql_of("session_4", KEYS["one"], 0, " WITH (allowed_lateness = '28s')")
+    data: list[Row] = [
+        ("a", 1, 0, 1, None),
+        ("a", 1, 1, 2, None),
+        ("a", 1, 7, 4, None),
+        ("a", 1, 30, 8, None),
+        ("a", 1, 4, 16, None),
+        ("a", 1, -3, 64, None),
+        ("a", 1, -10, 128, None),
+        ("a", 1, 61, 32, None),
+    ]
+    want = [
+        ("late", "a", -10, -10, -6),
+        ("out", "a", -3, 11, 5, 87),
+        ("out", "a", 30, 34, 1, 8),
+        ("out", "a", 61, 65, 1, 32),
+    ]
+    assert session_rows(sql, data, True) == want
+    assert session_rows(sql, data, False) == want
+
+
+def test_row_overlapping_an_emitted_session_is_late_for_it() -> None:
+    # gap 4 s, lateness 31 s: [0, 7) closes at W = 40 (W - L = 9); t = 6 of key a would join it
+    # (late, naming that session) while the same t = 6 of key b is on time for its [6, 10)
+    sql = sql_of("session_4", KEYS["one"], 0, " WITH (allowed_lateness = '31s')")
+    data: list[Row] = [
+        ("a", 1, 0, 1, None),
+        ("a", 1, 3, 2, None),
+        ("a", 1, 40, 4, None),
+        ("a", 1, 6, 8, None),
+        ("b", 1, 6, 16, None),
+    ]
+    want = [
+        ("out", "a", 0, 7, 2, 3),
+        ("late", "a", 6, 0, 7),
+        ("out", "b", 6, 10, 1, 16),
+        ("out", "a", 40, 44, 1, 4),
+    ]
+    assert session_rows(sql, data, True) == want
+    assert session_rows(sql, data, False) == want
+
+
+@pytest.mark.parametrize("window", ["tumble", "hop_16_7"])
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.generate],
+)
+@given(data=rows, size=st.integers(1, 7), cut=st.integers(0, 10))
+def test_key_map_compacted_at_every_eviction_changes_nothing(
+    window: str, data: list[Row], size: int, cut: int
+) -> None:
+    sql = sql_of(window, KEYS["two"], 0, " WITH (allowed_lateness = '2s')")
+    batches = batches_of(data, size)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(FoldState, "COMPACT_MIN_SLOTS", 0)
+        compacted = run(sql, batches, True, cut)
+    assert compacted == run(sql, batches, False)
+
+
+def test_compaction_keeps_only_the_keys_of_open_panes() -> None:
+    fs = build(sql_of("tumble", KEYS["one"]), True)._fold
+    assert fs is not None
+    keys = [f"k{i}" for i in range(100)]
+    fs.fold(
+        np.array([0] * 100 + [1, 1]),
+        fs.keys.slots([pa.array([*keys, "k7", "k42"])]),
+        {c.name: 1 if c.name == "n:*" else np.ones(102, c.dtype) for c in fs.plan.columns},
+    )
+    fs.evict(fs.window_end(0))  # pane 0 closes: only k7 and k42 have rows (pane 1)
+    assert fs.compact() is False or fs.keys.size == 2  # evict may have compacted already
+    assert fs.keys.size == 2
+    got = fs.window_slots(1)
+    assert got is not None
+    assert sorted(fs.keys.keys(got[0])[0].to_pylist()) == ["k42", "k7"]
+    assert got[1]["n:*"].tolist() == [1, 1]
 
 
 def test_snapshot_does_not_consume_folded_state() -> None:
@@ -177,14 +290,23 @@ def test_snapshot_does_not_consume_folded_state() -> None:
     ]
 
 
-def test_min_of_infinity_after_nulls_is_infinity() -> None:
-    # as DataFusion's batch min; the SQL path's merge gives f64::MAX here (and -f64::MAX for the
-    # max of -inf), which is why the properties above draw no infinity (nor NaN: the SQL path's
-    # grouped min / max of NaN depend on arrival order)
-    op = build(sql_of("hop", KEYS["none"]), True)
-    for f in (None, None, math.inf):
-        op.process(batches_of([("a", 1, 0, None, f)], 9)[0])
-    assert {r["lf"] for r in op.finish().output.to_pylist()} == {math.inf}
+@pytest.mark.parametrize("folded", [True, False])
+@pytest.mark.parametrize("window", ["hop", "tumble", "session_4"])
+def test_min_and_max_of_infinities_next_to_nulls_are_infinities(window: str, folded: bool) -> None:
+    # as DataFusion's batch min; DataFusion 55's grouped min / max (the SQL path) started from
+    # +-f64::MAX and gave +-1.7976931348623157e308 here; the properties above draw no infinity
+    # (nor NaN: the SQL path's grouped min / max of NaN depend on arrival order)
+    for values, lo, hi in (
+        ((None, None, math.inf), math.inf, math.inf),
+        ((-math.inf, None), -math.inf, -math.inf),
+        ((math.inf, -math.inf, None), -math.inf, math.inf),
+        ((1.7976931348623157e308, math.inf), 1.7976931348623157e308, math.inf),
+    ):
+        op = build(sql_of(window, KEYS["none"]), folded)
+        for f in values:
+            op.process(batches_of([("a", 1, 0, None, f)], 9)[0])
+        got = {(r["lf"], r["hf"]) for r in op.finish().output.to_pylist()}
+        assert got == {(lo, hi)}, values
 
 
 def test_sum_of_nulls_is_null_and_count_skips_them() -> None:
