@@ -57,7 +57,8 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     x = x + _U64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
+    out: np.ndarray = x ^ (x >> _U64(31))
+    return out
 
 
 def _fnv1a(values: pa.Array[Any]) -> np.ndarray:
@@ -65,11 +66,15 @@ def _fnv1a(values: pa.Array[Any]) -> np.ndarray:
     n = len(values)
     if not n:
         return np.zeros(0, dtype=_U64)
-    _, offsets_buf, data_buf = values.buffers()
+    buffers: list[Any] = values.buffers()
+    offsets_buf, data_buf = buffers[1], buffers[2]
     assert offsets_buf is not None
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[values.offset : values.offset + n + 1]
+    offsets = np.frombuffer(memoryview(offsets_buf), dtype=np.int64)
+    offsets = offsets[values.offset : values.offset + n + 1]
     data = (
-        np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+        np.frombuffer(memoryview(data_buf), dtype=np.uint8)
+        if data_buf is not None
+        else np.zeros(0, np.uint8)
     )
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
@@ -80,41 +85,37 @@ def _fnv1a(values: pa.Array[Any]) -> np.ndarray:
         byte = data[starts[live] + j].astype(_U64)
         h[live] = (h[live] ^ byte) * _FNV_PRIME
     # the length too, so b"a" + b"" and b"" + b"a" differ once columns combine
-    return h ^ lengths.astype(_U64)
+    out: np.ndarray = h ^ lengths.astype(_U64)
+    return out
 
 
 def _column_hash(name: str, column: pa.Array[Any] | pa.ChunkedArray[Any]) -> np.ndarray:
     """A uint64 hash per value of ``column`` (see the module docstring)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    kind = column.type
+    values: Any = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = values.type
     if pa.types.is_dictionary(kind):
-        column = column.dictionary_decode()
-        kind = column.type
+        values = values.dictionary_decode()
+        kind = values.type
     nulls = (
-        np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
-        if column.null_count
+        np.asarray(values.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        if values.null_count
         else None
     )
-    if (
-        pa.types.is_integer(kind)
-        or pa.types.is_temporal(kind)
-        or pa.types.is_boolean(kind)
-    ):
+    hashed: np.ndarray
+    if pa.types.is_integer(kind) or pa.types.is_temporal(kind) or pa.types.is_boolean(kind):
         if pa.types.is_boolean(kind):
-            column = column.cast(pa.int8())
+            values = values.cast(pa.int8())
         if pa.types.is_unsigned_integer(kind) and kind.bit_width == 64:
-            ints = column.fill_null(0).to_numpy(zero_copy_only=False).astype(_U64)
+            ints = values.fill_null(0).to_numpy(zero_copy_only=False).astype(_U64)
         else:
-            as64 = column.cast(pa.int64()) if not pa.types.is_temporal(kind) else column.view(
-                pa.int64() if kind.bit_width == 64 else pa.int32()
-            ).cast(pa.int64())
-            ints = np.asarray(as64.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
-            ints = ints.view(_U64)
+            if pa.types.is_temporal(kind):  # its physical integer
+                values = values.view(pa.int64() if kind.bit_width == 64 else pa.int32())
+            as64 = values.cast(pa.int64()).fill_null(0)
+            ints = np.asarray(as64.to_numpy(zero_copy_only=False), dtype=np.int64).view(_U64)
         hashed = _splitmix64(ints)
     elif pa.types.is_floating(kind):
         floats = np.asarray(
-            column.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False),
+            values.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False),
             dtype=np.float64,
         )
         floats = np.where(floats == 0.0, 0.0, floats)  # -0.0 as 0.0
@@ -128,8 +129,8 @@ def _column_hash(name: str, column: pa.Array[Any] | pa.ChunkedArray[Any]) -> np.
         or pa.types.is_string_view(kind)
         or pa.types.is_binary_view(kind)
     ):
-        binary = column.cast(pa.large_binary()).fill_null(b"")
-        encoded = pc.dictionary_encode(binary)  # hash each distinct value once
+        binary = values.cast(pa.large_binary()).fill_null(b"")
+        encoded: Any = pc.dictionary_encode(binary)  # hash each distinct value once
         distinct = _fnv1a(encoded.dictionary)
         hashed = distinct[np.asarray(encoded.indices.to_numpy(zero_copy_only=False))]
     else:

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 
@@ -374,10 +375,10 @@ class WindowWorker:
         runtime.collect_only()
         roots = check_distributable(runtime)
         self.windows = {w.query.index: w for w in runtime.window_nodes()}
-        self.merges = {
-            q: _Merge(runtime.sources[roots[q]].partitions) for q in self.windows
+        self.merges = {q: _Merge(runtime.sources[roots[q]].partitions) for q in self.windows}
+        self._empty = {
+            q: w.input.schema.empty_table().to_batches() for q, w in self.windows.items()
         }
-        self._empty = {q: w.input.schema.empty_table().to_batches() for q, w in self.windows.items()}
         #: records and rows received
         self.records_in = 0
         self.rows_in = 0
@@ -405,16 +406,18 @@ class WindowWorker:
             self.rows_in += record.rows
         for q, merge in self.merges.items():
             window = self.windows[q]
-            while (record := merge.next()) is not None:
-                partition = merge.partitions[record.split]
-                for batch, progress in record.shares:
+            while (step := merge.next()) is not None:
+                partition = merge.partitions[step.split]
+                for batch, progress in step.shares:
                     if batch is None:
                         empty = self._empty[q]
-                        batch = empty[0] if empty else pa.RecordBatch.from_pylist(
-                            [], schema=window.input.schema
+                        batch = (
+                            empty[0]
+                            if empty
+                            else pa.RecordBatch.from_pylist([], schema=window.input.schema)
                         )
                     window.on_share(partition, batch, progress)
-                if record.end:
+                if step.end:
                     window.on_end(partition)
 
     def take(self) -> list[tuple[str, pa.RecordBatch]]:
@@ -485,9 +488,7 @@ def run_local(
     ended = False
     try:
         for splits in assign_splits(driver, source_workers or spec.parallelism):
-            worker = SourceWorker(
-                spec, splits, lambda i, records: windows[i].put(records)
-            )
+            worker = SourceWorker(spec, splits, lambda i, records: windows[i].put(records))
             write_results(driver, worker.run(), collected)
             for w in windows:
                 write_results(driver, w.take(), collected)
