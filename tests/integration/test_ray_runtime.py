@@ -125,7 +125,9 @@ def test_the_cli_runs_set_parallelism_on_its_own_local_ray(tmp_path: Path) -> No
     work = tmp_path / "case"
     work.mkdir()
     (work / "parts").symlink_to(case / "parts")
-    (work / "pipeline.sql").write_text("SET parallelism = 2;\n" + (case / "pipeline.sql").read_text())
+    (work / "pipeline.sql").write_text(
+        "SET parallelism = 2;\n" + (case / "pipeline.sql").read_text()
+    )
     out = tmp_path / "out"
     done = subprocess.run(
         [str(CLI), "run", str(work / "pipeline.sql"), "--runtime", "ray", "--output-dir", str(out)],
@@ -138,14 +140,17 @@ def test_the_cli_runs_set_parallelism_on_its_own_local_ray(tmp_path: Path) -> No
     for expected in (case / "expected").iterdir():
         got = (out / expected.name).read_text().splitlines()
         want = expected.read_text().splitlines()
-        assert got[:1] == want[:1] and sorted(got[1:]) == sorted(want[1:]), expected.name
+        assert got[:1] == want[:1], expected.name
+        assert sorted(got[1:]) == sorted(want[1:]), expected.name
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from flight_serve.pipelines.distributed.ray_runtime import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
-    with pytest.raises(FlightServeError, match=r"pip install 'flight-serve\[ray\]' \(the ray extra\)"):
+    with pytest.raises(
+        FlightServeError, match=r"pip install 'flight-serve\[ray\]' \(the ray extra\)"
+    ):
         import_ray()
 
 
