@@ -5,7 +5,7 @@
 1. **Per-batch exchange cost**: one 64 Ki-row batch of the flights (19 columns) sent to a
    worker and its row count returned, through (a) a Ray actor call (the object store: what
    ``--runtime ray`` uses) and (b) Arrow Flight ``DoExchange`` on loopback to a server in another
-   process (the alternative the issue names); the median of ``--repeat`` × 20 round trips.
+   process (the alternative the issue names); the median of ``--repeat`` runs of 20 round trips.
 2. **Throughput**: the hourly_departures example on the flights split in three files (one per
    origin), embedded vs ``--runtime ray`` at parallelism 1, 2 and 3, alternating, same output
    checked; rows/s and the ratio to embedded.
