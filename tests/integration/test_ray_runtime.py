@@ -178,3 +178,21 @@ def test_the_cli_refuses_what_the_ray_runtime_does_not_take(
     argv = ["run", str(path), "--runtime", "ray", "--checkpoint-every", "1"]
     assert main([*argv, "--output-dir", str(tmp_path)]) == 1
     assert "--runtime ray does not take checkpoints yet" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_an_error_in_an_actor_is_the_embedded_runs_error(ray_session: Any, tmp_path: Path) -> None:
+    """A file a source actor cannot read fails the run with the connector's error (not Ray's
+    wrapper), and the next run on the same Ray still works (the pool was dropped)."""
+    from flight_serve.errors import ConnectorError
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    case = GOLDEN / "tumble_count_keys_late"
+    (tmp_path / "input.csv").write_text(
+        "key,t,v\na,1970-01-01 00:00:01,1\nb,1970-01-01 00:00:02,x\n"
+    )
+    (tmp_path / "pipeline.sql").write_text((case / "pipeline.sql").read_text())
+    with pytest.raises(ConnectorError, match=r"invalid value 'x'"):
+        run_on_ray(tmp_path / "pipeline.sql", output_dir=tmp_path, parallelism=2, write=False)
+    path = case / "pipeline.sql"
+    assert on_ray(path, tmp_path, 2) == embedded(path, tmp_path)
