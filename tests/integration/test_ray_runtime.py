@@ -177,3 +177,36 @@ def test_an_error_in_an_actor_is_the_embedded_runs_error(ray_session: Any, tmp_p
         run_on_ray(tmp_path / "pipeline.sql", output_dir=tmp_path, parallelism=2, write=False)
     path = case / "pipeline.sql"
     assert on_ray(path, tmp_path, 2) == embedded(path, tmp_path)
+
+
+_TWO_SESSIONS = """
+import sys, tempfile
+from pathlib import Path
+import ray
+from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+for _ in range(2):
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    summary, _stats = run_on_ray(Path(sys.argv[1]), output_dir=Path(tempfile.mkdtemp()),
+                                 parallelism=2, write=False)
+    print(summary.rows)
+    ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_second_ray_session_in_one_process_gets_new_actors() -> None:
+    """The actor pool is per Ray session: after ray.shutdown() and ray.init() (which reuses
+    the job id 01000000) a run does not reach for the old session's actors (it did:
+    ActorHandleNotFoundError)."""
+    pytest.importorskip("ray", reason="the ray tests need the ray extra")
+    path = GOLDEN / "tumble_count_keys_late" / "pipeline.sql"
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_SESSIONS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["{'out': 5, 'late': 1}"] * 2

@@ -169,7 +169,8 @@ _POOL: dict[str, Any] = {}
 def _hosts(ray: Any, role: str, count: int) -> list[Any]:
     """``count`` hosts of ``role`` (``window`` or ``source``) of the current Ray session,
     started when missing."""
-    session = ray.get_runtime_context().get_job_id()
+    context = ray.get_runtime_context()  # a new local Ray has a new node id, maybe the same job id
+    session = f"{context.get_node_id()}/{context.get_job_id()}"
     if _POOL.get("session") != session:
         _POOL.clear()
         _POOL["session"] = session
