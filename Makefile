@@ -17,7 +17,7 @@ $(VENV)/.stamp-demo: pyproject.toml | $(BIN)/activate
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/activate
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,ray]'
 	touch $@ $(VENV)/.stamp-demo
 
 $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test

@@ -19,6 +19,10 @@ only read what they wrote themselves).
 ``store``: a ``StreamStore`` on ``data_dir`` with ``fsync="never"``; ``open_store(**options)``
 opens more (or one with other options) on ``data_dir``, all closed when the test ends.
 
+``ray_session``: one local Ray for the whole test session (``ray.init(num_cpus=2,
+include_dashboard=False)`` on 127.0.0.1, about 3-6 s), started by the first test that asks for it
+(tests marked ``ray``); they skip, naming the ``ray`` extra, when Ray is not installed.
+
 flight_serve is imported inside the fixtures, so a unit test that uses none of them does not
 import the Flight server.
 """
@@ -99,3 +103,21 @@ def open_store(data_dir: Path) -> Iterator[Callable[..., StreamStore]]:
 def store(open_store: Callable[..., StreamStore]) -> StreamStore:
     """A ``StreamStore`` on ``data_dir`` that never fsyncs (the tests do not crash the host)."""
     return open_store(fsync="never")
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    ray = pytest.importorskip(
+        "ray", reason="the ray tests need the ray extra: pip install 'flight-serve[ray]'"
+    )
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

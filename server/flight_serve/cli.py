@@ -308,6 +308,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="where relative sink paths start (default: the working directory)",
     )
     run.add_argument("--allow-unsandboxed-python", action="store_true", help=_UNSANDBOXED_HELP)
+    distributed = run.add_argument_group(
+        "distributed runtime (docs/scaling.md)",
+        "run the same pipeline partitioned by key on Ray (pip install 'flight-serve[ray]')",
+    )
+    distributed.add_argument(
+        "--runtime",
+        choices=("embedded", "ray"),
+        default="embedded",
+        help="embedded (default: this process) or ray (source and window actors)",
+    )
+    distributed.add_argument(
+        "--parallelism",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--runtime ray: instances of every windowed query (default: SET parallelism, else 1)",
+    )
+    distributed.add_argument(
+        "--address",
+        default=None,
+        help="--runtime ray: the cluster (auto, ray://host:10001); default: a local Ray started "
+        "for the run and stopped after it",
+    )
     _add_checkpoint_arguments(run)
     explain = _sub(
         sub,
@@ -619,7 +642,7 @@ def _run_pipeline(
     path: Path, output_dir: Path | None, explain_only: bool, args: argparse.Namespace | None = None
 ) -> int:
     from flight_serve.embedded import Pipeline
-    from flight_serve.errors import FlightServeError
+    from flight_serve.errors import FlightServeError, PipelineSQLError
 
     try:
         with _Sigterm() as sigterm:  # SIGTERM ends a run as Ctrl-C does (exit 143, not 130)
@@ -630,6 +653,10 @@ def _run_pipeline(
             if explain_only:
                 sys.stdout.write(pipeline.explain())
                 return 0
+            if args is not None and args.runtime == "ray":
+                return _run_ray(path, output_dir, args, pipeline.plan.run_options.checkpoints)
+            if args is not None and (args.parallelism is not None or args.address is not None):
+                raise PipelineSQLError("--parallelism and --address go with --runtime ray")
             if args is not None and (
                 _checkpointing(args) or pipeline.plan.run_options.checkpoints
             ):
@@ -647,6 +674,33 @@ def _run_pipeline(
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
     for label, rows in summary.late_rows.items():  # 0 too: "nothing was late" is news
         print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
+    return 0
+
+
+def _run_ray(
+    path: Path, output_dir: Path | None, args: argparse.Namespace, checkpoints: bool
+) -> int:
+    """``flight-serve run --runtime ray``: the pipeline on Ray (pipelines.distributed)."""
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    if checkpoints or _checkpointing(args):
+        raise PipelineSQLError(
+            "--runtime ray does not take checkpoints yet (docs/scaling.md): drop "
+            "checkpoint_interval / checkpoint_every or run embedded"
+        )
+    summary, stats = run_on_ray(
+        path, output_dir=output_dir, parallelism=args.parallelism, address=args.address
+    )
+    for name, rows in summary.rows.items():
+        print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
+    for label, rows in summary.late_rows.items():
+        print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
+    print(
+        f"ray: {stats.window_actors} window and {stats.source_actors} source actors, "
+        f"{stats.put_calls} exchange calls ({stats.records} records), {stats.seconds:.2f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

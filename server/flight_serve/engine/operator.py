@@ -597,8 +597,20 @@ class WindowOperator:
         grouped by key and window), merged per key and window (for ``explain``)."""
         return self._merge_sql
 
-    def process(self, batch: pa.RecordBatch, partition: str = DEFAULT_PARTITION) -> Emission:
+    def process(
+        self,
+        batch: pa.RecordBatch,
+        partition: str = DEFAULT_PARTITION,
+        *,
+        progress_ns: int | None = None,
+    ) -> Emission:
         """Consume one input batch of ``partition``; return what fired and what went late.
+
+        ``progress_ns``: ``batch`` is one instance's share of a larger batch (a keyed exchange,
+        :mod:`flight_serve.pipelines.distributed`): the partition's progress is the whole
+        batch's :meth:`batch_progress_ns` (ns since the epoch, or ``None``), not only this
+        share's maximum event time, so every instance's watermark moves as the embedded
+        operator's does.
 
         Raises:
             InvalidInputError: ``batch`` lacks a column of the input schema or cannot be cast to it.
@@ -646,11 +658,39 @@ class WindowOperator:
             max_ts: int | None = int(ts_ns.max())
         else:
             max_ts = None
+        if progress_ns is not None and (max_ts is None or progress_ns > max_ts):
+            max_ts = progress_ns
         watermark = self._tracker.observe(partition, max_ts)
         output = self._fire(watermark) if self._may_fire(watermark) else None
         if output is None and self._buffer.rows >= self.config.merge_rows:
             self._merge()
         return self._emission(output, late_tables)
+
+    def batch_progress_ns(self, batch: pa.RecordBatch) -> int | None:
+        """The maximum event time (ns since the epoch) :meth:`process` would fold into the
+        watermark for ``batch`` (after the WHERE filter, without NULL, out-of-range and future
+        rows), or ``None`` when no row counts; the operator's state is not touched. A keyed
+        exchange sends it with every instance's share of ``batch`` (``progress_ns``).
+
+        Raises:
+            InvalidInputError, QueryError: as :meth:`process`.
+        """
+        if batch.schema != self.input_schema:
+            batch = self._conform(batch)
+        if self.config.filter_sql is not None and batch.num_rows:
+            sql = f"SELECT * FROM input WHERE {self.config.filter_sql}"
+            table = self._sql(sql, {"input": [batch]}).cast(self.input_schema)
+            if not table.num_rows:
+                return None
+            column: pa.Array[Any] = table.column(self.config.time_column).combine_chunks()
+        else:
+            column = batch.column(self.config.time_column)
+        ts_ns, invalid = _event_time_ns(column)
+        if invalid is not None:
+            ts_ns = ts_ns[np.flatnonzero(invalid == 0)]
+        if self._future_skew_ns is not None and len(ts_ns):
+            ts_ns = ts_ns[ts_ns <= self._wall_clock_ns() + self._future_skew_ns]
+        return int(ts_ns.max()) if len(ts_ns) else None
 
     def add_partition(self, partition: str) -> None:
         """Register an input partition before it sends rows, so it holds the watermark back

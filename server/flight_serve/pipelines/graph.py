@@ -227,6 +227,13 @@ class WindowNode(Node):
     def process(self, partition: str, batch: pa.RecordBatch) -> None:
         self.handle(self.op.process(batch, partition=partition))
 
+    def on_share(self, partition: str, batch: pa.RecordBatch, progress_ns: int | None) -> None:
+        """One instance's share of an input batch of ``partition`` (a keyed exchange): its
+        rows, and the whole batch's progress (``WindowOperator.batch_progress_ns``), so the
+        watermark moves as it does for the whole batch."""
+        self.rows_in += batch.num_rows
+        self.handle(self.op.process(batch, partition=partition, progress_ns=progress_ns))
+
     def on_end(self, partition: str) -> None:
         self.op.set_backlog(partition, False)
         self.handle(self.op.finish(partition))

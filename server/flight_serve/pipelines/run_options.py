@@ -24,6 +24,10 @@ option                   value                                                de
                          a pause that doubles, up to ``max_retries`` times)
 ``max_retries``          retries in a row before ``failed`` (≥ 0)             5
 ``retry_backoff``        the first pause; each retry doubles it (≤ 1 min)     ``1s``
+``parallelism``          instances of every windowed query on a distributed   1
+                         runtime (``run --runtime ray``; docs/scaling.md)
+``max_parallelism``      key groups of a distributed job (≥ parallelism,      128
+                         ≤ 32768), fixed for the job's life
 =======================  ===================================================  ==================
 
 Default state root: ``<output-dir>/checkpoints/<pipeline>`` for ``flight-serve run``,
@@ -54,6 +58,8 @@ RUN_OPTION_NAMES = (
     "on_failure",
     "max_retries",
     "retry_backoff",
+    "parallelism",
+    "max_parallelism",
 )
 _MAX_BACKOFF = timedelta(minutes=1)
 
@@ -71,6 +77,9 @@ class RunOptions:
         on_failure: ``fail`` or ``retry``.
         max_retries: retries in a row before the pipeline is ``failed``.
         retry_backoff: the first pause before a retry (doubles each time, at most one minute).
+        parallelism: instances of every windowed query on a distributed runtime, or ``None``
+            (1, or ``--parallelism``).
+        max_parallelism: key groups of a distributed job, or ``None`` (128).
     """
 
     checkpoint_interval: timedelta | None = None
@@ -81,6 +90,8 @@ class RunOptions:
     on_failure: Literal["fail", "retry"] = "fail"
     max_retries: int = 5
     retry_backoff: timedelta = timedelta(seconds=1)
+    parallelism: int | None = None
+    max_parallelism: int | None = None
 
     @property
     def checkpoints(self) -> bool:
@@ -153,4 +164,11 @@ def apply_run_option(
         if backoff <= timedelta(0):
             raise sql_error("option retry_backoff: must be more than 0", value)
         return replace(options, retry_backoff=backoff)
+    if key == "parallelism":
+        return replace(options, parallelism=_whole(key, value, node, 1))
+    if key == "max_parallelism":
+        number = _whole(key, value, node, 1)
+        if number > 32768:
+            raise sql_error(f"option max_parallelism: must be at most 32768, got {number}", value)
+        return replace(options, max_parallelism=number)
     raise PipelineSQLError(f"unknown run option {key!r}")

