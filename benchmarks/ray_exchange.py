@@ -142,9 +142,10 @@ def main() -> None:
     args = parser.parse_args()
     import ray
     from flight_serve.demo.nycflights13 import load_flights
+    from flight_serve.pipelines.distributed.ray_runtime import start_ray
 
     t = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    start_ray(ray)
     print(f"ray.init: {time.perf_counter() - t:.1f} s")
     try:
         table = load_flights().sort_by("sched_dep")

@@ -19,8 +19,8 @@ only read what they wrote themselves).
 ``store``: a ``StreamStore`` on ``data_dir`` with ``fsync="never"``; ``open_store(**options)``
 opens more (or one with other options) on ``data_dir``, all closed when the test ends.
 
-``ray_session``: one local Ray for the whole test session (``ray.init(num_cpus=2,
-include_dashboard=False)`` on 127.0.0.1, about 3-6 s), started by the first test that asks for it
+``ray_session``: one local Ray for the whole test session (``start_ray``: ``ray.init(num_cpus=2,
+include_dashboard=False)`` on 127.0.0.1 with Ray's failure signal handler off, about 3-6 s), started by the first test that asks for it
 (tests marked ``ray``); they skip, naming the ``ray`` extra, when Ray is not installed.
 
 flight_serve is imported inside the fixtures, so a unit test that uses none of them does not
@@ -110,13 +110,11 @@ def ray_session() -> Iterator[Any]:
     ray = pytest.importorskip(
         "ray", reason="the ray tests need the ray extra: pip install 'flight-serve[ray]'"
     )
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    from flight_serve.pipelines.distributed.ray_runtime import start_ray
+
+    # start_ray turns off Ray's failure signal handler: with it on, any WebAssembly trap in a
+    # later test of this process killed pytest with SIGILL (the CI run of stop 23).
+    start_ray(ray)
     try:
         yield ray
     finally:

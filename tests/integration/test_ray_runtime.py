@@ -7,6 +7,8 @@ here, ``num_cpus=2``, loopback); its worker actors are pooled between runs. Skip
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -183,10 +185,9 @@ _TWO_SESSIONS = """
 import sys, tempfile
 from pathlib import Path
 import ray
-from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+from flight_serve.pipelines.distributed.ray_runtime import run_on_ray, start_ray
 for _ in range(2):
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+    start_ray(ray)
     summary, _stats = run_on_ray(Path(sys.argv[1]), output_dir=Path(tempfile.mkdtemp()),
                                  parallelism=2, write=False)
     print(summary.rows)
@@ -210,3 +211,114 @@ def test_a_second_ray_session_in_one_process_gets_new_actors() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["{'out': 5, 'late': 1}"] * 2
+
+
+# A WebAssembly trap before and after ray.init in one process. ABI v1 module in WAT (the bump
+# allocator of tests/unit/functions/test_wasm.py): div(a, b) = a / b with i64.div_s, which traps
+# (SIGFPE under wasmtime) on b = 0; peek(a) loads 8 bytes at address a, out of bounds (a
+# guard-page SIGSEGV) for a = 2**31.
+_TRAP_AFTER_RAY_INIT = '''
+import sys
+import pyarrow as pa
+import ray
+from flight_serve.errors import FunctionCallError
+from flight_serve.functions.base import FunctionSpec
+from flight_serve.functions.wasm import WasmScalarFunction
+from flight_serve.pipelines.distributed.ray_runtime import start_ray
+
+WAT = """
+(module
+  (memory (export "memory") 17)
+  (global $next (mut i32) (i32.const 65536))
+  (func (export "flight_serve_abi_version") (result i32) (i32.const 1))
+  (func (export "alloc") (param $size i32) (param $align i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (local.get $p) (local.get $size)))
+    (local.get $p))
+  (func (export "dealloc") (param i32 i32 i32) (global.set $next (i32.const 65536)))
+  (func (export "div") (param $n i32) (param $a i32) (param $b i32) (param $v i32)
+      (param $out i32) (result i32)
+    (i64.store (local.get $out) (i64.div_s (i64.load (local.get $a)) (i64.load (local.get $b))))
+    (i32.const 0))
+  (func (export "peek") (param $n i32) (param $a i32) (param $v i32) (param $out i32)
+      (result i32)
+    (i64.store (local.get $out) (i64.load (i32.wrap_i64 (i64.load (local.get $a)))))
+    (i32.const 0))
+)
+"""
+I64 = pa.int64()
+
+def function(name, n):
+    return WasmScalarFunction(FunctionSpec(
+        name=name, language="wasm", kind="scalar",
+        arg_names=tuple(f"a{i}" for i in range(n)), arg_types=(I64,) * n, returns=I64,
+        code=WAT.encode(), handler=""))
+
+def traps(when):
+    div, peek = function("div", 2), function("peek", 1)
+    assert div.call([pa.array([9]), pa.array([4])]).to_pylist() == [2]
+    for fn, args in ((div, [pa.array([9]), pa.array([0])]), (peek, [pa.array([2**31])])):
+        try:
+            fn.call(args)
+        except FunctionCallError as err:
+            print(when, fn.spec.name, "trapped:", "trapped" in str(err), flush=True)
+        else:
+            sys.exit(f"{fn.spec.name} did not trap")
+
+traps("before")
+start_ray(ray)
+traps("after")
+ray.shutdown()
+print("ok")
+'''
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("case", "python_flags", "variable"),
+    [
+        # pytest's own case (CI, stop 23): faulthandler on before wasmtime, Ray's abseil handler
+        # installed over wasmtime's by ray.init; start_ray keeps the abseil handler out.
+        ("faulthandler on first", ["-X", "faulthandler"], None),
+        # ray.init enables faulthandler over wasmtime's handler; start_ray turns it off again.
+        ("faulthandler off", [], None),
+        # The failure itself, still there when the caller asks for Ray's handler.
+        ("Ray's handler asked for", ["-X", "faulthandler"], "0"),
+    ],
+)
+def test_a_wasm_trap_after_ray_init_is_an_error_not_a_dead_process(
+    case: str, python_flags: list[str], variable: str | None
+) -> None:
+    """A WebAssembly trap after start_ray raises FunctionCallError as before it. Ray's failure
+    signal handler (and Python's faulthandler, which ray.init enables) replaced wasmtime's
+    SIGILL/SIGSEGV/SIGFPE handler, and the first trap after ray.init killed the process: the
+    whole pytest run of CI at stop 23 ('Illegal instruction'). A subprocess, so the order of
+    handlers is this one whatever else ran in this process."""
+    pytest.importorskip("ray", reason="the ray tests need the ray extra")
+    pytest.importorskip("wasmtime", reason="the wasm functions need wasmtime")
+    env = dict(os.environ)
+    env.pop("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", None)
+    if variable is not None:
+        env["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = variable
+    done = subprocess.run(
+        [sys.executable, *python_flags, "-c", _TRAP_AFTER_RAY_INIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    before = ["before div trapped: True", "before peek trapped: True"]
+    if variable is None:
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.splitlines() == [
+            *before,
+            "after div trapped: True",
+            "after peek trapped: True",
+            "ok",
+        ]
+    else:
+        assert done.returncode == -signal.SIGILL, (done.returncode, done.stderr[-2000:])
+        assert done.stdout.splitlines() == before
+        assert "SIGILL received" in done.stderr

@@ -18,6 +18,8 @@ extra: ``pip install 'flight-serve[ray]'``.
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +63,52 @@ def import_ray() -> Any:
             "--runtime ray needs Ray: pip install 'flight-serve[ray]' (the ray extra)"
         ) from exc
     return ray
+
+
+def start_ray(ray: Any, address: str | None = None) -> None:
+    """``ray.init`` as flight-serve calls it: without an address a local Ray on loopback with two
+    CPUs, no dashboard and no log forwarding; with one, a connection to that cluster.
+
+    Ray's failure signal handler (abseil's, installed by ``ray.init`` in the driver for SIGILL,
+    SIGSEGV, SIGBUS and SIGFPE) is turned off with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1``
+    unless the caller set that variable (in the environment, and in
+    ``ray._private.ray_constants``, which Ray reads from the environment once, at import): it
+    does not chain to a handler installed before it, so
+    in a process that had already created a wasmtime engine, a WebAssembly trap (``unreachable``
+    is a ``ud2``, SIGILL) or an out-of-bounds access (a guard-page SIGSEGV) killed the process
+    instead of raising ``wasmtime.Trap``. Measured here with Ray 2.60: trap after ``ray.init``
+    -> "SIGILL received" and exit; with the variable -> the trap is raised and caught.
+
+    For the same reason Python's ``faulthandler``, which ``ray.init`` enables when it is off
+    (its handler prints a traceback and re-raises the signal outside wasm code, so wasmtime
+    forwards it to the default action: "Fatal Python error: Illegal instruction"), is turned off
+    again; a process that had it on before (pytest does, before any engine exists) keeps it.
+
+    Raises:
+        Whatever ``ray.init`` raises (a wrong address, a cluster that does not answer).
+    """
+    if "RAY_DISABLE_FAILURE_SIGNAL_HANDLER" not in os.environ:
+        # The environment reaches the raylet and the workers it starts; the driver reads
+        # ray._private.ray_constants, computed when ray was first imported, so set both.
+        os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
+        from ray._private import ray_constants
+
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    had_faulthandler = faulthandler.is_enabled()
+    if address is None:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            configure_logging=False,
+        )
+    else:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    if not had_faulthandler and faulthandler.is_enabled():
+        # ray.init enabled Python's faulthandler: its handler dumps a traceback and re-raises
+        # the signal outside wasm code, where wasmtime's handler no longer claims it.
+        faulthandler.disable()
 
 
 def resolve_parallelism(
@@ -244,16 +292,7 @@ def run_on_ray(
     splits = assign_splits(driver, p)
     started = False
     if not ray.is_initialized():
-        if address is None:
-            ray.init(
-                num_cpus=2,
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                log_to_driver=False,
-                configure_logging=False,
-            )
-        else:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        start_ray(ray, address)
         started = True
     ended = False
     t0 = time.perf_counter()
