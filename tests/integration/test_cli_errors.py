@@ -245,7 +245,17 @@ def test_pipelines_status_shows_a_null_as_a_dash_never_none(tmp_path: Path) -> N
         pid = submitted.stdout.strip()
         status = cli("pipelines", "status", pid, "--server", service.location)
         assert status.returncode == 0, status.stderr
-        fields = dict(line.split(": ", 1) for line in status.stdout.splitlines())
+        # "key: value" lines; "versions:" heads a block of indented lines, one per version.
+        fields: dict[str, str] = {}
+        key = ""
+        for line in status.stdout.splitlines():
+            if line.startswith("  "):
+                fields[key] += line.strip() + "\n"
+            else:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        number, _at, kind, _digest, event = fields["versions"].split()
+        assert (number, kind, event) == ("1", "sql", "submitted")
         assert fields["id"] == pid
         assert "None" not in status.stdout, status.stdout
         assert all(value != "" for value in fields.values())

@@ -40,6 +40,7 @@ DOMAIN_OF: dict[str, str] = {
     "ActionError": "input",
     "FunctionDefinitionError": "input",
     "FunctionCallError": "input",
+    "IncompatibleUpdateError": "input",
     "NotFoundError": "not_found",
     "StreamNotFoundError": "not_found",
     "AlreadyExistsError": "already_exists",
