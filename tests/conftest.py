@@ -19,9 +19,9 @@ only read what they wrote themselves).
 ``store``: a ``StreamStore`` on ``data_dir`` with ``fsync="never"``; ``open_store(**options)``
 opens more (or one with other options) on ``data_dir``, all closed when the test ends.
 
-``ray_session``: one local Ray for the whole test session (``start_ray``: ``ray.init(num_cpus=2,
-include_dashboard=False)`` on 127.0.0.1 with Ray's failure signal handler off, about 3-6 s), started by the first test that asks for it
-(tests marked ``ray``); they skip, naming the ``ray`` extra, when Ray is not installed.
+``ray_session``: one local Ray for the whole test session (``start_ray``: ``num_cpus=2``, no
+dashboard, 127.0.0.1, Ray's failure signal handler off; about 3-6 s), started by the first test
+that asks for it (tests marked ``ray``); they skip, naming the ``ray`` extra, when Ray is not installed.
 
 flight_serve is imported inside the fixtures, so a unit test that uses none of them does not
 import the Flight server.

@@ -301,3 +301,39 @@ def build_geo_wasm(out_dir: Path) -> bytes:
         check=True,
     )
     return out.read_bytes()
+
+
+# A minimal ABI v1 module in WAT: a bump allocator (one allocation per call, reset by dealloc)
+# and the body given. Linear memory starts at 17 pages; allocations start at 64 KiB.
+WAT_PRELUDE = """
+(module
+  (memory (export "memory") 17)
+  (global $next (mut i32) (i32.const 65536))
+  (func (export "flight_serve_abi_version") (result i32) (i32.const {version}))
+  (func (export "alloc") (param $size i32) (param $align i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (if (i32.gt_u (i32.add (local.get $p) (local.get $size))
+                  (i32.mul (memory.size) (i32.const 65536)))
+      (then
+        (if (i32.eq (memory.grow (i32.add (i32.shr_u (local.get $size) (i32.const 16))
+                                          (i32.const 1)))
+                    (i32.const -1))
+          (then (return (i32.const 0))))))
+    (global.set $next (i32.add (local.get $p) (local.get $size)))
+    (local.get $p))
+  (func (export "dealloc") (param i32 i32 i32) (global.set $next (i32.const 65536)))
+  {body}
+)
+"""
+
+
+def wat(body: str, version: int = 1) -> bytes:
+    return WAT_PRELUDE.format(body=body, version=version).encode()
+
+
+# div(a BIGINT, b BIGINT) -> BIGINT: a / b with i64.div_s, which traps on b = 0.
+WAT_DIV = """(func (export "div") (param $n i32) (param $a i32) (param $b i32) (param $v i32)
+    (param $out i32) (result i32)
+  (i64.store (local.get $out) (i64.div_s (i64.load (local.get $a)) (i64.load (local.get $b))))
+  (i32.const 0))"""

@@ -21,6 +21,7 @@ import pytest
 from flight_serve.errors import FlightServeError
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
+from helpers import WAT_DIV, wat
 
 pytestmark = pytest.mark.integration
 
@@ -213,12 +214,16 @@ def test_a_second_ray_session_in_one_process_gets_new_actors() -> None:
     assert done.stdout.splitlines() == ["{'out': 5, 'late': 1}"] * 2
 
 
-# A WebAssembly trap before and after ray.init in one process. ABI v1 module in WAT (the bump
-# allocator of tests/unit/functions/test_wasm.py): div(a, b) = a / b with i64.div_s, which traps
-# (SIGFPE under wasmtime) on b = 0; peek(a) loads 8 bytes at address a, out of bounds (a
-# guard-page SIGSEGV) for a = 2**31.
-_TRAP_AFTER_RAY_INIT = '''
+# A WebAssembly trap before and after ray.init in one process, on an ABI v1 module in WAT
+# (helpers.wat): div(a, b) = a / b traps (SIGFPE under wasmtime) on b = 0; peek(a) loads 8 bytes
+# at address a, out of bounds (a guard-page SIGSEGV) for a = 2**31. The module's path is argv[1].
+WAT_PEEK = """(func (export "peek") (param $n i32) (param $a i32) (param $v i32) (param $out i32)
+    (result i32)
+  (i64.store (local.get $out) (i64.load (i32.wrap_i64 (i64.load (local.get $a)))))
+  (i32.const 0))"""
+_TRAP_AFTER_RAY_INIT = """
 import sys
+from pathlib import Path
 import pyarrow as pa
 import ray
 from flight_serve.errors import FunctionCallError
@@ -226,34 +231,14 @@ from flight_serve.functions.base import FunctionSpec
 from flight_serve.functions.wasm import WasmScalarFunction
 from flight_serve.pipelines.distributed.ray_runtime import start_ray
 
-WAT = """
-(module
-  (memory (export "memory") 17)
-  (global $next (mut i32) (i32.const 65536))
-  (func (export "flight_serve_abi_version") (result i32) (i32.const 1))
-  (func (export "alloc") (param $size i32) (param $align i32) (result i32)
-    (local $p i32)
-    (local.set $p (global.get $next))
-    (global.set $next (i32.add (local.get $p) (local.get $size)))
-    (local.get $p))
-  (func (export "dealloc") (param i32 i32 i32) (global.set $next (i32.const 65536)))
-  (func (export "div") (param $n i32) (param $a i32) (param $b i32) (param $v i32)
-      (param $out i32) (result i32)
-    (i64.store (local.get $out) (i64.div_s (i64.load (local.get $a)) (i64.load (local.get $b))))
-    (i32.const 0))
-  (func (export "peek") (param $n i32) (param $a i32) (param $v i32) (param $out i32)
-      (result i32)
-    (i64.store (local.get $out) (i64.load (i32.wrap_i64 (i64.load (local.get $a)))))
-    (i32.const 0))
-)
-"""
+MODULE = Path(sys.argv[1]).read_bytes()
 I64 = pa.int64()
 
 def function(name, n):
     return WasmScalarFunction(FunctionSpec(
         name=name, language="wasm", kind="scalar",
         arg_names=tuple(f"a{i}" for i in range(n)), arg_types=(I64,) * n, returns=I64,
-        code=WAT.encode(), handler=""))
+        code=MODULE, handler=""))
 
 def traps(when):
     div, peek = function("div", 2), function("peek", 1)
@@ -271,7 +256,7 @@ start_ray(ray)
 traps("after")
 ray.shutdown()
 print("ok")
-'''
+"""
 
 
 @pytest.mark.ray
@@ -289,7 +274,7 @@ print("ok")
     ],
 )
 def test_a_wasm_trap_after_ray_init_is_an_error_not_a_dead_process(
-    case: str, python_flags: list[str], variable: str | None
+    case: str, python_flags: list[str], variable: str | None, tmp_path: Path
 ) -> None:
     """A WebAssembly trap after start_ray raises FunctionCallError as before it. Ray's failure
     signal handler (and Python's faulthandler, which ray.init enables) replaced wasmtime's
@@ -302,8 +287,10 @@ def test_a_wasm_trap_after_ray_init_is_an_error_not_a_dead_process(
     env.pop("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", None)
     if variable is not None:
         env["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = variable
+    module = tmp_path / "traps.wat"
+    module.write_bytes(wat(WAT_DIV + WAT_PEEK))
     done = subprocess.run(
-        [sys.executable, *python_flags, "-c", _TRAP_AFTER_RAY_INIT],
+        [sys.executable, *python_flags, "-c", _TRAP_AFTER_RAY_INIT, str(module)],
         capture_output=True,
         text=True,
         timeout=120,

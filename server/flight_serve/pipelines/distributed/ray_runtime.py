@@ -69,27 +69,23 @@ def start_ray(ray: Any, address: str | None = None) -> None:
     """``ray.init`` as flight-serve calls it: without an address a local Ray on loopback with two
     CPUs, no dashboard and no log forwarding; with one, a connection to that cluster.
 
-    Ray's failure signal handler (abseil's, installed by ``ray.init`` in the driver for SIGILL,
-    SIGSEGV, SIGBUS and SIGFPE) is turned off with ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1``
-    unless the caller set that variable (in the environment, and in
-    ``ray._private.ray_constants``, which Ray reads from the environment once, at import): it
-    does not chain to a handler installed before it, so
-    in a process that had already created a wasmtime engine, a WebAssembly trap (``unreachable``
-    is a ``ud2``, SIGILL) or an out-of-bounds access (a guard-page SIGSEGV) killed the process
-    instead of raising ``wasmtime.Trap``. Measured here with Ray 2.60: trap after ``ray.init``
-    -> "SIGILL received" and exit; with the variable -> the trap is raised and caught.
+    ``ray.init`` installs two signal handlers in the driver over wasmtime's (SIGILL, SIGSEGV,
+    SIGBUS, SIGFPE): Ray's failure signal handler (abseil's) and Python's ``faulthandler`` when
+    it is off. Each prints a stack and raises the signal again from inside its handler, away
+    from the wasm instruction that faulted, so wasmtime no longer claims it: a WebAssembly trap
+    (``unreachable`` is a ``ud2``, SIGILL; an out-of-bounds load hits a guard page, SIGSEGV)
+    killed the process instead of raising ``wasmtime.Trap``. So, measured here with Ray 2.60:
 
-    For the same reason Python's ``faulthandler``, which ``ray.init`` enables when it is off
-    (its handler prints a traceback and re-raises the signal outside wasm code, so wasmtime
-    forwards it to the default action: "Fatal Python error: Illegal instruction"), is turned off
-    again; a process that had it on before (pytest does, before any engine exists) keeps it.
+    * ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER=1`` unless the caller set the variable, in the
+      environment (the raylet and its workers inherit it) and in ``ray._private.ray_constants``
+      (Ray reads the variable there, once, when it is first imported);
+    * ``faulthandler`` turned off again if ``ray.init`` turned it on; a process that had it on
+      before (pytest does, before any engine exists) keeps it.
 
     Raises:
         Whatever ``ray.init`` raises (a wrong address, a cluster that does not answer).
     """
     if "RAY_DISABLE_FAILURE_SIGNAL_HANDLER" not in os.environ:
-        # The environment reaches the raylet and the workers it starts; the driver reads
-        # ray._private.ray_constants, computed when ray was first imported, so set both.
         os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
         from ray._private import ray_constants
 
@@ -106,8 +102,6 @@ def start_ray(ray: Any, address: str | None = None) -> None:
     else:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     if not had_faulthandler and faulthandler.is_enabled():
-        # ray.init enabled Python's faulthandler: its handler dumps a traceback and re-raises
-        # the signal outside wasm code, where wasmtime's handler no longer claims it.
         faulthandler.disable()
 
 
