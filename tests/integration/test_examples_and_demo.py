@@ -16,7 +16,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
-from flight_serve.demo.functions import run_functions
+from flight_serve.demo.functions import (
+    functions_skip_reason,
+    run_functions,
+    run_functions_submitted,
+)
 from flight_serve.demo.nycflights13 import load_airports, load_flights
 from flight_serve.flight.service import FlightServeService
 from helpers import build_geo_wasm
@@ -86,7 +90,12 @@ def test_exchange_windows_output(location: str) -> None:
 
 
 def test_demo_command_runs_the_three_jobs(tmp_path: Path) -> None:
-    missing = tmp_path / "none.wasm"
+    """``flight-serve demo`` as ``make demo`` runs it: the three jobs, then the functions step
+    with the module built from examples/udfs/geo.rs, embedded and submitted (SIGKILL, restart,
+    equal to the straight run)."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap (bwrap): the functions step refuses Python without it")
+    build_geo_wasm(tmp_path)
     out = run(
         "-m",
         "flight_serve.cli",
@@ -94,7 +103,7 @@ def test_demo_command_runs_the_three_jobs(tmp_path: Path) -> None:
         "--data-dir",
         str(tmp_path / "data"),
         "--geo-wasm",
-        str(missing),
+        str(tmp_path / "geo.wasm"),
     )
     # window counts equal DataFusion's batch GROUP BY over the same data (see test_flights_oracle)
     assert "hourly_departures: 19,486 windows from 336,776 rows" in out
@@ -115,11 +124,24 @@ def test_demo_command_runs_the_three_jobs(tmp_path: Path) -> None:
     assert "336776/336776" in flat
     assert "DoExchange duty_sessions" in flat
     assert "42/42 batches" in flat
-    # the user-functions step says why it did not run (test_demo_functions_step runs it)
+    # the user-functions step, embedded then submitted to a server that is SIGKILLed
+    assert "functions: 329,174 flights through delay_class (Python, sandboxed)" in flat
+    assert "delay classes (late: 69,300, on time: 251,660, None: 8,214) match" in flat
+    assert "by `flight-serve submit`, which exited" in flat
+    assert "server SIGKILLed with 197,504 flights in" in flat
+    assert "restarted: resumed from checkpoint " in flat
     assert (
-        f"functions: skipped: {missing} is missing (make wasm-examples builds it with "
-        "Debian's rustc)" in flat
+        "329,174 rows in classified, EQUAL to the straight run's 329,174, row for row" in flat
     )
+
+
+def test_the_functions_step_says_why_it_cannot_run(tmp_path: Path) -> None:
+    missing = tmp_path / "none.wasm"
+    why = functions_skip_reason(missing)
+    if shutil.which("bwrap") is None:
+        assert why == "bwrap is not installed (make bubblewrap), so Python functions are refused"
+    else:
+        assert why == f"{missing} is missing (make wasm-examples builds it with Debian's rustc)"
 
 
 def test_demo_functions_step_runs_python_and_wasm_over_the_flights(tmp_path: Path) -> None:
@@ -149,6 +171,55 @@ def test_demo_functions_step_runs_python_and_wasm_over_the_flights(tmp_path: Pat
     ]  # fmt: skip
     # the haversine on a sphere vs the published distance: within 9 miles on every route
     assert 0 < result.max_miles_off < 9.0
+
+
+def test_demo_functions_submitted_resume_after_a_sigkill_as_the_straight_run(
+    tmp_path: Path,
+) -> None:
+    """The functions step submitted: 40 % of the flights in, submit (the client process exits),
+    a checkpoint, 20 % more, SIGKILL as soon as they are durable, the client's files deleted,
+    restart, the last 40 % and end of input. The output equals the straight (embedded) run row
+    for row, and DataFusion batch SQL over the same join computing both functions with built-ins
+    (the haversine with Rust's formula, to 1e-9 miles)."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap (bwrap)")
+    build_geo_wasm(tmp_path)
+    flights, airports = load_flights(), load_airports()
+    steps: list[str] = []
+    result = run_functions_submitted(flights, airports, tmp_path / "geo.wasm", on_step=steps.append)
+    assert result.input_rows == 329_174
+    assert result.input_before_kill == 329_174 * 3 // 5
+    assert 0 < result.rows_before_kill <= result.input_before_kill
+    assert result.epoch_before_kill >= 1
+    assert result.rows.num_rows == result.straight_rows.num_rows == 329_174
+    assert result.equal
+    assert steps[0].endswith("by `flight-serve submit`, which exited")
+    # the restart resumed from the checkpoint seen before the kill (or one that completed after)
+    assert result.resumed in {
+        f"resumed from checkpoint {result.epoch_before_kill + k}" for k in (0, 1)
+    }, result.resumed
+
+    ctx = datafusion.SessionContext()
+    ctx.register_record_batches("flights", [flights.to_batches()])
+    ctx.register_record_batches("airports", [airports.to_batches()])
+    oracle = ctx.sql(
+        "SELECT f.origin, f.dest, f.distance, "
+        "CASE WHEN dep_delay > 15 THEN 'late' WHEN dep_delay IS NULL THEN NULL "
+        "ELSE 'on time' END AS delay_class, "
+        "2.0 * 3958.7613 * asin(sqrt(power(sin((radians(d.lat) - radians(o.lat)) / 2.0), 2) "
+        "+ cos(radians(o.lat)) * cos(radians(d.lat)) "
+        "* power(sin(radians(d.lon - o.lon) / 2.0), 2))) AS great_circle_miles "
+        "FROM flights f JOIN airports o ON f.origin = o.faa JOIN airports d ON f.dest = d.faa "
+        "ORDER BY 1, 2, 3, 4 NULLS LAST"
+    ).to_arrow_table()
+    got = result.rows.to_pylist()
+    want = oracle.to_pylist()
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert {k: g[k] for k in ("origin", "dest", "distance", "delay_class")} == {
+            k: w[k] for k in ("origin", "dest", "distance", "delay_class")
+        }
+        assert abs(g["great_circle_miles"] - w["great_circle_miles"]) < 1e-9, (g, w)
 
 
 def stream_table(location: str, stream: str) -> tuple[pa.Table, dict[str, Any]]:

@@ -14,7 +14,10 @@
    and shows the query that returns the rest over DoGet.
 5. Runs a pipeline that ships its own functions (:mod:`flight_serve.demo.functions`): inline
    Python in the bubblewrap sandbox and the WebAssembly module built from
-   ``examples/udfs/geo.rs`` (skipped, saying why, without bwrap or the built module).
+   ``examples/udfs/geo.rs`` (skipped, saying why, without bwrap or the built module); then
+   submits the same functions to a server process of their own, SIGKILLs that server with rows
+   in flight, restarts it without the client or its files, and checks that the output equals the
+   straight run's row for row.
 
 The demo's streams are dropped and re-created on every run, so running it twice gives the same
 streams, not doubled ones. With the default data directory ``./flight-data``, a later
@@ -37,7 +40,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flight_serve.demo.functions import GEO_WASM, functions_skip_reason, run_functions
+from flight_serve.demo.functions import (
+    GEO_WASM,
+    functions_skip_reason,
+    run_functions,
+    run_functions_submitted,
+)
 from flight_serve.demo.nycflights13 import load_airports, load_flights
 from flight_serve.flight.server import start_server
 
@@ -219,7 +227,8 @@ def _functions_step(console: Console, flights: pa.Table, wasm: Path) -> None:
         console.print(f"[bold]functions[/bold]: skipped: {why}")
         return
     started = time.perf_counter()
-    result = run_functions(flights, load_airports(), wasm)
+    airports = load_airports()
+    result = run_functions(flights, airports, wasm)
     elapsed = time.perf_counter() - started
     console.print(
         f"[bold]functions[/bold]: {result.rows.num_rows:,} flights through delay_class "
@@ -245,6 +254,20 @@ def _functions_step(console: Console, flights: pa.Table, wasm: Path) -> None:
         top.select(columns).rename_columns(
             ["origin", "dest", "distance", "great_circle", "flights"]
         ),
+    )
+    console.print()
+    console.print(
+        "[bold]functions, submitted[/bold]: the same functions and query as a pipeline submitted "
+        "to a `flight-serve serve` process of its own (stream flights_geo -> stream classified)"
+    )
+    submitted = run_functions_submitted(
+        flights, airports, wasm, on_step=lambda line: console.print(f"  {line}"), straight=result
+    )
+    verdict = "EQUAL to" if submitted.equal else "DIFFERENT from"
+    console.print(
+        f"  restarted: {submitted.resumed} (the code stored at submit), finished in "
+        f"{submitted.finished_in_s:.1f} s; {submitted.rows.num_rows:,} rows in classified, "
+        f"{verdict} the straight run's {submitted.straight_rows.num_rows:,}, row for row"
     )
 
 
