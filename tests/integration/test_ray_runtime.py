@@ -7,6 +7,7 @@ here, ``num_cpus=2``, loopback); its worker actors are pooled between runs. Skip
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from flight_serve.errors import FlightServeError
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
-from helpers import WAT_DIV, wat
+from helpers import WAT_DIV, build_geo_wasm, wat
 
 pytestmark = pytest.mark.integration
 
@@ -180,6 +181,60 @@ def test_an_error_in_an_actor_is_the_embedded_runs_error(ray_session: Any, tmp_p
         run_on_ray(tmp_path / "pipeline.sql", output_dir=tmp_path, parallelism=2, write=False)
     path = case / "pipeline.sql"
     assert on_ray(path, tmp_path, 2) == embedded(path, tmp_path)
+
+
+WASM_IN_AN_ACTOR = """\
+CREATE SOURCE s (key VARCHAR, t TIMESTAMP(0), a BIGINT, b BIGINT, WATERMARK FOR t AS t)
+WITH (connector = 'file', path = 'input.csv');
+CREATE FUNCTION idiv(a BIGINT, b BIGINT) RETURNS BIGINT LANGUAGE wasm USING 'udfs/geo.wasm';
+CREATE VIEW q AS SELECT key, t, idiv(a, b) AS r FROM s;
+CREATE SINK out WITH (connector = 'file', format = 'csv');
+INSERT INTO out SELECT key, window_start, window_end, count(*) AS n, sum(r) AS r
+FROM TUMBLE(q, t, INTERVAL '10' SECOND) GROUP BY key, window_start, window_end;
+"""
+
+
+@pytest.mark.ray
+def test_a_wasm_function_runs_in_the_source_actors_and_its_trap_fails_the_run(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """``idiv`` of examples/udfs/geo.rs (built by Debian's rustc) in the view the source actors
+    run. Its values at parallelism 2 equal the embedded run's; a zero divisor traps inside an
+    actor (a Ray worker process: Ray's failure signal handler off there too, through the
+    environment start_ray set) and the run fails with the function's error, not a dead actor;
+    the next run on the same Ray works.
+
+    TUMBLE 10 s, W = t, idiv truncates toward zero:
+      a: t=1 7/2=3, t=5 -7/2=-3 -> [0,10) n=2 r=0;  t=15 1/1=1 -> [10,20) n=1 r=1
+      b: t=2 9/3=3 -> [0,10) n=1 r=3;  t=12 100/7=14 -> [10,20) n=1 r=14
+    """
+    pytest.importorskip("wasmtime", reason="the wasm functions need wasmtime")
+    from flight_serve.errors import FunctionCallError
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    (tmp_path / "udfs").mkdir()
+    build_geo_wasm(tmp_path / "udfs")
+    path = tmp_path / "pipeline.sql"
+    path.write_text(WASM_IN_AN_ACTOR)
+    rows = "a,1970-01-01 00:00:01,7,2\nb,1970-01-01 00:00:02,9,3\na,1970-01-01 00:00:05,-7,2\n"
+    rows += "b,1970-01-01 00:00:12,100,7\na,1970-01-01 00:00:15,1,1\n"
+    (tmp_path / "input.csv").write_text("key,t,a,b\n" + rows)
+    got = on_ray(path, tmp_path, 2)
+    assert got == embedded(path, tmp_path)
+    assert [dict(r) for r in got["out"]] == sorted(
+        (
+            {"key": k, "window_start": dt.datetime(1970, 1, 1, 0, 0, s),
+             "window_end": dt.datetime(1970, 1, 1, 0, 0, s + 10), "n": n, "r": r}
+            for k, s, n, r in (("a", 0, 2, 0), ("b", 0, 1, 3), ("a", 10, 1, 1), ("b", 10, 1, 14))
+        ),
+        key=lambda d: repr(tuple(d.items())),
+    )  # fmt: skip
+
+    (tmp_path / "input.csv").write_text("key,t,a,b\n" + rows + "b,1970-01-01 00:00:16,5,0\n")
+    with pytest.raises(FunctionCallError, match=r"function idiv: trapped on a batch of 6 rows"):
+        run_on_ray(path, output_dir=tmp_path, parallelism=2, write=False)
+    (tmp_path / "input.csv").write_text("key,t,a,b\n" + rows)
+    assert on_ray(path, tmp_path, 2) == got
 
 
 _TWO_SESSIONS = """
