@@ -701,6 +701,14 @@ def _run_ray(
         f"{stats.put_calls} exchange calls ({stats.records} records), {stats.seconds:.2f} s",
         file=sys.stderr,
     )
+    for i in stats.instances:
+        print(
+            f"ray: instance {i.instance} (key groups {i.key_groups[0]}-{i.key_groups[1] - 1}): "
+            f"{i.rows_in} rows in ({i.records_in} records), {i.rows_out} rows out, "
+            f"at most {i.queued_records_max} records queued, {i.open_panes_max} open panes, "
+            f"{i.state_bytes_max} bytes of window state",
+            file=sys.stderr,
+        )
     return 0
 
 

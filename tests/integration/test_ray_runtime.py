@@ -125,6 +125,8 @@ def test_the_cli_runs_set_parallelism_on_its_own_local_ray(tmp_path: Path) -> No
     )
     assert done.returncode == 0, done.stderr
     assert "ray: 2 window and 2 source actors" in done.stderr
+    assert "ray: instance 0 (key groups 0-63): " in done.stderr
+    assert "ray: instance 1 (key groups 64-127): " in done.stderr
     for expected in (case / "expected").iterdir():
         got = (out / expected.name).read_text().splitlines()
         want = expected.read_text().splitlines()
@@ -235,6 +237,58 @@ def test_a_wasm_function_runs_in_the_source_actors_and_its_trap_fails_the_run(
         run_on_ray(path, output_dir=tmp_path, parallelism=2, write=False)
     (tmp_path / "input.csv").write_text("key,t,a,b\n" + rows)
     assert on_ray(path, tmp_path, 2) == got
+
+
+STATUS_PIPELINE = """\
+CREATE SOURCE s (key VARCHAR, t TIMESTAMP(0), WATERMARK FOR t AS t)
+WITH (connector = 'file', path = 'input.csv', batch_rows = '4');
+CREATE SINK out WITH (connector = 'file', format = 'csv');
+INSERT INTO out SELECT key, window_start, count(*) AS n
+FROM TUMBLE(s, t, INTERVAL '10' SECOND) GROUP BY key, window_start;
+"""
+
+
+@pytest.mark.ray
+def test_each_window_instance_reports_its_key_groups_rows_watermark_backlog_and_state(
+    ray_session: Any, tmp_path: Path
+) -> None:
+    """RayRunStats.instances at parallelism 2 (128 key groups: 0-63 and 64-127), and the same
+    statuses through ``on_status``. 20 rows, keys k0..k9 twice, every t in [0 s, 10 s): one
+    window per key, open until the end of input fires all of them (W = 9 s < 10 s). 5 batches of
+    4 rows, one split: each instance gets 6 records (5 batches + the end) in one ``put`` (fewer
+    rows than a flush), so after its first step 5 records are still queued; its open panes peak
+    at the keys it owns; the end of input leaves none open and the watermark at +inf."""
+    from flight_serve.pipelines.distributed.keygroups import instances_of, key_groups
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.types import MAX_WATERMARK_NS
+
+    keys = [f"k{k}" for _ in range(2) for k in range(10)]
+    times = [f"1970-01-01 00:00:0{(r * 5 + k // 2) % 10}" for r in range(2) for k in range(10)]
+    (tmp_path / "input.csv").write_text(
+        "key,t\n" + "".join(f"{k},{t}\n" for k, t in zip(keys, times, strict=True))
+    )
+    path = tmp_path / "pipeline.sql"
+    path.write_text(STATUS_PIPELINE)
+    owner = instances_of(key_groups(pa.table({"key": keys[:10]}), ["key"], 128), 2, 128)
+    owned = [int((owner == i).sum()) for i in range(2)]
+    assert sum(owned) == 10
+
+    seen: list[list[Any]] = []
+    summary, stats = run_on_ray(
+        path, output_dir=tmp_path, parallelism=2, write=False, on_status=seen.append
+    )
+    assert summary.rows == {"out": 10}
+    assert seen[-1] == list(stats.instances)
+    got = [
+        (i.instance, i.key_groups, i.records_in, i.rows_in, i.rows_out, i.watermark_ns,
+         i.queued_records, i.queued_records_max, i.open_panes, i.open_panes_max)
+        for i in stats.instances
+    ]  # fmt: skip
+    assert got == [
+        (0, (0, 64), 6, 2 * owned[0], owned[0], MAX_WATERMARK_NS, 0, 5, 0, owned[0]),
+        (1, (64, 128), 6, 2 * owned[1], owned[1], MAX_WATERMARK_NS, 0, 5, 0, owned[1]),
+    ]
+    assert all(i.state_bytes_max >= i.state_bytes > 0 for i in stats.instances)
 
 
 _TWO_SESSIONS = """

@@ -591,6 +591,19 @@ class WindowOperator:
         return self._state.num_rows
 
     @property
+    def state_bytes(self) -> int:
+        """Bytes of window state held now: the pane state (the folded numpy arrays as allocated,
+        or the SQL path's state table) plus the rows buffered for the next merge; the key map
+        of folded state is not counted."""
+        if self._fold is not None:
+            held = self._fold.state_bytes()
+        elif self._sfold is not None:
+            held = self._sfold.state_bytes()
+        else:
+            held = int(self._state.nbytes)
+        return held + sum(int(b.nbytes) for b in self._buffer.batches)
+
+    @property
     def merge_sql(self) -> str:
         """The DataFusion SQL that merges buffered rows into pane state: the pane state (table
         ``state``) ``UNION ALL`` the partial aggregation of the buffered rows (table ``buf``,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import pyarrow as pa
 from flight_serve.errors import FlightServeError, PipelineSQLError
 from flight_serve.pipelines.distributed.keygroups import DEFAULT_MAX_PARALLELISM
 from flight_serve.pipelines.distributed.workers import (
+    InstanceStatus,
     JobSpec,
     Record,
     SourceWorker,
@@ -136,6 +138,8 @@ class RayRunStats:
         put_calls: ``put`` calls (exchange messages) sent.
         records: records sent (one per split step per instance per windowed query).
         seconds: wall time from the first actor created to the last result written.
+        instances: each window actor's last :class:`~.workers.InstanceStatus` (after its
+            end of input: its maxima cover the whole run).
     """
 
     source_actors: int
@@ -143,6 +147,7 @@ class RayRunStats:
     put_calls: int
     records: int
     seconds: float
+    instances: tuple[InstanceStatus, ...] = ()
 
 
 class _Host:
@@ -203,6 +208,10 @@ class _Host:
         assert self._window is not None
         return self._window.finish()
 
+    def status(self) -> InstanceStatus:
+        assert self._window is not None
+        return self._window.status()
+
 
 #: The hosts of this process's Ray session, by role: (session id, window hosts, source hosts).
 _POOL: dict[str, Any] = {}
@@ -251,6 +260,7 @@ def run_on_ray(
     address: str | None = None,
     write: bool = True,
     collect: list[tuple[str, pa.RecordBatch]] | None = None,
+    on_status: Callable[[list[InstanceStatus]], None] | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -262,6 +272,9 @@ def run_on_ray(
             (unless this process is connected to one already: then that one).
         write: write the sinks (``False``: only ``collect``).
         collect: if given, every ``(sink, batch)`` is appended to it.
+        on_status: if given, called with every window instance's status (by instance) each
+            time the driver collects results while the sources run (every 0.2 s) and once at
+            the end.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -307,6 +320,8 @@ def run_on_ray(
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=_GATHER_S)
                 for batches in ray.get([w.take.remote() for w in windows]):
                     write_results(driver, batches, collect)
+                if on_status is not None:
+                    on_status(ray.get([w.status.remote() for w in windows]))
             for batches, c, r in ray.get(running):
                 write_results(driver, batches, collect)
                 calls, records = calls + c, records + r
@@ -315,12 +330,16 @@ def run_on_ray(
                 write_results(driver, batches, collect)
                 for label, rows in counts.items():
                     late[label] = late.get(label, 0) + rows
+            instances: list[InstanceStatus] = ray.get([w.status.remote() for w in windows])
+            if on_status is not None:
+                on_status(instances)
             ray.get([h.reset.remote() for h in (*windows, *sources)])
         except Exception as exc:
             _drop_hosts(ray)
             raise _unwrap(ray, exc) from exc
         ended = True
-        stats = RayRunStats(len(sources), p, calls, records, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        stats = RayRunStats(len(sources), p, calls, records, seconds, tuple(instances))
     finally:
         try:
             if write:

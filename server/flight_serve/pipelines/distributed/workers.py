@@ -39,13 +39,14 @@ import numpy as np
 import pyarrow as pa
 
 from flight_serve.errors import PipelineSQLError
-from flight_serve.pipelines.distributed.keygroups import instances_of, key_groups
+from flight_serve.pipelines.distributed.keygroups import instances_of, key_group_range, key_groups
 from flight_serve.pipelines.graph import Collector, Node, PluginNode, Stream, WindowNode
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 
 __all__ = [
     "ExchangeNode",
+    "InstanceStatus",
     "JobSpec",
     "Record",
     "SourceWorker",
@@ -361,6 +362,44 @@ class _Merge:
         return all(self.ended)
 
 
+@dataclass(frozen=True)
+class InstanceStatus:
+    """One window instance of a distributed run, as its worker reports it (``status``).
+
+    Attributes:
+        instance: its number, ``0 … parallelism - 1``.
+        key_groups: the key groups it owns, ``(first, stop)``: a half-open range of
+            ``0 … max_parallelism`` (:func:`~.keygroups.key_group_range`).
+        records_in: exchange records received (one per split step).
+        rows_in: rows in those records.
+        rows_out: rows its queries produced (the windows' results and what runs after them).
+        watermark_ns: the lowest operator watermark over its windowed queries, ns since the
+            epoch (``MAX_WATERMARK_NS`` once every split has ended; ``None`` before any input).
+        queued_records: records received and not run yet (the rest of a ``put`` call's
+            records, and those waiting for another split's record: the embedded order): the
+            instance's input backlog.
+        queued_records_max: the most seen after any step of a split (a record processed).
+        open_panes: pane rows held in state now (one per key and open window).
+        open_panes_max: the most seen after any step.
+        state_bytes: window state bytes held now
+            (:attr:`~flight_serve.engine.operator.WindowOperator.state_bytes`).
+        state_bytes_max: the most seen after any step.
+    """
+
+    instance: int
+    key_groups: tuple[int, int]
+    records_in: int
+    rows_in: int
+    rows_out: int
+    watermark_ns: int | None
+    queued_records: int
+    queued_records_max: int
+    open_panes: int
+    open_panes_max: int
+    state_bytes: int
+    state_bytes_max: int
+
+
 class WindowWorker:
     """Instance ``instance`` of every windowed query and what runs after it (module docstring).
 
@@ -379,9 +418,13 @@ class WindowWorker:
         self._empty = {
             q: w.input.schema.empty_table().to_batches() for q, w in self.windows.items()
         }
-        #: records and rows received
+        #: records and rows received, rows produced
         self.records_in = 0
         self.rows_in = 0
+        self.rows_out = 0
+        self._seen = False
+        #: the largest backlog, open panes and state bytes seen after a step
+        self._queued_max = self._panes_max = self._bytes_max = 0
         for node in runtime.nodes:
             node.start()
 
@@ -417,12 +460,47 @@ class WindowWorker:
                             else pa.RecordBatch.from_pylist([], schema=window.input.schema)
                         )
                     window.on_share(partition, batch, progress)
+                self._seen = True
                 if step.end:
                     window.on_end(partition)
+                else:  # the maxima after each step: an end fires what it closes
+                    self._queued_max = max(self._queued_max, self._queued())
+                    self._panes_max = max(self._panes_max, self._open_panes())
+                    self._bytes_max = max(self._bytes_max, self._state_bytes())
+
+    def _queued(self) -> int:
+        return sum(len(q) for merge in self.merges.values() for q in merge.queues)
+
+    def _open_panes(self) -> int:
+        return sum(w.op.open_panes for w in self.windows.values())
+
+    def _state_bytes(self) -> int:
+        return sum(w.op.state_bytes for w in self.windows.values())
+
+    def status(self) -> InstanceStatus:
+        """What this instance holds and has done so far (see :class:`InstanceStatus`)."""
+        groups = key_group_range(self.instance, self.spec.parallelism, self.spec.max_parallelism)
+        marks = [w.op.watermark_ns for w in self.windows.values()]
+        return InstanceStatus(
+            instance=self.instance,
+            key_groups=(groups.start, groups.stop),
+            records_in=self.records_in,
+            rows_in=self.rows_in,
+            rows_out=self.rows_out,
+            watermark_ns=min(marks) if marks and self._seen else None,
+            queued_records=self._queued(),
+            queued_records_max=self._queued_max,
+            open_panes=self._open_panes(),
+            open_panes_max=self._panes_max,
+            state_bytes=self._state_bytes(),
+            state_bytes_max=self._bytes_max,
+        )
 
     def take(self) -> list[tuple[str, pa.RecordBatch]]:
         """The ``(sink, batch)`` produced since the last call."""
-        return self.runtime.take_collected()
+        out = self.runtime.take_collected()
+        self.rows_out += sum(batch.num_rows for _, batch in out)
+        return out
 
     def finish(self) -> tuple[list[tuple[str, pa.RecordBatch]], dict[str, int]]:
         """Every split has ended: emit what is left; returns the last ``(sink, batch)`` and the
@@ -444,7 +522,7 @@ class WindowWorker:
             for node in runtime.nodes:
                 node.on_finish()
             late = {w.query.label: w.late_rows() for w in self.windows.values()}
-            return runtime.take_collected(), late
+            return self.take(), late
         finally:
             for node in runtime.nodes:
                 node.close()
