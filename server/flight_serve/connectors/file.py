@@ -34,6 +34,7 @@ from __future__ import annotations
 import glob
 import json
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -205,6 +206,9 @@ class FileSource:
         self.ghosts: list[str] = []
         self.sizes: list[int] = []
         self._open: dict[int, Iterator[pa.RecordBatch]] = {}
+        #: the read-ahead (see :meth:`poll`): one thread, at most one batch fetched ahead
+        self._reader: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future[pa.RecordBatch | None]] = {}
 
     @property
     def schema(self) -> pa.Schema:
@@ -417,22 +421,51 @@ class FileSource:
         """
         if self.ghosts:  # files gone under offset_reset = 'earliest': they end here
             return [SourceEvent("end", self.ghosts.pop(0))]
-        live = [i for i in range(len(self.paths)) if not self.ended[i]]
-        if not live:
+        index = self._next_file()
+        if index is None:
             return []
-        index = next((i for i in live if i >= self.next_index), live[0])
-        batches = self._open.get(index)
-        if batches is None:
-            batches = self._open[index] = self._skipping(index)
-        batch = next(batches, None)
+        ahead = self._ahead.pop(index, None)
+        batch = ahead.result() if ahead is not None else next(self._batches(index), None)
         self.next_index = index + 1
         if batch is None:
             self.ended[index] = True
             del self._open[index]
-            return [SourceEvent("end", self.partitions[index])]
-        self.read_batches[index] += 1
-        self.rows += batch.num_rows
-        return [SourceEvent("batch", self.partitions[index], batch)]
+            event = SourceEvent("end", self.partitions[index])
+        else:
+            self.read_batches[index] += 1
+            self.rows += batch.num_rows
+            event = SourceEvent("batch", self.partitions[index], batch)
+        following = self._next_file()
+        if following is not None and not self.ghosts:
+            self._read_ahead(following)
+        return [event]
+
+    def _next_file(self) -> int | None:
+        """The file :meth:`poll` reads next (round-robin over the live files), or ``None``."""
+        live = [i for i in range(len(self.paths)) if not self.ended[i]]
+        if not live:
+            return None
+        return next((i for i in live if i >= self.next_index), live[0])
+
+    def _batches(self, index: int) -> Iterator[pa.RecordBatch]:
+        batches = self._open.get(index)
+        if batches is None:
+            batches = self._open[index] = self._skipping(index)
+        return batches
+
+    def _read_ahead(self, index: int) -> None:
+        """Fetch the next batch of file ``index`` on the reader thread while the caller runs
+        the one just returned: Arrow decodes Parquet, CSV and JSON without the GIL, so reading
+        overlaps the pipeline's work. One batch ahead in all (the next :meth:`poll`'s), so the
+        memory held is one batch whatever the number of files; the cursor
+        (:meth:`snapshot`) counts only batches :meth:`poll` returned, and a read error is
+        raised by the poll that asks for that batch, as without the read-ahead."""
+        if index in self._ahead:
+            return
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"file-source-{self.name}")
+        batches = self._batches(index)
+        self._ahead[index] = self._reader.submit(next, batches, None)
 
     def _skipping(self, index: int) -> Iterator[pa.RecordBatch]:
         batches = self.read_file(index)
@@ -445,7 +478,13 @@ class FileSource:
         return batches
 
     def close(self) -> None:
-        """Let go of the files being read. Idempotent."""
+        """Let go of the files being read and stop the read-ahead. Idempotent."""
+        for ahead in self._ahead.values():
+            ahead.cancel()
+        self._ahead.clear()
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+            self._reader = None
         self._open.clear()
 
     def read_all(self) -> pa.Table:
