@@ -268,16 +268,12 @@ def _credentials(
 
 
 def _window_state_bytes(manager: Any) -> Callable[[], int]:
-    """Bytes of window state the running pipelines of ``manager`` hold: the size of each one's
-    last checkpoint (at most one checkpoint interval old)."""
+    """Bytes of window state the running pipelines of ``manager`` hold now
+    (:meth:`~flight_serve.pipelines.manager.PipelineManager.window_state_bytes`: their live
+    operators' state, not their last checkpoint's size)."""
 
     def state_bytes() -> int:
-        total = 0
-        for entry in manager.pipelines():
-            if entry.get("state") == "running":
-                checkpoint = manager.status(str(entry["id"])).get("last_checkpoint") or {}
-                total += int(checkpoint.get("bytes") or 0)
-        return total
+        return int(manager.window_state_bytes())
 
     return state_bytes
 

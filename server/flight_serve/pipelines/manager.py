@@ -55,6 +55,7 @@ from flight_serve.errors import (
 from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
+from flight_serve.pipelines.graph import WindowNode
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry, sql_digest
@@ -494,6 +495,29 @@ class PipelineManager:
             "state": record.state,
             "outputs": runtime.summary().targets,
         }
+
+    def window_state_bytes(self) -> int:
+        """Bytes of window state the running pipelines hold now: each windowed query's
+        :attr:`~flight_serve.engine.operator.WindowOperator.state_bytes` (its folded arrays as
+        allocated, or its SQL-path state table, plus rows buffered for a merge), read from the
+        live operators. A pipeline whose state changed under the read (its thread was resizing
+        an array map) counts its last checkpoint's size this time; one not running counts
+        nothing."""
+        total = 0
+        for pid, run in list(self._runs.items()):
+            runtime = run.runtime
+            if runtime is None or not run.thread.is_alive():
+                continue
+            try:
+                total += sum(
+                    int(node.op.state_bytes)
+                    for node in list(runtime.nodes)
+                    if isinstance(node, WindowNode)
+                )
+            except RuntimeError:  # "dictionary changed size during iteration"
+                checkpoint = self.registry.get(pid).last_checkpoint or {}
+                total += int(checkpoint.get("bytes") or 0)
+        return total
 
     def pipelines(self) -> list[dict[str, Any]]:
         """Every pipeline's id, name, state, last checkpoint epoch and last error."""

@@ -186,8 +186,9 @@ class MemoryBudget:
     Args:
         limit_bytes: the budget, bytes (at least 1).
         wait_s: how long :meth:`reserve` waits for room before UNAVAILABLE, seconds.
-        state_bytes: returns the bytes pipelines' window state holds now (the server passes the
-            size of each running pipeline's last checkpoint); counted against the budget,
+        state_bytes: returns the bytes pipelines' window state holds now (the server passes
+            its running pipelines' live operator state, ``PipelineManager.window_state_bytes``);
+            counted against the budget,
             re-read at most once a second. ``None``: no window state.
 
     Raises:
