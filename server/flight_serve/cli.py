@@ -682,15 +682,26 @@ def _run_ray(
 ) -> int:
     """``flight-serve run --runtime ray``: the pipeline on Ray (pipelines.distributed)."""
     from flight_serve.errors import PipelineSQLError
-    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.pipelines.distributed.ray_runtime import DEFAULT_MAX_RESTARTS, run_on_ray
 
     if checkpoints or _checkpointing(args):
         raise PipelineSQLError(
             "--runtime ray does not take checkpoints yet (docs/scaling.md): drop "
             "checkpoint_interval / checkpoint_every or run embedded"
         )
+    def restarting(restart: int, error: str) -> None:
+        print(
+            f"ray: {error}; restarting the run from the start ({restart} of "
+            f"{DEFAULT_MAX_RESTARTS} restarts; rows written stay, none twice)",
+            file=sys.stderr,
+        )
+
     summary, stats = run_on_ray(
-        path, output_dir=output_dir, parallelism=args.parallelism, address=args.address
+        path,
+        output_dir=output_dir,
+        parallelism=args.parallelism,
+        address=args.address,
+        on_restart=restarting,
     )
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
@@ -698,7 +709,8 @@ def _run_ray(
         print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
     print(
         f"ray: {stats.window_actors} window and {stats.source_actors} source actors, "
-        f"{stats.put_calls} exchange calls ({stats.records} records), {stats.seconds:.2f} s",
+        f"{stats.put_calls} exchange calls ({stats.records} records), {stats.seconds:.2f} s"
+        + (f", {stats.restarts} restart(s)" if stats.restarts else ""),
         file=sys.stderr,
     )
     for i in stats.instances:

@@ -44,12 +44,22 @@ from flight_serve.pipelines.distributed.workers import (
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import RunSummary
 
-__all__ = ["IN_FLIGHT", "RayRunStats", "import_ray", "resolve_parallelism", "run_on_ray"]
+__all__ = [
+    "DEFAULT_MAX_RESTARTS",
+    "IN_FLIGHT",
+    "RayRunStats",
+    "import_ray",
+    "resolve_parallelism",
+    "run_on_ray",
+]
 
 #: Unanswered ``put`` calls a source actor allows per window actor before it waits.
 IN_FLIGHT = 8
 #: How often (seconds) the driver collects the window actors' output while sources run.
 _GATHER_S = 0.2
+#: Global restarts of a run whose worker died before it fails (Flink's fixed-delay restart
+#: strategy has attempts too; here without a delay: Ray has already placed the new actors).
+DEFAULT_MAX_RESTARTS = 3
 
 
 def import_ray() -> Any:
@@ -140,6 +150,7 @@ class RayRunStats:
         seconds: wall time from the first actor created to the last result written.
         instances: each window actor's last :class:`~.workers.InstanceStatus` (after its
             end of input: its maxima cover the whole run).
+        restarts: global restarts after a worker died.
     """
 
     source_actors: int
@@ -148,6 +159,7 @@ class RayRunStats:
     records: int
     seconds: float
     instances: tuple[InstanceStatus, ...] = ()
+    restarts: int = 0
 
 
 class _Host:
@@ -241,6 +253,86 @@ def _drop_hosts(ray: Any) -> None:
             ray.kill(host)
 
 
+class _Replay:
+    """The driver's writes across attempts of one run (a global restart after a worker died).
+
+    Each producer's output is deterministic: window instance *i* runs its records in the
+    embedded order, and source worker *j* gets the same files in every attempt
+    (:func:`~.workers.assign_splits`). So, per producer (``("window", i)`` or
+    ``("source", j)``) and sink, the driver counts the rows it has written; a later attempt
+    drops the first that many rows of the same producer's output to that sink, and every row
+    reaches the sinks once."""
+
+    def __init__(self, driver: Any, collect: list[tuple[str, pa.RecordBatch]] | None) -> None:
+        self.driver, self.collect = driver, collect
+        self.written: dict[tuple[str, int, str], int] = {}
+        self.seen: dict[tuple[str, int, str], int] = {}
+
+    def write(self, role: str, index: int, batches: list[tuple[str, pa.RecordBatch]]) -> None:
+        for sink, batch in batches:
+            key = (role, index, sink)
+            seen = self.seen.get(key, 0)
+            done = self.written.get(key, 0)
+            skip = min(max(done - seen, 0), batch.num_rows)
+            self.seen[key] = seen + batch.num_rows
+            if skip < batch.num_rows or (batch.num_rows == 0 and seen >= done):
+                part = batch.slice(skip) if skip else batch
+                write_results(self.driver, [(sink, part)], self.collect)
+                self.written[key] = max(done, seen + batch.num_rows)
+
+
+def _attempt(
+    ray: Any,
+    spec: JobSpec,
+    splits: list[dict[str, list[int]]],
+    replay: _Replay,
+    on_status: Callable[[list[InstanceStatus]], None] | None,
+) -> tuple[dict[str, int], int, int, list[InstanceStatus], int]:
+    """One attempt of the run from the start; returns ``(late rows by label, put calls,
+    records, the instances' last status, source actors)``."""
+    windows = _hosts(ray, "window", spec.parallelism)
+    sources = _hosts(ray, "source", len(splits))
+    ray.get([w.window.remote(spec, i) for i, w in enumerate(windows)])
+    ray.get([h.source.remote(spec, s, windows) for h, s in zip(sources, splits, strict=True)])
+    running = [s.run.remote() for s in sources]
+    calls = records = 0
+    pending = list(running)
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=_GATHER_S)
+        for i, batches in enumerate(ray.get([w.take.remote() for w in windows])):
+            replay.write("window", i, batches)
+        if on_status is not None:
+            on_status(ray.get([w.status.remote() for w in windows]))
+    for j, (batches, c, r) in enumerate(ray.get(running)):
+        replay.write("source", j, batches)
+        calls, records = calls + c, records + r
+    late: dict[str, int] = {}
+    for i, (batches, counts) in enumerate(ray.get([w.finish.remote() for w in windows])):
+        replay.write("window", i, batches)
+        for label, rows in counts.items():
+            late[label] = late.get(label, 0) + rows
+    instances: list[InstanceStatus] = ray.get([w.status.remote() for w in windows])
+    if on_status is not None:
+        on_status(instances)
+    ray.get([h.reset.remote() for h in (*windows, *sources)])
+    return late, calls, records, instances, len(sources)
+
+
+def _worker_died(ray: Any, exc: BaseException) -> bool:
+    """Whether ``exc`` says an actor of the run died (directly, or as the cause of a task that
+    called it), not that a query or connector failed."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ray.exceptions.RayActorError):
+            return True
+        seen = (
+            getattr(seen, "cause", None) if isinstance(seen, ray.exceptions.RayTaskError) else None
+        )
+    return False
+
+
 def _unwrap(ray: Any, exc: BaseException) -> BaseException:
     """The flight-serve error inside a Ray task error (else ``exc``)."""
     if isinstance(exc, ray.exceptions.RayTaskError):
@@ -261,6 +353,8 @@ def run_on_ray(
     write: bool = True,
     collect: list[tuple[str, pa.RecordBatch]] | None = None,
     on_status: Callable[[list[InstanceStatus]], None] | None = None,
+    max_restarts: int = DEFAULT_MAX_RESTARTS,
+    on_restart: Callable[[int, str], None] | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -275,13 +369,19 @@ def run_on_ray(
         on_status: if given, called with every window instance's status (by instance) each
             time the driver collects results while the sources run (every 0.2 s) and once at
             the end.
+        max_restarts: how many times a run whose worker died (``ray.kill``, a node lost)
+            starts over (a global restart from the start: no checkpoints yet); the rows
+            written before stay and are not written again (:class:`_Replay`). ``0``: fail at
+            once.
+        on_restart: if given, called with the restart's number and the error before each.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
         :class:`RayRunStats`.
 
     Raises:
-        FlightServeError: Ray is missing (names the extra), a worker died.
+        FlightServeError: Ray is missing (names the extra), a worker died more than
+            ``max_restarts`` times.
         PipelineSQLError: the pipeline is wrong, or has what :mod:`.workers` does not
             distribute yet (named).
         ConnectorError, QueryError: as an embedded run.
@@ -303,43 +403,31 @@ def run_on_ray(
         started = True
     ended = False
     t0 = time.perf_counter()
+    replay = _Replay(driver, collect)
+    restarts = 0
     if write:
         driver.open_sinks()
     try:
-        try:
-            windows = _hosts(ray, "window", p)
-            sources = _hosts(ray, "source", len(splits))
-            ray.get([w.window.remote(spec, i) for i, w in enumerate(windows)])
-            ray.get(
-                [h.source.remote(spec, s, windows) for h, s in zip(sources, splits, strict=True)]
-            )
-            running = [s.run.remote() for s in sources]
-            calls = records = 0
-            pending = list(running)
-            while pending:
-                _, pending = ray.wait(pending, num_returns=len(pending), timeout=_GATHER_S)
-                for batches in ray.get([w.take.remote() for w in windows]):
-                    write_results(driver, batches, collect)
-                if on_status is not None:
-                    on_status(ray.get([w.status.remote() for w in windows]))
-            for batches, c, r in ray.get(running):
-                write_results(driver, batches, collect)
-                calls, records = calls + c, records + r
-            late: dict[str, int] = {}
-            for batches, counts in ray.get([w.finish.remote() for w in windows]):
-                write_results(driver, batches, collect)
-                for label, rows in counts.items():
-                    late[label] = late.get(label, 0) + rows
-            instances: list[InstanceStatus] = ray.get([w.status.remote() for w in windows])
-            if on_status is not None:
-                on_status(instances)
-            ray.get([h.reset.remote() for h in (*windows, *sources)])
-        except Exception as exc:
-            _drop_hosts(ray)
-            raise _unwrap(ray, exc) from exc
+        while True:
+            replay.seen.clear()
+            try:
+                late, calls, records, instances, n_sources = _attempt(
+                    ray, spec, splits, replay, on_status
+                )
+                break
+            except Exception as exc:
+                _drop_hosts(ray)
+                error = _unwrap(ray, exc)
+                if not _worker_died(ray, exc) or restarts >= max_restarts:
+                    raise error from exc
+                restarts += 1
+                if on_restart is not None:
+                    on_restart(restarts, str(error))
         ended = True
         seconds = time.perf_counter() - t0
-        stats = RayRunStats(len(sources), p, calls, records, seconds, tuple(instances))
+        stats = RayRunStats(
+            n_sources, p, calls, records, seconds, tuple(instances), restarts=restarts
+        )
     finally:
         try:
             if write:
