@@ -144,6 +144,14 @@ def test_the_functions_step_says_why_it_cannot_run(tmp_path: Path) -> None:
         assert why == f"{missing} is missing (make wasm-examples builds it with Debian's rustc)"
 
 
+def flights_sql(flights: pa.Table, airports: pa.Table, sql: str) -> pa.Table:
+    """DataFusion batch SQL over the tables ``flights`` and ``airports``: the oracle."""
+    ctx = datafusion.SessionContext()
+    ctx.register_record_batches("flights", [flights.to_batches()])
+    ctx.register_record_batches("airports", [airports.to_batches()])
+    return ctx.sql(sql).to_arrow_table()
+
+
 def test_demo_functions_step_runs_python_and_wasm_over_the_flights(tmp_path: Path) -> None:
     """``flight-serve demo``'s last step: delay_class (Python, sandboxed) and great_circle (wasm
     built from examples/udfs/geo.rs) over every flight with both airports known, against
@@ -154,14 +162,13 @@ def test_demo_functions_step_runs_python_and_wasm_over_the_flights(tmp_path: Pat
     wasm = tmp_path / "geo.wasm"
     flights, airports = load_flights(), load_airports()
     result = run_functions(flights, airports, wasm)
-    ctx = datafusion.SessionContext()
-    ctx.register_record_batches("flights", [flights.to_batches()])
-    ctx.register_record_batches("airports", [airports.to_batches()])
-    oracle = ctx.sql(
+    oracle = flights_sql(
+        flights,
+        airports,
         "SELECT CASE WHEN dep_delay > 15 THEN 'late' WHEN dep_delay IS NULL THEN NULL "
         "ELSE 'on time' END AS c, count(*) AS n FROM flights f "
-        "JOIN airports o ON f.origin = o.faa JOIN airports d ON f.dest = d.faa GROUP BY c"
-    ).to_arrow_table()
+        "JOIN airports o ON f.origin = o.faa JOIN airports d ON f.dest = d.faa GROUP BY c",
+    )
     want = {row["c"]: row["n"] for row in oracle.to_pylist()}
     assert want == {"late": 69_300, "on time": 251_660, None: 8_214}
     assert result.classes == want
@@ -199,10 +206,9 @@ def test_demo_functions_submitted_resume_after_a_sigkill_as_the_straight_run(
         f"resumed from checkpoint {result.epoch_before_kill + k}" for k in (0, 1)
     }, result.resumed
 
-    ctx = datafusion.SessionContext()
-    ctx.register_record_batches("flights", [flights.to_batches()])
-    ctx.register_record_batches("airports", [airports.to_batches()])
-    oracle = ctx.sql(
+    oracle = flights_sql(
+        flights,
+        airports,
         "SELECT f.origin, f.dest, f.distance, "
         "CASE WHEN dep_delay > 15 THEN 'late' WHEN dep_delay IS NULL THEN NULL "
         "ELSE 'on time' END AS delay_class, "
@@ -210,8 +216,8 @@ def test_demo_functions_submitted_resume_after_a_sigkill_as_the_straight_run(
         "+ cos(radians(o.lat)) * cos(radians(d.lat)) "
         "* power(sin(radians(d.lon - o.lon) / 2.0), 2))) AS great_circle_miles "
         "FROM flights f JOIN airports o ON f.origin = o.faa JOIN airports d ON f.dest = d.faa "
-        "ORDER BY 1, 2, 3, 4 NULLS LAST"
-    ).to_arrow_table()
+        "ORDER BY 1, 2, 3, 4 NULLS LAST",
+    )
     got = result.rows.to_pylist()
     want = oracle.to_pylist()
     assert len(got) == len(want)
