@@ -479,7 +479,9 @@ class FoldState:
                 continue
             block = arr.reshape(self._rows_cap, cap)[rows]
             if col.op == "add":
-                out[col.name] = block.sum(axis=0)
+                # IEEE sums as DataFusion's: inf + -inf is NaN, 1e308 + 1e308 is inf (no warning)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    out[col.name] = block.sum(axis=0)
             elif block.dtype.kind == "f":
                 with np.errstate(invalid="ignore"):
                     reduce = np.fmin if col.op == "min" else np.maximum
