@@ -3,7 +3,7 @@ bare scans served from the stored batches."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import datafusion
 import pyarrow as pa
@@ -12,7 +12,7 @@ import pytest
 from flight_serve._arrow import ColumnMismatch
 from flight_serve.errors import QueryError, TicketError
 from flight_serve.flight.ops.limits import MemoryBudget, QueryLimits
-from flight_serve.flight.sql import query
+from flight_serve.flight.sql import engine, query
 from flight_serve.flight.sql.query import (
     conform_result,
     execute,
@@ -21,7 +21,7 @@ from flight_serve.flight.sql.query import (
     split_batch,
     to_plain,
 )
-from flight_serve.flight.sql.statement import referenced_tables
+from flight_serve.flight.sql.statement import Statement, referenced_tables
 from flight_serve.flight.tickets import QueryTicket, StreamPin
 from flight_serve.store import StreamStore
 from hypothesis import given
@@ -234,3 +234,38 @@ def test_a_bare_scan_holds_its_memory_reservation_until_it_ends(store: StreamSto
     assert budget.in_use() == {"query": (1 << 20) + store.info("s").num_bytes}
     assert sum(b.num_rows for b in batches) == 2
     assert budget.in_use() == {}
+
+
+def test_flight_sql_sends_a_bare_scan_from_the_stored_batches_unless_it_has_parameters(
+    store: StreamStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(store)
+    sql_engine = engine.SqlEngine(store, max_batch_bytes=40)
+    schema, ticket = sql_engine.plan_query(Statement.parse("SELECT * FROM s"), None)
+    late = {"x": [9], "v": pa.array(["late"], pa.string_view()), "f": [9.0]}
+    store.append("s", pa.record_batch(late))
+    with monkeypatch.context() as patched:
+        patched.setattr(engine, "stored_scan", lambda df, tables: None)
+        reference = list(sql_engine.open_query(ticket, None)[1])
+    ran: list[str] = []
+    real = engine.interruptible_batches
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        ran.append("datafusion")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "interruptible_batches", counted)
+    out_schema, batches = sql_engine.open_query(ticket, None)
+    got = list(batches)
+    assert (out_schema, ran) == (schema, [])
+    assert [b.schema for b in got] == [b.schema for b in reference]
+    assert [b.to_pydict() for b in got] == [b.to_pydict() for b in reference]
+    assert sum(b.num_rows for b in got) == 5
+
+    # a bound parameter row (even one the plan does not use) runs in DataFusion
+    statement = Statement.parse("SELECT * FROM s WHERE x > ?")
+    params = pa.table({"1": [1]})
+    _, ticket = sql_engine.plan_query(statement, params)
+    rows = [b.to_pydict() for b in sql_engine.open_query(ticket, params)[1]]
+    assert ran == ["datafusion"]
+    assert sum(len(r["x"]) for r in rows) == 5  # 2, 3, 4, 5, 9: the late batch is pinned now
