@@ -3,6 +3,9 @@ bare scans served from the stored batches."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any, NoReturn
 
 import datafusion
@@ -269,3 +272,42 @@ def test_flight_sql_sends_a_bare_scan_from_the_stored_batches_unless_it_has_para
     rows = [b.to_pydict() for b in sql_engine.open_query(ticket, params)[1]]
     assert ran == ["datafusion"]
     assert sum(len(r["x"]) for r in rows) == 5  # 2, 3, 4, 5, 9: the late batch is pinned now
+
+
+class _BlockingStream:
+    """Stands in for a DataFusion DataFrame and its stream: one batch, then an ``__anext__``
+    that never completes (a blocking operator still computing), noting when it is cancelled."""
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.cancelled = threading.Event()
+
+    def execute_stream(self) -> _BlockingStream:
+        return self
+
+    def to_pyarrow(self) -> pa.RecordBatch:
+        return pa.record_batch({"x": [1]})
+
+    async def __anext__(self) -> _BlockingStream:
+        if not self.sent:
+            self.sent = True
+            return self
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        raise AssertionError("unreachable")
+
+
+def test_ending_the_batches_cancels_datafusions_pending_step_at_once() -> None:
+    stream = _BlockingStream()
+    pulled = query.interruptible_batches(stream, limits=QueryLimits(poll_s=10.0))
+    assert next(pulled).num_rows == 1
+    pulled.close()  # the client went away while DataFusion computes the next batch
+    # at once, not at the worker's next poll (10 s)
+    assert stream.cancelled.wait(timeout=2.0)
+    deadline = time.monotonic() + 2.0
+    while any(t.name == "flight-serve-query" and t.is_alive() for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the query worker did not end"
+        time.sleep(0.01)

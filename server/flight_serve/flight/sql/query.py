@@ -264,7 +264,10 @@ def interruptible_batches(
     worker's own: a blocking operator (an aggregate, a sort) computes inside one ``__anext__``
     for as long as its input lasts, and cancelling that future drops DataFusion's work at its
     next yield point (milliseconds), where the synchronous ``next()`` can only be abandoned
-    and keeps computing to its end.
+    and keeps computing to its end. The worker awaits each ``__anext__`` without a timeout;
+    when this generator ends early (cancellation, timeout, the client gone) it cancels the
+    worker's task through its loop (``call_soon_threadsafe``), which cancels the
+    ``__anext__`` in progress.
 
     Raises:
         pyarrow.flight.FlightCancelledError: the client cancelled the call (CANCELLED).
@@ -276,6 +279,9 @@ def interruptible_batches(
     deadline = _deadline(limits, started)
     out: queue.Queue[Any] = queue.Queue(maxsize=2)
     stop = threading.Event()
+    # the worker's loop and task, so that stopping wakes it (set and read under the lock)
+    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+    running_lock = threading.Lock()
 
     def offer(item: Any) -> None:
         while not stop.is_set():
@@ -286,25 +292,31 @@ def interruptible_batches(
                 continue
 
     async def pump() -> None:
+        task = asyncio.current_task()
+        assert task is not None  # asyncio.run runs pump as a task
+        with running_lock:
+            running.append((asyncio.get_running_loop(), task))
         stream = df.execute_stream()
         try:
             while not stop.is_set():
-                step = asyncio.ensure_future(stream.__anext__())
-                while not step.done():
-                    await asyncio.wait({step}, timeout=limits.poll_s)
-                    if stop.is_set() and not step.done():
-                        step.cancel()  # drops DataFusion's future: its work stops
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await step
-                        return
                 try:
-                    result = step.result()
+                    # cancelled by stop_worker: drops DataFusion's future, its work stops
+                    result = await stream.__anext__()
                 except StopAsyncIteration:
                     offer(_END)
                     return
                 offer(result.to_pyarrow())
+        except asyncio.CancelledError:
+            return
         finally:
             del stream  # dropping the stream aborts DataFusion's remaining tasks
+
+    def stop_worker() -> None:
+        stop.set()
+        with running_lock:
+            for loop, task in running:
+                with contextlib.suppress(RuntimeError):  # the loop already closed
+                    loop.call_soon_threadsafe(task.cancel)
 
     def work() -> None:
         try:
@@ -338,7 +350,7 @@ def interruptible_batches(
                 raise translate(item.message)
             yield item
     finally:
-        stop.set()
+        stop_worker()
 
 
 def _register(
