@@ -4,8 +4,9 @@
   fsynced before its PutResult, every PutResult read) vs a raw ``pyarrow.flight`` client writing
   the same batches to a server whose DoPut only drains them into memory (``reader.read_all()``).
 * ``doget``: GetFlightInfo(``SELECT * FROM s``) + DoGet of every endpoint through flight-serve
-  (DataFusion plans and streams the stored rows) vs GetFlightInfo + DoGet of the same table held
-  in memory by a minimal pyarrow server (``RecordBatchStream``).
+  (DataFusion plans it; a bare scan is sent from the stored batches, ``query.stored_scan``) vs
+  GetFlightInfo + DoGet of the same table held in memory by a minimal pyarrow server
+  (``RecordBatchStream``).
 
 Both servers run in this process on loopback ports, as does the client, so both sides pay the
 same GIL and gRPC costs.

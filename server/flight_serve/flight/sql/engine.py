@@ -62,12 +62,14 @@ from flight_serve.flight.ops.limits import QueryLimits, Reservation
 from flight_serve.flight.sql.catalog import register_iceberg_tables
 from flight_serve.flight.sql.query import (
     MAX_RESULT_BATCH_BYTES,
+    checked_batches,
     conform_result,
     interruptible_batches,
     new_context,
     plain_schema,
     reserve_input,
     split_batch,
+    stored_scan,
     to_plain,
 )
 from flight_serve.flight.sql.statement import Statement, StatementKind, table_name
@@ -290,9 +292,14 @@ class SqlEngine:
         return ctx, infos
 
     def _data_context(
-        self, pins: Iterable[StreamPin], *, ordered: bool = False
+        self,
+        pins: Iterable[StreamPin],
+        *,
+        ordered: bool = False,
+        registered: dict[str, list[pa.RecordBatch]] | None = None,
     ) -> datafusion.SessionContext:
-        # ordered: one partition, so an INSERT appends rows in the order its source yields them
+        # ordered: one partition, so an INSERT appends rows in the order its source yields them;
+        # registered: filled with each stream's registered batches (for query.stored_scan)
         config = datafusion.SessionConfig().with_target_partitions(1) if ordered else None
         ctx = new_context(self.limits, config)
         for pin in pins:
@@ -309,6 +316,8 @@ class SqlEngine:
                     "statement was planned; run it again"
                 ) from None
             self._register(ctx, info, batches)
+            if registered is not None:
+                registered[pin.stream] = batches
         return ctx
 
     def _live_context(self, statement: Statement) -> datafusion.SessionContext:
@@ -446,7 +455,9 @@ class SqlEngine:
         """Plan a ticket's query over its pinned streams; return the result schema (plain types)
         and a lazy iterator of its batches (once per parameter row, concatenated) of at most
         ``max_batch_bytes``, which checks ``is_cancelled`` (and the statement timeout) while it
-        waits for DataFusion. Under a memory budget the query reserves its input first.
+        waits for DataFusion. Under a memory budget the query reserves its input first. A bare
+        scan without parameters (:func:`~flight_serve.flight.sql.query.stored_scan`) sends the
+        stored batches DataFusion would return unchanged, with the same checks, and runs nothing.
 
         Raises:
             OverloadError: the memory budget has no room (UNAVAILABLE, retryable).
@@ -457,11 +468,15 @@ class SqlEngine:
         started = time.monotonic()
         reservation = reserve_input(self.limits, self.store, ticket.pins, "this query", statement)
         try:
-            ctx = self._data_context(ticket.pins)
+            registered: dict[str, list[pa.RecordBatch]] = {}
+            ctx = self._data_context(ticket.pins, registered=registered)
             register_iceberg_tables(ctx, statement.iceberg_refs, self.store.data_dir, data=True)
             rows = _param_rows(params)
             first = self._dataframe(ctx, ticket.sql, _options(), rows[0] if rows else None)
             schema = self._schema(first)
+            # a bare scan without parameters: its stored batches (query.stored_scan)
+            bare = params is None and not statement.iceberg_refs
+            stored = stored_scan(first, registered) if bare else None
         except BaseException:
             if reservation is not None:
                 reservation.release()
@@ -472,7 +487,7 @@ class SqlEngine:
                 for i, values in enumerate(rows):
                     _check(is_cancelled)
                     df = first if i == 0 else self._dataframe(ctx, ticket.sql, _options(), values)
-                    yield from self._stream(df, schema, is_cancelled, started, reservation)
+                    yield from self._stream(df, schema, is_cancelled, started, reservation, stored)
             finally:
                 if reservation is not None:
                     reservation.release()
@@ -486,15 +501,22 @@ class SqlEngine:
         is_cancelled: IsCancelled | None,
         started: float | None = None,
         reservation: Reservation | None = None,
+        stored: list[pa.RecordBatch] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        pulled = interruptible_batches(  # its worker holds the reservation while it runs
-            df,
-            limits=self.limits,
-            is_cancelled=is_cancelled,
-            started=started,
-            reservation=reservation,
-            translate=lambda message: _translate(Exception(message)),
-        )
+        pulled: Iterator[pa.RecordBatch]
+        if stored is not None:  # the batches DataFusion would return unchanged: no run
+            pulled = checked_batches(
+                stored, limits=self.limits, is_cancelled=is_cancelled, started=started
+            )
+        else:
+            pulled = interruptible_batches(  # its worker holds the reservation while it runs
+                df,
+                limits=self.limits,
+                is_cancelled=is_cancelled,
+                started=started,
+                reservation=reservation,
+                translate=lambda message: _translate(Exception(message)),
+            )
         for batch in pulled:
             if batch.num_rows == 0:
                 continue

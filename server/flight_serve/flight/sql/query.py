@@ -25,6 +25,13 @@ DEADLINE_EXCEEDED) and the worker cancels the batch in progress, which drops Dat
 even inside a blocking operator (sort, aggregate, join build). Its memory reservation is held
 until the worker really ends.
 
+Plain scans skip DataFusion's execution (:func:`stored_scan`): when the optimized plan is one
+bare ``TableScan`` of a stream (``SELECT * FROM s``, or columns in the table's order, no filter,
+no limit), DataFusion would only hand the registered batches back unchanged, in order; the
+stored batches (zero-copy views of the segment files, below the pinned offsets) are then sent
+themselves, with the same snapshot, schema, conversions, memory reservation, cancellation and
+statement timeout (checked before every batch) as a query DataFusion runs.
+
 Results are sent as record batches of at most :data:`MAX_RESULT_BATCH_BYTES` (3 MiB,
 ``RecordBatch.nbytes``, so that each message with its IPC framing fits the 4 MiB a gRPC client
 receives by default; a single row larger than that is sent alone), with view types
@@ -39,7 +46,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -59,6 +66,7 @@ from flight_serve.store import StreamStore, to_plain
 __all__ = [
     "MAX_RESULT_BATCH_BYTES",
     "SESSION_TIME_ZONE",
+    "checked_batches",
     "conform_result",
     "execute",
     "interruptible_batches",
@@ -67,6 +75,7 @@ __all__ = [
     "plan",
     "reserve_input",
     "split_batch",
+    "stored_scan",
     "to_plain",
 ]
 
@@ -186,6 +195,52 @@ class _Failure:
     message: str
 
 
+def _check_call(
+    is_cancelled: Callable[[], bool] | None, deadline: float | None, timeout: float | None
+) -> None:
+    """Raise if the client cancelled the call or the statement timeout (``deadline``, a
+    :func:`time.monotonic` value, ``None`` for none) has passed."""
+    if is_cancelled is not None and is_cancelled():
+        raise flight.FlightCancelledError(
+            "the call was cancelled; the query stopped (DataFusion's stream dropped)"
+        )
+    if deadline is not None and time.monotonic() >= deadline:
+        raise flight.FlightTimedOutError(
+            f"statement timeout: the query ran longer than {timeout:g} s "
+            "(--statement-timeout); it was stopped"
+        )
+
+
+def _deadline(limits: QueryLimits, started: float | None) -> float | None:
+    timeout = limits.statement_timeout_s
+    begin = time.monotonic() if started is None else started
+    return None if timeout is None else begin + timeout
+
+
+def checked_batches(
+    batches: Iterable[pa.RecordBatch],
+    *,
+    limits: QueryLimits | None = None,
+    is_cancelled: Callable[[], bool] | None = None,
+    started: float | None = None,
+) -> Generator[pa.RecordBatch, None, None]:
+    """Yield ``batches`` (already in memory: a :func:`stored_scan`), checking before each one
+    and before the end, like :func:`interruptible_batches`, for ``is_cancelled()`` and the
+    statement timeout counted from ``started`` (default now).
+
+    Raises:
+        pyarrow.flight.FlightCancelledError: the client cancelled the call (CANCELLED).
+        pyarrow.flight.FlightTimedOutError: the statement timeout passed (DEADLINE_EXCEEDED).
+    """
+    limits = limits or QueryLimits()
+    deadline = _deadline(limits, started)
+    timeout = limits.statement_timeout_s
+    for batch in batches:
+        _check_call(is_cancelled, deadline, timeout)
+        yield batch
+    _check_call(is_cancelled, deadline, timeout)
+
+
 _END: Final = object()
 
 
@@ -209,7 +264,10 @@ def interruptible_batches(
     worker's own: a blocking operator (an aggregate, a sort) computes inside one ``__anext__``
     for as long as its input lasts, and cancelling that future drops DataFusion's work at its
     next yield point (milliseconds), where the synchronous ``next()`` can only be abandoned
-    and keeps computing to its end.
+    and keeps computing to its end. The worker awaits each ``__anext__`` without a timeout;
+    when this generator ends early (cancellation, timeout, the client gone) it cancels the
+    worker's task through its loop (``call_soon_threadsafe``), which cancels the
+    ``__anext__`` in progress.
 
     Raises:
         pyarrow.flight.FlightCancelledError: the client cancelled the call (CANCELLED).
@@ -217,11 +275,13 @@ def interruptible_batches(
         Exception: ``translate(DataFusion's message)`` when DataFusion fails.
     """
     limits = limits or QueryLimits()
-    begin = time.monotonic() if started is None else started
     timeout = limits.statement_timeout_s
-    deadline = None if timeout is None else begin + timeout
+    deadline = _deadline(limits, started)
     out: queue.Queue[Any] = queue.Queue(maxsize=2)
     stop = threading.Event()
+    # the worker's loop and task, so that stopping wakes it (set and read under the lock)
+    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+    running_lock = threading.Lock()
 
     def offer(item: Any) -> None:
         while not stop.is_set():
@@ -232,25 +292,31 @@ def interruptible_batches(
                 continue
 
     async def pump() -> None:
+        task = asyncio.current_task()
+        assert task is not None  # asyncio.run runs pump as a task
+        with running_lock:
+            running.append((asyncio.get_running_loop(), task))
         stream = df.execute_stream()
         try:
             while not stop.is_set():
-                step = asyncio.ensure_future(stream.__anext__())
-                while not step.done():
-                    await asyncio.wait({step}, timeout=limits.poll_s)
-                    if stop.is_set() and not step.done():
-                        step.cancel()  # drops DataFusion's future: its work stops
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await step
-                        return
                 try:
-                    result = step.result()
+                    # cancelled by stop_worker: drops DataFusion's future, its work stops
+                    result = await stream.__anext__()
                 except StopAsyncIteration:
                     offer(_END)
                     return
                 offer(result.to_pyarrow())
+        except asyncio.CancelledError:
+            return
         finally:
             del stream  # dropping the stream aborts DataFusion's remaining tasks
+
+    def stop_worker() -> None:
+        stop.set()
+        with running_lock:
+            for loop, task in running:
+                with contextlib.suppress(RuntimeError):  # the loop already closed
+                    loop.call_soon_threadsafe(task.cancel)
 
     def work() -> None:
         try:
@@ -273,15 +339,7 @@ def interruptible_batches(
                 reservation.let_go()
             raise
         while True:
-            if is_cancelled is not None and is_cancelled():
-                raise flight.FlightCancelledError(
-                    "the call was cancelled; the query stopped (DataFusion's stream dropped)"
-                )
-            if deadline is not None and time.monotonic() >= deadline:
-                raise flight.FlightTimedOutError(
-                    f"statement timeout: the query ran longer than {timeout:g} s "
-                    "(--statement-timeout); it was stopped"
-                )
+            _check_call(is_cancelled, deadline, timeout)
             try:
                 item = out.get(timeout=limits.poll_s)
             except queue.Empty:
@@ -292,7 +350,7 @@ def interruptible_batches(
                 raise translate(item.message)
             yield item
     finally:
-        stop.set()
+        stop_worker()
 
 
 def _register(
@@ -302,6 +360,49 @@ def _register(
         batches = [pa.RecordBatch.from_pylist([], schema=schema)]
     # Quoted, so the table is named exactly like the stream (no lower-casing, dots allowed).
     ctx.register_record_batches(f'"{name}"', [batches])
+
+
+def stored_scan(df: Any, tables: Mapping[str, list[pa.RecordBatch]]) -> list[pa.RecordBatch] | None:
+    """The batches ``df`` yields, taken from ``tables`` (stream name -> the batches registered
+    for it, in order) without running DataFusion, when ``df``'s optimized logical plan is one
+    bare scan of such a stream; ``None`` for every other plan (the query then runs).
+
+    A bare scan is a ``TableScan`` of a table of the session's default catalog and schema
+    (``s``, ``public.s``, ``datafusion.public.s``) with no filter and no fetch (limit), at the
+    root of the plan: ``SELECT * FROM s``, ``SELECT a, b FROM s`` (columns in the table's
+    order), ``SELECT * FROM (SELECT * FROM s)``, ``... WHERE true``. Anything the optimizer
+    leaves above the scan (a projection that renames, reorders or computes, a filter, a limit,
+    an alias, a sort, an aggregate, a join) is not one. DataFusion executes a bare scan of a
+    registered memory table as one ``DataSourceExec`` over its one partition, which yields the
+    registered batches unchanged in their order, projected to the scan's columns: so does
+    this (``RecordBatch.select``, zero-copy). Empty batches are kept, as DataFusion keeps them.
+
+    >>> ctx = datafusion.SessionContext()
+    >>> b = pa.record_batch({"x": [1, 2], "y": ["a", "b"]})
+    >>> ctx.register_record_batches("s", [[b]])
+    >>> [t.to_pydict() for t in stored_scan(ctx.sql("SELECT y FROM s"), {"s": [b]})]
+    [{'y': ['a', 'b']}]
+    >>> stored_scan(ctx.sql("SELECT y, x FROM s"), {"s": [b]}) is None
+    True
+    """
+    try:
+        scan = df.optimized_logical_plan().to_variant()
+    except Exception:  # DataFusion raises bare Exception; the query then reports it
+        return None
+    if not isinstance(scan, datafusion.expr.TableScan):
+        return None
+    if scan.filters() or scan.fetch() is not None:
+        return None
+    catalog, schema_name, table = scan.fqn()
+    if catalog not in (None, "datafusion") or schema_name not in (None, "public"):
+        return None
+    batches = tables.get(table)
+    if batches is None:
+        return None
+    columns = [index for index, _ in scan.projection()]
+    if batches and columns != list(range(batches[0].num_columns)):
+        return [batch.select(columns) for batch in batches]
+    return list(batches)
 
 
 def _dataframe(ctx: datafusion.SessionContext, sql: str) -> Any:
@@ -371,6 +472,7 @@ def execute(
     reservation = reserve_input(limits, store, ticket.pins, "this query", statement)
     try:
         ctx = new_context(limits)
+        registered: dict[str, list[pa.RecordBatch]] = {}
         for pin in ticket.pins:
             try:
                 info = store.info(pin.stream)
@@ -385,17 +487,23 @@ def execute(
                     "longer exists (dropped or re-created); plan the query again"
                 ) from None
             _register(ctx, pin.stream, info.schema, batches)
+            registered[pin.stream] = batches
         refs = statement.iceberg_refs
         register_iceberg_tables(ctx, refs, store.data_dir, data=True)  # current snapshots
         df = _dataframe(ctx, ticket.sql)
         schema = plain_schema(_schema_of(df))
+        stored = None if refs else stored_scan(df, registered)
     except BaseException:
         if reservation is not None:
             reservation.release()
         raise
-    pulled = interruptible_batches(
-        df, limits=limits, is_cancelled=is_cancelled, started=started, reservation=reservation
-    )
+    pulled: Generator[pa.RecordBatch, None, None]
+    if stored is not None:  # a bare scan: the stored batches themselves (module docstring)
+        pulled = checked_batches(stored, limits=limits, is_cancelled=is_cancelled, started=started)
+    else:
+        pulled = interruptible_batches(
+            df, limits=limits, is_cancelled=is_cancelled, started=started, reservation=reservation
+        )
     return schema, _run(pulled, schema, max_batch_bytes, reservation)
 
 
