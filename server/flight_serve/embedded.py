@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
+
+if TYPE_CHECKING:  # the sandbox module loads with the first LANGUAGE python function
+    from flight_serve.functions.python import SandboxConfig
 
 __all__ = ["Pipeline", "RunSummary"]
 

@@ -62,6 +62,7 @@ import sqlglot
 from sqlglot import exp
 
 from flight_serve.connectors.flight import SourceEvent
+from flight_serve.connectors.options import DATAGEN_OPTION_ALIASES, DATAGEN_SOURCE_OPTIONS
 from flight_serve.errors import ConnectorError, ConnectorOptionError
 from flight_serve.types import NS_PER_UNIT, datetime_to_ns
 
@@ -87,21 +88,9 @@ _MAX_PARTITIONS: Final = 4096
 _MAX_STRING_LENGTH: Final = 1 << 16
 
 #: The source's options (``fields.<column>.<option>`` aside), with their Flink / RisingWave
-#: spellings accepted as aliases.
-SOURCE_OPTIONS: Final = (
-    "connector",
-    "rows_per_second",
-    "number_of_rows",
-    "partitions",
-    "batch_rows",
-    "seed",
-)
-OPTION_ALIASES: Final = {
-    "rows-per-second": "rows_per_second",  # Flink
-    "number-of-rows": "number_of_rows",  # Flink
-    "datagen.rows.per.second": "rows_per_second",  # RisingWave
-    "datagen.split.num": "partitions",  # RisingWave
-}
+#: spellings accepted as aliases; in :mod:`.options`, which the registry reads without this module.
+SOURCE_OPTIONS: Final = DATAGEN_SOURCE_OPTIONS
+OPTION_ALIASES: Final = DATAGEN_OPTION_ALIASES
 _ALIASES: Final = OPTION_ALIASES
 #: The options of one column, ``fields.<column>.<option>``.
 COLUMN_OPTIONS: Final = (

@@ -72,6 +72,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flight_serve.connectors.columns import floor_timestamps
+from flight_serve.connectors.options import FALKORDB_OPTIONS as _OPTIONS
 from flight_serve.errors import ConnectorError, GraphStoreError
 
 __all__ = [
@@ -95,28 +96,9 @@ DEFAULT_BATCH_ROWS: Final = 2000
 DEFAULT_URL: Final = "falkor://127.0.0.1:6379"
 #: The label of the exactly-once marker nodes.
 MARKER_LABEL: Final = "_FlightServeSink"
-#: Every option of the sink (``connector`` included).
-FALKORDB_OPTIONS: Final = (
-    "connector",
-    "url",
-    "graph",
-    "node_label",
-    "node_key",
-    "edge_type",
-    "source_label",
-    "source_column",
-    "source_key",
-    "target_label",
-    "target_column",
-    "target_key",
-    "edge_key",
-    "properties",
-    "accumulate",
-    "batch_rows",
-    "timestamps",
-    "non_finite",
-    "max_retries",
-)
+#: Every option of the sink (``connector`` included); in :mod:`.options`, which the registry
+#: reads without this module.
+FALKORDB_OPTIONS: Final = _OPTIONS
 _MAX_BATCH_ROWS: Final = 100_000
 _INT64_MAX: Final = 2**63 - 1
 #: Node ids a sink remembers per (label, key property) before it forgets the older ones.

@@ -28,37 +28,31 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flight_serve.connectors.base import EpochSink, Sink, Source
-from flight_serve.connectors.datagen import OPTION_ALIASES as DATAGEN_ALIASES
-from flight_serve.connectors.datagen import SOURCE_OPTIONS as DATAGEN_OPTIONS
-from flight_serve.connectors.datagen import DatagenOptions, DatagenSource
-from flight_serve.connectors.falkordb import FALKORDB_OPTIONS, FalkorDBSink
 from flight_serve.connectors.file import DEFAULT_BATCH_ROWS, FileSink, FileSource, resolve_paths
-from flight_serve.connectors.flight import FlightSink, FlightStreamTarget
-from flight_serve.connectors.iceberg import default_catalog_properties
-from flight_serve.connectors.stdout import StdoutSink
+from flight_serve.connectors.options import (
+    DATAGEN_OPTION_ALIASES,
+    DATAGEN_SOURCE_OPTIONS,
+    FALKORDB_OPTIONS,
+    FLIGHT_AUTH_OPTIONS,
+    ICEBERG_SINK_OPTIONS,
+    ICEBERG_SOURCE_OPTIONS,
+    is_iceberg_catalog_option,
+)
 from flight_serve.errors import ConnectorError, ConnectorOptionError
 from flight_serve.pipelines.dialect import sql_error
-from flight_serve.pipelines.epoch_sinks import EpochFileSink, EpochStreamSink
-from flight_serve.pipelines.flight_io import FLIGHT_AUTH_OPTIONS, flight_sink_slot, flight_source
-from flight_serve.pipelines.graph_io import EpochGraphSink, graph_sink_options
-from flight_serve.pipelines.iceberg_io import SINK_OPTIONS as ICEBERG_SINK_OPTIONS
-from flight_serve.pipelines.iceberg_io import SOURCE_OPTIONS as ICEBERG_SOURCE_OPTIONS
-from flight_serve.pipelines.iceberg_io import (
-    EpochIcebergSink,
-    IcebergRunSink,
-    catalog_of,
-    iceberg_sink_spec,
-    iceberg_source,
-    is_catalog_option,
-)
 from flight_serve.pipelines.pipeline import Option, PipelinePlan, RelationDef, SinkDef
 from flight_serve.pipelines.query import did_you_mean
 from flight_serve.pipelines.slots import ConnectorHost, SinkSlot
-from flight_serve.pipelines.store_io import StoreTarget
-from flight_serve.store.streams import data_dir_holder
+
+# Every other connector's module (and its pipeline glue: flight_io, iceberg_io, graph_io,
+# store_io, epoch_sinks) is imported by its factories, when a pipeline names it: a file ->
+# stdout run loads no pyarrow.flight, numpy datagen, store or pyiceberg glue (cold start,
+# DESIGN §11). The rows below need only the option names (connectors.options).
+if TYPE_CHECKING:
+    from flight_serve.connectors.falkordb import FalkorDBSink
 
 __all__ = [
     "CONNECTORS",
@@ -87,7 +81,7 @@ def _never(role: str, options: Mapping[str, Option], server: bool) -> bool:
 
 def _datagen_option(key: str) -> bool:
     # fields.<column>.<option>, and Flink's and RisingWave's spellings (the connector checks them)
-    return key.startswith("fields.") or key in DATAGEN_ALIASES
+    return key.startswith("fields.") or key in DATAGEN_OPTION_ALIASES
 
 
 def _flight_exactly_once(role: str, options: Mapping[str, Option], server: bool) -> bool:
@@ -186,12 +180,16 @@ def _stdout_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
 
 
 def _falkordb_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
+    from flight_serve.pipelines.graph_io import graph_sink_options
+
     return SinkSlot(sink, "falkordb", "graph", None, graph=graph_sink_options(sink))
 
 
 def _iceberg_source(host: ConnectorHost, relation: RelationDef) -> Source:
     """An Iceberg table as a live source; a checkpointed run's from its last consumed
     snapshot (:mod:`~flight_serve.pipelines.iceberg_io`)."""
+    from flight_serve.pipelines.iceberg_io import iceberg_source
+
     coordinator = host.coordinator
     if coordinator is None:
         return iceberg_source(
@@ -213,6 +211,10 @@ def _iceberg_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
         PipelineSQLError: a run in this process would write the embedded catalog of a data
             dir a running server holds; a bad option.
     """
+    from flight_serve.connectors.iceberg import default_catalog_properties
+    from flight_serve.pipelines.iceberg_io import catalog_of, iceberg_sink_spec
+    from flight_serve.store.streams import data_dir_holder
+
     options = sink.connector
     if (
         host.writes
@@ -239,6 +241,8 @@ def _datagen_source(host: ConnectorHost, relation: RelationDef) -> Source:
         ConnectorOptionError: a bad option, with the option's line and column.
         PipelineSQLError: the ``WATERMARK FOR`` column is not generated.
     """
+    from flight_serve.connectors.datagen import DatagenOptions, DatagenSource
+
     options = relation.connector
     try:
         parsed = DatagenOptions.from_options(
@@ -293,6 +297,8 @@ def _file_sink(slot: SinkSlot, pipeline: str) -> Sink:
 
 
 def _file_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    from flight_serve.pipelines.epoch_sinks import EpochFileSink
+
     assert slot.path is not None
     assert slot.schema is not None
     return EpochFileSink(
@@ -307,17 +313,23 @@ def _file_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
 
 
 def _stdout_sink(slot: SinkSlot, pipeline: str) -> Sink:
+    from flight_serve.connectors.stdout import StdoutSink
+
     assert slot.schema is not None
     return StdoutSink(slot.definition.name, slot.schema, slot.format)
 
 
 def _falkordb_sink(slot: SinkSlot, pipeline: str) -> FalkorDBSink:
+    from flight_serve.connectors.falkordb import FalkorDBSink
+
     assert slot.graph is not None
     assert slot.schema is not None
     return FalkorDBSink(slot.definition.name, slot.graph, slot.schema, pipeline=pipeline)
 
 
 def _falkordb_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    from flight_serve.pipelines.graph_io import EpochGraphSink
+
     name = slot.definition.name
     return EpochGraphSink(
         name,
@@ -327,13 +339,31 @@ def _falkordb_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
     )
 
 
+def _flight_source(host: ConnectorHost, relation: RelationDef) -> Source:
+    from flight_serve.pipelines.flight_io import flight_source
+
+    return flight_source(host, relation)
+
+
+def _flight_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
+    from flight_serve.pipelines.flight_io import flight_sink_slot
+
+    return flight_sink_slot(host, sink)
+
+
 def _flight_sink(slot: SinkSlot, pipeline: str) -> Sink:
+    from flight_serve.connectors.flight import FlightSink
+
     assert slot.flight is not None
     assert slot.schema is not None
     return FlightSink(*slot.flight[:2], slot.schema, slot.flight[2], auth=slot.flight_auth)
 
 
 def _flight_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    from flight_serve.connectors.flight import FlightStreamTarget
+    from flight_serve.pipelines.epoch_sinks import EpochStreamSink
+    from flight_serve.pipelines.store_io import StoreTarget
+
     assert slot.flight is not None
     assert slot.schema is not None
     server, stream, writer = slot.flight
@@ -361,12 +391,16 @@ def _flight_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
 
 
 def _iceberg_sink(slot: SinkSlot, pipeline: str) -> Sink:
+    from flight_serve.pipelines.iceberg_io import IcebergRunSink
+
     assert slot.iceberg is not None
     assert slot.schema is not None
     return IcebergRunSink(slot.iceberg, f"{pipeline}/{slot.definition.name}", slot.schema)
 
 
 def _iceberg_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:
+    from flight_serve.pipelines.iceberg_io import EpochIcebergSink
+
     assert slot.iceberg is not None
     assert slot.schema is not None
     name = slot.definition.name
@@ -469,8 +503,8 @@ REGISTRY: dict[str, ConnectorSpec] = {
                 "sink": ("connector", "server", "stream", "writer", *FLIGHT_AUTH_OPTIONS),
             },
             exactly_once=_flight_exactly_once,
-            source=flight_source,
-            slot=flight_sink_slot,
+            source=_flight_source,
+            slot=_flight_slot,
             sink=_flight_sink,
             epoch_sink=_flight_epoch_sink,
         ),
@@ -478,7 +512,7 @@ REGISTRY: dict[str, ConnectorSpec] = {
             "iceberg",
             {"source": ICEBERG_SOURCE_OPTIONS, "sink": ICEBERG_SINK_OPTIONS},
             exactly_once=_always,
-            extra_option=is_catalog_option,
+            extra_option=is_iceberg_catalog_option,
             source=_iceberg_source,
             slot=_iceberg_slot,
             sink=_iceberg_sink,
@@ -487,7 +521,7 @@ REGISTRY: dict[str, ConnectorSpec] = {
         # its offsets are row counters: a restored run hands out the rows a straight run would
         ConnectorSpec(
             "datagen",
-            {"source": DATAGEN_OPTIONS},
+            {"source": DATAGEN_SOURCE_OPTIONS},
             exactly_once=_always,
             extra_option=_datagen_option,
             source=_datagen_source,

@@ -33,6 +33,7 @@ from flight_serve.connectors.flight import (
     FlightTicketSource,
     server_uri_problem,
 )
+from flight_serve.connectors.options import FLIGHT_AUTH_OPTIONS
 from flight_serve.errors import CheckpointError, ConnectorError, ExternalError
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.pipeline import Option, RelationDef, SinkDef
@@ -41,8 +42,8 @@ from flight_serve.pipelines.store_io import StoreSource
 
 __all__ = ["FLIGHT_AUTH_OPTIONS", "flight_auth", "flight_sink_slot", "flight_source"]
 
-#: Options of a ``flight`` connector with a ``server``: TLS trust and identity, bearer token.
-FLIGHT_AUTH_OPTIONS: tuple[str, ...] = ("tls_ca", "tls_cert", "tls_key", "token_env")
+# FLIGHT_AUTH_OPTIONS: the options of a ``flight`` connector with a ``server`` (TLS trust and
+# identity, bearer token), in connectors.options, which the connector registry reads alone
 
 
 def _schema_of(text: str) -> pa.Schema | None:

@@ -36,6 +36,13 @@ from flight_serve.connectors.iceberg import (
     parse_identifier,
     parse_partition_spec,
 )
+from flight_serve.connectors.options import (
+    ICEBERG_CATALOG_OPTIONS,
+    ICEBERG_PASSTHROUGH,
+    ICEBERG_SINK_OPTIONS,
+    ICEBERG_SOURCE_OPTIONS,
+    is_iceberg_catalog_option,
+)
 from flight_serve.errors import CheckpointError, ConnectorError, ExternalError
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.epoch_sinks import StagedEpochSink
@@ -56,40 +63,14 @@ __all__ = [
     "is_catalog_option",
 ]
 
-CATALOG_OPTIONS = ("catalog_name", "catalog_uri", "catalog_type", "warehouse")
-SOURCE_OPTIONS = (
-    "connector",
-    "table",
-    *CATALOG_OPTIONS,
-    "starting_strategy",
-    "start_snapshot_id",
-    "start_snapshot_timestamp",
-    "monitor_interval",
-    "max_snapshots_per_poll",
-    "max_rows_per_poll",
-    "skip_overwrite_snapshots",
-    "skip_delete_snapshots",
-    "expired_snapshot",
-    "stop_at",
-    "batch_rows",
-)
-SINK_OPTIONS = (
-    "connector",
-    "table",
-    *CATALOG_OPTIONS,
-    "partition_by",
-    "allow_schema_evolution",
-    "upsert_keys",
-    "max_retries",
-)
+# the options are in connectors.options, which the connector registry reads without this module
+CATALOG_OPTIONS = ICEBERG_CATALOG_OPTIONS
+SOURCE_OPTIONS = ICEBERG_SOURCE_OPTIONS
+SINK_OPTIONS = ICEBERG_SINK_OPTIONS
 #: Rows an unchecked run buffers before it commits them.
 RUN_COMMIT_ROWS = 100_000
-_PASSTHROUGH = "catalog."
-
-
-def is_catalog_option(key: str) -> bool:
-    """Whether ``key`` is a pyiceberg catalog property passed through (``catalog.<property>``)."""
-    return key.startswith(_PASSTHROUGH) and len(key) > len(_PASSTHROUGH)
+_PASSTHROUGH = ICEBERG_PASSTHROUGH
+is_catalog_option = is_iceberg_catalog_option
 
 
 def catalog_of(options: dict[str, Option], data_dir: Path) -> tuple[str, dict[str, str]]:

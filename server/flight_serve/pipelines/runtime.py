@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -47,9 +47,7 @@ from flight_serve.errors import (
     FlightServeError,
     PipelineSQLError,
 )
-from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.connect import CONNECTORS, REGISTRY, EpochSinkArgs, connector_of
-from flight_serve.pipelines.coordinator import CheckpointCoordinator
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.function_nodes import TableFunctionNode
 from flight_serve.pipelines.graph import (
@@ -65,8 +63,12 @@ from flight_serve.pipelines.pipeline import PipelinePlan, QueryDef
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.slots import SinkSlot
 from flight_serve.pipelines.user_functions import FunctionSet
-from flight_serve.store import StreamStore
 from flight_serve.types import MIN_WATERMARK_NS
+
+if TYPE_CHECKING:  # cold start: a run without checkpoints, functions or a server loads none of them
+    from flight_serve.functions.python import SandboxConfig
+    from flight_serve.pipelines.coordinator import CheckpointCoordinator
+    from flight_serve.store import StreamStore
 
 # CONNECTORS: see .connect; SinkSlot: see .slots
 __all__ = ["CONNECTORS", "PipelineRuntime", "RunSummary", "SinkSlot"]

@@ -24,15 +24,17 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import datafusion
 import pyarrow as pa
 
 from flight_serve.errors import FlightServeError, FunctionCallError, StorageError
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
-from flight_serve.functions.python import SandboxConfig
 from flight_serve.functions.registry import create_function
+
+if TYPE_CHECKING:  # the sandbox module loads with the first LANGUAGE python function
+    from flight_serve.functions.python import SandboxConfig
 
 __all__ = [
     "CALL_SECONDS_BUCKETS",

@@ -414,6 +414,60 @@ def test_flight_serve_pipeline_is_exported_lazily() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+#: What ``flight-serve run`` of a file -> stdout window pipeline must not load (cold start,
+#: DESIGN §11; benchmarks ``coldstart``): the other connectors and their glue, the stream store,
+#: checkpoints (pyarrow.fs and ssl), the sandbox of Python functions, the Flight server side.
+_NOT_ON_THE_RUN_PATH = {
+    "falkordb",
+    "flight_serve.connectors.datagen",
+    "flight_serve.connectors.falkordb",
+    "flight_serve.connectors.flight",
+    "flight_serve.connectors.iceberg",
+    "flight_serve.flight",
+    "flight_serve.functions.python",
+    "flight_serve.pipelines.checkpoint",
+    "flight_serve.pipelines.coordinator",
+    "flight_serve.pipelines.epoch_sinks",
+    "flight_serve.pipelines.flight_io",
+    "flight_serve.pipelines.graph_io",
+    "flight_serve.pipelines.iceberg_io",
+    "flight_serve.pipelines.store_io",
+    "flight_serve.store",
+    "grpc",
+    "prometheus_client",
+    "pyarrow.flight",
+    "pyarrow.fs",
+    "pyiceberg",
+    "ray",
+    "rich",
+    "ssl",
+    "wasmtime",
+}
+
+
+def test_cli_run_of_a_file_to_stdout_pipeline_loads_no_other_connector(tmp_path: Path) -> None:
+    write_csv(tmp_path / "in.csv", [("a", 1, 1), ("a", 12, 2)])
+    sink = "CREATE SINK o WITH (connector = 'stdout', format = 'jsonl');\n"
+    (tmp_path / "p.sql").write_text(SOURCE + sink + COUNT.format(args=""))
+    code = (
+        "import json, sys\n"
+        "from flight_serve.cli import main\n"
+        "code = main(['run', sys.argv[1]])\n"
+        "print(json.dumps([code, sorted(sys.modules)]), file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "p.sql")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    exit_code, modules = json.loads(done.stderr.splitlines()[-1])
+    assert exit_code == 0
+    assert [json.loads(line)["n"] for line in done.stdout.splitlines()] == [1, 1]  # it ran
+    assert {m for m in modules if m in _NOT_ON_THE_RUN_PATH} == set()
+
+
 def test_cli_run_reports_errors_with_position_and_exit_code_1(tmp_path: Path) -> None:
     (tmp_path / "bad.sql").write_text(SOURCE + "INSERT INTO nowhere SELECT * FROM s;\n")
     cli = Path(sys.executable).parent / "flight-serve"
