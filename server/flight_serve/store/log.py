@@ -17,7 +17,6 @@ import logging
 import mmap
 import os
 import threading
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -39,6 +38,7 @@ from flight_serve.store.frames import (
     WATERMARK,
     WRITERS_FILE,
     ZEROS,
+    crc32,
     pwrite_all,
     schema_message_bytes,
     segment_name,
@@ -569,7 +569,7 @@ class StreamLog:
                     f"{self.schema_bytes} + {size} + 8"
                 )
             view[start + size : end] = ZEROS[: end - start - size]
-            crc = zlib.crc32(view[start:end])
+            crc = crc32(view[start:end])
             view[start - HEADER.size : start] = HEADER.pack(
                 FRAME_MAGIC, end - start, batch.num_rows, crc, writer_id, BATCH
             )

@@ -123,7 +123,6 @@ import os
 import shutil
 import threading
 import uuid
-import zlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -151,6 +150,7 @@ from flight_serve.store.frames import (
     SCHEMA_FILE,
     VALUE,
     WATERMARK,
+    crc32,
     segment_name,
 )
 from flight_serve.store.log import (
@@ -500,7 +500,7 @@ class StreamStore:
                     stream.fill(reserved[1], conformed, size, writer_id)
             else:
                 body = conformed.serialize()
-                crc = zlib.crc32(memoryview(body))  # outside the lock (releases the GIL)
+                crc = crc32(memoryview(body))  # outside the lock (releases the GIL)
                 reserved = stream.reserve(
                     body.size, conformed.num_rows, body, crc, writer_id, after=after
                 )
@@ -540,7 +540,7 @@ class StreamStore:
             assert watermark_ns is not None
             kind, value = WATERMARK, watermark_ns
             body = pa.py_buffer(VALUE.pack(watermark_ns))
-        crc = zlib.crc32(memoryview(body))
+        crc = crc32(memoryview(body))
         while True:
             stream = self._get(name)
             if end_of_input:
