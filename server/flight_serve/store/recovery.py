@@ -110,6 +110,7 @@ def load(directory: Path, settings: LogSettings) -> StreamLog | None:
     stream.written_offset = stream.next_offset
     stream.written_rows = stream.num_rows
     stream.written_bytes = stream.num_bytes
+    stream.in_file = (stream.next_offset, stream.num_rows, stream.num_bytes)
     if not stream.segments:
         segment = Segment(directory / segment_name(stream.next_offset), stream.next_offset)
         write_file(segment.path, b"", fsync=settings.fsync == "batch")

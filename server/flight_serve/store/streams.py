@@ -48,8 +48,11 @@ visible once written and the OS decides when data reaches the disk.
 Group commit: :meth:`StreamStore.write` reserves the next offset and file position and stages
 the frame in memory; :meth:`StreamStore.commit` waits until it is durable. The first commit to
 come writes every staged frame of the stream (in offset order, ``pwrite`` at its reserved
-position) and runs one ``fdatasync`` for all of them, while writers go on staging: a DoPut (which
-writes on one thread and commits on another) or several concurrent appenders share syncs. A
+position) and runs one ``fdatasync`` for every frame in the file, while writers go on staging: a
+DoPut or several concurrent appenders share syncs. :meth:`StreamStore.flush` puts staged frames
+in the file without syncing; a sync holds no lock that writing needs, so frames go on reaching
+the disk while a sync waits for the device (a DoPut writes, flushes and commits on three
+threads). A sync makes visible only what was in the file when it began. A
 segment roll only reserves positions in the next segment; the drain that first writes to it
 syncs the old segment before creating the new file, so a segment file exists only once every
 earlier one is durable (recovery checks CRCs in the last segment only).
@@ -567,6 +570,22 @@ class StreamStore:
         return self.commit(
             self.write_marker(name, writer, watermark_ns=watermark_ns, end_of_input=end_of_input)
         )
+
+    def flush(self, pending: PendingAppend) -> None:
+        """Put the frame ``pending`` names, and every frame staged before it, in the segment
+        file without syncing it (nothing becomes visible): the :meth:`commit` that follows then
+        only syncs. A caller that writes on one thread, flushes on a second and commits on a
+        third keeps the disk writing while a sync waits for the device (DoPut does).
+
+        Raises:
+            StorageError: writing failed (every batch not yet durable is discarded, as in
+                :meth:`commit`, whose call for ``pending`` then raises too).
+        """
+        stream = pending._handle
+        with stream.cond:
+            if stream.in_file[0] > pending.offset or stream.discarded(pending):
+                return
+        stream.drain(publish=False)
 
     def commit(self, pending: PendingAppend) -> int:
         """Wait until the batch ``pending`` names is durable (and so visible); return its offset.

@@ -428,6 +428,46 @@ def test_a_written_batch_is_invisible_until_committed_and_one_sync_covers_many(
     assert [b.num_rows for b in store.batches("t")] == [1, 1, 1, 200_000]
 
 
+def test_frames_reach_the_file_while_a_sync_waits_and_a_sync_publishes_what_it_covered(
+    store: StreamStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # commit(p0):  write f0 | fdatasync ...(blocked)..................| publish [0, 1)
+    # other thread:              write f1, flush(f1): in the file now |        commit(p1)
+    # Before: the sync held the lock that writing takes, so f1 waited for the device too.
+    store.append("t", _big_batch(0))
+    in_sync, release = threading.Event(), threading.Event()
+    real_sync = stream_log._sync
+
+    def blocked(fd: int) -> None:
+        in_sync.set()
+        assert release.wait(10)
+        real_sync(fd)
+
+    monkeypatch.setattr(stream_log, "_sync", blocked)
+    p0 = store.write("t", _big_batch(1))
+    committed: list[int] = []
+    committer = threading.Thread(target=lambda: committed.append(store.commit(p0)))
+    committer.start()
+    assert in_sync.wait(10)
+    (segment,) = _segments(tmp_path, "t")
+    size = segment.stat().st_size
+    p1 = store.write("t", _big_batch(2))
+    flusher = threading.Thread(target=store.flush, args=(p1,))
+    flusher.start()
+    flusher.join(5)
+    assert not flusher.is_alive()  # written while the sync still waits
+    assert segment.stat().st_size > size
+    assert store.info("t").next_offset == 1
+    release.set()
+    committer.join(10)
+    assert committed == [1]
+    assert store.info("t").next_offset == 2  # f1 was not in the file when that sync began
+    monkeypatch.setattr(stream_log, "_sync", real_sync)
+    assert store.commit(p1) == 2
+    assert [b.num_rows for b in store.batches("t")] == [200_000] * 3
+    assert store.batches("t")[2].equals(_big_batch(2))
+
+
 def test_fsync_never_makes_a_write_visible_at_once(tmp_path: Path) -> None:
     with StreamStore(tmp_path, fsync="never") as store:
         pending = store.write("t", _big_batch(0))
