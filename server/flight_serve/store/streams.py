@@ -172,7 +172,13 @@ from flight_serve.store.names import (
     validate_writer_name,
 )
 from flight_serve.store.retention import retain
-from flight_serve.store.schema import check_batch, conform, describe_mismatch, same_values
+from flight_serve.store.schema import (
+    check_batch,
+    conform,
+    describe_mismatch,
+    fits_as_is,
+    same_values,
+)
 from flight_serve.store.segment import Segment
 from flight_serve.types import plain_type, rewrite_type
 
@@ -491,10 +497,16 @@ class StreamStore:
         """
         validate_stream_name(name)
         validate_writer_name(writer)
-        batch = plain_batch(batch)
+        plain: pa.RecordBatch | None = None
         while True:
-            stream = self._get_or_create(name, batch.schema)
-            conformed = conform(name, stream.schema, batch)
+            stream = self._lookup(name)
+            if stream is not None and fits_as_is(stream.schema, batch):
+                conformed = batch  # what plain_batch and conform would return
+            else:
+                if plain is None:
+                    plain = plain_batch(batch)
+                stream = self._get_or_create(name, plain.schema)
+                conformed = conform(name, stream.schema, plain)
             writer_id = stream.writer_id(writer)
             if self.direct_io and self.fsync == "batch" and conformed.nbytes >= DIRECT_MIN_BYTES:
                 size = pa.ipc.get_record_batch_size(conformed)
@@ -645,7 +657,7 @@ class StreamStore:
         validate_stream_name(name)
         with self._lock:
             stream = self._streams.get(name)
-        if stream is not None:
+        if stream is not None and not fits_as_is(stream.schema, batch):
             problem = describe_mismatch(name, stream.schema, plain_schema(batch.schema), batch)
             if problem is not None:
                 raise SchemaMismatchError(problem)
@@ -808,6 +820,11 @@ class StreamStore:
         if stream is None:
             raise StreamNotFoundError(f"stream {name!r} does not exist")
         return stream
+
+    def _lookup(self, name: str) -> StreamLog | None:
+        with self._lock:
+            self._check_open()
+            return self._streams.get(name)
 
     def _get_or_create(self, name: str, schema: pa.Schema) -> StreamLog:
         validate_stream_name(name)

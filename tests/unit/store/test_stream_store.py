@@ -217,6 +217,52 @@ def test_nulls_in_a_non_nullable_field_are_a_mismatch(store: StreamStore) -> Non
         store.append("t", pa.record_batch({"x": pa.array([None], pa.int64())}))
 
 
+def test_a_batch_of_the_streams_own_schema_skips_the_field_by_field_check(
+    store: StreamStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = pa.schema(
+        [pa.field("x", pa.int64(), nullable=False), pa.field("name", pa.string())],
+        metadata={b"k": b"v"},
+    )
+    store.append("t", pa.record_batch([pa.array([1]), pa.array(["a"])], schema=schema))
+    from flight_serve.store import schema as schema_rule
+    from flight_serve.store import streams
+
+    checks: list[str] = []
+    real = schema_rule.describe_mismatch
+
+    def counted(*args: Any) -> str | None:
+        checks.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(schema_rule, "describe_mismatch", counted)
+    monkeypatch.setattr(streams, "describe_mismatch", counted)
+    same = pa.record_batch([pa.array([2]), pa.array([None], pa.string())], schema=schema)
+    store.validate("t", same)
+    assert store.append("t", same) == 1
+    assert checks == []  # DoPut's batches: one schema comparison in C++, no Python loop
+    # Anything else still takes the full rule: nulls where the stream forbids them, even under
+    # the stream's own schema; other metadata (stored with the stream's); another field order.
+    holey = pa.record_batch([pa.array([None], pa.int64()), pa.array(["b"])], schema=schema)
+    with pytest.raises(SchemaMismatchError, match=r"'x' \(not nullable in the stream"):
+        store.validate("t", holey)
+    with pytest.raises(SchemaMismatchError, match=r"'x' \(not nullable in the stream"):
+        store.append("t", holey)
+    other = pa.record_batch([pa.array([3]), pa.array(["c"])], schema=schema.remove_metadata())
+    assert store.append("t", other) == 2
+    swapped = pa.record_batch({"name": pa.array(["d"]), "x": pa.array([4], pa.int64())})
+    assert store.append("t", swapped) == 3
+    assert len(checks) == 4  # holey twice, other, swapped
+    batches = store.batches("t")
+    assert all(b.schema.equals(schema, check_metadata=True) for b in batches)
+    assert [b.to_pydict() for b in batches] == [
+        {"x": [1], "name": ["a"]},
+        {"x": [2], "name": [None]},
+        {"x": [3], "name": ["c"]},
+        {"x": [4], "name": ["d"]},
+    ]
+
+
 def test_dictionary_columns_are_decoded_on_append(store: StreamStore) -> None:
     batch = pa.record_batch({"k": pa.array(["a", "b", "a"]).dictionary_encode()})
     store.append("t", batch)
