@@ -49,6 +49,41 @@ class DrainServer(flight.FlightServerBase):
         self.last = reader.read_all()
 
 
+class WriteServer(flight.FlightServerBase):
+    """The write floor (informative): raw pyarrow DoPut that also writes the IPC stream to a
+    file as it reads it (``RecordBatchStreamWriter`` on an ``OSFile``, through the page cache)
+    and ``fdatasync``-s it once at the end; no PutResults, no checks, no offsets. What a durable
+    DoPut costs at least on this machine if receiving and writing were all it did."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__("grpc://127.0.0.1:0")
+        self.path = Path(directory) / "put.arrows"
+        self.rows = 0
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        import os
+
+        rows = 0
+        with pa.OSFile(str(self.path), "wb") as sink:
+            with pa.ipc.new_stream(sink, reader.schema) as ipc:
+                for chunk in reader:
+                    ipc.write_batch(chunk.data)
+                    rows += chunk.data.num_rows
+            sink.flush()
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self.rows = rows
+
+
 class TableServer(flight.FlightServerBase):
     """The DoGet baseline: serves one in-memory table for any descriptor and ticket."""
 
@@ -101,6 +136,32 @@ def _no_fsync_note(comparison: Comparison, batches: list[pa.RecordBatch], repeat
     return (
         f"\n  for reference, flight-serve with fsync = never: {median:.3f} s, "
         f"ratio {comparison.baseline_median / median:.2f}"
+    )
+
+
+def _write_floor_note(comparison: Comparison, batches: list[pa.RecordBatch], repeat: int) -> str:
+    """Informative: the raw pyarrow DoPut that also writes the stream to a file (see
+    :class:`WriteServer`), so the part of the gap that any durable DoPut pays here shows."""
+    rows = sum(b.num_rows for b in batches)
+    with (
+        tempfile.TemporaryDirectory(prefix="flight-serve-floor-") as tmp,
+        WriteServer(tmp) as server,
+        flight.FlightClient(f"grpc://127.0.0.1:{server.port}") as client,
+    ):
+        times = []
+        for _ in range(repeat + 1):  # the first run warms up
+            times.append(timed(lambda: _raw_put(client, batches)))
+            if server.rows != rows:
+                return f"\n  [red]MISMATCH[/red]: the write floor server wrote {server.rows} rows"
+            server.path.unlink()
+    median = statistics.median(times[1:])
+    comparison.figures.update(
+        write_floor_s=median, write_floor_ratio=comparison.baseline_median / median
+    )
+    return (
+        f"\n  the write floor, raw pyarrow DoPut that also writes the IPC stream to a file and "
+        f"fdatasyncs it once at the end (no PutResults): {median:.3f} s, ratio "
+        f"{comparison.baseline_median / median:.2f}"
     )
 
 
@@ -208,6 +269,7 @@ def doput(repeat: int, rows: int = ROWS) -> list[Comparison]:
         else f"[red]MISMATCH[/red]: stream rows {stored}, drained rows {drained}"
     )
     comparison.note += _no_fsync_note(comparison, batches, repeat)
+    comparison.note += _write_floor_note(comparison, batches, repeat)
     comparison.note += _disk_note(comparison, repeat)
     return [comparison]
 

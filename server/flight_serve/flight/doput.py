@@ -1,5 +1,5 @@
-"""DoPut's write path for a stream: read, stage and group-commit batches on three threads, and
-acknowledge each with a PutResult once it is durable (:class:`PutPipeline`).
+"""DoPut's write path for a stream: read, stage, write and group-commit batches on four threads,
+and acknowledge each with a PutResult once it is durable (:class:`PutPipeline`).
 
 The PutResult app_metadata is UTF-8 JSON: ``{"offset": <int>, "rows": <int>}`` for a batch,
 ``{"offset", "rows": 0, "watermark_ns"}`` or ``{"offset", "rows": 0, "end_of_input": true}`` for
@@ -59,13 +59,16 @@ _PUT_QUEUE_BATCHES = 4
 
 class PutPipeline:
     """DoPut's pipeline: the handler thread only reads batches; a writing thread stages each in
-    the store (:meth:`StreamStore.write`: encode, checksum, reserve the offset) and an
-    acknowledging thread commits them in order (:meth:`StreamStore.commit`: write the staged
-    frames, one fdatasync for all of them) and sends each PutResult only after the commit that
+    the store (:meth:`StreamStore.write`: encode, checksum, reserve the offset), a flushing
+    thread puts the staged frames in the segment file (:meth:`StreamStore.flush`: no sync),
+    and an acknowledging thread commits them in order (:meth:`StreamStore.commit`: one
+    fdatasync for every frame in the file) and sends each PutResult only after the commit that
     covers its batch.
 
     So reading the next batch overlaps encoding this one, which overlaps the disk writing the
-    previous ones. The reading thread cannot send PutResults itself: it blocks reading the next
+    previous ones, which overlaps the sync of the ones before (the disk never waits for a sync
+    to end before it gets the next frame: syncing between writes on one thread halved its
+    speed here). The reading thread cannot send PutResults itself: it blocks reading the next
     batch while a client may wait for PutResults before it writes more.
 
     After a failure no further batch is written; the batches written before it are still
@@ -98,12 +101,16 @@ class PutPipeline:
         self._batches: queue.Queue[tuple[pa.RecordBatch | Marker, Reservation | None] | None] = (
             queue.Queue(_PUT_QUEUE_BATCHES)
         )
+        self._staged: queue.SimpleQueue[
+            tuple[PendingAppend, Marker | None, Reservation | None] | None
+        ] = queue.SimpleQueue()
         self._pending: queue.SimpleQueue[
             tuple[PendingAppend, Marker | None, Reservation | None] | None
         ] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._threads = [
             threading.Thread(target=self._write, name="flight-serve-doput-write"),
+            threading.Thread(target=self._flush, name="flight-serve-doput-flush"),
             threading.Thread(target=self._acknowledge, name="flight-serve-doput-ack"),
         ]
         for thread in self._threads:
@@ -161,17 +168,33 @@ class PutPipeline:
                                 end_of_input=batch.end_of_input,
                                 after=last,
                             )
-                            self._pending.put((last, batch, held))
+                            self._staged.put((last, batch, held))
                         else:
                             last = self._store.write(
                                 self._name, batch, writer=self._writer_name, after=last
                             )
-                            self._pending.put((last, None, held))
+                            self._staged.put((last, None, held))
                     except BaseException as exc:
                         if held is not None:
                             held.release()
                         self._fail(exc)
-                        self._pending.put(None)  # the acknowledging thread reports it now
+                        self._staged.put(None)  # the acknowledging thread reports it now
+        finally:
+            self._staged.put(None)
+
+    def _flush(self) -> None:
+        """Put each staged frame in the file as soon as it is staged (no sync): the commit of
+        the acknowledging thread then only syncs, while the next frames are written."""
+        try:
+            while (item := self._staged.get()) is not None:
+                if self._error is None:
+                    try:
+                        self._store.flush(item[0])
+                    except BaseException as exc:
+                        # The batches not yet durable are discarded: their commits raise, and
+                        # the acknowledging thread reports this first error.
+                        self._fail(exc)
+                self._pending.put(item)
         finally:
             self._pending.put(None)
 
@@ -187,7 +210,7 @@ class PutPipeline:
                 if not failed:
                     failed = True
                     self._fail(exc)
-                    self._report(exc)
+                    self._report(self._error or exc)  # the first error (the flush's, if any)
                 continue
             finally:
                 if held is not None:

@@ -10,6 +10,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
+# The frame checksum: CRC-32 with zlib's polynomial and values (``zlib.crc32(body)``), computed
+# by zlib-ng's SIMD code (PCLMULQDQ / VPCLMULQDQ on x86-64): ~48 GB/s on this VM against
+# stdlib zlib's ~4.5 GB/s, which cost ~0.1 s of CPU per 484 MB DoPut. Both release the GIL.
+try:
+    from zlib_ng.zlib_ng import crc32 as crc32
+except ImportError:  # pragma: no cover - zlib-ng is a dependency; the values are the same
+    from zlib import crc32 as crc32
+
 FORMAT = 1
 FRAME_MAGIC = b"FSF2"
 HEADER = struct.Struct("<4sQQIIB3x")  # magic, body_len, num_rows, crc32(body), writer, kind

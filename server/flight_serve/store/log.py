@@ -17,7 +17,6 @@ import logging
 import mmap
 import os
 import threading
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -39,6 +38,7 @@ from flight_serve.store.frames import (
     WATERMARK,
     WRITERS_FILE,
     ZEROS,
+    crc32,
     pwrite_all,
     schema_message_bytes,
     segment_name,
@@ -274,7 +274,7 @@ class StreamLog:
     """In-memory state of one open stream incarnation, and its writes. Guarded by ``cond``'s
     lock.
 
-    Lock order: the store's lock, then ``sync_lock``, then ``cond``.
+    Lock order: the store's lock, then ``write_lock``, then ``sync_lock``, then ``cond``.
     """
 
     def __init__(
@@ -307,6 +307,9 @@ class StreamLog:
         self.written_rows = 0
         self.written_bytes = 0
         self.staged: list[Staged] = []  # in offset order; written to the file by drain()
+        # Offsets [next_offset, in_file[0]) are in the segment files but not synced yet; the
+        # rows and bytes up to in_file[0] (what a sync of the file makes visible).
+        self.in_file = (0, 0, 0)
         self.staged_bytes = 0
         self.schema_bytes = 0  # length of the IPC schema message of ``schema`` (0: not known)
         self.fd: int | None = None  # write handle of fd_segment
@@ -314,7 +317,13 @@ class StreamLog:
         self.fd_segment: Segment | None = None  # the segment the drains write to
         self.dropped = False
         self.cond = threading.Condition(threading.Lock())
-        self.sync_lock = threading.Lock()  # held while staged frames are written and synced
+        # write_lock: held while staged frames go into the file (in offset order, one drain at
+        # a time) and while the segment file handles change. sync_lock: held while the file is
+        # synced and what the sync covers is published. A sync does not hold write_lock, so
+        # the next frames reach the disk while it waits for the device (writes and syncs in
+        # turn on one thread wrote at half the disk's speed here: benchmarks/README.md, doput).
+        self.write_lock = threading.Lock()
+        self.sync_lock = threading.Lock()
         self.failed: str | None = None  # why the stream refuses writes (a failed fdatasync)
         # A failed write discards every reserved offset and starts a new epoch; ends[e] is the
         # next_offset at which epoch e ended (a PendingAppend of epoch e below it is durable).
@@ -569,7 +578,7 @@ class StreamLog:
                     f"{self.schema_bytes} + {size} + 8"
                 )
             view[start + size : end] = ZEROS[: end - start - size]
-            crc = zlib.crc32(view[start:end])
+            crc = crc32(view[start:end])
             view[start - HEADER.size : start] = HEADER.pack(
                 FRAME_MAGIC, end - start, batch.num_rows, crc, writer_id, BATCH
             )
@@ -589,8 +598,7 @@ class StreamLog:
         file when it asks for that (``fsync="never"``, or too much staged)."""
         pending, _, drain = reserved
         if drain:
-            with self.sync_lock:
-                self.drain(publish=self.settings.fsync != "batch")
+            self.drain(publish=self.settings.fsync != "batch")
         return pending
 
     def committed(self, pending: PendingAppend) -> bool:
@@ -612,31 +620,71 @@ class StreamLog:
 
     def commit(self, pending: PendingAppend) -> None:
         """Wait until ``pending`` is durable (see :meth:`StreamStore.commit`): drain and sync
-        unless an earlier or concurrent drain covered it."""
+        unless an earlier or concurrent drain covered it. A frame already in the file is only
+        synced (the frames staged after it are left to whoever writes them)."""
         while True:
             with self.cond:
                 if self.committed(pending):
                     return
-            with self.sync_lock:
-                with self.cond:
-                    if self.committed(pending):
-                        return
-                self.drain(publish=True)
+                in_file = self.in_file[0] > pending.offset
+            self.drain(publish=True, write=not in_file)
 
-    def drain(self, *, publish: bool) -> None:
-        """Write the staged frames to the file; with ``publish``, also sync them
-        (``fsync="batch"``) and everything written before, and make them visible.
+    def drain(self, *, publish: bool, write: bool = True) -> None:
+        """Write the staged frames to the file (unless ``write`` is false); with ``publish``,
+        also sync the file (``fsync="batch"``) and make every frame in it visible.
 
-        Called with ``sync_lock`` held (and not ``cond``): frames reach the file in offset
-        order, one drain at a time, while other threads go on staging frames.
+        Called without locks. The frames reach the file in offset order, one drain at a time
+        (``write_lock``), while other threads go on staging frames; the sync holds
+        ``sync_lock`` only, so another drain may write the next frames meanwhile. A sync
+        publishes what was in the file when it began (``fdatasync`` covers every write that
+        completed before it), and nothing if a failed write discarded it meanwhile (the epoch
+        moved on) or the stream was dropped.
         """
+        with self.write_lock:
+            if write:
+                self._write_out()
+            if not publish:
+                return
+            with self.cond:
+                if self.dropped or self.failed is not None:
+                    return
+                target, epoch = self.in_file, self.epoch
+                if target[0] <= self.next_offset:
+                    return  # nothing new in the file: an earlier or concurrent sync covered it
+                if self.settings.fsync != "batch":
+                    self.publish(*target)
+                    return
+            # The sync runs without write_lock, on a handle of its own: a roll meanwhile
+            # closes self.fd (after syncing that segment itself).
+            assert self.fd is not None
+            fd = os.dup(self.fd)
+            # Taken before write_lock is let go, so retention (which takes both) never runs
+            # between reading ``target`` and publishing it.
+            self.sync_lock.acquire()
+        try:
+            try:
+                _sync(fd)
+            except OSError as exc:
+                with self.cond:
+                    self.failed = _sync_failure(self.name, exc)
+                raise StorageError(self.failed) from exc
+            with self.cond:
+                if self.epoch == epoch and not self.dropped and self.failed is None:
+                    self.publish(*target)
+        finally:
+            self.sync_lock.release()
+            os.close(fd)
+
+    def _write_out(self) -> None:
+        """Put every staged frame in the file (``write_lock`` held); after a failed write,
+        discard every offset not yet durable and raise StorageError."""
         with self.cond:
             if self.dropped or self.failed is not None:
                 return
             frames, self.staged, self.staged_bytes = self.staged, [], 0
             target = (self.written_offset, self.written_rows, self.written_bytes)
-            if not frames and target[0] == self.next_offset:
-                return
+        if not frames:
+            return
         try:
             for frame in frames:
                 if not frame.ready:  # a direct frame still being filled by its writer
@@ -651,20 +699,12 @@ class StreamLog:
             with self.cond:
                 self._discard_reserved(frames)
             raise write_error(f"cannot append to stream {self.name!r}: {exc}", exc) from exc
-        if publish and self.settings.fsync == "batch" and self.fd is not None:
-            try:
-                _sync(self.fd)
-            except OSError as exc:
-                with self.cond:
-                    self.failed = _sync_failure(self.name, exc)
-                raise StorageError(self.failed) from exc
         with self.cond:
             self.settings.buffers.give_back(frames)
-            if publish:
-                self.publish(*target)
+            self.in_file = target
 
     def _open_segment(self, segment: Segment) -> None:
-        """Point the drains at ``segment`` (``sync_lock`` held): sync and close the segment
+        """Point the drains at ``segment`` (``write_lock`` held): sync and close the segment
         written so far, then create ``segment``'s file if it is new, and open it."""
         do_sync = self.settings.fsync == "batch"
         if self.fd is not None and self.fd_segment is not segment:
@@ -681,7 +721,7 @@ class StreamLog:
             self.fd_segment = segment
 
     def _write_staged(self, frame: Staged) -> None:
-        """Put one staged frame in the segment file (``sync_lock`` held)."""
+        """Put one staged frame in the segment file (``write_lock`` held)."""
         assert self.fd is not None
         if frame.aligned is None:
             assert frame.body is not None
@@ -735,19 +775,19 @@ class StreamLog:
         self.written_offset = self.next_offset
         self.written_rows = self.num_rows
         self.written_bytes = self.num_bytes
+        self.in_file = (self.next_offset, self.num_rows, self.num_bytes)
         self.epoch_ends.append(self.next_offset)
         self.epoch += 1
 
     def retire(self) -> None:
         """Mark the stream dropped (a drop, or the store closing) and close its files; staged
         frames are made durable first, so their commits succeed rather than fail."""
-        with self.sync_lock:
-            with contextlib.suppress(StorageError):
-                self.drain(publish=True)
-            with self.cond:
-                self.dropped = True
-                self.close_fd()
-                self.cond.notify_all()
+        with contextlib.suppress(StorageError):
+            self.drain(publish=True)
+        with self.write_lock, self.sync_lock, self.cond:  # no drain in progress
+            self.dropped = True
+            self.close_fd()
+            self.cond.notify_all()
 
     def close_fd(self) -> None:
         for fd in (self.fd, self.direct_fd):

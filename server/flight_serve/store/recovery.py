@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 import os
-import zlib
 from datetime import datetime
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from flight_serve.store.frames import (
     VALUE,
     WATERMARK,
     WRITERS_FILE,
+    crc32,
     read_writers,
     segment_name,
 )
@@ -110,6 +110,7 @@ def load(directory: Path, settings: LogSettings) -> StreamLog | None:
     stream.written_offset = stream.next_offset
     stream.written_rows = stream.num_rows
     stream.written_bytes = stream.num_bytes
+    stream.in_file = (stream.next_offset, stream.num_rows, stream.num_bytes)
     if not stream.segments:
         segment = Segment(directory / segment_name(stream.next_offset), stream.next_offset)
         write_file(segment.path, b"", fsync=settings.fsync == "batch")
@@ -140,7 +141,7 @@ def scan(segment: Segment, verify_crc: bool) -> bool:
             return False
         if body_start + body_len > size or kind not in (BATCH, WATERMARK, END):
             return False
-        if verify_crc and zlib.crc32(view[body_start : body_start + body_len]) != crc:
+        if verify_crc and crc32(view[body_start : body_start + body_len]) != crc:
             return False
         value = (
             VALUE.unpack_from(view, body_start)[0]

@@ -33,7 +33,7 @@ def retain(
     do_sync = stream.settings.fsync == "batch"
     cutoff_ns = None if limit_age is None else int((now - limit_age).timestamp() * 1_000_000_000)
     gone: list[Segment] = []
-    with stream.sync_lock, stream.cond:
+    with stream.write_lock, stream.sync_lock, stream.cond:  # no drain or sync in progress
         if stream.dropped:
             return 0
         total = sum(segment.size for segment in stream.segments)
@@ -62,6 +62,8 @@ def retain(
             stream.num_bytes -= num_bytes
             stream.written_rows -= rows
             stream.written_bytes -= num_bytes
+            in_file = stream.in_file
+            stream.in_file = (in_file[0], in_file[1] - rows, in_file[2] - num_bytes)
             gone.append(segment)
         if not gone:
             return 0

@@ -10,7 +10,7 @@ from flight_serve._arrow import ColumnMismatch, conform_batch, plain_schema
 from flight_serve.errors import SchemaMismatchError
 from flight_serve.types import value_type
 
-__all__ = ["check_batch", "conform", "describe_mismatch", "same_values"]
+__all__ = ["check_batch", "conform", "describe_mismatch", "fits_as_is", "same_values"]
 
 
 def same_values(a: pa.DataType, b: pa.DataType) -> bool:
@@ -69,6 +69,27 @@ def describe_mismatch(
     if retyped:
         parts.append("retyped field " + ", ".join(retyped))
     return f"batch schema does not match stream {stream!r}: " + "; ".join(parts)
+
+
+def fits_as_is(expected: pa.Schema, batch: pa.RecordBatch) -> bool:
+    """Whether ``batch`` has exactly the stream schema ``expected`` (field order, types,
+    nullability flags and metadata) and no null in a field ``expected`` declares not nullable:
+    then :func:`conform` returns it as it is, and the per-field comparison is skipped (a
+    DoPut's batches nearly always carry the stream's own schema; comparing field by field in
+    Python cost ~0.1 ms a batch, twice).
+
+    >>> s = pa.schema([pa.field("x", pa.int64(), nullable=False)])
+    >>> fits_as_is(s, pa.record_batch([pa.array([1])], schema=s))
+    True
+    >>> fits_as_is(s, pa.record_batch([pa.array([None], pa.int64())], names=["x"]))
+    False
+    """
+    if not batch.schema.equals(expected, check_metadata=True):
+        return False
+    for i, field in enumerate(expected):
+        if not field.nullable and batch.column(i).null_count:
+            return False
+    return True
 
 
 def check_batch(stream: str, schema: pa.Schema, batch: pa.RecordBatch) -> None:

@@ -48,8 +48,11 @@ visible once written and the OS decides when data reaches the disk.
 Group commit: :meth:`StreamStore.write` reserves the next offset and file position and stages
 the frame in memory; :meth:`StreamStore.commit` waits until it is durable. The first commit to
 come writes every staged frame of the stream (in offset order, ``pwrite`` at its reserved
-position) and runs one ``fdatasync`` for all of them, while writers go on staging: a DoPut (which
-writes on one thread and commits on another) or several concurrent appenders share syncs. A
+position) and runs one ``fdatasync`` for every frame in the file, while writers go on staging: a
+DoPut or several concurrent appenders share syncs. :meth:`StreamStore.flush` puts staged frames
+in the file without syncing; a sync holds no lock that writing needs, so frames go on reaching
+the disk while a sync waits for the device (a DoPut writes, flushes and commits on three
+threads). A sync makes visible only what was in the file when it began. A
 segment roll only reserves positions in the next segment; the drain that first writes to it
 syncs the old segment before creating the new file, so a segment file exists only once every
 earlier one is durable (recovery checks CRCs in the last segment only).
@@ -123,7 +126,6 @@ import os
 import shutil
 import threading
 import uuid
-import zlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -151,6 +153,7 @@ from flight_serve.store.frames import (
     SCHEMA_FILE,
     VALUE,
     WATERMARK,
+    crc32,
     segment_name,
 )
 from flight_serve.store.log import (
@@ -169,7 +172,13 @@ from flight_serve.store.names import (
     validate_writer_name,
 )
 from flight_serve.store.retention import retain
-from flight_serve.store.schema import check_batch, conform, describe_mismatch, same_values
+from flight_serve.store.schema import (
+    check_batch,
+    conform,
+    describe_mismatch,
+    fits_as_is,
+    same_values,
+)
 from flight_serve.store.segment import Segment
 from flight_serve.types import plain_type, rewrite_type
 
@@ -488,10 +497,16 @@ class StreamStore:
         """
         validate_stream_name(name)
         validate_writer_name(writer)
-        batch = plain_batch(batch)
+        plain: pa.RecordBatch | None = None
         while True:
-            stream = self._get_or_create(name, batch.schema)
-            conformed = conform(name, stream.schema, batch)
+            stream = self._lookup(name)
+            if stream is not None and fits_as_is(stream.schema, batch):
+                conformed = batch  # what plain_batch and conform would return
+            else:
+                if plain is None:
+                    plain = plain_batch(batch)
+                stream = self._get_or_create(name, plain.schema)
+                conformed = conform(name, stream.schema, plain)
             writer_id = stream.writer_id(writer)
             if self.direct_io and self.fsync == "batch" and conformed.nbytes >= DIRECT_MIN_BYTES:
                 size = pa.ipc.get_record_batch_size(conformed)
@@ -500,7 +515,7 @@ class StreamStore:
                     stream.fill(reserved[1], conformed, size, writer_id)
             else:
                 body = conformed.serialize()
-                crc = zlib.crc32(memoryview(body))  # outside the lock (releases the GIL)
+                crc = crc32(memoryview(body))  # outside the lock (releases the GIL)
                 reserved = stream.reserve(
                     body.size, conformed.num_rows, body, crc, writer_id, after=after
                 )
@@ -540,7 +555,7 @@ class StreamStore:
             assert watermark_ns is not None
             kind, value = WATERMARK, watermark_ns
             body = pa.py_buffer(VALUE.pack(watermark_ns))
-        crc = zlib.crc32(memoryview(body))
+        crc = crc32(memoryview(body))
         while True:
             stream = self._get(name)
             if end_of_input:
@@ -567,6 +582,22 @@ class StreamStore:
         return self.commit(
             self.write_marker(name, writer, watermark_ns=watermark_ns, end_of_input=end_of_input)
         )
+
+    def flush(self, pending: PendingAppend) -> None:
+        """Put the frame ``pending`` names, and every frame staged before it, in the segment
+        file without syncing it (nothing becomes visible): the :meth:`commit` that follows then
+        only syncs. A caller that writes on one thread, flushes on a second and commits on a
+        third keeps the disk writing while a sync waits for the device (DoPut does).
+
+        Raises:
+            StorageError: writing failed (every batch not yet durable is discarded, as in
+                :meth:`commit`, whose call for ``pending`` then raises too).
+        """
+        stream = pending._handle
+        with stream.cond:
+            if stream.in_file[0] > pending.offset or stream.discarded(pending):
+                return
+        stream.drain(publish=False)
 
     def commit(self, pending: PendingAppend) -> int:
         """Wait until the batch ``pending`` names is durable (and so visible); return its offset.
@@ -626,7 +657,7 @@ class StreamStore:
         validate_stream_name(name)
         with self._lock:
             stream = self._streams.get(name)
-        if stream is not None:
+        if stream is not None and not fits_as_is(stream.schema, batch):
             problem = describe_mismatch(name, stream.schema, plain_schema(batch.schema), batch)
             if problem is not None:
                 raise SchemaMismatchError(problem)
@@ -789,6 +820,11 @@ class StreamStore:
         if stream is None:
             raise StreamNotFoundError(f"stream {name!r} does not exist")
         return stream
+
+    def _lookup(self, name: str) -> StreamLog | None:
+        with self._lock:
+            self._check_open()
+            return self._streams.get(name)
 
     def _get_or_create(self, name: str, schema: pa.Schema) -> StreamLog:
         validate_stream_name(name)

@@ -217,6 +217,52 @@ def test_nulls_in_a_non_nullable_field_are_a_mismatch(store: StreamStore) -> Non
         store.append("t", pa.record_batch({"x": pa.array([None], pa.int64())}))
 
 
+def test_a_batch_of_the_streams_own_schema_skips_the_field_by_field_check(
+    store: StreamStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schema = pa.schema(
+        [pa.field("x", pa.int64(), nullable=False), pa.field("name", pa.string())],
+        metadata={b"k": b"v"},
+    )
+    store.append("t", pa.record_batch([pa.array([1]), pa.array(["a"])], schema=schema))
+    from flight_serve.store import schema as schema_rule
+    from flight_serve.store import streams
+
+    checks: list[str] = []
+    real = schema_rule.describe_mismatch
+
+    def counted(*args: Any) -> str | None:
+        checks.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(schema_rule, "describe_mismatch", counted)
+    monkeypatch.setattr(streams, "describe_mismatch", counted)
+    same = pa.record_batch([pa.array([2]), pa.array([None], pa.string())], schema=schema)
+    store.validate("t", same)
+    assert store.append("t", same) == 1
+    assert checks == []  # DoPut's batches: one schema comparison in C++, no Python loop
+    # Anything else still takes the full rule: nulls where the stream forbids them, even under
+    # the stream's own schema; other metadata (stored with the stream's); another field order.
+    holey = pa.record_batch([pa.array([None], pa.int64()), pa.array(["b"])], schema=schema)
+    with pytest.raises(SchemaMismatchError, match=r"'x' \(not nullable in the stream"):
+        store.validate("t", holey)
+    with pytest.raises(SchemaMismatchError, match=r"'x' \(not nullable in the stream"):
+        store.append("t", holey)
+    other = pa.record_batch([pa.array([3]), pa.array(["c"])], schema=schema.remove_metadata())
+    assert store.append("t", other) == 2
+    swapped = pa.record_batch({"name": pa.array(["d"]), "x": pa.array([4], pa.int64())})
+    assert store.append("t", swapped) == 3
+    assert len(checks) == 4  # holey twice, other, swapped
+    batches = store.batches("t")
+    assert all(b.schema.equals(schema, check_metadata=True) for b in batches)
+    assert [b.to_pydict() for b in batches] == [
+        {"x": [1], "name": ["a"]},
+        {"x": [2], "name": [None]},
+        {"x": [3], "name": ["c"]},
+        {"x": [4], "name": ["d"]},
+    ]
+
+
 def test_dictionary_columns_are_decoded_on_append(store: StreamStore) -> None:
     batch = pa.record_batch({"k": pa.array(["a", "b", "a"]).dictionary_encode()})
     store.append("t", batch)
@@ -372,6 +418,20 @@ def test_frames_are_what_the_module_docstring_says(store: StreamStore, tmp_path:
     assert raw == b"FSF2" + struct.pack("<QQIIB3x", len(body), 2, zlib.crc32(body), 0, 0) + body
 
 
+def test_frame_crc_is_zlib_ngs_simd_crc32_with_zlibs_values() -> None:
+    # The frame CRC is zlib's CRC-32 (old segments stay readable), computed by zlib-ng: the
+    # stdlib's was ~0.1 s of CPU per 484 MB DoPut (benchmarks/README.md, doput).
+    import zlib_ng.zlib_ng
+    from flight_serve.store import frames
+
+    assert frames.crc32 is zlib_ng.zlib_ng.crc32
+    data = os.urandom(3 << 20) + b"tail"
+    view = memoryview(data)
+    assert frames.crc32(view) == zlib.crc32(data)
+    assert frames.crc32(view[5:], frames.crc32(view[:5])) == zlib.crc32(data)
+    assert frames.crc32(b"") == 0
+
+
 # --- group commit, O_DIRECT frames, write and sync failures -----------------------------------
 
 
@@ -412,6 +472,46 @@ def test_a_written_batch_is_invisible_until_committed_and_one_sync_covers_many(
     info = store.info("t")
     assert (info.next_offset, info.num_rows) == (4, 3 + 200_000)
     assert [b.num_rows for b in store.batches("t")] == [1, 1, 1, 200_000]
+
+
+def test_frames_reach_the_file_while_a_sync_waits_and_a_sync_publishes_what_it_covered(
+    store: StreamStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # commit(p0):  write f0 | fdatasync ...(blocked)..................| publish [0, 1)
+    # other thread:              write f1, flush(f1): in the file now |        commit(p1)
+    # Before: the sync held the lock that writing takes, so f1 waited for the device too.
+    store.append("t", _big_batch(0))
+    in_sync, release = threading.Event(), threading.Event()
+    real_sync = stream_log._sync
+
+    def blocked(fd: int) -> None:
+        in_sync.set()
+        assert release.wait(10)
+        real_sync(fd)
+
+    monkeypatch.setattr(stream_log, "_sync", blocked)
+    p0 = store.write("t", _big_batch(1))
+    committed: list[int] = []
+    committer = threading.Thread(target=lambda: committed.append(store.commit(p0)))
+    committer.start()
+    assert in_sync.wait(10)
+    (segment,) = _segments(tmp_path, "t")
+    size = segment.stat().st_size
+    p1 = store.write("t", _big_batch(2))
+    flusher = threading.Thread(target=store.flush, args=(p1,))
+    flusher.start()
+    flusher.join(5)
+    assert not flusher.is_alive()  # written while the sync still waits
+    assert segment.stat().st_size > size
+    assert store.info("t").next_offset == 1
+    release.set()
+    committer.join(10)
+    assert committed == [1]
+    assert store.info("t").next_offset == 2  # f1 was not in the file when that sync began
+    monkeypatch.setattr(stream_log, "_sync", real_sync)
+    assert store.commit(p1) == 2
+    assert [b.num_rows for b in store.batches("t")] == [200_000] * 3
+    assert store.batches("t")[2].equals(_big_batch(2))
 
 
 def test_fsync_never_makes_a_write_visible_at_once(tmp_path: Path) -> None:
