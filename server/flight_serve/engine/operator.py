@@ -286,6 +286,18 @@ class _Batch:
     min_end: int | None = None
 
 
+def _key_codes(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """One int64 code per row of ``table``, equal for rows with equal values in ``keys``, a NULL
+    equal to a NULL (as GROUP BY groups them)."""
+    codes = np.zeros(table.num_rows, dtype=np.int64)
+    for key in keys:
+        encoded: Any = pc.dictionary_encode(table[key], null_encoding="encode").combine_chunks()
+        idx = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        combined = codes * (len(encoded.dictionary) + 1) + idx
+        codes = np.unique(combined, return_inverse=True)[1].astype(np.int64)
+    return codes
+
+
 def _event_time_ns(column: pa.Array[Any]) -> tuple[Int64Array, np.ndarray | None]:
     """``(ts_ns, invalid)`` for a timestamp column: ns since the epoch (0 where invalid), and
     ``None`` when every value is valid, else an int8 mask: 1 = null, 2 = out of the ns range."""
@@ -1355,12 +1367,7 @@ class WindowOperator:
         previous row. Merging with the stored sessions then only sees one row per such session."""
         buf = pa.Table.from_batches(batches).combine_chunks()
         n = buf.num_rows
-        codes = np.zeros(n, dtype=np.int64)
-        for key in self.config.key_columns:
-            encoded: Any = pc.dictionary_encode(buf[key], null_encoding="encode").combine_chunks()
-            idx = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-            combined = codes * (len(encoded.dictionary) + 1) + idx
-            codes = np.unique(combined, return_inverse=True)[1].astype(np.int64)
+        codes = _key_codes(buf, self.config.key_columns)
         ts = np.asarray(buf[TS].to_numpy(), dtype=np.int64)
         order = np.lexsort((ts, codes))
         sorted_codes, sorted_ts = codes[order], ts[order]
@@ -1553,8 +1560,13 @@ class WindowOperator:
             keep = recent if not self._state.num_rows else pa.array(np.ones(closed.num_rows, bool))
             self._closed = closed.filter(keep)
         else:
-            live = self._state.select(keys).group_by(keys).aggregate([])
-            held = closed.join(live, keys=keys, join_type="left semi")
+            # the closed sessions whose key has an open session; NULL is a key like any other
+            # (GROUP BY's rule), which an Arrow join would not match, so compare key codes
+            closed_keys = closed.select(keys)
+            open_keys = self._state.select(keys).cast(closed_keys.schema)
+            codes = _key_codes(pa.concat_tables([closed_keys, open_keys]), keys)
+            n_closed = closed.num_rows
+            held = closed.filter(pa.array(np.isin(codes[:n_closed], codes[n_closed:])))
             self._closed = (
                 pa.concat_tables([closed.filter(recent), held])
                 .group_by(names)

@@ -373,3 +373,37 @@ def test_only_fixed_width_numeric_aggregates_are_folded(
         "GROUP BY j, window_start, window_end"
     )
     assert parse_window_query(sql).build(SCHEMA).folded_state is folded
+
+
+@pytest.mark.parametrize("folded", [True, False])
+def test_a_null_keys_emitted_session_is_remembered_while_the_key_has_an_open_one(
+    folded: bool,
+) -> None:
+    """The example Hypothesis found (the SQL path forgot the closed session of the NULL key: an
+    Arrow join does not match NULL to NULL). SESSION gap 4 s, W = t, allowed lateness 2 s, key
+    k = NULL throughout:
+
+        batch 1: t=39, t=56  -> W = 56, threshold 54: [39,43) emitted and evicted; [56,60) open
+        39 ──── 43                   56 ──── 60
+        batch 2: t=36        -> [36,40) is late by its own window (40 <= 54) and overlaps the
+          36 ──── 40            emitted [39,43): late, missed window = [39,43), not [36,40)
+
+    [39,43) ends before threshold - gap = 50, so only the NULL key's open session keeps it."""
+    sql = sql_of("session_4", ("k",), 0, " WITH (allowed_lateness = '2s')")
+
+    def batch(*ts: int) -> pa.RecordBatch:
+        n = len(ts)
+        t = pa.array(ts, pa.int64()).cast(pa.timestamp("s", tz="UTC"))
+        nulls = pa.nulls(n, pa.string()), pa.nulls(n, pa.float64())
+        ones = pa.array([1] * n, pa.int32())
+        return pa.RecordBatch.from_arrays([nulls[0], ones, t, ones, nulls[1]], schema=SCHEMA)
+
+    op = build(sql, folded)
+    fired = op.process(batch(39, 56)).output.to_pylist()
+    assert [(r["k"], r["window_start"].second, r["window_end"].second) for r in fired] == [
+        (None, 39, 43)
+    ]
+    late = op.process(batch(36)).late.to_pylist()
+    assert [(r["t"].second, r["_window_start"].second, r["_window_end"].second) for r in late] == [
+        (36, 39, 43)
+    ]
