@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -141,9 +140,11 @@ FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_en
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port to listen on (below the ephemeral range: CI once lost a run to "Address already in
+    use" when another process's outgoing connection took the port the OS had handed out)."""
+    from flight_serve.demo.falkordb_server import free_port as listen_port
+
+    return listen_port()
 
 
 class ServeProcess:
@@ -176,6 +177,8 @@ class ServeProcess:
         assert self.proc.stdout is not None
         if not self.proc.stdout.readline().strip():
             self.proc.wait(10)
+            self.proc.stdout.close()
+            self.log.close()
             raise AssertionError(f"the server did not start: see {self.log.name}")
 
     def kill(self) -> None:

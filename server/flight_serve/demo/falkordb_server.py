@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,8 +37,32 @@ __all__ = ["URL_ENV", "FalkorDBServer", "free_port", "start_falkordb"]
 URL_ENV = "FLIGHT_SERVE_FALKORDB_URL"
 
 
+#: Where :func:`free_port` looks first: below Linux's default ephemeral range (32768-60999), so
+#: the outgoing connections of other processes (which take their source ports from that range)
+#: cannot take the port between the check and the server's bind.
+_LISTEN_PORTS = range(20000, 32768)
+
+
+def _ephemeral_start() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
+    """A TCP port free on 127.0.0.1 right now: a random one below the ephemeral range when one
+    binds (see :data:`_LISTEN_PORTS`), else one the OS picks."""
+    low = min(_LISTEN_PORTS.start, _ephemeral_start())
+    high = min(_LISTEN_PORTS.stop, _ephemeral_start())
+    for port in random.sample(range(low, high), min(64, max(0, high - low))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
