@@ -759,29 +759,70 @@ def _run_parsed(
 def _run_ray(
     path: Path, output_dir: Path | None, args: argparse.Namespace, checkpoints: bool
 ) -> int:
-    """``flight-serve run --runtime ray``: the pipeline on Ray (pipelines.distributed)."""
-    from flight_serve.errors import PipelineSQLError
-    from flight_serve.pipelines.distributed.ray_runtime import DEFAULT_MAX_RESTARTS, run_on_ray
+    """``flight-serve run --runtime ray``: the pipeline on Ray (pipelines.distributed); with
+    checkpoints (``SET checkpoint_interval`` / ``checkpoint_every``, or the flags) it resumes
+    from the newest one, at any ``--parallelism``, and SIGTERM checkpoints and stops."""
+    from dataclasses import replace
 
-    if checkpoints or _checkpointing(args):
-        raise PipelineSQLError(
-            "--runtime ray does not take checkpoints yet (docs/scaling.md): drop "
-            "checkpoint_interval / checkpoint_every or run embedded"
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.coordinator import PipelineStopped, ResumeFrom
+    from flight_serve.pipelines.dialect import duration_from_text
+    from flight_serve.pipelines.distributed.ray_runtime import DEFAULT_MAX_RESTARTS, run_on_ray
+    from flight_serve.pipelines.pipeline import parse_pipeline
+
+    options = parse_pipeline(path.read_text(), path=path.resolve()).run_options
+    if args.checkpoint_interval is not None:
+        options = replace(
+            options, checkpoint_interval=duration_from_text(args.checkpoint_interval)
         )
+    if args.checkpoint_every is not None:
+        if args.checkpoint_every < 1:
+            raise PipelineSQLError("--checkpoint-every must be at least 1")
+        options = replace(options, checkpoint_every=args.checkpoint_every)
+    checkpointed = checkpoints or _checkpointing(args)
+    if checkpointed and not options.checkpoints:
+        raise PipelineSQLError(
+            "checkpoints need an interval: SET checkpoint_interval = '1s' (or "
+            "checkpoint_every = N) in the pipeline, or --checkpoint-interval / "
+            "--checkpoint-every"
+        )
+    resume: ResumeFrom = "latest"
+    if args.fresh:
+        resume = "fresh"
+    elif args.from_epoch is not None:
+        resume = int(args.from_epoch)
+    stop = threading.Event()
+
     def restarting(restart: int, error: str) -> None:
+        where = "its last checkpoint" if checkpointed else "the start"
         print(
-            f"ray: {error}; restarting the run from the start ({restart} of "
+            f"ray: {error}; restarting the run from {where} ({restart} of "
             f"{DEFAULT_MAX_RESTARTS} restarts; rows written stay, none twice)",
             file=sys.stderr,
         )
 
-    summary, stats = run_on_ray(
-        path,
-        output_dir=output_dir,
-        parallelism=args.parallelism,
-        address=args.address,
-        on_restart=restarting,
-    )
+    previous = None
+    if checkpointed and threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        summary, stats = run_on_ray(
+            path,
+            output_dir=output_dir,
+            parallelism=args.parallelism,
+            address=args.address,
+            on_restart=restarting,
+            options=options,
+            state_root=args.state_root,
+            resume=resume,
+            stop=stop if checkpointed else None,
+        )
+    except PipelineStopped as exc:
+        print(f"flight-serve: {path}: terminated (SIGTERM): {exc}; the next run resumes "
+              "from it (at any --parallelism)", file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
     for label, rows in summary.late_rows.items():
@@ -792,6 +833,17 @@ def _run_ray(
         + (f", {stats.restarts} restart(s)" if stats.restarts else ""),
         file=sys.stderr,
     )
+    if checkpointed:
+        resumed = (
+            f", resumed from checkpoint {stats.resumed_from}"
+            if stats.resumed_from is not None
+            else ""
+        )
+        print(
+            f"ray: {stats.checkpoints} checkpoint(s) ({stats.declined} barrier(s) declined and "
+            f"tried again further on){resumed}",
+            file=sys.stderr,
+        )
     for i in stats.instances:
         print(
             f"ray: instance {i.instance} (key groups {i.key_groups[0]}-{i.key_groups[1] - 1}): "

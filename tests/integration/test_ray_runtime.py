@@ -162,9 +162,9 @@ def test_the_cli_refuses_what_the_ray_runtime_does_not_take(
     path = GOLDEN / "tumble_count_keys_late" / "pipeline.sql"
     assert main(["run", str(path), "--parallelism", "2", "--output-dir", str(tmp_path)]) == 1
     assert "--parallelism and --address go with --runtime ray" in capsys.readouterr().err
-    argv = ["run", str(path), "--runtime", "ray", "--checkpoint-every", "1"]
+    argv = ["run", str(path), "--runtime", "ray", "--state-root", str(tmp_path / "state")]
     assert main([*argv, "--output-dir", str(tmp_path)]) == 1
-    assert "--runtime ray does not take checkpoints yet" in capsys.readouterr().err
+    assert "checkpoints need an interval" in capsys.readouterr().err
 
 
 @pytest.mark.ray
@@ -494,3 +494,159 @@ def test_a_wasm_trap_after_ray_init_is_an_error_not_a_dead_process(
         assert done.returncode == -signal.SIGILL, (done.returncode, done.stderr[-2000:])
         assert done.stdout.splitlines() == before
         assert "SIGILL received" in done.stderr
+
+
+#: the hourly job plus a per-row query, in batches of 1,024 rows (336,776 flights: 331 steps
+#: over the three files), a checkpoint every 60 steps
+CHECKPOINTED = "SET checkpoint_every = 60;\n"
+
+
+def checkpointed_job(flights_dir: Path, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    text = (flights_dir / "hourly_departures.sql").read_text().replace("'8192'", "'1024'")
+    path = out / "job.sql"
+    path.write_text(CHECKPOINTED + text.replace("'flights.parquet'", repr(
+        str(flights_dir / "flights.parquet"))) + FAILOVER_EXTRA)
+    return path
+
+
+def sink_rows(out: Path) -> dict[str, list[Any]]:
+    return {
+        sink: sorted((tuple(r.items()) for r in pq.read_table(out / f"{sink}.parquet").to_pylist()),
+                     key=repr)
+        for sink in ("hourly_departures", "very_late")
+    }  # fmt: skip
+
+
+def plain_rows(path: Path, out: Path) -> dict[str, list[Any]]:
+    """The embedded run's rows of the same file without its checkpoints."""
+    text = path.read_text().replace(CHECKPOINTED, "")
+    plain = out / "plain.sql"
+    plain.write_text(text)
+    return embedded(plain, out)
+
+
+@pytest.mark.ray
+def test_a_checkpointed_run_stopped_at_2_resumes_at_3_then_at_1_and_ends_equal_to_embedded(
+    ray_session: Any, flights_dir: Path, tmp_path: Path
+) -> None:
+    """Rescale from checkpoints: a parallelism-2 run stops after its first checkpoint (60
+    steps: the barrier is armed before the sources start, so it is never declined); the file
+    resumed at parallelism 3 stops after the next (120 steps), and resumed at 1 runs to the
+    end. Each instance wrote its own key groups' state (the manifests list 2, then 3 files,
+    key groups 0-63/64-127, then 0-42/43-85/86-127); the sinks, committed epoch by epoch,
+    end with the embedded run's rows, each once."""
+    import json
+    import threading
+
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    path = checkpointed_job(flights_dir, tmp_path / "run")
+    expected = plain_rows(path, tmp_path)
+    state = tmp_path / "run" / "checkpoints" / "job"
+    for parallelism, epoch in ((2, 1), (3, 2)):
+        stop = threading.Event()
+        with pytest.raises(PipelineStopped, match=f"after checkpoint {epoch}"):
+            run_on_ray(
+                path,
+                output_dir=tmp_path / "run",
+                parallelism=parallelism,
+                resume="fresh" if epoch == 1 else "latest",
+                on_checkpoint=lambda info, stop=stop, epoch=epoch: (
+                    stop.set() if info.epoch >= epoch else None
+                ),
+                stop=stop,
+            )
+        manifest = json.loads((state / f"epoch-{epoch:010d}" / "MANIFEST.json").read_text())
+        entry = manifest["operators"]["0"]
+        assert entry["parallelism"] == parallelism
+        assert [part["key_groups"] for part in entry["instances"]] == (
+            [[0, 64], [64, 128]] if parallelism == 2 else [[0, 43], [43, 86], [86, 128]]
+        )
+        steps = manifest["sources"]["flights"]
+        assert sum(f["batches"] + f["ended"] for f in steps["files"]) == 60 * epoch
+    summary, stats = run_on_ray(path, output_dir=tmp_path / "run", parallelism=1)
+    assert stats.resumed_from == 2
+    assert sink_rows(tmp_path / "run") == expected
+    assert summary.rows == {k: len(v) for k, v in expected.items()}
+
+
+@pytest.mark.ray
+def test_an_embedded_run_resumes_a_checkpoint_the_ray_runtime_took(
+    ray_session: Any, flights_dir: Path, tmp_path: Path
+) -> None:
+    """One checkpoint format: the parallelism-2 run's checkpoint (one snapshot per instance,
+    the file offsets in the embedded source's format) is resumed by the embedded
+    DurableRuntime, which merges the instances' state; the output equals the straight run."""
+    import threading
+
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.pipelines.durable import DurableRuntime
+
+    out = tmp_path / "run"
+    path = checkpointed_job(flights_dir, out)
+    expected = plain_rows(path, tmp_path)
+    stop = threading.Event()
+    with pytest.raises(PipelineStopped):
+        run_on_ray(path, output_dir=out, parallelism=2, resume="fresh",
+                   on_checkpoint=lambda info: stop.set(), stop=stop)  # fmt: skip
+    runtime = DurableRuntime(parse_pipeline(path.read_text(), path=path), name="job",
+                             output_dir=out)  # fmt: skip
+    assert runtime.resumed_from == 1
+    for _ in runtime.run():
+        pass
+    assert sink_rows(out) == expected
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_worker_killed_in_a_checkpointed_run_restores_every_instance_from_the_last_checkpoint(
+    ray_session: Any, flights_dir: Path, tmp_path: Path
+) -> None:
+    """Seeded trials: ``ray.kill`` of a random actor at a random moment of a parallelism-2
+    checkpointed run. The run restores every instance from its last complete checkpoint (or
+    the start, before the first), the epoch sinks drop what was not committed, and the files
+    end with the embedded run's rows, each once."""
+    import random
+    import threading
+    import time
+
+    from flight_serve.pipelines.distributed import ray_runtime
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    out = tmp_path / "run"
+    path = checkpointed_job(flights_dir, out)
+    expected = plain_rows(path, tmp_path)
+    t0 = time.perf_counter()
+    run_on_ray(path, output_dir=out, parallelism=2, resume="fresh")
+    run_s = time.perf_counter() - t0
+    assert sink_rows(out) == expected
+    outcomes: list[tuple[int, str, tuple[int | None, ...]]] = []
+    for seed in range(6):
+        rng = random.Random(100 + seed)
+        delay = rng.uniform(0.6, 0.95) * run_s  # most after the first checkpoint
+        role, index = rng.choice([("window", 0), ("window", 1), ("source", 0), ("source", 1)])
+        killed: list[str] = []
+
+        def kill(
+            role: str = role, index: int = index, delay: float = delay, killed: list[str] = killed
+        ) -> None:
+            time.sleep(delay)
+            pool = ray_runtime._POOL.get(role, [])
+            if index < len(pool):
+                ray_session.kill(pool[index])
+                killed.append(f"{role} {index}")
+
+        killer = threading.Thread(target=kill)
+        killer.start()
+        _, stats = run_on_ray(path, output_dir=out, parallelism=2, resume="fresh")
+        killer.join()
+        assert sink_rows(out) == expected, (seed, killed, stats.attempts_from)
+        outcomes.append((seed, killed[0] if killed else "-", stats.attempts_from))
+    print("checkpointed failover trials (seed, killed, attempts from):", outcomes)
+    restarted = [o for o in outcomes if len(o[2]) > 1]
+    assert len(restarted) >= 3, outcomes
+    assert any(any(e is not None for e in o[2][1:]) for o in restarted), outcomes
+    ray_runtime._drop_hosts(ray_session)

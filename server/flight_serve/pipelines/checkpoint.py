@@ -76,10 +76,13 @@ def fingerprint(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-#: Options that only say what a restore does when a checkpointed offset is gone (``SET
-#: offset_reset``, an iceberg source's ``expired_snapshot``): their error messages tell the
-#: user to set them, so setting them after the failure keeps the checkpoint.
-RECOVERY_OPTIONS = frozenset({"offset_reset", "expired_snapshot"})
+#: Options a checkpoint does not depend on: what a restore does when a checkpointed offset is
+#: gone (``SET offset_reset``, an iceberg source's ``expired_snapshot``: their error messages
+#: tell the user to set them, so setting them after the failure keeps the checkpoint), and how
+#: many instances run the windows (``SET parallelism`` / ``max_parallelism``: a distributed
+#: run's checkpoint is split by key group for any of them, a rescale; an embedded run ignores
+#: both).
+RECOVERY_OPTIONS = frozenset({"offset_reset", "expired_snapshot", "parallelism", "max_parallelism"})
 
 
 def recovery_neutral_fingerprint(text: str) -> str:
@@ -315,6 +318,23 @@ class CheckpointStore:
             message = f"cannot write checkpoint {manifest.epoch} to {self.uri}: {exc}"
             raise (DiskFullError if is_disk_full(exc) else CheckpointError)(message) from exc
         return sum(sizes.values()) + len(body)
+
+    def put(self, epoch: int, name: str, data: bytes) -> int:
+        """Write file ``name`` of checkpoint ``epoch`` before its manifest exists (a worker of a
+        distributed run writes its own state there; the manifest, written by the coordinator
+        once every worker has, names the file). Returns bytes written.
+
+        Raises:
+            CheckpointError: the state root cannot be written.
+        """
+        directory = f"{self.root}/{_epoch_dir(epoch)}"
+        try:
+            self.fs.create_dir(directory, recursive=True)
+            self._put(f"{directory}/{name}", data)
+        except (OSError, pa.ArrowException) as exc:
+            message = f"cannot write {name} of checkpoint {epoch} to {self.uri}: {exc}"
+            raise (DiskFullError if is_disk_full(exc) else CheckpointError)(message) from exc
+        return len(data)
 
     def _put(self, path: str, data: bytes) -> None:
         if self.local:  # pyarrow's local streams do not fsync: a checkpoint must survive a crash

@@ -284,7 +284,9 @@ class CheckpointCoordinator:
         return self.checkpoints.read(self.manifest.epoch, str(file))
 
     def operator_state(self, index: int, label: str) -> OperatorSnapshot | None:
-        """The snapshot of windowed query ``index`` in the checkpoint resumed from.
+        """The snapshot of windowed query ``index`` in the checkpoint resumed from (of a
+        distributed run's checkpoint, its instances' snapshots merged:
+        :func:`~flight_serve.pipelines.distributed.rescale.merge_snapshots`).
 
         Raises:
             CheckpointError: the checkpoint has none for it.
@@ -296,6 +298,19 @@ class CheckpointCoordinator:
         if entry is None:
             raise CheckpointError(
                 f"checkpoint {manifest.epoch} has no state for {label}; start over with --fresh"
+            )
+        if "file" not in entry and "instances" in entry:
+            # a distributed run's checkpoint: one file per instance, each with the rows of the
+            # key groups it owned; as one operator, their union
+            from flight_serve.pipelines.distributed.rescale import merge_snapshots
+
+            return merge_snapshots(
+                [
+                    OperatorSnapshot.from_bytes(
+                        self.checkpoints.read(manifest.epoch, str(part["file"]))
+                    )
+                    for part in entry["instances"]
+                ]
             )
         return OperatorSnapshot.from_bytes(
             self.checkpoints.read(manifest.epoch, str(entry["file"]))

@@ -12,6 +12,20 @@ run (``num_cpus=2``, no dashboard, loopback only) and stopped after it; with one
 (``auto``, ``ray://host:10001``), the run joins that cluster, whose nodes must read the same
 input paths and the same ``flight_serve`` version.
 
+**Checkpoints** (``SET checkpoint_interval`` / ``checkpoint_every``, or a ``state_root``): the
+driver is the checkpoint coordinator (:class:`~flight_serve.pipelines.coordinator.CheckpointCoordinator`,
+the embedded run's): when one is due it arms a barrier on every window actor at a position
+ahead of all of them (:meth:`~.workers.WindowWorker.arm`); each actor cuts there and writes its
+key groups' state to the state root itself (``op-<query>-i<instance>.snapshot`` in the epoch's
+directory). Output an actor produced after its cut is held by the driver until every actor has
+cut; then the manifest is written (every instance's file, the sources' offsets in the embedded
+file source's format) and the sinks' epoch commits (the exactly-once file sinks of an embedded
+checkpointed run). A barrier an actor declines (it was past the position) is retried further
+ahead. A run resumes from the newest checkpoint (``resume``), at any parallelism: the actors'
+state is merged and split by key group (a rescale). A worker that dies makes the run restore
+every actor from the last complete checkpoint (a global restart; the epoch sinks drop what was
+not committed), so every row is written once.
+
 Ray is imported here only, when a run starts (:func:`import_ray`); without it the error names the
 extra: ``pip install 'flight-serve[ray]'``.
 """
@@ -20,6 +34,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,20 +44,35 @@ from typing import Any
 import pyarrow as pa
 
 from flight_serve.errors import FlightServeError, PipelineSQLError
+from flight_serve.pipelines.checkpoint import CheckpointStore
+from flight_serve.pipelines.connect import check_checkpointed
+from flight_serve.pipelines.coordinator import (
+    CheckpointCoordinator,
+    CheckpointInfo,
+    PipelineStopped,
+    ResumeFrom,
+)
 from flight_serve.pipelines.distributed.keygroups import DEFAULT_MAX_PARALLELISM
 from flight_serve.pipelines.distributed.workers import (
+    Cut,
     InstanceStatus,
     JobSpec,
     Record,
+    Restore,
+    SourceCut,
     SourceWorker,
+    Taken,
     WindowWorker,
     assign_splits,
     check_distributable,
+    fed_sources,
     summary_of,
     write_results,
 )
-from flight_serve.pipelines.pipeline import parse_pipeline
-from flight_serve.pipelines.runtime import RunSummary
+from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
+from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
+from flight_serve.pipelines.upgrade import stateful_operators
+from flight_serve.pipelines.user_functions import code_digests
 
 __all__ = [
     "DEFAULT_MAX_RESTARTS",
@@ -151,6 +181,11 @@ class RayRunStats:
         instances: each window actor's last :class:`~.workers.InstanceStatus` (after its
             end of input: its maxima cover the whole run).
         restarts: global restarts after a worker died.
+        checkpoints: checkpoints completed (the finished one included).
+        declined: barriers an actor declined (tried again further ahead).
+        resumed_from: the checkpoint the run started from (``None``: the start).
+        attempts_from: the checkpoint each attempt started from (``None``: the start); more
+            than one attempt after a worker died.
     """
 
     source_actors: int
@@ -160,6 +195,10 @@ class RayRunStats:
     seconds: float
     instances: tuple[InstanceStatus, ...] = ()
     restarts: int = 0
+    checkpoints: int = 0
+    declined: int = 0
+    resumed_from: int | None = None
+    attempts_from: tuple[int | None, ...] = ()
 
 
 class _Host:
@@ -177,15 +216,21 @@ class _Host:
         self._windows: list[Any] = []
         self._in_flight: list[list[Any]] = []
 
-    def window(self, spec: JobSpec, instance: int) -> None:
+    def window(self, spec: JobSpec, instance: int, restore: Restore | None) -> None:
         self._source = None
-        self._window = WindowWorker(spec, instance)
+        self._window = WindowWorker(spec, instance, restore)
 
-    def source(self, spec: JobSpec, splits: dict[str, list[int]], windows: list[Any]) -> None:
+    def source(
+        self,
+        spec: JobSpec,
+        splits: dict[str, list[int]],
+        windows: list[Any],
+        start: dict[str, SourceCut] | None,
+    ) -> None:
         self._window = None
         self._windows = windows
         self._in_flight = [[] for _ in windows]
-        self._source = SourceWorker(spec, splits, self._send)
+        self._source = SourceWorker(spec, splits, self._send, start=start)
 
     def reset(self) -> None:
         self._window = self._source = None
@@ -199,26 +244,37 @@ class _Host:
             self._ray.get(done)  # a window's error surfaces here
             self._in_flight[instance] = rest
 
-    def run(self) -> tuple[list[tuple[str, pa.RecordBatch]], int, int]:
-        """Read every split; wait for every ``put``; returns ``(the per-row queries' sink
-        batches, put calls, records)``."""
+    def run(self) -> tuple[int, int]:
+        """Read every split; wait for every ``put``; returns ``(put calls, records)``."""
         assert self._source is not None
-        out = self._source.run()
+        self._source.run()
         for pending in self._in_flight:
             self._ray.get(pending)
-        return out, self._source.sent_calls, self._source.sent_records
+        return self._source.sent_calls, self._source.sent_records
 
     def put(self, records: list[Record]) -> None:
         assert self._window is not None
         self._window.put(records)
 
-    def take(self) -> list[tuple[str, pa.RecordBatch]]:
+    def take(self) -> Taken:
         assert self._window is not None
         return self._window.take()
 
-    def finish(self) -> tuple[list[tuple[str, pa.RecordBatch]], dict[str, int]]:
+    def position(self) -> dict[str, int]:
         assert self._window is not None
-        return self._window.finish()
+        return self._window.position()
+
+    def arm(self, barrier: int, epoch: int, positions: dict[str, int]) -> bool:
+        assert self._window is not None
+        return self._window.arm(barrier, epoch, positions)
+
+    def disarm(self, barrier: int) -> None:
+        assert self._window is not None
+        self._window.disarm(barrier)
+
+    def finish(self, final: tuple[int, int] | None) -> tuple[Taken, dict[str, int]]:
+        assert self._window is not None
+        return self._window.finish(final)
 
     def status(self) -> InstanceStatus:
         assert self._window is not None
@@ -254,23 +310,27 @@ def _drop_hosts(ray: Any) -> None:
 
 
 class _Replay:
-    """The driver's writes across attempts of one run (a global restart after a worker died).
+    """The driver's writes across attempts of a run without checkpoints (a global restart from
+    the start after a worker died).
 
-    Each producer's output is deterministic: window instance *i* runs its records in the
-    embedded order, and source worker *j* gets the same files in every attempt
-    (:func:`~.workers.assign_splits`). So, per producer (``("window", i)`` or
-    ``("source", j)``) and sink, the driver counts the rows it has written; a later attempt
-    drops the first that many rows of the same producer's output to that sink, and every row
-    reaches the sinks once."""
+    Each window instance's output is deterministic: instance *i* runs its records in the
+    embedded order. So, per instance and sink, the driver counts the rows it has written; a
+    later attempt drops the first that many rows of the same instance's output to that sink,
+    and every row reaches the sinks once."""
 
     def __init__(self, driver: Any, collect: list[tuple[str, pa.RecordBatch]] | None) -> None:
         self.driver, self.collect = driver, collect
-        self.written: dict[tuple[str, int, str], int] = {}
-        self.seen: dict[tuple[str, int, str], int] = {}
+        self.written: dict[tuple[int, str], int] = {}
+        self.seen: dict[tuple[int, str], int] = {}
 
-    def write(self, role: str, index: int, batches: list[tuple[str, pa.RecordBatch]]) -> None:
+    def taken_from(self, instance: int, taken: Taken) -> None:
+        self.write(instance, [*taken.before, *taken.after])
+
+    last = taken_from
+
+    def write(self, instance: int, batches: list[tuple[str, pa.RecordBatch]]) -> None:
         for sink, batch in batches:
-            key = (role, index, sink)
+            key = (instance, sink)
             seen = self.seen.get(key, 0)
             done = self.written.get(key, 0)
             skip = min(max(done - seen, 0), batch.num_rows)
@@ -280,37 +340,284 @@ class _Replay:
                 write_results(self.driver, [(sink, part)], self.collect)
                 self.written[key] = max(done, seen + batch.num_rows)
 
+    def begin(self, windows: list[Any], restore: Restore | None) -> None:
+        """No checkpoints: no barrier to arm."""
+
+    def tick(self, windows: list[Any], ending: bool) -> None:
+        """No checkpoints: nothing to do between gathers."""
+
+    def final(self) -> tuple[int, int] | None:
+        return None
+
+    def finished(self, cuts: list[Cut]) -> None:
+        """No checkpoints: nothing to take at the end."""
+
+
+class _CutGraph:
+    """The graph a distributed checkpoint is taken of (``coordinator.Checkpointed``): the
+    driver's sinks, and the state and offsets the window actors wrote at their cuts."""
+
+    def __init__(self, driver: PipelineRuntime, spec: JobSpec, cuts: list[Cut]) -> None:
+        self.driver, self.spec, self.cuts = driver, spec, sorted(cuts, key=lambda c: c.instance)
+
+    def drain(self) -> None:
+        """Nothing in flight: the actors' output before the cut is delivered already."""
+
+    def has_pending(self) -> bool:
+        return self.driver.has_pending()
+
+    def snapshot_operators(self, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+        """Per windowed query: its instances' files (written by the actors) and key groups."""
+        operators: dict[str, dict[str, Any]] = {}
+        for window in self.driver.window_nodes():
+            q = window.query.index
+            parts = [c.operators[q] for c in self.cuts]
+            marks = [p["watermark_ns"] for p in parts if p["watermark_ns"] is not None]
+            operators[str(q)] = {
+                "label": window.query.label,
+                "watermark_ns": min(marks) if marks else None,
+                "open_panes": sum(int(p["open_panes"]) for p in parts),
+                "parallelism": self.spec.parallelism,
+                "max_parallelism": self.spec.max_parallelism,
+                "instances": [
+                    {"file": p["file"], "bytes": p["bytes"], "key_groups": p["key_groups"]}
+                    for p in parts
+                ],
+            }
+        return operators
+
+    def snapshot_sources(self) -> dict[str, dict[str, Any]]:
+        """Each file source's offset at the cut, in the embedded file source's format."""
+        cut_of = self.cuts[0].sources
+        for name, source in self.driver.sources.items():
+            cut = cut_of.get(name)
+            if cut is None:
+                continue  # no query reads it: never read
+            source.read_batches = [s - int(e) for s, e in zip(cut.steps, cut.ended, strict=True)]
+            source.ended = list(cut.ended)
+            source.next_index = cut.next_index
+            source.rows = cut.rows
+        return self.driver.snapshot_sources()
+
+    def prepare_sinks(self, epoch: int, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+        return self.driver.prepare_sinks(epoch, files)
+
+    def commit_sinks(self, epoch: int) -> None:
+        self.driver.commit_sinks(epoch)
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "runtime": "ray",
+            "parallelism": self.spec.parallelism,
+            "max_parallelism": self.spec.max_parallelism,
+        }
+
+
+#: Steps per source a barrier is armed ahead of the furthest actor, at first (doubled after a
+#: decline, and at least twice the steps the actors made since the last gather).
+_BARRIER_AHEAD = 4
+
+
+class _Barriers:
+    """The checkpoints of a distributed run, from the driver (see the module docstring): when
+    one is due, arm a barrier; hold each actor's output after its cut until every actor has
+    cut; then take the checkpoint and deliver what was held."""
+
+    def __init__(
+        self,
+        ray: Any,
+        coordinator: CheckpointCoordinator,
+        driver: PipelineRuntime,
+        spec: JobSpec,
+        stop: threading.Event | None,
+    ) -> None:
+        self.ray, self.coordinator, self.driver, self.spec = ray, coordinator, driver, spec
+        self.stop = stop
+        coordinator.graph = self.driver  # due() asks it for pending rows
+        self.sources = fed_sources(driver)
+        self.barrier = 0  # the last barrier's number
+        self.armed: int | None = None  # the barrier in flight
+        self.cuts: dict[int, Cut] = {}
+        self.held: dict[int, list[tuple[str, pa.RecordBatch]]] = {}
+        self.ahead = dict.fromkeys(self.sources, _BARRIER_AHEAD)
+        self.previous: dict[str, int] = {}
+        self.declined = 0
+        self.completed = 0
+        self._windows: list[Any] = []
+        self.base: dict[str, int] = {}
+        self.targets: dict[str, int] = {}
+
+    def taken_from(self, instance: int, taken: Taken) -> None:
+        driver = self.driver
+        if self.armed is not None and instance in self.cuts:  # after its cut: held
+            self.held[instance].extend([*taken.before, *taken.after])
+        else:
+            for sink, batch in taken.before:
+                driver.deliver(sink, batch)
+            cut = taken.cut
+            if cut is not None and cut.barrier == self.armed:
+                self.cuts[instance] = cut
+                self.held[instance] = list(taken.after)
+            else:  # no cut, or a cut of a barrier dropped since: one epoch
+                for sink, batch in taken.after:
+                    driver.deliver(sink, batch)
+        if self.armed is not None and self.armed in taken.declined:
+            self.drop()
+
+    def last(self, instance: int, taken: Taken) -> None:
+        """An actor's output at its end of input (the finished cut comes after all of it)."""
+        for sink, batch in [*taken.before, *taken.after]:
+            self.driver.deliver(sink, batch)
+
+    def drop(self) -> None:
+        """The barrier in flight was declined: every actor drops it; what was held is this
+        epoch's."""
+        barrier = self.armed
+        assert barrier is not None
+        self.declined += 1
+        for name in self.ahead:
+            self.ahead[name] *= 2
+        self.armed = None
+        self._release()
+        self._windows_call("disarm", barrier)
+
+    def _release(self) -> None:
+        for instance in sorted(self.held):
+            for sink, batch in self.held[instance]:
+                self.driver.deliver(sink, batch)
+        self.held.clear()
+        self.cuts.clear()
+
+    def _windows_call(self, method: str, *args: Any) -> list[Any]:
+        return list(self.ray.get([getattr(w, method).remote(*args) for w in self._windows]))
+
+    def begin(self, windows: list[Any], restore: Restore | None) -> None:
+        """The actors are built, the sources not started: with ``checkpoint_every`` (steps of
+        the sources: batches and file ends, as the embedded run counts them), arm the first
+        barrier that many steps after the start, so no actor can have passed it."""
+        self._windows = windows
+        cuts = restore.sources if restore is not None else {}
+        self.base = {n: cuts[n].position if n in cuts else 0 for n in self.sources}
+        every = self.coordinator.options.checkpoint_every
+        if every is not None and self.sources:
+            self._arm({n: self.base[n] + every for n in self.sources})
+
+    def _arm(self, targets: dict[str, int]) -> None:
+        self.barrier += 1
+        self.armed = self.barrier
+        self.targets = targets
+        epoch = self.coordinator.epoch + 1
+        if not all(self._windows_call("arm", self.barrier, epoch, targets)):
+            self.drop()
+
+    def tick(self, windows: list[Any], ending: bool) -> None:
+        """Between gathers: complete the checkpoint in flight when every actor has cut; arm one
+        when it is due (not once the sources are done: the end takes the finished one).
+
+        Raises:
+            PipelineStopped: :attr:`stop` was set, and the checkpoint it asked for is taken.
+        """
+        self._windows = windows
+        stopping = self.stop is not None and self.stop.is_set()
+        if self.armed is not None and len(self.cuts) == len(windows):
+            self._complete()
+            if self.stop is not None and self.stop.is_set():
+                raise PipelineStopped(
+                    f"pipeline stopped after checkpoint {self.coordinator.epoch}"
+                )
+            every = self.coordinator.options.checkpoint_every
+            if every is not None and not ending:  # the next one, as far on (else declined)
+                self._arm({n: self.targets[n] + every for n in self.sources})
+        if self.armed is not None or ending:
+            return
+        positions = self._windows_call("position")
+        furthest = {n: max(p.get(n, 0) for p in positions) for n in self.sources}
+        coordinator = self.coordinator
+        coordinator.events = sum(furthest.values()) - sum(self.base.values())
+        if not stopping and not coordinator.due():
+            self.previous = furthest
+            return
+        for name in self.sources:  # ahead of what the actors may consume before they hear
+            moved = furthest[name] - self.previous.get(name, furthest[name])
+            self.ahead[name] = max(self.ahead[name], 2 * moved)
+        self.previous = furthest
+        self._arm({n: furthest[n] + self.ahead[n] for n in self.sources})
+
+    def _complete(self) -> None:
+        self._take(list(self.cuts.values()), finished=False)
+        self.armed = None
+        self._release()
+
+    def _take(self, cuts: list[Cut], *, finished: bool) -> CheckpointInfo:
+        coordinator = self.coordinator
+        coordinator.graph = _CutGraph(self.driver, self.spec, cuts)
+        try:
+            info = coordinator.take(finished=finished)
+        finally:
+            coordinator.graph = self.driver
+        self.completed += 1
+        return info
+
+    def final(self) -> tuple[int, int] | None:
+        """``(barrier, epoch)`` of the finished checkpoint, for the actors' :meth:`finish`."""
+        assert self.armed is None, "the barrier in flight is completed or dropped first"
+        self.barrier += 1
+        return self.barrier, self.coordinator.epoch + 1
+
+    def finished(self, cuts: list[Cut]) -> None:
+        """The input ended: the finished checkpoint, from the actors' last cuts."""
+        self._take(cuts, finished=True)
+
+
+_Output = _Replay | _Barriers
+
 
 def _attempt(
     ray: Any,
     spec: JobSpec,
     splits: list[dict[str, list[int]]],
-    replay: _Replay,
+    output: _Output,
     on_status: Callable[[list[InstanceStatus]], None] | None,
+    restore: Restore | None,
 ) -> tuple[dict[str, int], int, int, list[InstanceStatus], int]:
-    """One attempt of the run from the start; returns ``(late rows by label, put calls,
-    records, the instances' last status, source actors)``."""
+    """One attempt of the run (from the start, or from ``restore``); returns ``(late rows by
+    label, put calls, records, the instances' last status, source actors)``."""
     windows = _hosts(ray, "window", spec.parallelism)
     sources = _hosts(ray, "source", len(splits))
-    ray.get([w.window.remote(spec, i) for i, w in enumerate(windows)])
-    ray.get([h.source.remote(spec, s, windows) for h, s in zip(sources, splits, strict=True)])
+    start = restore.sources if restore is not None else None
+    ray.get([w.window.remote(spec, i, restore) for i, w in enumerate(windows)])
+    ray.get(
+        [h.source.remote(spec, s, windows, start) for h, s in zip(sources, splits, strict=True)]
+    )
+    output.begin(windows, restore)
     running = [s.run.remote() for s in sources]
     calls = records = 0
     pending = list(running)
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=_GATHER_S)
-        for i, batches in enumerate(ray.get([w.take.remote() for w in windows])):
-            replay.write("window", i, batches)
+        for i, taken in enumerate(ray.get([w.take.remote() for w in windows])):
+            output.taken_from(i, taken)
+        output.tick(windows, ending=not pending)
         if on_status is not None:
             on_status(ray.get([w.status.remote() for w in windows]))
-    for j, (batches, c, r) in enumerate(ray.get(running)):
-        replay.write("source", j, batches)
+    for c, r in ray.get(running):
         calls, records = calls + c, records + r
+    if isinstance(output, _Barriers):  # every record is in: the barrier in flight resolves
+        for i, taken in enumerate(ray.get([w.take.remote() for w in windows])):
+            output.taken_from(i, taken)
+        output.tick(windows, ending=True)
+        if output.armed is not None:  # some actors cut, others' input ended before it
+            output.drop()
+    final = output.final()
     late: dict[str, int] = {}
-    for i, (batches, counts) in enumerate(ray.get([w.finish.remote() for w in windows])):
-        replay.write("window", i, batches)
+    cuts: list[Cut] = []
+    for i, (taken, counts) in enumerate(ray.get([w.finish.remote(final) for w in windows])):
+        output.last(i, taken)
+        if taken.cut is not None:
+            cuts.append(taken.cut)
         for label, rows in counts.items():
             late[label] = late.get(label, 0) + rows
+    output.finished(cuts)
     instances: list[InstanceStatus] = ray.get([w.status.remote() for w in windows])
     if on_status is not None:
         on_status(instances)
@@ -344,6 +651,76 @@ def _unwrap(ray: Any, exc: BaseException) -> BaseException:
     return exc
 
 
+def _restore_of(coordinator: CheckpointCoordinator, driver: PipelineRuntime) -> Restore | None:
+    """What the workers need of the checkpoint the coordinator resumes (``None``: none); the
+    driver's file sources were restored from its offsets when the driver was built."""
+    manifest = coordinator.manifest
+    if manifest is None:
+        return None
+    cuts = {}
+    for name in fed_sources(driver):
+        source = driver.sources[name]
+        steps = tuple(b + int(e) for b, e in zip(source.read_batches, source.ended, strict=True))
+        cuts[name] = SourceCut(steps, tuple(source.ended), source.next_index, source.rows)
+    return Restore(manifest.epoch, dict(manifest.operators), cuts)
+
+
+@dataclass
+class _Job:
+    """One run's pieces that outlive an attempt."""
+
+    ray: Any
+    plan: PipelinePlan
+    spec: JobSpec
+    name: str
+    options: Any
+    out_dir: Path
+    on_checkpoint: Callable[[CheckpointInfo], None] | None
+
+
+def _checkpointed_attempt(
+    job: _Job,
+    splits: list[dict[str, list[int]]],
+    on_status: Callable[[list[InstanceStatus]], None] | None,
+    resume: ResumeFrom,
+    stop: threading.Event | None,
+    attempts: list[int | None],
+) -> tuple[PipelineRuntime, tuple[dict[str, int], int, int, list[InstanceStatus], int], _Barriers]:
+    """One attempt of a checkpointed run: the coordinator picks the checkpoint (``resume``),
+    the driver's epoch sinks redo its commit and drop what came after it, the actors start
+    from it (its epoch, or ``None``, appended to ``attempts``)."""
+    assert job.spec.state_root is not None
+    coordinator = CheckpointCoordinator(
+        CheckpointStore(job.spec.state_root),
+        job.options,
+        job.name,
+        job.plan.text,
+        resume=resume,
+        restart_finished=True,
+        on_checkpoint=job.on_checkpoint,
+        code_digests=code_digests(job.plan.user_functions),
+        stateful=stateful_operators(job.plan),
+    )
+    attempts.append(coordinator.resumed_from)
+    driver = PipelineRuntime(job.plan, output_dir=job.out_dir, coordinator=coordinator)
+    restore = _restore_of(coordinator, driver)
+    barriers = _Barriers(job.ray, coordinator, driver, job.spec, stop)
+    driver.open_sinks()
+    ended = False
+    try:
+        result = _attempt(job.ray, job.spec, splits, barriers, on_status, restore)
+        for slot in driver.sinks.values():
+            if slot.epoch is not None:
+                slot.epoch.end_input()
+        ended = True
+    finally:
+        driver.close_sinks(ended=ended)
+        for slot in driver.sinks.values():
+            if slot.epoch is not None:
+                slot.epoch.close()
+    return driver, result, barriers
+
+
 def run_on_ray(
     path: Path,
     *,
@@ -355,6 +732,11 @@ def run_on_ray(
     on_status: Callable[[list[InstanceStatus]], None] | None = None,
     max_restarts: int = DEFAULT_MAX_RESTARTS,
     on_restart: Callable[[int, str], None] | None = None,
+    options: Any = None,
+    state_root: str | None = None,
+    resume: ResumeFrom = "latest",
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -364,16 +746,28 @@ def run_on_ray(
         parallelism: instances of every windowed query (``None``: ``SET parallelism``, else 1).
         address: a Ray cluster (``auto``, ``ray://…``); ``None``: a local Ray for this run
             (unless this process is connected to one already: then that one).
-        write: write the sinks (``False``: only ``collect``).
-        collect: if given, every ``(sink, batch)`` is appended to it.
+        write: write the sinks (``False``: only ``collect``; not with checkpoints).
+        collect: if given, every ``(sink, batch)`` is appended to it (not with checkpoints: a
+            checkpointed run writes its sinks, exactly once).
         on_status: if given, called with every window instance's status (by instance) each
             time the driver collects results while the sources run (every 0.2 s) and once at
             the end.
         max_restarts: how many times a run whose worker died (``ray.kill``, a node lost)
-            starts over (a global restart from the start: no checkpoints yet); the rows
-            written before stay and are not written again (:class:`_Replay`). ``0``: fail at
-            once.
+            starts over: from its last complete checkpoint when it takes them (the epoch
+            sinks drop what was not committed), else from the start (the rows written before
+            stay and are not written again: :class:`_Replay`). ``0``: fail at once.
         on_restart: if given, called with the restart's number and the error before each.
+        options: the run options (:class:`~flight_serve.pipelines.run_options.RunOptions`;
+            default: the pipeline's ``SET``); checkpoints are taken when they set
+            ``checkpoint_interval`` or ``checkpoint_every``.
+        state_root: the checkpoints' root (a path or a ``pyarrow.fs`` URI every worker
+            reaches); default: the options', else ``<output_dir>/checkpoints/<file stem>``
+            (the embedded run's default).
+        resume: ``"latest"`` (the newest checkpoint of an unfinished run, at any
+            parallelism), ``"fresh"`` or an epoch, as an embedded checkpointed run.
+        on_checkpoint: called after every completed checkpoint.
+        stop: when set, the run takes a checkpoint and stops
+            (:class:`~flight_serve.pipelines.coordinator.PipelineStopped`); it resumes from it.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -383,17 +777,37 @@ def run_on_ray(
         FlightServeError: Ray is missing (names the extra), a worker died more than
             ``max_restarts`` times.
         PipelineSQLError: the pipeline is wrong, or has what :mod:`.workers` does not
-            distribute yet (named).
+            distribute yet (named), or a connector a checkpointed run cannot cover.
+        CheckpointError: the checkpoint to resume cannot be restored (the message says why).
+        PipelineStopped: ``stop`` was set; the checkpoint is taken.
         ConnectorError, QueryError: as an embedded run.
     """
     ray = import_ray()
     path = path.resolve()
     sql = path.read_text()
     plan = parse_pipeline(sql, path=path)
-    options = plan.run_options
-    p, max_p = resolve_parallelism(parallelism, options.parallelism, options.max_parallelism)
+    run_options = options if options is not None else plan.run_options
+    p, max_p = resolve_parallelism(
+        parallelism, run_options.parallelism, run_options.max_parallelism
+    )
     out_dir = (output_dir if output_dir is not None else Path.cwd()).resolve()
-    spec = JobSpec(sql, str(path), str(out_dir), p, max_p)
+    checkpointed = bool(run_options.checkpoints or state_root is not None)
+    root: str | None = None
+    if checkpointed:
+        if not run_options.checkpoints:
+            raise PipelineSQLError(
+                "checkpoints need an interval: SET checkpoint_interval = '1s' (or "
+                "checkpoint_every = N)"
+            )
+        if collect is not None or not write:
+            raise ValueError("a checkpointed run writes its sinks; collect without checkpoints")
+        check_checkpointed(plan, server=False)
+        root = state_root or run_options.state_root
+        if root is None:
+            root = str(out_dir / "checkpoints" / path.stem)
+        if "://" not in root:
+            root = str(Path(root).resolve())  # the actors' working directory is not ours
+    spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root)
     driver = spec.runtime()
     check_distributable(driver)
     splits = assign_splits(driver, p)
@@ -403,17 +817,32 @@ def run_on_ray(
         started = True
     ended = False
     t0 = time.perf_counter()
+    job = _Job(ray, plan, spec, path.stem, run_options, out_dir, on_checkpoint)
     replay = _Replay(driver, collect)
-    restarts = 0
-    if write:
+    restarts = checkpoints = declined = 0
+    resumed: int | None = None
+    attempts: list[int | None] = []
+    if write and not checkpointed:
         driver.open_sinks()
     try:
         while True:
             replay.seen.clear()
             try:
-                late, calls, records, instances, n_sources = _attempt(
-                    ray, spec, splits, replay, on_status
-                )
+                if checkpointed:
+                    driver, result, barriers = _checkpointed_attempt(
+                        job,
+                        splits,
+                        on_status,
+                        resume if not restarts else "latest",
+                        stop,
+                        attempts,
+                    )
+                    checkpoints += barriers.completed
+                    declined += barriers.declined
+                    resumed = attempts[0]
+                else:
+                    result = _attempt(ray, spec, splits, replay, on_status, None)
+                late, calls, records, instances, n_sources = result
                 break
             except Exception as exc:
                 _drop_hosts(ray)
@@ -426,11 +855,21 @@ def run_on_ray(
         ended = True
         seconds = time.perf_counter() - t0
         stats = RayRunStats(
-            n_sources, p, calls, records, seconds, tuple(instances), restarts=restarts
+            n_sources,
+            p,
+            calls,
+            records,
+            seconds,
+            tuple(instances),
+            restarts=restarts,
+            checkpoints=checkpoints,
+            declined=declined,
+            resumed_from=resumed,
+            attempts_from=tuple(attempts),
         )
     finally:
         try:
-            if write:
+            if write and not checkpointed:
                 driver.close_sinks(ended=ended)
         finally:
             if started:

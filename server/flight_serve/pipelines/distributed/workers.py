@@ -24,6 +24,24 @@ What the keyed exchange cannot run yet is refused when the job is built
 (:func:`check_distributable`): live sources (streams, Iceberg), plugin functions, and a windowed
 query reading another windowed query's output or a late side output (a second exchange).
 
+Rows that per-row queries insert into a sink straight from a source (no window in between)
+travel to instance 0 as *direct* records, one per step of the split, and instance 0 hands them
+to its sinks in the same merged order: so every row a job writes comes out of a window worker,
+and a checkpoint's cut (below) splits them all.
+
+**Checkpoints** (:meth:`WindowWorker.arm`): every instance consumes the same sequence of steps
+per source (the round-robin over its splits), so a *position* (steps consumed) names the same
+cut on every instance: per split, the batches read and whether it ended, the offset the
+embedded file source checkpoints. The coordinator arms a barrier at a position ahead of every
+instance; each instance stops consuming a source when it reaches the barrier's position (the
+alignment: records of the sources that reached it queue), and once all have, writes each
+windowed query's snapshot to the state root and marks the cut in its output (what came before
+belongs to the checkpoint's epoch). An instance already past the position declines the
+barrier (and one whose splits end before it, at the end of input): the coordinator tries again
+further ahead. Restored (:class:`Restore`), an instance builds its operators from the
+checkpoint's snapshots, merged and split by key group when the parallelism changed
+(:mod:`.rescale`), and its merges from the cut; source workers start each split after its cut.
+
 The transport is the caller's: ``send(instance, records)`` (a Ray actor call in
 :mod:`.ray_runtime`, a direct call in :func:`run_local`). Records of one split arrive in order.
 """
@@ -31,28 +49,40 @@ The transport is the caller's: ``send(instance, records)`` (a Ray actor call in
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from flight_serve.errors import PipelineSQLError
+from flight_serve.engine.operator import OperatorSnapshot
+from flight_serve.errors import CheckpointError, PipelineSQLError
+from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.distributed.keygroups import instances_of, key_group_range, key_groups
+from flight_serve.pipelines.distributed.rescale import merge_snapshots, split_snapshot
 from flight_serve.pipelines.graph import Collector, Node, PluginNode, Stream, WindowNode
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
+from flight_serve.types import MAX_WATERMARK_NS
 
 __all__ = [
+    "Cut",
     "ExchangeNode",
     "InstanceStatus",
     "JobSpec",
     "Record",
+    "Restore",
+    "SourceCut",
     "SourceWorker",
+    "Taken",
     "WindowWorker",
     "assign_splits",
     "check_distributable",
+    "direct_key",
+    "fed_sources",
     "run_local",
 ]
 
@@ -79,10 +109,103 @@ class Record:
     seq: int
     shares: tuple[Share, ...]
     end: bool = False
+    #: rows the source read in this step (the whole batch's; 0 for an end)
+    read_rows: int = 0
+    #: a direct record's ``(sink, batch)`` (per-row queries' rows; module docstring)
+    direct: tuple[tuple[str, pa.RecordBatch], ...] = ()
 
     @property
     def rows(self) -> int:
-        return sum(b.num_rows for b, _ in self.shares if b is not None)
+        shared = sum(b.num_rows for b, _ in self.shares if b is not None)
+        return shared + sum(b.num_rows for _, b in self.direct)
+
+
+def direct_key(ordinal: int) -> int:
+    """The ``Record.query`` of the direct records of the ``ordinal``-th fed source
+    (:func:`fed_sources`): negative, so it never is a query's index."""
+    return -1 - ordinal
+
+
+def fed_sources(runtime: PipelineRuntime) -> list[str]:
+    """The file sources some query reads, in the plan's order (their direct records' order)."""
+    return [name for name in runtime.sources if runtime.streams[name].consumers]
+
+
+@dataclass(frozen=True)
+class SourceCut:
+    """Where a cut leaves one file source (picklable).
+
+    Attributes:
+        steps: per file (partition index), the steps consumed: its batches, plus 1 once its
+            end was.
+        ended: per file, whether its end was consumed.
+        next_index: the file the round-robin reads next (``FileSource.next_index``).
+        rows: rows read from the source before the cut.
+    """
+
+    steps: tuple[int, ...]
+    ended: tuple[bool, ...]
+    next_index: int
+    rows: int
+
+    @property
+    def position(self) -> int:
+        """Steps consumed over every file."""
+        return sum(self.steps)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One instance's part of a checkpoint (picklable): what it wrote at the barrier.
+
+    Attributes:
+        barrier: the barrier's number (a declined barrier's is not reused).
+        epoch: the checkpoint's epoch (its directory in the state root).
+        instance: the instance.
+        operators: per windowed query index, ``{"file", "bytes", "label", "watermark_ns",
+            "open_panes", "key_groups"}`` (``key_groups``: ``[first, stop)``).
+        sources: the cut of every source this instance consumes, by name.
+    """
+
+    barrier: int
+    epoch: int
+    instance: int
+    operators: dict[int, dict[str, Any]]
+    sources: dict[str, SourceCut]
+
+
+@dataclass(frozen=True)
+class Restore:
+    """The checkpoint a job resumes from, as its workers need it (picklable).
+
+    Attributes:
+        epoch: the checkpoint's epoch.
+        operators: the manifest's operator entries by query index (as text): a distributed
+            run's (``instances``: one file per instance) or an embedded run's (``file``).
+        sources: the cut of every fed file source (from the manifest's source offsets).
+    """
+
+    epoch: int
+    operators: dict[str, dict[str, Any]]
+    sources: dict[str, SourceCut]
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What a window worker produced since the last :meth:`WindowWorker.take` (picklable).
+
+    Attributes:
+        before: ``(sink, batch)`` before the cut (all of them when ``cut`` is ``None``).
+        cut: the cut the worker made, if any.
+        after: ``(sink, batch)`` after the cut (they belong to the next epoch).
+        declined: barriers the worker declined (it had passed their position, or its input
+            ended before it).
+    """
+
+    before: list[tuple[str, pa.RecordBatch]]
+    cut: Cut | None = None
+    after: list[tuple[str, pa.RecordBatch]] = field(default_factory=list)
+    declined: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +218,8 @@ class JobSpec:
         output_dir: where relative sink paths start.
         parallelism: instances of every windowed query (≥ 1).
         max_parallelism: key groups (≥ parallelism).
+        state_root: the checkpoints' state root (a path or ``pyarrow.fs`` URI every worker
+            reaches), ``None``: no checkpoints.
     """
 
     sql: str
@@ -102,6 +227,7 @@ class JobSpec:
     output_dir: str
     parallelism: int
     max_parallelism: int
+    state_root: str | None = None
 
     def runtime(self, *, load_tables: bool = True) -> PipelineRuntime:
         """The pipeline's runtime, built as an embedded run builds it."""
@@ -233,6 +359,17 @@ class ExchangeNode(Node):
 Send = Callable[[int, list[Record]], None]
 
 
+@dataclass
+class _Split:
+    """A file a source worker reads: its source, index, next step and batches."""
+
+    source: str
+    index: int
+    seq: int
+    batches: Iterator[pa.RecordBatch]
+    exchanges: list[ExchangeNode]
+
+
 class SourceWorker:
     """Reads its splits through the per-row nodes into the exchanges (module docstring).
 
@@ -241,6 +378,8 @@ class SourceWorker:
         splits: file indices per source this worker owns (:func:`assign_splits`).
         send: ``send(instance, records)``: the transport to window worker ``instance``.
         flush_rows: rows buffered per instance before a send (the exchange's batch size).
+        start: per source, the cut of the checkpoint resumed from: each file starts after its
+            cut (a file ended there is not read).
 
     Raises:
         PipelineSQLError: building the pipeline fails, or it cannot be distributed.
@@ -253,11 +392,13 @@ class SourceWorker:
         send: Send,
         *,
         flush_rows: int = 1 << 16,
+        start: dict[str, SourceCut] | None = None,
     ) -> None:
         self.spec = spec
         self.splits = splits
         self.send = send
         self.flush_rows = flush_rows
+        self.start = start or {}
         self.runtime = runtime = spec.runtime()
         runtime.collect_only()
         self.roots = check_distributable(runtime)
@@ -265,6 +406,7 @@ class SourceWorker:
             w.query.index: ExchangeNode(runtime, w, spec.parallelism, spec.max_parallelism)
             for w in runtime.window_nodes()
         }
+        self.ordinals = {name: k for k, name in enumerate(fed_sources(runtime))}
         self._buffers: list[list[Record]] = [[] for _ in range(spec.parallelism)]
         self._buffered = [0] * spec.parallelism
         #: records and batches sent, rows read
@@ -272,14 +414,22 @@ class SourceWorker:
         self.sent_calls = 0
         self.rows_read = 0
 
-    def _record(self, ex: ExchangeNode, split: int, seq: int) -> None:
+    def _record(self, ex: ExchangeNode, split: int, seq: int, read_rows: int) -> None:
         step, ended = ex.take_step()
         for i, shares in enumerate(step):
-            record = Record(ex.query.index, split, seq, tuple(shares), ended)
-            self._buffers[i].append(record)
-            self._buffered[i] += record.rows
-            if self._buffered[i] >= self.flush_rows:
-                self._flush(i)
+            self._buffer(i, Record(ex.query.index, split, seq, tuple(shares), ended, read_rows))
+
+    def _direct(self, source: str, split: int, seq: int, read_rows: int, end: bool) -> None:
+        """The step's direct record to instance 0: the rows per-row queries inserted."""
+        direct = tuple(self.runtime.take_collected())
+        key = direct_key(self.ordinals[source])
+        self._buffer(0, Record(key, split, seq, (), end, read_rows, direct))
+
+    def _buffer(self, instance: int, record: Record) -> None:
+        self._buffers[instance].append(record)
+        self._buffered[instance] += record.rows
+        if self._buffered[instance] >= self.flush_rows:
+            self._flush(instance)
 
     def _flush(self, instance: int) -> None:
         records = self._buffers[instance]
@@ -290,8 +440,8 @@ class SourceWorker:
             self.sent_calls += 1
             self.send(instance, records)
 
-    def run(self) -> list[tuple[str, pa.RecordBatch]]:
-        """Read every split to its end; returns the rows per-row queries inserted into sinks.
+    def run(self) -> None:
+        """Read every split to its end (from its cut when restored).
 
         Raises:
             ConnectorError: a file cannot be read; QueryError: a per-row query fails.
@@ -301,25 +451,40 @@ class SourceWorker:
             for node in runtime.nodes:
                 if not isinstance(node, WindowNode):
                     node.start()
+            # its splits one step each in turn (the embedded round-robin), so every split's
+            # records reach the window actors at the same pace: their merges (and a barrier's
+            # alignment) never wait for a split this worker has not started
+            live: deque[_Split] = deque()
             for name, indices in self.splits.items():
-                stream = runtime.streams[name]
                 source = runtime.sources[name]
                 exchanges = [ex for q, ex in self.exchanges.items() if self.roots[q] == name]
+                cut = self.start.get(name)
                 for index in indices:
-                    partition = source.partitions[index]
-                    seq = 0
-                    for batch in source.read_file(index):
-                        self.rows_read += batch.num_rows
-                        runtime.push(stream, partition, batch)
-                        for ex in exchanges:
-                            self._record(ex, index, seq)
-                        seq += 1
+                    if cut is not None and cut.ended[index]:
+                        continue  # read to its end before the checkpoint
+                    first = cut.steps[index] if cut is not None else 0
+                    batches = islice(source.read_file(index), first, None)
+                    live.append(_Split(name, index, first, batches, exchanges))
+            while live:
+                split = live.popleft()
+                stream = runtime.streams[split.source]
+                partition = runtime.sources[split.source].partitions[split.index]
+                batch = next(split.batches, None)
+                if batch is None:
                     runtime.end(stream, partition)
-                    for ex in exchanges:
-                        self._record(ex, index, seq)
+                    rows = 0
+                else:
+                    self.rows_read += batch.num_rows
+                    runtime.push(stream, partition, batch)
+                    rows = batch.num_rows
+                for ex in split.exchanges:
+                    self._record(ex, split.index, split.seq, rows)
+                self._direct(split.source, split.index, split.seq, rows, end=batch is None)
+                split.seq += 1
+                if batch is not None:
+                    live.append(split)
             for i in range(self.spec.parallelism):
                 self._flush(i)
-            return runtime.take_collected()
         finally:
             for node in runtime.nodes:
                 node.close()
@@ -335,12 +500,30 @@ class _Merge:
     expected: list[int] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
     next_index: int = 0
+    #: per split, the steps consumed; their sum (the position); rows the source read in them
+    steps: list[int] = field(default_factory=list)
+    position: int = 0
+    rows: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.partitions)
         self.queues = [deque() for _ in range(n)]
         self.expected = [0] * n
         self.ended = [False] * n
+        self.steps = [0] * n
+
+    def restore(self, cut: SourceCut) -> None:
+        """Continue after ``cut`` (the checkpoint's position of this merge's source)."""
+        self.steps = list(cut.steps)
+        self.expected = list(cut.steps)
+        self.ended = list(cut.ended)
+        self.next_index = cut.next_index
+        self.position = cut.position
+        self.rows = cut.rows
+
+    def cut(self) -> SourceCut:
+        """Where the merge is now."""
+        return SourceCut(tuple(self.steps), tuple(self.ended), self.next_index, self.rows)
 
     def next(self) -> Record | None:
         """The next record in the embedded order, or ``None`` until it has arrived (or at the
@@ -353,6 +536,9 @@ class _Merge:
             return None
         record = self.queues[index].popleft()
         self.next_index = index + 1
+        self.steps[index] += 1
+        self.position += 1
+        self.rows += record.read_rows
         if record.end:
             self.ended[index] = True
         return record
@@ -370,14 +556,15 @@ class InstanceStatus:
         instance: its number, ``0 … parallelism - 1``.
         key_groups: the key groups it owns, ``(first, stop)``: a half-open range of
             ``0 … max_parallelism`` (:func:`~.keygroups.key_group_range`).
-        records_in: exchange records received (one per split step).
+        records_in: exchange records received for its windowed queries (one per split step;
+            instance 0's direct records are not counted).
         rows_in: rows in those records.
         rows_out: rows its queries produced (the windows' results and what runs after them).
         watermark_ns: the lowest operator watermark over its windowed queries, ns since the
             epoch (``MAX_WATERMARK_NS`` once every split has ended; ``None`` before any input).
-        queued_records: records received and not run yet (the rest of a ``put`` call's
-            records, and those waiting for another split's record: the embedded order): the
-            instance's input backlog.
+        queued_records: exchange records received and not run yet (the rest of a ``put``
+            call's records, those waiting for another split's record: the embedded order, and
+            those held at an armed barrier): the instance's input backlog.
         queued_records_max: the most seen after any step of a split (a record processed).
         open_panes: pane rows held in state now (one per key and open window).
         open_panes_max: the most seen after any step.
@@ -401,20 +588,34 @@ class InstanceStatus:
 
 
 class WindowWorker:
-    """Instance ``instance`` of every windowed query and what runs after it (module docstring).
+    """Instance ``instance`` of every windowed query and what runs after it (module docstring);
+    instance 0 also hands on the direct records' rows.
+
+    Args:
+        spec: the job.
+        instance: ``0 … parallelism - 1``.
+        restore: the checkpoint to resume from (``None``: from the start).
 
     Raises:
         PipelineSQLError: building the pipeline fails, or it cannot be distributed.
+        CheckpointError: the checkpoint's state cannot be read or does not fit the query.
     """
 
-    def __init__(self, spec: JobSpec, instance: int) -> None:
+    def __init__(self, spec: JobSpec, instance: int, restore: Restore | None = None) -> None:
         self.spec = spec
         self.instance = instance
         self.runtime = runtime = spec.runtime()
         runtime.collect_only()
         roots = check_distributable(runtime)
         self.windows = {w.query.index: w for w in runtime.window_nodes()}
+        #: the merge of every windowed query, and on instance 0 of every fed source's direct
+        #: records; the source each reads
         self.merges = {q: _Merge(runtime.sources[roots[q]].partitions) for q in self.windows}
+        self.roots = {q: roots[q] for q in self.windows}
+        if instance == 0:
+            for k, name in enumerate(fed_sources(runtime)):
+                self.merges[direct_key(k)] = _Merge(runtime.sources[name].partitions)
+                self.roots[direct_key(k)] = name
         self._empty = {
             q: w.input.schema.empty_table().to_batches() for q, w in self.windows.items()
         }
@@ -425,16 +626,86 @@ class WindowWorker:
         self._seen = False
         #: the largest backlog, open panes and state bytes seen after a step
         self._queued_max = self._panes_max = self._bytes_max = 0
+        #: the barrier armed: ``(barrier, epoch, position per source)``
+        self._armed: tuple[int, int, dict[str, int]] | None = None
+        #: output held for :meth:`take`, and the cut in it (its index)
+        self._out: list[tuple[str, pa.RecordBatch]] = []
+        self._cut: tuple[int, Cut] | None = None
+        self._declined: list[int] = []
+        if restore is not None:
+            self._restore(restore)
         for node in runtime.nodes:
             node.start()
 
+    # --- restoring --------------------------------------------------------------------------
+
+    def _restore(self, restore: Restore) -> None:
+        assert self.spec.state_root is not None
+        store = CheckpointStore(self.spec.state_root)
+        for q, window in self.windows.items():
+            snapshot = self._snapshot_of(store, restore, q, window)
+            try:
+                window.op = window.query.window.build(  # type: ignore[union-attr]
+                    window.input.schema,
+                    restore=snapshot,
+                    clock_ns=self.runtime.clock_ns,
+                    wall_clock_ns=self.runtime.wall_clock_ns,
+                )
+            except CheckpointError as exc:
+                raise CheckpointError(f"{window.query.label}: {exc}") from exc
+            window.finished = window.op.watermark_ns == MAX_WATERMARK_NS
+        for key, merge in self.merges.items():
+            cut = restore.sources.get(self.roots[key])
+            if cut is None:
+                raise CheckpointError(
+                    f"checkpoint {restore.epoch} has no offsets of source {self.roots[key]}; "
+                    "start over with --fresh"
+                )
+            merge.restore(cut)
+
+    def _snapshot_of(
+        self, store: CheckpointStore, restore: Restore, q: int, window: WindowNode
+    ) -> OperatorSnapshot:
+        """This instance's share of query ``q``'s state in the checkpoint: its own file when
+        the checkpoint was taken with the same instances, else every instance's (or the
+        embedded operator's) merged and split by key group (a rescale)."""
+        entry = restore.operators.get(str(q))
+        if entry is None:
+            raise CheckpointError(
+                f"checkpoint {restore.epoch} has no state for {window.query.label}; start "
+                "over with --fresh"
+            )
+        spec = self.spec
+        parts = entry.get("instances")
+        if (
+            parts is not None
+            and len(parts) == spec.parallelism
+            and entry.get("max_parallelism") == spec.max_parallelism
+        ):
+            file = str(parts[self.instance]["file"])
+            return OperatorSnapshot.from_bytes(store.read(restore.epoch, file))
+        if parts is not None:
+            whole = merge_snapshots(
+                [
+                    OperatorSnapshot.from_bytes(store.read(restore.epoch, str(part["file"])))
+                    for part in parts
+                ]
+            )
+        else:
+            whole = OperatorSnapshot.from_bytes(store.read(restore.epoch, str(entry["file"])))
+        keys = window.op.config.key_columns
+        return split_snapshot(whole, keys, spec.parallelism, spec.max_parallelism)[self.instance]
+
+    # --- running ----------------------------------------------------------------------------
+
     def put(self, records: Sequence[Record]) -> None:
         """Take records from a source worker and run every query as far as the embedded order
-        allows.
+        (and an armed barrier) allows.
 
         Raises:
             RuntimeError: a split's records out of order (a transport bug).
             QueryError, InvalidInputError: a query fails on a batch.
+            CheckpointError: the state root cannot be written at a barrier.
         """
         for record in records:
             merge = self.merges[record.query]
@@ -445,31 +716,119 @@ class WindowWorker:
                 )
             merge.expected[record.split] += 1
             merge.queues[record.split].append(record)
-            self.records_in += 1
-            self.rows_in += record.rows
-        for q, merge in self.merges.items():
-            window = self.windows[q]
-            while (step := merge.next()) is not None:
-                partition = merge.partitions[step.split]
-                for batch, progress in step.shares:
-                    if batch is None:
-                        empty = self._empty[q]
-                        batch = (
-                            empty[0]
-                            if empty
-                            else pa.RecordBatch.from_pylist([], schema=window.input.schema)
-                        )
-                    window.on_share(partition, batch, progress)
-                self._seen = True
-                if step.end:
-                    window.on_end(partition)
-                else:  # the maxima after each step: an end fires what it closes
-                    self._queued_max = max(self._queued_max, self._queued())
-                    self._panes_max = max(self._panes_max, self._open_panes())
-                    self._bytes_max = max(self._bytes_max, self._state_bytes())
+            if record.query >= 0:  # a windowed query's (direct records are not counted)
+                self.records_in += 1
+                self.rows_in += record.rows
+        self._advance()
+
+    def _advance(self) -> None:
+        """Consume every merge up to what has arrived or the armed barrier's position."""
+        armed = self._armed
+        for key, merge in self.merges.items():
+            limit = armed[2].get(self.roots[key]) if armed is not None else None
+            while limit is None or merge.position < limit:
+                step = merge.next()
+                if step is None:
+                    break
+                self._step(key, merge, step)
+        if armed is not None:
+            self._at_barrier(armed)
+
+    def _step(self, key: int, merge: _Merge, step: Record) -> None:
+        partition = merge.partitions[step.split]
+        if key < 0:  # a direct record: per-row queries' rows, in the merged order
+            for sink, rows in step.direct:
+                self.runtime.deliver(sink, rows)
+            return
+        window = self.windows[key]
+        for batch, progress in step.shares:
+            if batch is None:
+                empty = self._empty[key]
+                batch = (
+                    empty[0]
+                    if empty
+                    else pa.RecordBatch.from_pylist([], schema=window.input.schema)
+                )
+            window.on_share(partition, batch, progress)
+        self._seen = True
+        if step.end:
+            window.on_end(partition)
+        else:  # the maxima after each step: an end fires what it closes
+            self._queued_max = max(self._queued_max, self._queued())
+            self._panes_max = max(self._panes_max, self._open_panes())
+            self._bytes_max = max(self._bytes_max, self._state_bytes())
+
+    # --- barriers ---------------------------------------------------------------------------
+
+    def position(self) -> dict[str, int]:
+        """Steps consumed per source (the furthest of its merges)."""
+        out: dict[str, int] = {}
+        for key, merge in self.merges.items():
+            name = self.roots[key]
+            out[name] = max(out.get(name, 0), merge.position)
+        return out
+
+    def arm(self, barrier: int, epoch: int, positions: dict[str, int]) -> bool:
+        """Arm barrier ``barrier`` of checkpoint ``epoch`` at ``positions`` (steps per source):
+        consume up to there, then cut (module docstring). ``False``: declined, a merge is past
+        its position already (nothing is armed)."""
+        if self._armed is not None or self._cut is not None:
+            return False
+        for key, merge in self.merges.items():
+            if merge.position > positions.get(self.roots[key], -1):
+                return False
+        self._armed = (barrier, epoch, dict(positions))
+        self._advance()
+        return True
+
+    def disarm(self, barrier: int) -> None:
+        """Drop barrier ``barrier`` if it is still armed (another instance declined it)."""
+        if self._armed is not None and self._armed[0] == barrier:
+            self._armed = None
+            self._advance()
+
+    def _at_barrier(self, armed: tuple[int, int, dict[str, int]]) -> None:
+        barrier, epoch, positions = armed
+        at = [merge.position == positions[self.roots[k]] for k, merge in self.merges.items()]
+        if all(at):
+            self._armed = None
+            self._take_cut(barrier, epoch)
+            self._advance()
+        elif any(
+            merge.done and merge.position < positions[self.roots[k]]
+            for k, merge in self.merges.items()
+        ):  # its input ends before the barrier: it never gets there
+            self._armed = None
+            self._declined.append(barrier)
+            self._advance()
+
+    def _take_cut(self, barrier: int, epoch: int) -> None:
+        """Write every windowed query's snapshot to the state root; mark the cut."""
+        spec = self.spec
+        assert spec.state_root is not None, "a job without a state root takes no checkpoint"
+        store = CheckpointStore(spec.state_root)
+        groups = key_group_range(self.instance, spec.parallelism, spec.max_parallelism)
+        operators: dict[int, dict[str, Any]] = {}
+        for q, window in self.windows.items():
+            name = f"op-{q}-i{self.instance}.snapshot"
+            data = window.op.snapshot().to_bytes()
+            store.put(epoch, name, data)
+            operators[q] = {
+                "file": name,
+                "bytes": len(data),
+                "label": window.query.label,
+                "watermark_ns": window.op.watermark_ns,
+                "open_panes": window.op.open_panes,
+                "key_groups": [groups.start, groups.stop],
+            }
+        sources = {self.roots[k]: merge.cut() for k, merge in self.merges.items()}
+        self._out.extend(self.runtime.take_collected())
+        self._cut = (len(self._out), Cut(barrier, epoch, self.instance, operators, sources))
+
+    # --- status and output ------------------------------------------------------------------
 
     def _queued(self) -> int:
-        return sum(len(q) for merge in self.merges.values() for q in merge.queues)
+        return sum(len(q) for k, m in self.merges.items() if k >= 0 for q in m.queues)
 
     def _open_panes(self) -> int:
         return sum(w.op.open_panes for w in self.windows.values())
@@ -496,15 +855,24 @@ class WindowWorker:
             state_bytes_max=self._bytes_max,
         )
 
-    def take(self) -> list[tuple[str, pa.RecordBatch]]:
-        """The ``(sink, batch)`` produced since the last call."""
-        out = self.runtime.take_collected()
+    def take(self) -> Taken:
+        """The ``(sink, batch)`` produced since the last call, split at the cut if one was
+        made, and the barriers declined."""
+        out = self._out + self.runtime.take_collected()
+        self._out = []
         self.rows_out += sum(batch.num_rows for _, batch in out)
-        return out
+        declined = tuple(self._declined)
+        self._declined.clear()
+        if self._cut is None:
+            return Taken(out, declined=declined)
+        at, cut = self._cut
+        self._cut = None
+        return Taken(out[:at], cut, out[at:], declined)
 
-    def finish(self) -> tuple[list[tuple[str, pa.RecordBatch]], dict[str, int]]:
-        """Every split has ended: emit what is left; returns the last ``(sink, batch)`` and the
-        late rows of each windowed query's instance, by label.
+    def finish(self, final: tuple[int, int] | None = None) -> tuple[Taken, dict[str, int]]:
+        """Every split has ended: emit what is left; returns the last output and the late rows
+        of each windowed query's instance, by label. ``final``: ``(barrier, epoch)`` of the
+        finished checkpoint: the state after the end is cut there too.
 
         Raises:
             RuntimeError: a split's end never arrived.
@@ -521,6 +889,11 @@ class WindowWorker:
             runtime.drain()
             for node in runtime.nodes:
                 node.on_finish()
+            if self._armed is not None:
+                self._declined.append(self._armed[0])
+                self._armed = None
+            if final is not None:
+                self._take_cut(*final)
             late = {w.query.label: w.late_rows() for w in self.windows.values()}
             return self.take(), late
         finally:
@@ -567,13 +940,13 @@ def run_local(
     try:
         for splits in assign_splits(driver, source_workers or spec.parallelism):
             worker = SourceWorker(spec, splits, lambda i, records: windows[i].put(records))
-            write_results(driver, worker.run(), collected)
+            worker.run()
             for w in windows:
-                write_results(driver, w.take(), collected)
+                write_results(driver, w.take().before, collected)
         late: dict[str, int] = {}
         for w in windows:
-            batches, counts = w.finish()
-            write_results(driver, batches, collected)
+            taken, counts = w.finish()
+            write_results(driver, taken.before, collected)
             for label, rows in counts.items():
                 late[label] = late.get(label, 0) + rows
         ended = True
