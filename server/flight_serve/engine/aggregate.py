@@ -278,9 +278,12 @@ class AggregateCall:
 
     def final(self, state: pa.Table, prefix: str) -> pa.ChunkedArray[Any]:
         """The final value per row of merged ``state`` (pyarrow compute and numpy, no Python loop
-        per row)."""
+        per row). ``count(DISTINCT)`` reads the list column ``<prefix>d`` of the SQL path or,
+        from the folded path (:mod:`.distinct`), the int64 count ``<prefix>n``."""
         func = self.func
         if self.column is not None and func == "count" and self.distinct:
+            if f"{prefix}n" in state.column_names:  # the folded path's exact count (.distinct)
+                return state[f"{prefix}n"].fill_null(pa.scalar(0, pa.int64()))
             lengths = pc.list_value_length(state[f"{prefix}d"])
             counts: pa.ChunkedArray[Any] = lengths.cast(pa.int64())
             return counts.fill_null(pa.scalar(0, pa.int64()))

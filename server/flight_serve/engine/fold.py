@@ -25,6 +25,11 @@ state once, when it arrives, and closing a window only reads the arrays of that 
 | sum(x)             | ``add:x`` (int64 for integers, float64), ``n:x``      | NULL when ``n:x = 0``    |
 | min(x) / max(x)    | ``min:x`` / ``max:x`` (int64 or float64), ``n:x``     | NULL when ``n:x = 0``    |
 | avg(x)             | ``addf:x`` (float64), ``n:x``                        | NULL when ``n:x = 0``    |
+| count(DISTINCT x)  | ``d:x``: the pane's distinct (slot, value) pairs     | NULLs not counted        |
+
+``count(DISTINCT x)`` (tumbling and hopping only; integer, string, binary, boolean, date and
+timestamp ``x``) keeps a set per pane, not an array (:mod:`.distinct`): a window reads the union
+of its panes' sets and counts the pairs per slot.
 
 NaN orders above every number (PostgreSQL's rule, and DataFusion's ungrouped ``min`` / ``max``):
 ``max`` is NaN when a value is NaN, ``min`` skips NaN unless every value is NaN. DataFusion's
@@ -56,6 +61,7 @@ import pyarrow.compute as pc
 
 from flight_serve.engine._numpy import unique_sorted
 from flight_serve.engine.aggregate import AggregateCall
+from flight_serve.engine.distinct import DistinctSets, value_ok
 
 Int64Array = np.ndarray  # int64, 1-D
 
@@ -116,25 +122,40 @@ class FoldPlan:
     """The state columns of a query and, per aggregate, which of them hold its partial."""
 
     columns: tuple[StateColumn, ...]
-    #: per aggregate: (function, value column name or None, count column name)
+    #: per aggregate: (function, value column name or None, count column name); function
+    #: ``count_distinct``: the value column is a set column of :attr:`sets`
     aggregates: tuple[tuple[str, str | None, str], ...]
+    #: the set columns of the ``count(DISTINCT x)`` aggregates: (name ``d:x``, source ``x``)
+    sets: tuple[tuple[str, str], ...] = ()
 
 
 def plan(
-    aggregates: tuple[AggregateCall, ...], key_columns: tuple[str, ...], schema: pa.Schema
+    aggregates: tuple[AggregateCall, ...],
+    key_columns: tuple[str, ...],
+    schema: pa.Schema,
+    *,
+    distinct: bool = False,
 ) -> FoldPlan | None:
     """The fold plan of ``aggregates`` over ``schema``, or ``None`` if one of them (or a key type)
-    needs the SQL path."""
+    needs the SQL path. ``distinct``: ``count(DISTINCT x)`` may be kept in sets
+    (:mod:`.distinct`; :class:`FoldState` holds them, the session state does not)."""
     if any(not _key_ok(schema.field(k).type) for k in key_columns):
         return None
     cols: dict[str, StateColumn] = {ROWS: StateColumn(ROWS, np.int64, "add", None, "ones")}
     specs: list[tuple[str, str | None, str]] = []
+    sets: dict[str, str] = {}
 
     def add(col: StateColumn) -> str:
         cols.setdefault(col.name, col)
         return col.name
 
     for agg in aggregates:
+        if agg.distinct and agg.column is not None:
+            if not distinct or not value_ok(schema.field(agg.column).type):
+                return None
+            sets.setdefault(f"d:{agg.column}", agg.column)
+            specs.append(("count_distinct", f"d:{agg.column}", ROWS))
+            continue
         if agg.func not in _FOLDABLE_FUNCS or agg.distinct:
             return None
         if agg.column is None:
@@ -155,7 +176,7 @@ def plan(
             op = "add" if agg.func == "sum" else agg.func
             value = add(StateColumn(f"{op}:{src}:{kind}", dtype, op, src, "value"))
         specs.append((agg.func, value, valid))
-    return FoldPlan(tuple(cols.values()), tuple(specs))
+    return FoldPlan(tuple(cols.values()), tuple(specs), tuple(sets.items()))
 
 
 def row_values(
@@ -163,8 +184,14 @@ def row_values(
 ) -> dict[str, Any]:
     """The per-row inputs of the state columns of ``fold_plan`` from the rows ``take`` of
     ``batch`` (all rows when ``None``): a numpy array of the state column's dtype per column
-    (NULL values replaced by the column's identity), or the scalar 1 where every row counts."""
+    (NULL values replaced by the column's identity), or the scalar 1 where every row counts;
+    for each set column (:attr:`FoldPlan.sets`) the Arrow array of its source values."""
     out: dict[str, Any] = {}
+    for name, source in fold_plan.sets:
+        arr = batch.column(source)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        out[name] = arr if take is None else arr.take(pa.array(take, pa.int64()))
     for col in fold_plan.columns:
         if col.source is None:
             out[col.name] = 1
@@ -348,6 +375,10 @@ class FoldState:
         }
         self.pane_row: dict[int, int] = {}
         self._free: list[int] = []
+        #: the pane sets of each count(DISTINCT) column (:attr:`FoldPlan.sets`)
+        self.sets = {
+            name: DistinctSets(schema.field(source).type) for name, source in fold_plan.sets
+        }
         #: windows with window_end <= this have fired
         self.fired_upto: int | None = None
 
@@ -441,6 +472,9 @@ class FoldState:
         pos = rows * self._cap + slots
         with np.errstate(invalid="ignore"):  # NaN in max: NaN is the result, not an error
             self._fold_at(pos, values)
+        for name, sets in self.sets.items():
+            if name in values:
+                sets.add(panes, slots, values[name])
 
     def _fold_at(self, pos: np.ndarray, values: dict[str, Any]) -> None:
         for col in self.plan.columns:
@@ -459,8 +493,10 @@ class FoldState:
         return row_values(self.plan, batch, take)
 
     def state_bytes(self) -> int:
-        """Bytes of the pane x slot arrays as allocated (capacity included; not the key map)."""
-        return int(sum(a.nbytes for a in self._arrays.values()))
+        """Bytes of the pane x slot arrays as allocated (capacity included; not the key map)
+        and of the distinct sets."""
+        held = sum(a.nbytes for a in self._arrays.values())
+        return int(held + sum(s.nbytes for s in self.sets.values()))
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -516,13 +552,23 @@ class FoldState:
                     break
         return best
 
-    def window_slots(self, k: int) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-        """``(slots, state column values)`` of the keys with a row in window ``k``."""
+    def window_slots(
+        self, k: int, *, sets: bool = True
+    ) -> tuple[np.ndarray, dict[str, Any]] | None:
+        """``(slots, state column values)`` of the keys with a row in window ``k``, ascending;
+        with ``sets``, each set column's value is the number of distinct values of each slot in
+        the window (int64)."""
         arrays = self._window_arrays(k)
         if arrays is None:
             return None
         slots = np.flatnonzero(arrays[ROWS][: self.keys.size] > 0)
-        return slots, {name: a[slots] for name, a in arrays.items()}
+        out: dict[str, Any] = {name: a[slots] for name, a in arrays.items()}
+        if sets and self.sets:
+            panes = [p for p in range(k * self.r, k * self.r + self.m) if p in self.pane_row]
+            for name, pane_sets in self.sets.items():
+                pairs = pane_sets.window(panes)
+                out[name] = DistinctSets.counts(pairs, slots, self.keys.size)
+        return slots, out
 
     def open_count(self) -> int:
         """(key, window) pairs held: the windows not fired that hold an open pane."""
@@ -533,7 +579,7 @@ class FoldState:
                     ks.add(k)
         total = 0
         for k in ks:
-            got = self.window_slots(k)
+            got = self.window_slots(k, sets=False)
             total += 0 if got is None else len(got[0])
         return total
 
@@ -545,6 +591,8 @@ class FoldState:
                 lo, hi = row * self._cap, (row + 1) * self._cap
                 for col in self.plan.columns:
                     self._arrays[col.name][lo:hi] = col.identity
+                for pane_sets in self.sets.values():
+                    pane_sets.drop(p)
                 self._free.append(row)
         if self.fired_upto is None or threshold > self.fired_upto:
             self.fired_upto = threshold
@@ -575,25 +623,38 @@ class FoldState:
             if rows and cap and len(live):
                 grown[:, new] = self._arrays[col.name].reshape(rows, cap)[:, live]
             self._arrays[col.name] = grown.reshape(-1)
+        if self.sets:
+            remap = np.full(n, -1, dtype=np.int64)
+            remap[live] = new
+            for pane_sets in self.sets.values():
+                pane_sets.remap(remap)
         self.keys, self._cap = keys, new_cap
         return True
 
     def pane_table(
         self,
-    ) -> tuple[list[pa.Array[Any]], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    ) -> tuple[list[pa.Array[Any]], np.ndarray, np.ndarray, dict[str, Any]]:
         """Every held (key, open window, pane): key arrays, window starts (ns), pane numbers and
-        the pane's state values (copies). A pane in ``j`` open windows is listed ``j`` times,
+        the pane's state values (copies; for a set column the Arrow ``list`` of the pane's
+        distinct values of the key). A pane in ``j`` open windows is listed ``j`` times,
         so the rows name every open window like the SQL path's pane state; the row of a pane's
         latest window is the one to restore from."""
         cap = self._cap
         starts, pane_parts, slot_parts, row_parts = [], [], [], []
+        set_parts: dict[str, list[pa.Array[Any]]] = {name: [] for name in self.sets}
         n_slots = self.keys.size
         rows_arr = self._arrays[ROWS]
         for p, row in sorted(self.pane_row.items()):
             slots = np.flatnonzero(rows_arr[row * cap : row * cap + n_slots] > 0)
+            lists = {
+                name: DistinctSets.lists(pane_sets.pane(p), slots, n_slots)
+                for name, pane_sets in self.sets.items()
+            }
             for k in self.windows_of(p):
                 if self.fired_upto is not None and self.window_end(k) <= self.fired_upto:
                     continue
+                for name, listed in lists.items():
+                    set_parts[name].append(listed)
                 starts.append(np.full(len(slots), self.offset + k * self.slide, dtype=np.int64))
                 pane_parts.append(np.full(len(slots), p, dtype=np.int64))
                 slot_parts.append(slots)
@@ -603,5 +664,11 @@ class FoldState:
         panes = np.concatenate(pane_parts) if pane_parts else empty
         slots = np.concatenate(slot_parts) if slot_parts else empty
         pos = np.concatenate(row_parts) if row_parts else empty
-        values = {c.name: self._arrays[c.name][pos].copy() for c in self.plan.columns}
+        values: dict[str, Any] = {
+            c.name: self._arrays[c.name][pos].copy() for c in self.plan.columns
+        }
+        for name, pane_sets in self.sets.items():
+            parts = set_parts[name]
+            list_type = pa.list_(pane_sets.value_type)
+            values[name] = pa.concat_arrays(parts) if parts else pa.array([], list_type)
         return self.keys.keys(slots), ws, panes, values

@@ -177,7 +177,8 @@ class OperatorSnapshot:
     Attributes:
         panes: the pane state. Version 1: one row of partial aggregates per key and open
             window. Version 2 (folded state): one row per key, open window (``__ws``, ``__we``)
-            and pane of it (``__pane``) with that pane's state columns (:mod:`.fold`).
+            and pane of it (``__pane``) with that pane's state columns (:mod:`.fold`); version 4
+            the same plus a list column of distinct values per ``count(DISTINCT x)``.
         buffer: accepted rows not merged into panes yet (input columns, ``__ts``, ``__ws``,
             ``__we``; int64 ns).
         closed_sessions: emitted sessions still remembered (session windows).
@@ -195,6 +196,10 @@ class OperatorSnapshot:
     #: (key columns, ``__ws``, ``__we``, the state columns), ``closed_sessions`` the remembered
     #: emitted ones, ``buffer`` is empty
     VERSION_SESSIONS: ClassVar[int] = 3
+    #: folded state with ``count(DISTINCT)`` sets (:mod:`.distinct`): version 2's layout plus,
+    #: per ``count(DISTINCT x)``, a ``d:x`` column: the list of the pane's distinct non-NULL
+    #: values of ``x`` for the row's key
+    VERSION_DISTINCT: ClassVar[int] = 4
 
     panes: pa.Table
     buffer: pa.Table
@@ -428,7 +433,9 @@ class WindowOperator:
             and not self._update
             and self._empty_ttl_ns is None
         ):
-            fold_plan = fold.plan(config.aggregates, config.key_columns, input_schema)
+            fold_plan = fold.plan(
+                config.aggregates, config.key_columns, input_schema, distinct=True
+            )
             if fold_plan is not None:
                 slide = w.slide_ns if isinstance(w, HoppingWindow) else w.size_ns
                 self._fold = fold.FoldState(
@@ -590,8 +597,18 @@ class WindowOperator:
 
     @property
     def folded_state(self) -> bool:
-        """Whether the state is folded per batch (:mod:`.fold`) rather than SQL-merged."""
-        return self._fold is not None or self._sfold is not None
+        """Whether the state is folded per batch (:mod:`.fold`) rather than SQL-merged, all of it
+        fixed-width (count, sum, min, max, avg); a folded query with ``count(DISTINCT)`` holds
+        sets besides and is :attr:`distinct_sets` instead."""
+        if self._fold is not None:
+            return not self._fold.sets
+        return self._sfold is not None
+
+    @property
+    def distinct_sets(self) -> bool:
+        """Whether the state is folded per batch (:mod:`.fold`) with exact ``count(DISTINCT)``
+        sets of (key, value) pairs per pane (:mod:`.distinct`) rather than SQL-merged."""
+        return self._fold is not None and bool(self._fold.sets)
 
     @property
     def open_panes(self) -> int:
@@ -816,6 +833,7 @@ class WindowOperator:
             [self.input_schema.field(k) for k in self.config.key_columns]
             + [pa.field(WS, pa.int64()), pa.field(WE, pa.int64()), pa.field(fold.PANE, pa.int64())]
             + [pa.field(c.name, pa.from_numpy_dtype(c.dtype)) for c in self._fold.plan.columns]
+            + [pa.field(n, pa.list_(s.value_type)) for n, s in self._fold.sets.items()]
         )
 
     def _fold_snapshot(self) -> OperatorSnapshot:
@@ -827,7 +845,7 @@ class WindowOperator:
             pa.array(starts, pa.int64()),
             pa.array(starts + self._fold.size, pa.int64()),
             pa.array(panes, pa.int64()),
-            *(pa.array(v) for v in values.values()),
+            *(v if isinstance(v, pa.Array) else pa.array(v) for v in values.values()),
         ]
         return OperatorSnapshot(
             panes=pa.Table.from_arrays(arrays, schema=schema),
@@ -835,7 +853,11 @@ class WindowOperator:
             closed_sessions=self._closed,
             known_keys=self._known,
             meta={
-                "version": OperatorSnapshot.VERSION,
+                "version": (
+                    OperatorSnapshot.VERSION_DISTINCT
+                    if self._fold.sets
+                    else OperatorSnapshot.VERSION
+                ),
                 "watermark": self._tracker.snapshot(),
                 "empty_done_ns": self._empty_done,
                 "fired_upto_ns": self._fold.fired_upto,
@@ -847,7 +869,9 @@ class WindowOperator:
         version = snapshot.meta.get("version")
         want = OperatorSnapshot.VERSION_PANES
         if self._fold is not None:
-            want = OperatorSnapshot.VERSION
+            want = (
+                OperatorSnapshot.VERSION_DISTINCT if self._fold.sets else OperatorSnapshot.VERSION
+            )
         elif self._sfold is not None:
             want = OperatorSnapshot.VERSION_SESSIONS
         if version != want:
@@ -855,13 +879,15 @@ class WindowOperator:
                 OperatorSnapshot.VERSION_PANES: "SQL-merged pane state",
                 OperatorSnapshot.VERSION: "folded state",
                 OperatorSnapshot.VERSION_SESSIONS: "folded session state",
+                OperatorSnapshot.VERSION_DISTINCT: "folded state with count(DISTINCT) sets",
             }
             raise CheckpointError(
                 f"operator snapshot version {version!r} "
                 f"({layouts.get(version, 'an unknown layout')}) cannot restore this query, which "
                 f"keeps {layouts[want]} (version {want}); a version 1 checkpoint of a tumbling, "
-                "hopping or session query of count/sum/min/max/avg predates the folded state and "
-                "is not converted: start the pipeline again from its source"
+                "hopping or session query of count/sum/min/max/avg (or of a tumbling or hopping "
+                "count(DISTINCT) of integers, strings, binary, booleans, dates or timestamps) "
+                "predates the folded state and is not converted: start the pipeline again from its source"
             )
         if self._fold is not None:
             self._restore_fold(snapshot)
@@ -918,7 +944,10 @@ class WindowOperator:
             values = {
                 c.name: np.asarray(panes[c.name].to_numpy(), dtype=c.dtype) for c in fs.plan.columns
             }
-            fs.fold(np.asarray(panes[fold.PANE].to_numpy(), dtype=np.int64), slots, values)
+            pane_ids = np.asarray(panes[fold.PANE].to_numpy(), dtype=np.int64)
+            fs.fold(pane_ids, slots, values)
+            for name, pane_sets in fs.sets.items():
+                pane_sets.restore(pane_ids, slots, panes[name].combine_chunks())
         upto = snapshot.meta.get("fired_upto_ns")
         fs.fired_upto = None if upto is None else int(upto)
         self._empty_done = int(snapshot.meta["empty_done_ns"])
@@ -1111,7 +1140,7 @@ class WindowOperator:
         self._refresh_bounds()
         return pa.concat_tables(parts) if parts else None
 
-    def _fold_table(self, k: int, slots: np.ndarray, values: dict[str, np.ndarray]) -> pa.Table:
+    def _fold_table(self, k: int, slots: np.ndarray, values: dict[str, Any]) -> pa.Table:
         fs = self._fold
         assert fs is not None
         n = len(slots)
@@ -1126,7 +1155,7 @@ class WindowOperator:
         slots: np.ndarray,
         starts: np.ndarray,
         ends: np.ndarray,
-        values: dict[str, np.ndarray],
+        values: dict[str, Any],
     ) -> pa.Table:
         """Folded state rows as the SQL path's pane rows: keys, ``__ws``, ``__we`` (ns) and the
         partial columns ``__p<i>…`` of each aggregate."""
@@ -1139,6 +1168,9 @@ class WindowOperator:
             cnt = values[count]
             if func == "count":
                 cols[f"{p}c"] = pa.array(cnt, pa.int64())
+            elif func == "count_distinct":  # the count itself (AggregateCall.final)
+                assert value is not None
+                cols[f"{p}n"] = pa.array(values[value], pa.int64())
             elif func == "avg":
                 assert value is not None
                 cols[f"{p}s"] = pa.array(values[value], pa.float64(), mask=cnt == 0)
