@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from flight_serve.errors import FunctionCallError, FunctionDefinitionError
+from flight_serve.errors import FunctionCallError, FunctionDefinitionError, FunctionWorkerError
 from flight_serve.functions import worker as proto
 from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
 from flight_serve.functions.python import (
@@ -526,6 +526,34 @@ def test_a_worker_writing_a_bogus_frame_cannot_harm_the_server(close_after: Any)
         f.call([pa.array([-1.0])])
     assert f.call([pa.array([3.0])]).to_pylist() == [3.0]
     assert f.restarts == 1
+
+
+def test_a_result_with_hostile_offsets_or_bad_utf8_is_refused(close_after: Any) -> None:
+    # the code builds string arrays Arrow's IPC reader would take as they are: offsets far past
+    # the data buffer (reading them would read this process's memory) and a value that splits a
+    # UTF-8 character; the server validates every buffer, refuses the result, replaces the worker
+    f = scalar(
+        """
+        import pyarrow as pa, struct
+        def f(x):
+            if x[0].as_py() < 0:
+                offsets = [0, 1 << 30, 3] if x[0].as_py() == -1 else [0, 1, 2]
+                return pa.Array.from_buffers(pa.string(), 2, [
+                    None, pa.py_buffer(struct.pack("<3i", *offsets)), pa.py_buffer("aé".encode())
+                ])
+            return pa.array(["ok"] * len(x))
+        """,
+        returns=pa.string(),
+    )
+    close_after(f)
+    with pytest.raises(
+        FunctionWorkerError, match=r"^function f: unreadable result: .*out of bounds"
+    ):
+        f.call([pa.array([-1.0, 0.0])])
+    with pytest.raises(FunctionWorkerError, match=r"^function f: unreadable result: .*UTF8"):
+        f.call([pa.array([-2.0, 0.0])])
+    assert f.call([pa.array([3.0, 4.0])]).to_pylist() == ["ok", "ok"]
+    assert f.restarts == 2
 
 
 def test_a_package_under_tmp_is_importable_in_the_sandbox(

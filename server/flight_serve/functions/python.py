@@ -90,6 +90,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 
 from flight_serve.errors import FunctionCallError, FunctionDefinitionError, FunctionWorkerError
@@ -554,6 +555,41 @@ def _reachable(paths: Sequence[str]) -> list[str]:
     return args
 
 
+def validate_untrusted(batch: pa.RecordBatch) -> None:
+    """Check every buffer of ``batch`` (read from a worker's IPC stream) before this process
+    touches its values: a worker is never trusted, and Arrow's IPC reader checks only the
+    buffers' sizes, not what they hold, so a string column's offsets could point anywhere in
+    this process's memory.
+
+    The check is Arrow's full validation (offsets non-decreasing and inside the data buffer,
+    dictionary indices in range, union type codes, nested children, UTF-8 of string values).
+    Strings (the common result) take a faster path with the same guarantees: the offsets are
+    validated on a ``binary`` view, then the UTF-8 check is one pass over the data buffer when
+    it is all ASCII (any slice of ASCII is valid UTF-8); otherwise the full per-value check.
+
+    Raises:
+        pa.ArrowInvalid: a buffer breaks the Arrow format (the message says which).
+    """
+    for column in batch.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            binary = pa.binary() if pa.types.is_string(kind) else pa.large_binary()
+            column.view(binary).validate(full=True)
+            data = column.buffers()[2]
+            if data is None or data.size == 0 or _all_ascii(data):
+                continue
+        column.validate(full=True)
+
+
+def _all_ascii(data: pa.Buffer) -> bool:
+    """Whether every byte of ``data`` is below 0x80 (8 bytes at a time)."""
+    words = data.size // 8
+    view = np.frombuffer(memoryview(data), dtype=np.uint8)
+    if words and np.bitwise_or.reduce(view[: words * 8].view(np.uint64)) & 0x8080808080808080:
+        return False
+    return bool(view[words * 8 :].max(initial=0) < 0x80)
+
+
 class _PythonFunction:
     """What scalar and table functions share: the definition checks, the pool, the retry.
 
@@ -882,8 +918,16 @@ class _PythonFunction:
                 raise FunctionWorkerError(
                     f"function {self._spec.name}: its worker broke the protocol"
                 )
+            try:
+                checked = self._check(body, batch.num_rows)
+            except FunctionWorkerError:  # an invalid result: the worker is broken or hostile
+                self._discard(worker)
+                raise
+            except BaseException:
+                self._release(worker)
+                raise
             self._release(worker)
-            return self._check(body, batch.num_rows)
+            return checked
         raise FunctionCallError(
             f"function {self._spec.name}: its worker died on the same batch twice (last: {how}); "
             f"the memory limit is {self._memory_text()}, the CPU limit "
@@ -899,9 +943,13 @@ class _PythonFunction:
         return exact + limit_note(self._spec, "memory_limit")
 
     def _check(self, body: pa.Buffer | bytearray, n: int) -> list[pa.RecordBatch]:
-        """The worker's answer, checked again here (a worker is never trusted)."""
+        """The worker's answer, checked again here (a worker is never trusted): every buffer
+        validated (:func:`validate_untrusted`; FunctionWorkerError), then the type and length
+        (FunctionCallError)."""
         try:
             schema, batches = proto.from_ipc(body)
+            for item in batches:
+                validate_untrusted(item)
         except (pa.ArrowInvalid, OSError) as exc:
             raise FunctionWorkerError(
                 f"function {self._spec.name}: unreadable result: {exc}"
