@@ -1489,13 +1489,30 @@ class WindowOperator:
         threshold = self._threshold(watermark)
         done, self._empty_done = self._empty_done, max(self._empty_done, threshold)
         keys = list(self.config.key_columns)
-        valid = pc.is_valid(fired[keys[0]])
-        for k in keys[1:]:
-            valid = pc.and_(valid, pc.is_valid(fired[k]))
-        fired_now = fired.filter(valid).select([*keys, WS, LAST])
         before = self._known
-        both = pa.concat_tables([before, fired_now.select([*keys, LAST]).cast(before.schema)])
-        latest = both.group_by(keys).aggregate([(LAST, "max")]).rename_columns([*keys, LAST])
+        key_schema = pa.schema([before.schema.field(k) for k in keys])
+        fired_now = fired.select([*keys, WS, LAST])
+        # every key of the known keys and of this fire as one dense code (a NULL equals a NULL,
+        # as GROUP BY groups them: Arrow's joins never match NULL, so the keys are matched by
+        # code here and in the SQL below)
+        all_keys = pa.concat_tables([before.select(keys), fired_now.select(keys).cast(key_schema)])
+        codes = _key_codes(all_keys, keys)
+        n_before = before.num_rows
+        code_before, code_now = codes[:n_before], codes[n_before:]
+        uniq, first_row = np.unique(codes, return_index=True)
+        n_keys = len(uniq)  # codes are 0 … n_keys - 1
+        unknown = pa.scalar(MIN_WATERMARK_NS, pa.int64())
+        lasts = np.concatenate(
+            [
+                np.asarray(before[LAST].fill_null(unknown).to_numpy(), dtype=np.int64),
+                np.asarray(fired_now[LAST].fill_null(unknown).to_numpy(), dtype=np.int64),
+            ]
+        )
+        last = np.full(n_keys, MIN_WATERMARK_NS, dtype=np.int64)
+        np.maximum.at(last, codes, lasts)
+        latest = all_keys.take(pa.array(first_row, pa.int64())).append_column(
+            LAST, pa.array(last, pa.int64())
+        )
         if threshold == MAX_WATERMARK_NS:
             self._known = latest
         else:  # a key whose latest row is older than ttl + size can make no more empty windows
@@ -1506,57 +1523,59 @@ class WindowOperator:
         # candidates per key: window ends on the grid after ``done`` and, for a key not seen in
         # an earlier fire, after its first pane fired now (it had no row before that pane), up
         # to the threshold and to its latest row + ttl
-        first_ws = fired_now.group_by(keys).aggregate([(WS, "min")]).rename_columns([*keys, "__f"])
-        new_keys = first_ws.join(before.select(keys), keys=keys, join_type="left anti")
-        latest = latest.join(new_keys, keys=keys, join_type="left outer")
+        first_ws = np.full(n_keys, np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first_ws, code_now, np.asarray(fired_now[WS].to_numpy(), dtype=np.int64))
+        new = np.zeros(n_keys, dtype=bool)
+        new[code_now] = True
+        new[code_before] = False
         origin = window.offset_ns + size
-        last = np.asarray(latest[LAST].to_numpy(), dtype=np.int64)
         floor = max(done, MIN_WATERMARK_NS + 2 * size)
-        first = latest["__f"].fill_null(pa.scalar(floor, pa.int64()))
-        low = np.maximum(np.asarray(first.to_numpy(), dtype=np.int64), floor)
+        low = np.maximum(np.where(new, first_ws, floor), floor)
         high = np.minimum(last + ttl + size, threshold)
         k_low = (low - origin) // slide + 1
         counts = np.maximum((high - origin) // slide - k_low + 1, 0)
         total = int(counts.sum())
         if not total:
             return fired
-        rows = np.repeat(np.arange(len(last), dtype=np.int64), counts)
+        rows = np.repeat(np.arange(n_keys, dtype=np.int64), counts)
         steps = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        kc, ws, lt = "__kc", quote_ident(WS), quote_ident(LAST)
         cand = pa.table(
             {
-                **{k: latest[k].take(pa.array(rows, pa.int64())) for k in keys},
+                kc: pa.array(rows, pa.int64()),
                 WS: pa.array(
                     origin + (np.repeat(k_low, counts) + steps) * slide - size, pa.int64()
                 ),
             }
         )
-        prior = pa.concat_tables(
-            [
-                before.append_column(
-                    WS, pa.array(np.full(before.num_rows, MIN_WATERMARK_NS, dtype=np.int64))
-                ).select([*keys, WS, LAST]),
-                fired_now.cast(
-                    pa.schema(
+        prior = pa.table(
+            {
+                kc: pa.array(codes, pa.int64()),
+                WS: pa.array(
+                    np.concatenate(
                         [
-                            *before.schema.remove(len(keys)),
-                            pa.field(WS, pa.int64()),
-                            pa.field(LAST, pa.int64()),
+                            np.full(n_before, MIN_WATERMARK_NS, dtype=np.int64),
+                            np.asarray(fired_now[WS].to_numpy(), dtype=np.int64),
                         ]
-                    )
+                    ),
+                    pa.int64(),
                 ),
-            ]
+                LAST: pa.array(lasts, pa.int64()),
+            }
         )
-        q = [quote_ident(k) for k in keys]
-        ws, lt = quote_ident(WS), quote_ident(LAST)
-        on = " AND ".join(f"c.{k} = p.{k}" for k in q)
-        group = ", ".join([*(f"c.{k}" for k in q), f"c.{ws}"])
         live = self._sql(
-            f"SELECT {group} FROM cand c JOIN prior p ON {on} AND p.{ws} < c.{ws} "
-            f"GROUP BY {group} HAVING max(p.{lt}) >= c.{ws} - {ttl}",
+            f"SELECT c.{kc}, c.{ws} FROM cand c JOIN prior p ON c.{kc} = p.{kc} "
+            f"AND p.{ws} < c.{ws} GROUP BY c.{kc}, c.{ws} HAVING max(p.{lt}) >= c.{ws} - {ttl}",
             {"cand": cand.to_batches(), "prior": prior.to_batches()},
         )
         if fired.num_rows and live.num_rows:
-            live = live.join(fired.select([*keys, WS]), keys=[*keys, WS], join_type="left anti")
+            seen = pa.table({kc: pa.array(code_now, pa.int64()), WS: fired_now[WS]})
+            live = live.join(seen, keys=[kc, WS], join_type="left anti")
+        if live.num_rows:
+            owners = live[kc].combine_chunks()
+            live = pa.table(
+                {**{k: latest[k].take(owners) for k in keys}, WS: live[WS].combine_chunks()}
+            )
         if not live.num_rows:
             return fired
         n = live.num_rows

@@ -937,6 +937,39 @@ def test_empty_hopping_windows_for_keys_seen_within_the_ttl() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("window", "ttl", "rows"),
+    [
+        (TUMBLE_10, EMPTY_TTL, [("a", 1, 1), ("b", 3, 2), ("a", 12, 4), ("a", 45, 8), ("b", 71, 16)]),
+        ("HOP(input, t, INTERVAL '5' SECOND, INTERVAL '10' SECOND)", timedelta(seconds=10),
+         [("a", 2, 1), ("b", 14, 2), ("a", 31, 4)]),
+    ],
+    ids=["tumble", "hop"],
+)  # fmt: skip
+@pytest.mark.parametrize("null_key", ["a", "b"])
+def test_a_null_key_gets_the_empty_windows_any_other_key_gets(
+    window: str, ttl: timedelta, rows: list[Row], null_key: str
+) -> None:
+    """NULL is one key, as GROUP BY groups it: the two examples above with key ``a`` (then
+    ``b``) replaced by NULL give the same rows, NULL in place of that key, real and empty
+    windows alike (the known keys, the new-key check and the windows already fired match a
+    NULL to a NULL)."""
+
+    def nulled(run: Run) -> list[list[Any]]:
+        return [
+            sorted((tuple(None if v == null_key else v for v in r) for r in out), key=repr)
+            for out in run.outputs
+        ]
+
+    plain = feed(empty_windows_op(window, ttl), rows)
+    with_null = feed(
+        empty_windows_op(window, ttl),
+        [(None if k == null_key else k, t, v) for k, t, v in rows],
+    )
+    assert [sorted(o, key=repr) for o in with_null.outputs] == nulled(plain)
+    assert any(r[0] is None and r[3] == 0 for out in with_null.outputs for r in out)
+
+
 def test_empty_windows_fire_at_end_plus_allowed_lateness() -> None:
     agg = parse_window_query(
         source(0, allowed_lateness="5s") + select(TUMBLE_10, "count(*) AS n, sum(v) AS s")
