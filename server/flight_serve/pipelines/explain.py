@@ -307,6 +307,13 @@ def _explain_query(node: Node, user_functions: Collection[str] = ()) -> list[str
                 "fixed-width numpy state per (pane, key slot); a window's close reads its "
                 "slots, no SQL merge"
             )
+        elif op.distinct_sets:
+            out.append(
+                "  state: folded on arrival (engine/fold.py, engine/distinct.py): fixed-width "
+                "numpy state per (pane, key slot), and per count(DISTINCT) the pane's (key slot, "
+                "value) pairs deduplicated by Arrow's hash group_by; a window's close reads its "
+                "slots and counts its sets, no SQL merge"
+            )
         else:
             merge = op.merge_sql
             out.append("  partial aggregation (DataFusion, over the buffered rows `buf`):")

@@ -388,6 +388,17 @@ def test_a_missing_input_file_points_at_the_path_option(tmp_path: Path) -> None:
     assert (info.value.line, info.value.col) == (3, 34)
 
 
+def test_explain_says_count_distinct_runs_on_folded_sets_not_a_sql_merge(tmp_path: Path) -> None:
+    (tmp_path / "in.csv").write_text("k,t,v\na,1970-01-01 00:00:01,3\n")
+    text = Pipeline.from_sql(
+        SOURCE + SINK + "INSERT INTO o SELECT k, window_start, count(DISTINCT v) AS d\n"
+        "FROM TUMBLE(s, t, INTERVAL '10' SECOND) GROUP BY k, window_start;\n",
+        base_dir=tmp_path,
+    ).explain()
+    assert "engine/distinct.py" in text
+    assert "merge aggregation" not in text
+
+
 def test_explain_names_partitions_watermark_window_sql_and_sinks(tmp_path: Path) -> None:
     text = Pipeline.from_sql(pipeline_dir(tmp_path) / "p.sql").explain()
     for expected in (
