@@ -546,36 +546,54 @@ class _Sigterm:
         raise _Terminated
 
 
-def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int:
+def _checkpoint_options(options: Any, args: argparse.Namespace, *, required: bool) -> Any:
+    """``options`` (the pipeline's ``RunOptions``) with ``--checkpoint-interval`` and
+    ``--checkpoint-every`` applied.
+
+    Raises:
+        PipelineSQLError: ``--checkpoint-every`` below 1; ``required`` and neither an interval
+            nor a count is set.
+    """
     from dataclasses import replace
 
-    from flight_serve.embedded import Pipeline
-    from flight_serve.errors import FlightServeError, PipelineSQLError
+    from flight_serve.errors import PipelineSQLError
     from flight_serve.pipelines.dialect import duration_from_text
-    from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped, ResumeFrom
+
+    if args.checkpoint_interval is not None:
+        interval = duration_from_text(args.checkpoint_interval)
+        options = replace(options, checkpoint_interval=interval)
+    if args.checkpoint_every is not None:
+        if args.checkpoint_every < 1:
+            raise PipelineSQLError("--checkpoint-every must be at least 1")
+        options = replace(options, checkpoint_every=args.checkpoint_every)
+    if required and not options.checkpoints:
+        raise PipelineSQLError(
+            "checkpoints need an interval: SET checkpoint_interval = '1s' (or "
+            "checkpoint_every = N) in the pipeline, or --checkpoint-interval / "
+            "--checkpoint-every"
+        )
+    return options
+
+
+def _resume_of(args: argparse.Namespace) -> Any:
+    """``--fresh`` / ``--from-epoch N`` as a ``ResumeFrom`` (default ``"latest"``)."""
+    if args.fresh:
+        return "fresh"
+    if args.from_epoch is not None:
+        return int(args.from_epoch)
+    return "latest"
+
+
+def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int:
+    from flight_serve.embedded import Pipeline
+    from flight_serve.errors import FlightServeError
+    from flight_serve.pipelines.durable import DurableRuntime, PipelineStopped
 
     runtime: DurableRuntime | None = None
     try:
         plan = Pipeline.from_sql(path, output_dir=args.output_dir).plan
-        options = plan.run_options
-        if args.checkpoint_interval is not None:
-            interval = duration_from_text(args.checkpoint_interval)
-            options = replace(options, checkpoint_interval=interval)
-        if args.checkpoint_every is not None:
-            if args.checkpoint_every < 1:
-                raise PipelineSQLError("--checkpoint-every must be at least 1")
-            options = replace(options, checkpoint_every=args.checkpoint_every)
-        if not options.checkpoints:
-            raise PipelineSQLError(
-                "checkpoints need an interval: SET checkpoint_interval = '1s' (or "
-                "checkpoint_every = N) in the pipeline, or --checkpoint-interval / "
-                "--checkpoint-every"
-            )
-        resume: ResumeFrom = "latest"
-        if args.fresh:
-            resume = "fresh"
-        elif args.from_epoch is not None:
-            resume = int(args.from_epoch)
+        options = _checkpoint_options(plan.run_options, args, required=True)
+        resume = _resume_of(args)
         runtime = DurableRuntime(
             plan,
             name=path.stem,
@@ -762,35 +780,17 @@ def _run_ray(
     """``flight-serve run --runtime ray``: the pipeline on Ray (pipelines.distributed); with
     checkpoints (``SET checkpoint_interval`` / ``checkpoint_every``, or the flags) it resumes
     from the newest one, at any ``--parallelism``, and SIGTERM checkpoints and stops."""
-    from dataclasses import replace
-
-    from flight_serve.errors import PipelineSQLError
-    from flight_serve.pipelines.coordinator import PipelineStopped, ResumeFrom
-    from flight_serve.pipelines.dialect import duration_from_text
+    from flight_serve.pipelines.coordinator import PipelineStopped
     from flight_serve.pipelines.distributed.ray_runtime import DEFAULT_MAX_RESTARTS, run_on_ray
     from flight_serve.pipelines.pipeline import parse_pipeline
 
-    options = parse_pipeline(path.read_text(), path=path.resolve()).run_options
-    if args.checkpoint_interval is not None:
-        options = replace(
-            options, checkpoint_interval=duration_from_text(args.checkpoint_interval)
-        )
-    if args.checkpoint_every is not None:
-        if args.checkpoint_every < 1:
-            raise PipelineSQLError("--checkpoint-every must be at least 1")
-        options = replace(options, checkpoint_every=args.checkpoint_every)
     checkpointed = checkpoints or _checkpointing(args)
-    if checkpointed and not options.checkpoints:
-        raise PipelineSQLError(
-            "checkpoints need an interval: SET checkpoint_interval = '1s' (or "
-            "checkpoint_every = N) in the pipeline, or --checkpoint-interval / "
-            "--checkpoint-every"
-        )
-    resume: ResumeFrom = "latest"
-    if args.fresh:
-        resume = "fresh"
-    elif args.from_epoch is not None:
-        resume = int(args.from_epoch)
+    options = _checkpoint_options(
+        parse_pipeline(path.read_text(), path=path.resolve()).run_options,
+        args,
+        required=checkpointed,
+    )
+    resume = _resume_of(args)
     stop = threading.Event()
 
     def restarting(restart: int, error: str) -> None:

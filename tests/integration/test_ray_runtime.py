@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -653,3 +654,25 @@ def test_a_worker_killed_in_a_checkpointed_run_restores_every_instance_from_the_
     assert len(restarted) >= 3, outcomes
     assert any(any(e is not None for e in o[2][1:]) for o in restarted), outcomes
     ray_runtime._drop_hosts(ray_session)
+
+
+@pytest.mark.ray
+def test_the_cli_runs_a_checkpointed_job_on_ray_and_reports_its_checkpoints(
+    ray_session: Any, flights_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``flight-serve run --runtime ray --parallelism 2 --checkpoint-every 60 --fresh``: the
+    files equal the embedded run's; the summary counts the checkpoints (331 steps: 5 at steps
+    60 … 300 at most, some maybe declined, plus the finished one)."""
+    from flight_serve.cli import main
+
+    out = tmp_path / "run"
+    path = checkpointed_job(flights_dir, out)
+    path.write_text(path.read_text().replace(CHECKPOINTED, ""))
+    expected = plain_rows(path, tmp_path)
+    argv = ["run", str(path), "--runtime", "ray", "--parallelism", "2", "--checkpoint-every",
+            "60", "--fresh", "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "sink hourly_departures: 19486 rows" in err
+    assert re.search(r"ray: [1-6] checkpoint\(s\)", err), err
+    assert sink_rows(out) == expected

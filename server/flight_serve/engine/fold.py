@@ -81,17 +81,9 @@ def _numeric_kind(t: pa.DataType) -> str | None:
     return None
 
 
-def _key_ok(t: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_date(t)
-        or pa.types.is_timestamp(t)
-    )
+#: the key types the key map hashes exactly: the value types of the distinct sets (Arrow's hash
+#: kernels; floats are not, NaN and -0.0 have no single identity there)
+_key_ok = value_ok
 
 
 @dataclass(frozen=True)
