@@ -621,7 +621,10 @@ def _attempt(
     instances: list[InstanceStatus] = ray.get([w.status.remote() for w in windows])
     if on_status is not None:
         on_status(instances)
-    ray.get([h.reset.remote() for h in (*windows, *sources)])
+    try:
+        ray.get([h.reset.remote() for h in (*windows, *sources)])
+    except ray.exceptions.RayActorError:  # one died after its work was done: the run is whole
+        _drop_hosts(ray)
     return late, calls, records, instances, len(sources)
 
 
