@@ -181,8 +181,9 @@ class RayRunStats:
         instances: each window actor's last :class:`~.workers.InstanceStatus` (after its
             end of input: its maxima cover the whole run).
         restarts: global restarts after a worker died.
-        checkpoints: checkpoints completed (the finished one included).
-        declined: barriers an actor declined (tried again further ahead).
+        checkpoints: checkpoints the attempt that finished completed (the finished one
+            included).
+        declined: barriers an actor declined in that attempt (tried again further ahead).
         resumed_from: the checkpoint the run started from (``None``: the start).
         attempts_from: the checkpoint each attempt started from (``None``: the start); more
             than one attempt after a worker died.
@@ -343,6 +344,9 @@ class _Replay:
     def begin(self, windows: list[Any], restore: Restore | None) -> None:
         """No checkpoints: no barrier to arm."""
 
+    def settle(self, windows: list[Any]) -> None:
+        """No checkpoints: the actors' :meth:`finish` returns what is left."""
+
     def tick(self, windows: list[Any], ending: bool) -> None:
         """No checkpoints: nothing to do between gathers."""
 
@@ -388,15 +392,8 @@ class _CutGraph:
 
     def snapshot_sources(self) -> dict[str, dict[str, Any]]:
         """Each file source's offset at the cut, in the embedded file source's format."""
-        cut_of = self.cuts[0].sources
-        for name, source in self.driver.sources.items():
-            cut = cut_of.get(name)
-            if cut is None:
-                continue  # no query reads it: never read
-            source.read_batches = [s - int(e) for s, e in zip(cut.steps, cut.ended, strict=True)]
-            source.ended = list(cut.ended)
-            source.next_index = cut.next_index
-            source.rows = cut.rows
+        for name, cut in self.cuts[0].sources.items():  # a source no query reads: never read
+            cut.apply(self.driver.sources[name])
         return self.driver.snapshot_sources()
 
     def prepare_sinks(self, epoch: int, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
@@ -558,6 +555,15 @@ class _Barriers:
         self.completed += 1
         return info
 
+    def settle(self, windows: list[Any]) -> None:
+        """Every record is in (the sources are done): the barrier in flight completes, or is
+        dropped when some actors' input ended before it."""
+        for i, taken in enumerate(self.ray.get([w.take.remote() for w in windows])):
+            self.taken_from(i, taken)
+        self.tick(windows, ending=True)
+        if self.armed is not None:
+            self.drop()
+
     def final(self) -> tuple[int, int] | None:
         """``(barrier, epoch)`` of the finished checkpoint, for the actors' :meth:`finish`."""
         assert self.armed is None, "the barrier in flight is completed or dropped first"
@@ -602,12 +608,7 @@ def _attempt(
             on_status(ray.get([w.status.remote() for w in windows]))
     for c, r in ray.get(running):
         calls, records = calls + c, records + r
-    if isinstance(output, _Barriers):  # every record is in: the barrier in flight resolves
-        for i, taken in enumerate(ray.get([w.take.remote() for w in windows])):
-            output.taken_from(i, taken)
-        output.tick(windows, ending=True)
-        if output.armed is not None:  # some actors cut, others' input ended before it
-            output.drop()
+    output.settle(windows)
     final = output.final()
     late: dict[str, int] = {}
     cuts: list[Cut] = []
@@ -660,11 +661,7 @@ def _restore_of(coordinator: CheckpointCoordinator, driver: PipelineRuntime) -> 
     manifest = coordinator.manifest
     if manifest is None:
         return None
-    cuts = {}
-    for name in fed_sources(driver):
-        source = driver.sources[name]
-        steps = tuple(b + int(e) for b, e in zip(source.read_batches, source.ended, strict=True))
-        cuts[name] = SourceCut(steps, tuple(source.ended), source.next_index, source.rows)
+    cuts = {name: SourceCut.of(driver.sources[name]) for name in fed_sources(driver)}
     return Restore(manifest.epoch, dict(manifest.operators), cuts)
 
 

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from flight_serve.connectors.file import FileSource
 from flight_serve.engine.operator import OperatorSnapshot
 from flight_serve.errors import CheckpointError, PipelineSQLError
 from flight_serve.pipelines.checkpoint import CheckpointStore
@@ -152,6 +153,19 @@ class SourceCut:
     def position(self) -> int:
         """Steps consumed over every file."""
         return sum(self.steps)
+
+    @classmethod
+    def of(cls, source: FileSource) -> SourceCut:
+        """The cut a file source's offset names (restored from a checkpoint)."""
+        steps = tuple(b + int(e) for b, e in zip(source.read_batches, source.ended, strict=True))
+        return cls(steps, tuple(source.ended), source.next_index, source.rows)
+
+    def apply(self, source: FileSource) -> None:
+        """Set ``source``'s offset to this cut (``FileSource.snapshot`` then records it)."""
+        source.read_batches = [s - int(e) for s, e in zip(self.steps, self.ended, strict=True)]
+        source.ended = list(self.ended)
+        source.next_index = self.next_index
+        source.rows = self.rows
 
 
 @dataclass(frozen=True)
@@ -303,9 +317,8 @@ def assign_splits(runtime: PipelineRuntime, workers: int) -> list[dict[str, list
     indices of each source."""
     splits = [
         (name, index)
-        for name, source in runtime.sources.items()
-        if runtime.streams[name].consumers
-        for index in range(len(source.paths))
+        for name in fed_sources(runtime)
+        for index in range(len(runtime.sources[name].paths))
     ]
     count = max(1, min(workers, len(splits)))
     out: list[dict[str, list[int]]] = [{} for _ in range(count)]
