@@ -76,8 +76,10 @@ ROWS = (
     Row("a window's result at a tailing client after the batch that closed it",
         "p99 ≤ 10 ms", "tail_latency_every_batch", _tail,
         lambda c: c.figures["p99_ms"] <= 10),
-    Row("peer engine on the same job (Pathway)", "results equal", None,
-        reason="not measured: pathway is not installed here (no benchmark yet)"),
+    Row("peer engine on the same job (Pathway)", "results equal", "pathway",
+        lambda c: f"{c.ratio:.0f} x; results "
+        + ("equal" if c.figures.get("results_equal") else "DIFFER"),
+        lambda c: c.figures.get("results_equal") == 1.0),
 )  # fmt: skip
 
 

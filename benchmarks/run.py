@@ -1,7 +1,8 @@
 """``python -m benchmarks.run [NAME ...]``: run the side-by-side benchmarks, print ratios.
 
 Names: ``doput``, ``doget``, ``tumbling`` (the DESIGN §10 targets, run by default), ``hopping``,
-``session``, ``bytewax`` (the tumbling job in Bytewax), ``coldstart`` (``flight-serve run``
+``session``, ``bytewax`` (the tumbling job in Bytewax), ``pathway`` (the same job in Pathway's
+static mode, results checked equal), ``coldstart`` (``flight-serve run``
 time to first row vs the bare imports), ``checkpoints`` (a checkpoint every second vs none) and
 ``restore`` (1 M open windows from a checkpoint), ``flightsql_fetch`` / ``flightsql_ingest``
 (the ADBC Flight SQL driver vs plain Flight), ``doget_java`` (10 M rows into the Java client vs
@@ -44,6 +45,7 @@ from benchmarks import (
     sync_lag,
     tail_latency,
     vs_bytewax,
+    vs_pathway,
     windows,
 )
 from benchmarks._harness import Comparison, render, render_summary
@@ -55,6 +57,7 @@ BENCHMARKS: dict[str, Callable[[int], list[Comparison]]] = {
     "hopping": windows.hopping,
     "session": windows.session,
     "bytewax": vs_bytewax.bytewax,
+    "pathway": vs_pathway.pathway,
     "coldstart": coldstart.coldstart,
     "checkpoints": checkpoints.checkpoints,
     "restore": checkpoints.restore,
