@@ -676,6 +676,8 @@ class _Job:
     options: Any
     out_dir: Path
     on_checkpoint: Callable[[CheckpointInfo], None] | None
+    restart_finished: bool = True
+    upgrade: bool = False
 
 
 def _checkpointed_attempt(
@@ -696,10 +698,11 @@ def _checkpointed_attempt(
         job.name,
         job.plan.text,
         resume=resume,
-        restart_finished=True,
+        restart_finished=job.restart_finished,
         on_checkpoint=job.on_checkpoint,
         code_digests=code_digests(job.plan.user_functions),
         stateful=stateful_operators(job.plan),
+        upgrade=job.upgrade,
     )
     attempts.append(coordinator.resumed_from)
     driver = PipelineRuntime(job.plan, output_dir=job.out_dir, coordinator=coordinator)
@@ -724,6 +727,7 @@ def _checkpointed_attempt(
 def run_on_ray(
     path: Path,
     *,
+    sql: str | None = None,
     output_dir: Path | None = None,
     parallelism: int | None = None,
     address: str | None = None,
@@ -737,11 +741,16 @@ def run_on_ray(
     resume: ResumeFrom = "latest",
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     stop: threading.Event | None = None,
+    restart_finished: bool = True,
+    upgrade: bool = False,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
     Args:
-        path: the pipeline SQL file.
+        path: the pipeline SQL file (relative source paths start at its directory; the
+            checkpoints' default root and the run's name come from its stem).
+        sql: the pipeline text, when it is not read from ``path`` (a submitted pipeline:
+            ``path`` need not exist then).
         output_dir: where relative sink paths start (default: the working directory).
         parallelism: instances of every windowed query (``None``: ``SET parallelism``, else 1).
         address: a Ray cluster (``auto``, ``ray://…``); ``None``: a local Ray for this run
@@ -768,6 +777,11 @@ def run_on_ray(
         on_checkpoint: called after every completed checkpoint.
         stop: when set, the run takes a checkpoint and stops
             (:class:`~flight_serve.pipelines.coordinator.PipelineStopped`); it resumes from it.
+        restart_finished: with ``resume="latest"``, start over when the newest checkpoint is
+            the finished one (``flight-serve run`` of a file again); ``False``: a finished
+            run only completes its last commit (a server's pipeline).
+        upgrade: the checkpoint may be another version's of the pipeline with the same
+            stateful operators (``pipelines update``), as an embedded run's ``upgrade``.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -784,7 +798,8 @@ def run_on_ray(
     """
     ray = import_ray()
     path = path.resolve()
-    sql = path.read_text()
+    if sql is None:
+        sql = path.read_text()
     plan = parse_pipeline(sql, path=path)
     run_options = options if options is not None else plan.run_options
     p, max_p = resolve_parallelism(
@@ -817,7 +832,9 @@ def run_on_ray(
         started = True
     ended = False
     t0 = time.perf_counter()
-    job = _Job(ray, plan, spec, path.stem, run_options, out_dir, on_checkpoint)
+    job = _Job(
+        ray, plan, spec, path.stem, run_options, out_dir, on_checkpoint, restart_finished, upgrade
+    )
     replay = _Replay(driver, collect)
     restarts = checkpoints = declined = 0
     resumed: int | None = None

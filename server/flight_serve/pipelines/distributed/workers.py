@@ -48,6 +48,8 @@ The transport is the caller's: ``send(instance, records)`` (a Ray actor call in
 
 from __future__ import annotations
 
+import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -391,6 +393,10 @@ class SourceWorker:
         splits: file indices per source this worker owns (:func:`assign_splits`).
         send: ``send(instance, records)``: the transport to window worker ``instance``.
         flush_rows: rows buffered per instance before a send (the exchange's batch size).
+        flush_interval_s: seconds at most between a record's buffering and its send, in
+            seconds (Flink's ``execution.buffer-timeout``, 100 ms by default there too): a slow
+            source or per-row stage still feeds the window instances (and lets a checkpoint's
+            barrier align) at least this often.
         start: per source, the cut of the checkpoint resumed from: each file starts after its
             cut (a file ended there is not read).
 
@@ -405,12 +411,15 @@ class SourceWorker:
         send: Send,
         *,
         flush_rows: int = 1 << 16,
+        flush_interval_s: float = 0.1,
         start: dict[str, SourceCut] | None = None,
     ) -> None:
         self.spec = spec
         self.splits = splits
         self.send = send
         self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self._flushed_at = time.monotonic()
         self.start = start or {}
         self.runtime = runtime = spec.runtime()
         runtime.collect_only()
@@ -496,6 +505,10 @@ class SourceWorker:
                 split.seq += 1
                 if batch is not None:
                     live.append(split)
+                if time.monotonic() - self._flushed_at >= self.flush_interval_s:
+                    for i in range(self.spec.parallelism):
+                        self._flush(i)
+                    self._flushed_at = time.monotonic()
             for i in range(self.spec.parallelism):
                 self._flush(i)
         finally:
@@ -584,6 +597,7 @@ class InstanceStatus:
         state_bytes: window state bytes held now
             (:attr:`~flight_serve.engine.operator.WindowOperator.state_bytes`).
         state_bytes_max: the most seen after any step.
+        pid: the id of the process it runs in (a Ray worker's).
     """
 
     instance: int
@@ -598,6 +612,7 @@ class InstanceStatus:
     open_panes_max: int
     state_bytes: int
     state_bytes_max: int
+    pid: int = 0
 
 
 class WindowWorker:
@@ -866,6 +881,7 @@ class WindowWorker:
             open_panes_max=self._panes_max,
             state_bytes=self._state_bytes(),
             state_bytes_max=self._bytes_max,
+            pid=os.getpid(),
         )
 
     def take(self) -> Taken:
