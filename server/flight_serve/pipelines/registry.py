@@ -69,7 +69,7 @@ CREATE TABLE IF NOT EXISTS pipeline_versions (
 #: added columns come last in ``SELECT *``)
 _COLUMNS = (
     "id, name, sql, base_dir, output_dir, state, submitted_at, updated_at, attempts, "
-    "last_error, last_checkpoint, metrics, last_error_kind, version, code_key"
+    "last_error, last_checkpoint, metrics, last_error_kind, version, code_key, runtime"
 )
 
 
@@ -104,6 +104,8 @@ class PipelineRecord:
         version: its version (1 at submit, one more per ``pipelines update``).
         code_key: the key of its ``USING`` files in the
             :class:`~flight_serve.pipelines.user_functions.CodeStore` (``None``: its id).
+        runtime: where it runs: ``embedded`` (a thread of the server) or ``ray`` (a detached
+            job on the server's Ray cluster: :mod:`~flight_serve.pipelines.distributed.jobs`).
     """
 
     id: str
@@ -121,6 +123,7 @@ class PipelineRecord:
     last_error_kind: dict[str, Any] | None = None
     version: int = 1
     code_key: str | None = None
+    runtime: str = "embedded"
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,7 @@ class Registry:
                 ("last_error_kind", "TEXT"),
                 ("version", "INTEGER NOT NULL DEFAULT 1"),
                 ("code_key", "TEXT"),
+                ("runtime", "TEXT NOT NULL DEFAULT 'embedded'"),
             ):
                 if column not in columns:
                     self._db.execute(f"ALTER TABLE pipelines ADD COLUMN {column} {kind}")
@@ -199,7 +203,7 @@ class Registry:
     @staticmethod
     def _record(row: tuple[Any, ...]) -> PipelineRecord:
         pid, name, sql, base, out, state, submitted, updated, attempts = row[:9]
-        error, ckpt, metrics, kind, version, code_key = row[9:]
+        error, ckpt, metrics, kind, version, code_key, runtime = row[9:]
         return PipelineRecord(
             pid,
             name,
@@ -216,6 +220,7 @@ class Registry:
             json.loads(kind) if kind else None,
             int(version or 1),
             code_key,
+            runtime or "embedded",
         )
 
     def add(
@@ -228,9 +233,11 @@ class Registry:
         *,
         functions: dict[str, str] | None = None,
         changed_by: str | None = None,
+        runtime: str = "embedded",
     ) -> PipelineRecord:
         """Register a new ``running`` pipeline, as version 1 (``functions``: its functions'
-        code SHA-256 by name; ``changed_by``: who submitted it)."""
+        code SHA-256 by name; ``changed_by``: who submitted it; ``runtime``: ``embedded`` or
+        ``ray``)."""
         now = _now()
         with self._lock:
             try:
@@ -238,8 +245,9 @@ class Registry:
                     self._db.execute("BEGIN")
                     self._db.execute(
                         "INSERT INTO pipelines (id, name, sql, base_dir, output_dir, state, "
-                        "submitted_at, updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
-                        (pid, name, sql, base_dir, output_dir, now, now),
+                        "submitted_at, updated_at, runtime) "
+                        "VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                        (pid, name, sql, base_dir, output_dir, now, now, runtime),
                     )
                     self._db.execute(
                         "INSERT INTO pipeline_versions VALUES (?, 1, ?, ?, ?, ?, 'submitted', NULL)",

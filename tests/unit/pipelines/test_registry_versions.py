@@ -77,3 +77,28 @@ def test_an_older_registry_gains_versions(tmp_path: Path) -> None:
         (2, sha("SELECT 2"), None),
     ]
     registry.close()
+
+
+def test_the_runtime_is_kept_and_an_older_registry_runs_embedded(tmp_path: Path) -> None:
+    """``runtime`` (``embedded`` or ``ray``: where the server runs the pipeline) survives a
+    reopen and a new version; a pipeline an older server registered is ``embedded``."""
+    path = tmp_path / "pipelines.sqlite"
+    db = sqlite3.connect(str(path))
+    db.executescript(OLD_SCHEMA)
+    db.close()
+    registry = Registry(path)
+    assert registry.get("old-1").runtime == "embedded"
+    assert registry.add("p-ray", "p", "SELECT 1", "/b", "/o", runtime="ray").runtime == "ray"
+    assert registry.add("p-emb", "p", "SELECT 1", "/b", "/o").runtime == "embedded"
+    registry.add_version(
+        "p-ray", "SELECT 2", functions={}, code_key=None, changed_by=None, change="u", epoch=1
+    )
+    registry.close()
+    reopened = Registry(path)
+    assert {r.id: r.runtime for r in reopened.all()} == {
+        "old-1": "embedded",
+        "p-ray": "ray",
+        "p-emb": "embedded",
+    }
+    assert reopened.get("p-ray").version == 2
+    reopened.close()
