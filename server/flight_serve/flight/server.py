@@ -228,7 +228,11 @@ def start_server(
             from flight_serve.pipelines.manager import PipelineManager
 
             manager = PipelineManager(
-                store, data_dir, plugins=service.plugins, sandbox=config.python_sandbox()
+                store,
+                data_dir,
+                plugins=service.plugins,
+                sandbox=config.python_sandbox(),
+                ray_address=config.ray_address,
             )
             register_pipeline_actions(service.register_action, manager)
             service.pipeline_manager = manager

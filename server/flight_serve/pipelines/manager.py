@@ -33,10 +33,12 @@ directly; file sources and sinks work as in ``flight-serve run``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -54,6 +56,14 @@ from flight_serve.errors import (
 )
 from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.checkpoint import CheckpointStore
+from flight_serve.pipelines.distributed.jobs import (
+    JobRequest,
+    check_job,
+    connect,
+    find_job,
+    job_name,
+    start_job,
+)
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.graph import WindowNode
 from flight_serve.pipelines.pipeline import parse_pipeline
@@ -73,6 +83,13 @@ log = logging.getLogger("flight_serve.pipelines")
 DEFAULT_CHECKPOINT_INTERVAL = timedelta(seconds=1)
 #: How long :meth:`PipelineManager.stop` waits for each pipeline to checkpoint and stop.
 STOP_TIMEOUT_S = 30.0
+#: How often (seconds) the server reads a Ray job's status.
+JOB_POLL_S = 0.5
+#: How long (seconds) one status call to a Ray job may take before it counts as unanswered.
+JOB_CALL_TIMEOUT_S = 30.0
+#: Times in a row a Ray job may be found gone (its coordinator dead for good) and started again
+#: from its last checkpoint before the pipeline fails.
+JOB_MAX_STARTS = 3
 _SLUG = re.compile(r"[^a-z0-9_-]+")
 
 
@@ -207,6 +224,181 @@ class _Run:
             runtime.request_stop()
 
 
+def _ray_metrics(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A Ray job's status as the registry's per-checkpoint metrics: rows into the window
+    instances, their lowest watermark, open panes, and the rows per sink once it finished."""
+    instances = list(status.get("instances") or [])
+    marks = [int(i["watermark_ns"]) for i in instances if i.get("watermark_ns") is not None]
+    return {
+        "rows_in": sum(int(i["rows_in"]) for i in instances),
+        "watermark_ns": {"windows": min(marks)} if marks else {},
+        "open_panes": sum(int(i["open_panes"]) for i in instances),
+        "rows_out": dict(status.get("rows") or {}),
+        "late_rows": dict(status.get("late_rows") or {}),
+        "outputs": dict(status.get("targets") or {}),
+    }
+
+
+def _wait_gone(ray: Any, name: str, timeout_s: float = 10.0) -> None:
+    """Wait until the killed actor ``name`` is no longer found by name."""
+    deadline = time.monotonic() + timeout_s
+    while find_job(ray, name) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+class _RayRun:
+    """A pipeline that runs on Ray (``runtime = 'ray'``): its job's coordinator is a detached
+    actor (:mod:`~flight_serve.pipelines.distributed.jobs`) and this thread follows it. It
+    records the job's log lines, checkpoints and end in the registry, and, when the server
+    stops, leaves the job running (:meth:`stop` without ``cancel``); a restarted server's
+    thread finds the job by name and follows it again."""
+
+    #: no embedded runtime: the job runs in the cluster
+    runtime: DurableRuntime | None = None
+
+    def __init__(self, manager: PipelineManager, record: PipelineRecord) -> None:
+        self.manager = manager
+        self.id = record.id
+        self.record = record
+        self.attempts = record.attempts
+        self.name = job_name(manager.data_dir, record.id, record.version)
+        self.cancelled = threading.Event()
+        self.detached = threading.Event()
+        #: stopped by :meth:`PipelineManager.update` (a new version takes over)
+        self.updating = False
+        self.job: Any = None
+        #: the job's last status (:meth:`~.jobs.JobCoordinator.status`), ``{}`` before one
+        self.last: dict[str, Any] = {}
+        self.thread = threading.Thread(
+            target=self.main, name=f"flight-serve-ray-job-{record.id}", daemon=True
+        )
+
+    def main(self) -> None:
+        registry, pid = self.manager.registry, self.id
+        try:
+            ray = self.manager.ray()
+            starts = 0
+            while True:
+                job = find_job(ray, self.name)
+                if job is None:
+                    if starts >= JOB_MAX_STARTS:
+                        raise FlightServeError(
+                            f"its job on Ray ({self.name}) was gone {starts} times in a row"
+                        )
+                    job = start_job(ray, self.name, self.manager.job_request(self.record))
+                    registry.log(
+                        pid,
+                        "info",
+                        f"started on Ray as job {self.name}"
+                        + (" (again, from its last checkpoint)" if starts else ""),
+                    )
+                    starts += 1
+                else:
+                    registry.log(pid, "info", f"following its job on Ray ({self.name})")
+                self.job = job
+                if self.cancelled.is_set():
+                    job.stop.remote(True)
+                if self.follow(ray, job):
+                    return
+        except Exception as exc:  # the server keeps serving the other pipelines
+            message = (
+                str(exc) if isinstance(exc, FlightServeError) else (f"{type(exc).__name__}: {exc}")
+            )
+            log.warning("ray job failed", extra={"pipeline": pid, "error": message}, exc_info=True)
+            registry.log(pid, "error", f"failed: {message}")
+            registry.set_state(
+                pid, "failed", error=message, error_kind={"domain": "external", "retryable": True}
+            )
+
+    def follow(self, ray: Any, job: Any) -> bool:
+        """Follow ``job`` until it ends (``True``) or the server detaches (``True``); ``False``:
+        the job is gone (its coordinator died for good), to be started again."""
+        registry, pid = self.manager.registry, self.id
+        seen, epoch, misses = 0, None, 0
+        while True:
+            try:
+                status = ray.get(job.status.remote(seen), timeout=JOB_CALL_TIMEOUT_S)
+                misses = 0
+            except Exception as exc:  # the actor died, is restarting, or does not answer
+                if self.detached.is_set():
+                    return True
+                misses += 1
+                if find_job(ray, self.name) is None:
+                    registry.log(pid, "warning", f"its job on Ray is gone: {exc}")
+                    return False
+                if misses == 1:
+                    registry.log(pid, "warning", f"its job on Ray does not answer: {exc}")
+                self.detached.wait(1.0)
+                continue
+            self.last = status
+            for seq, level, message in status["log"]:
+                registry.log(pid, str(level), str(message))
+                seen = int(seq)
+            checkpoint = status.get("checkpoint")
+            if checkpoint is not None and checkpoint["epoch"] != epoch:
+                epoch = checkpoint["epoch"]
+                registry.checkpointed(pid, checkpoint, _ray_metrics(status))
+            state = status["state"]
+            if state != "running":
+                return self.end(ray, job, status)
+            if self.detached.wait(JOB_POLL_S):
+                return True
+
+    def end(self, ray: Any, job: Any, status: Mapping[str, Any]) -> bool:
+        """The job ended: record how, retire what ended for good, remove its actor. ``False``:
+        it stopped for an update that never committed (the server died during it): the same
+        version is to start again from the checkpoint it stopped at."""
+        manager, pid = self.manager, self.id
+        registry, state = manager.registry, status["state"]
+        epoch = (status.get("checkpoint") or {}).get("epoch")
+        if status.get("checkpoint") is not None:
+            registry.checkpointed(pid, status["checkpoint"], _ray_metrics(status))
+        if state == "finished":
+            registry.log(pid, "info", f"finished at epoch {epoch}")
+            registry.set_state(pid, "finished")
+            manager.retire(pid)
+        elif state == "cancelled":
+            registry.log(pid, "info", "cancelled")
+            registry.set_state(pid, "cancelled")
+            manager.retire(pid)
+        elif state == "stopped" and self.updating:
+            registry.log(pid, "info", f"stopped at epoch {epoch} for an update")
+        elif state == "stopped":
+            registry.log(
+                pid,
+                "warning",
+                f"its job stopped at epoch {epoch} for an update that did not commit: "
+                "starting it again from that checkpoint",
+            )
+            ray.kill(job)
+            _wait_gone(ray, self.name)
+            return False
+        else:
+            error = str(status.get("error") or "the job failed")
+            domain = str(status.get("error_domain") or "internal")
+            registry.set_state(
+                pid, "failed", error=error, error_kind={"domain": domain, "retryable": False}
+            )
+        ray.kill(job)
+        return True
+
+    def stop(self, cancel: bool) -> None:
+        """``cancel``: the job checkpoints and stops for good (this thread records it).
+        Otherwise (the server stops) the thread stops following and the job goes on."""
+        if cancel:
+            self.cancelled.set()
+            if self.job is not None:
+                self.job.stop.remote(True)
+        else:
+            self.detached.set()
+
+    def stop_for_update(self) -> None:
+        """The job checkpoints and stops (``stopped``); this thread records it and ends."""
+        self.updating = True
+        if self.job is not None:
+            self.job.stop.remote(False)
+
+
 class PipelineManager:
     """The submitted pipelines of one server (see the module docstring).
 
@@ -216,6 +408,10 @@ class PipelineManager:
         checkpoint_interval: for pipelines that do not SET one.
         plugins: the server's plugin hub (pipelines' plugin functions call its instances).
         sandbox: how the pipelines' ``LANGUAGE python`` functions run (``None``: the defaults).
+        ray_address: a Ray cluster (``auto``, ``host:port``, ``ray://…``): a submitted pipeline
+            whose parallelism is above 1 runs there as a detached job
+            (:mod:`~flight_serve.pipelines.distributed.jobs`); ``None``: every pipeline runs in
+            this process (at parallelism 1).
 
     Raises:
         StorageError: the registry cannot be opened.
@@ -229,8 +425,14 @@ class PipelineManager:
         checkpoint_interval: timedelta = DEFAULT_CHECKPOINT_INTERVAL,
         plugins: PluginHub | None = None,
         sandbox: SandboxConfig | None = None,
+        ray_address: str | None = None,
     ) -> None:
         self.store = store
+        self.ray_address = ray_address
+        self._ray: Any = None
+        #: Ray was connected by this manager (so :meth:`stop` disconnects it)
+        self._ray_connected = False
+        self._ray_lock = threading.Lock()
         self.plugins = plugins
         #: the sandbox of the pipelines' LANGUAGE python functions (the server's hidden paths,
         #: ``--allow-unsandboxed-python``); ``None``: ``SandboxConfig()``
@@ -238,7 +440,7 @@ class PipelineManager:
         self.data_dir = Path(data_dir)
         self.checkpoint_interval = checkpoint_interval
         self.registry = Registry(self.data_dir / "pipelines.sqlite")
-        self._runs: dict[str, _Run] = {}
+        self._runs: dict[str, _Run | _RayRun] = {}
         self._lock = threading.Lock()
         #: held by :meth:`update` and :meth:`cancel`: one changes a pipeline's run at a time
         self._switch = threading.Lock()
@@ -250,7 +452,20 @@ class PipelineManager:
         """Resume every ``running`` pipeline of the registry (each from its last checkpoint)."""
         resumed = [record for record in self.registry.all() if record.state == "running"]
         for record in resumed:
-            self.registry.log(record.id, "info", "server started: resuming")
+            if record.runtime == "ray" and self.ray_address is None:
+                self.registry.log(
+                    record.id,
+                    "error",
+                    "server started without --ray-address: this pipeline's job on Ray is not "
+                    "followed (it may still run there); restart the server with its cluster's "
+                    "address",
+                )
+                continue
+            self.registry.log(
+                record.id,
+                "info",
+                "server started: " + ("re-attaching" if record.runtime == "ray" else "resuming"),
+            )
             self._launch(record, None)
         ids = [record.id for record in resumed]
         log.info(
@@ -268,10 +483,54 @@ class PipelineManager:
         for run in runs:
             run.thread.join(timeout_s)
         self.registry.close()
+        with self._ray_lock:
+            if self._ray is not None and self._ray_connected:
+                self._ray.shutdown()  # the jobs are detached: they go on
+            self._ray = None
+
+    def ray(self) -> Any:
+        """The ``ray`` module, connected to :attr:`ray_address` (once; later calls reuse it).
+
+        Raises:
+            InvalidInputError: the server has no Ray address.
+            FlightServeError: Ray is not installed, or the cluster does not answer
+                (:func:`~flight_serve.pipelines.distributed.jobs.connect`).
+        """
+        with self._ray_lock:
+            if self._ray is None:
+                if self.ray_address is None:
+                    raise InvalidInputError("this server has no Ray cluster (serve --ray-address)")
+                from flight_serve.pipelines.distributed.ray_runtime import import_ray
+
+                before = import_ray().is_initialized()
+                self._ray = connect(self.ray_address)
+                self._ray_connected = not before
+            return self._ray
+
+    def job_request(self, record: PipelineRecord) -> JobRequest:
+        """What ``record``'s job on Ray runs: its text, directories, state root (its
+        ``state_root``, else ``<data-dir>/checkpoints/<id>``: on a cluster of several nodes, a
+        path every node reaches) and the server's checkpoint interval in seconds."""
+        options = parse_pipeline(record.sql, base_dir=Path(record.base_dir)).run_options
+        root = options.state_root or str((self.data_dir / "checkpoints" / record.id).absolute())
+        return JobRequest(
+            pipeline=record.id,
+            version=record.version,
+            sql=record.sql,
+            base_dir=record.base_dir,
+            output_dir=record.output_dir,
+            state_root=root,
+            checkpoint_interval_s=self.checkpoint_interval.total_seconds(),
+            upgrade=record.version > 1,
+        )
 
     def _launch(self, record: PipelineRecord, runtime: DurableRuntime | None) -> None:
-        run = _Run(self, record)
-        run.runtime = runtime
+        run: _Run | _RayRun
+        if record.runtime == "ray":
+            run = _RayRun(self, record)
+        else:
+            run = _Run(self, record)
+            run.runtime = runtime
         with self._lock:
             if self._closed:
                 return
@@ -466,6 +725,12 @@ class PipelineManager:
         base = str(Path(base_dir) if base_dir else self.data_dir.absolute())
         out = str(Path(output_dir) if output_dir else (self.data_dir / "outputs" / pid).absolute())
         record = PipelineRecord(pid, name, sql, base, out, "running", "", "", 0, None, None, {})
+        if self.ray_address is not None:
+            plan = parse_pipeline(sql, base_dir=Path(base), function_files=function_files)
+            if (plan.run_options.parallelism or 1) > 1:
+                return self._submit_ray(
+                    dataclasses.replace(record, runtime="ray"), same, changed_by
+                )
         # refuses a bad pipeline before anything is registered
         runtime = self.build(record, function_files=function_files)
         for old in same:
@@ -496,13 +761,51 @@ class PipelineManager:
             "outputs": runtime.summary().targets,
         }
 
+    def _submit_ray(
+        self, record: PipelineRecord, same: list[PipelineRecord], changed_by: str | None
+    ) -> dict[str, Any]:
+        """:meth:`submit` of a pipeline that runs as a job on the server's Ray cluster."""
+        pid = record.id
+        request = self.job_request(record)
+        parallelism, targets = check_job(request)  # refuses it before anything is registered
+        ray = self.ray()  # refuses it when the cluster does not answer
+        for old in same:
+            self.registry.log(old.id, "info", f"replaced by {pid}")
+            self.cancel(old.id)
+        plan = request.plan()
+        functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
+        record = self.registry.add(
+            pid,
+            record.name,
+            record.sql,
+            record.base_dir,
+            record.output_dir,
+            functions=functions,
+            changed_by=changed_by,
+            runtime="ray",
+        )
+        self.registry.log(pid, "info", f"submitted: runs on Ray at parallelism {parallelism}")
+        name = job_name(self.data_dir, pid, record.version)
+        try:  # the job exists when submit returns: the server may die the next moment
+            start_job(ray, name, self.job_request(record))
+        except Exception as exc:
+            message = f"cannot start its job on Ray: {type(exc).__name__}: {exc}"
+            self.registry.log(pid, "error", message)
+            self.registry.set_state(
+                pid, "failed", error=message, error_kind={"domain": "external", "retryable": True}
+            )
+            raise FlightServeError(f"pipeline.submit: {pid}: {message}") from exc
+        self.registry.log(pid, "info", f"started on Ray as job {name}")
+        self._launch(record, None)
+        return {"id": pid, "name": record.name, "state": record.state, "outputs": targets}
+
     def window_state_bytes(self) -> int:
         """Bytes of window state the running pipelines hold now: each windowed query's
         :attr:`~flight_serve.engine.operator.WindowOperator.state_bytes` (its folded arrays as
         allocated, or its SQL-path state table, plus rows buffered for a merge), read from the
         live operators. A pipeline whose state changed under the read (its thread was resizing
         an array map) counts its last checkpoint's size this time; one not running counts
-        nothing."""
+        nothing, and neither does a job on Ray (its state is on the cluster's workers)."""
         total = 0
         for pid, run in list(self._runs.items()):
             runtime = run.runtime
@@ -584,6 +887,27 @@ class PipelineManager:
             # SHA-256, who changed it and how (pipelines update)
             "version": record.version,
             "versions": [vars(v) for v in self.registry.versions(pid)],
+            # embedded (a thread of this server) or ray (a detached job on its cluster)
+            "runtime": record.runtime,
+            "job": self._job_status(run) if isinstance(run, _RayRun) else None,
+        }
+
+    @staticmethod
+    def _job_status(run: _RayRun) -> dict[str, Any]:
+        """A Ray job as :meth:`status` shows it: its actor's name, the job's state, parallelism,
+        restarts, checkpoints and each window instance (key groups, rows in and out, watermark,
+        queued records, open panes, state bytes, worker pid), as last read from the job."""
+        last = run.last
+        return {
+            "name": run.name,
+            "state": last.get("state"),
+            "parallelism": last.get("parallelism"),
+            "restarts": last.get("restarts", 0),
+            "checkpoints": last.get("checkpoints", 0),
+            "instances": [
+                {**i, "watermark": _iso_ns(i.get("watermark_ns"))}
+                for i in last.get("instances", [])
+            ],
         }
 
     def cancel(self, pid: str) -> dict[str, Any]:
@@ -682,6 +1006,8 @@ class PipelineManager:
             )
         with self._lock:
             run = self._runs.get(pid)
+        if isinstance(run, _RayRun) and run.thread.is_alive():
+            return self._update_ray(run, record, sql, function_files, changed_by, note)
         runtime = run.runtime if run is not None and run.thread.is_alive() else None
         if run is None or runtime is None:
             raise InvalidInputError(
@@ -786,6 +1112,90 @@ class PipelineManager:
             "changed": True,
         }
 
+    def _update_ray(
+        self,
+        run: _RayRun,
+        record: PipelineRecord,
+        sql: str,
+        function_files: Mapping[str, bytes] | None,
+        changed_by: str | None,
+        note: str | None,
+    ) -> dict[str, Any]:
+        """:meth:`update` of a pipeline running on Ray: the job checkpoints and stops
+        (``stopped``), and the new version's job resumes from that checkpoint at the new text's
+        parallelism (a rescale when it changed: the key groups move to the new instances). The
+        checkpoint's stateful operators are checked against the new plan when the new job
+        resumes; a mismatch fails that job (the refusal before stopping catches the cases
+        :func:`~flight_serve.pipelines.upgrade.diff_stateful` sees)."""
+        what, pid = "pipeline.update", record.id
+        old_plan = parse_pipeline(record.sql, base_dir=Path(record.base_dir))
+        plan = parse_pipeline(sql, base_dir=Path(record.base_dir), function_files=function_files)
+        diff = diff_stateful(stateful_operators(old_plan), stateful_operators(plan))
+        if diff:
+            raise IncompatibleUpdateError(
+                f"{what}: pipeline {pid} version {record.version} cannot be updated with this "
+                "text, its stateful operators differ (the running version is unchanged): "
+                + "; ".join(diff)
+            )
+        functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
+        if sql == record.sql:
+            return {
+                "id": pid,
+                "version": record.version,
+                "previous_version": record.version,
+                "resumed_from": None,
+                "sql_sha256": sql_digest(sql),
+                "functions": functions,
+                "changed": False,
+            }
+        version = record.version + 1
+        staged = dataclasses.replace(record, sql=sql, version=version)
+        parallelism, _ = check_job(self.job_request(staged))  # refused before anything stops
+        run.stop_for_update()
+        run.thread.join(STOP_TIMEOUT_S)
+        if run.thread.is_alive():
+            raise CheckpointError(
+                f"{what}: pipeline {pid}'s job on Ray did not checkpoint and stop within "
+                f"{STOP_TIMEOUT_S:g} s; it goes on as version {record.version} (nothing was "
+                "changed; try again)"
+            )
+        current = self.registry.get(pid)
+        last = run.last
+        if current.state != "running" or last.get("state") != "stopped":
+            raise InvalidInputError(
+                f"{what}: pipeline {pid} became {last.get('state') or current.state} while "
+                "stopping for the update; nothing was changed"
+            )
+        stopped_at = (last.get("checkpoint") or {}).get("epoch")
+        change = f"updated from version {record.version} at checkpoint {stopped_at}"
+        committed = self.registry.add_version(
+            pid,
+            sql,
+            functions=functions,
+            code_key=None,
+            changed_by=changed_by,
+            change=change + (f": {note}" if note else ""),
+            epoch=stopped_at,
+        )
+        self.registry.log(
+            pid,
+            "info",
+            f"version {version} ({change}, parallelism {parallelism}"
+            + (f" by {changed_by}" if changed_by else "")
+            + (f": {note}" if note else "")
+            + ")",
+        )
+        self._launch(committed, None)
+        return {
+            "id": pid,
+            "version": version,
+            "previous_version": record.version,
+            "resumed_from": stopped_at,
+            "sql_sha256": sql_digest(sql),
+            "functions": functions,
+            "changed": True,
+        }
+
     def checkpoint(self, pid: str, wait_s: float = 30.0) -> dict[str, Any]:
         """Take a checkpoint of ``pid`` now and wait (up to ``wait_s``) until it completes.
 
@@ -798,6 +1208,11 @@ class PipelineManager:
         runtime = run.runtime if run is not None else None
         if record.state != "running":
             raise InvalidInputError(f"pipeline {pid} is {record.state}, not running")
+        if isinstance(run, _RayRun):
+            raise InvalidInputError(
+                f"pipeline {pid} runs on Ray: it checkpoints on its interval; a checkpoint on "
+                "demand is not supported there yet"
+            )
         if runtime is None:  # its thread is (re)building it: resuming, or between retries
             raise InvalidInputError(
                 f"pipeline {pid} is starting (resuming from its checkpoint, or waiting to "

@@ -59,6 +59,7 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
 from flight_serve.store import FsyncMode, PendingAppend, StreamEntry, StreamStore
+from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
 __all__ = [
     "MeteredStreamStore",
@@ -226,6 +227,40 @@ class _PipelineCollector(Collector):
             "Size of the pipeline's last checkpoint.",
             labels=label,
         )
+        # a job on Ray (serve --ray-address): per window-operator instance, as last read from it
+        per = ["pipeline", "instance"]
+        i_watermark = GaugeMetricFamily(
+            "flight_serve_job_instance_watermark_seconds",
+            "A Ray job's window instance's input watermark (event time, seconds since the "
+            "epoch; the minimum over its input channels).",
+            labels=per,
+        )
+        i_rows_in = CounterMetricFamily(
+            "flight_serve_job_instance_rows_in",
+            "Rows a Ray job's window instance received through the exchange.",
+            labels=per,
+        )
+        i_rows_out = CounterMetricFamily(
+            "flight_serve_job_instance_rows_out",
+            "Rows a Ray job's window instance emitted (window results and late rows).",
+            labels=per,
+        )
+        i_state = GaugeMetricFamily(
+            "flight_serve_job_instance_state_bytes",
+            "Window state bytes a Ray job's window instance holds.",
+            labels=per,
+        )
+        i_queued = GaugeMetricFamily(
+            "flight_serve_job_instance_queued_records",
+            "Records waiting in a Ray job's window instance's input queue (backpressure).",
+            labels=per,
+        )
+        restarts = CounterMetricFamily(
+            "flight_serve_job_restarts",
+            "Times a Ray job restored every instance from its last checkpoint after a worker "
+            "died (since its coordinator started).",
+            labels=label,
+        )
         try:
             pids = [  # an ended pipeline has no series (its lag would grow for ever)
                 str(p["id"])
@@ -256,9 +291,22 @@ class _PipelineCollector(Collector):
                     duration.add_metric([pid], float(checkpoint["duration_ms"]) / 1000)
                 if checkpoint.get("bytes") is not None:
                     size.add_metric([pid], float(checkpoint["bytes"]))
+                job = status.get("job")
+                if job:
+                    restarts.add_metric([pid], float(job.get("restarts") or 0))
+                    for inst in job.get("instances") or []:
+                        key = [pid, str(inst["instance"])]
+                        ns = inst.get("watermark_ns")
+                        if ns is not None and MIN_WATERMARK_NS < ns < MAX_WATERMARK_NS:
+                            i_watermark.add_metric(key, ns / 1e9)
+                        i_rows_in.add_metric(key, float(inst.get("rows_in") or 0))
+                        i_rows_out.add_metric(key, float(inst.get("rows_out") or 0))
+                        i_state.add_metric(key, float(inst.get("state_bytes") or 0))
+                        i_queued.add_metric(key, float(inst.get("queued_records") or 0))
             except Exception:  # one odd pipeline record does not hide the others
                 log.exception("cannot collect pipeline metrics", extra={"pipeline": pid})
         yield from (watermark, lag, rows_in, data_loss, late, open_windows, duration, size)
+        yield from (i_watermark, i_rows_in, i_rows_out, i_state, i_queued, restarts)
 
 
 class _FunctionCollector(Collector):
