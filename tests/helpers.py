@@ -150,9 +150,16 @@ def free_port() -> int:
 class ServeProcess:
     """``flight-serve serve`` on ``port`` over ``data``, as a real process (``env``: extra
     environment, e.g. a fault-injection point; ``metrics_port``: serve ``/metrics`` there, 0
-    for none)."""
+    for none; ``args``: more ``serve`` arguments)."""
 
-    def __init__(self, data: Path, port: int, metrics_port: int = 0, **env: str) -> None:
+    def __init__(
+        self,
+        data: Path,
+        port: int,
+        metrics_port: int = 0,
+        args: tuple[str, ...] = (),
+        **env: str,
+    ) -> None:
         self.data, self.port, self.metrics_port = data, port, metrics_port
         self.location = f"grpc://127.0.0.1:{port}"
         self.log = open(data.parent / f"{data.name}.log", "a")  # noqa: SIM115 (closed in close)
@@ -168,6 +175,7 @@ class ServeProcess:
                 str(metrics_port),
                 "--data-dir",
                 str(data),
+                *args,
             ],
             stdout=subprocess.PIPE,
             stderr=self.log,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -666,3 +667,222 @@ def test_the_cli_runs_a_checkpointed_job_on_ray_and_reports_its_checkpoints(
     assert "sink hourly_departures: 19486 rows" in err
     assert re.search(r"ray: [1-6] checkpoint\(s\)", err), err
     assert sink_rows(out) == expected
+
+
+#: a LANGUAGE python function that holds each batch of the windowed query's input for 0.2 s, so
+#: the submitted job runs long enough (about 40 s at parallelism 2) to be followed, killed and
+#: rescaled while it runs; it returns its input (``WHERE pace(flight) = flight`` keeps every row;
+#: a windowed query reads a function's results through a view)
+PACE = """CREATE FUNCTION pace(x INT) RETURNS INT LANGUAGE python AS $$
+import time
+def pace(x):
+    time.sleep(0.2)
+    return x
+$$;
+"""
+PACED_VIEW = """
+CREATE VIEW paced AS SELECT origin, dest, sched_dep, dep_delay FROM flights
+WHERE pace(flight) = flight;
+
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None,
+    reason="needs bubblewrap (bwrap): the pacing function is LANGUAGE python",
+)
+def test_a_submitted_job_outlives_its_server_survives_a_worker_kill_rescales_and_ends_equal(
+    ray_session: Any, flights_dir: Path, tmp_path: Path, servers: dict[str, Any]
+) -> None:
+    """Issue 16's "done when": the flights job with ``SET parallelism = 2`` submitted to
+    ``serve --ray-address`` runs as a detached job on the session's Ray.
+
+    1. The server is SIGKILLed right after the submit; the job goes on (its coordinator, found
+       by name from this process, reports more rows in and new checkpoints).
+    2. A new server on the same data directory re-attaches to the job (its log says so) and
+       shows it per instance (key groups, rows, watermark, worker pid).
+    3. One window instance's worker process is SIGKILLed: the job restores every instance from
+       its last checkpoint (restarts = 1) and goes on.
+    4. ``pipeline.update`` with ``SET parallelism = 3``: the job checkpoints and stops, version 2
+       resumes from that checkpoint on three window instances (the key groups move).
+    5. It finishes; the sinks' rows equal the embedded run's of the same file without the
+       checkpoints, parallelism and pacing, each row once.
+    """
+    from flight_serve.pipelines.distributed.jobs import NAMESPACE, job_name
+    from helpers import ServeProcess, act, free_port, wait_until
+
+    ray = ray_session
+    port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+    serve_args = ("--ray-address", f"127.0.0.1:{port}")
+    env = {"RAY_AUTH_MODE": "token"}  # Ray 2.60's default on the session's cluster
+    job_out = tmp_path / "job"
+    path = checkpointed_job(flights_dir, job_out)
+    expected = plain_rows(path, tmp_path)
+    text = path.read_text().replace(CHECKPOINTED, "")
+    paced = text.replace("FROM TUMBLE(flights,", "FROM TUMBLE(paced,").replace(
+        "CREATE SINK hourly_departures", PACED_VIEW + "CREATE SINK hourly_departures"
+    )
+    assert paced.count("paced") == 2
+    v1 = "SET parallelism = 2;\n" + PACE + paced
+    data = tmp_path / "data"
+    server = servers["a"] = ServeProcess(data, free_port(), args=serve_args, **env)
+    submitted = act(
+        server.location,
+        "pipeline.submit",
+        {"sql": v1, "name": "flights", "output_dir": str(job_out)},
+    )
+    pid = submitted["id"]
+    assert sorted(submitted["outputs"]) == ["hourly_departures", "very_late"]
+    assert act(server.location, "pipeline.status", {"id": pid})["runtime"] == "ray"
+
+    # 1. the server dies; the job does not
+    server.kill()
+    job = ray.get_actor(job_name(data, pid, 1), namespace=NAMESPACE)
+
+    def job_status() -> dict[str, Any]:
+        return dict(ray.get(job.status.remote(), timeout=30))
+
+    wait_until(lambda: job_status()["checkpoints"] >= 1, "a checkpoint with no server", 120)
+    before = job_status()
+    assert before["state"] == "running"
+    assert before["parallelism"] == 2
+    wait_until(
+        lambda: job_status()["checkpoints"] > before["checkpoints"]
+        and sum(i["rows_in"] for i in job_status()["instances"])
+        > sum(i["rows_in"] for i in before["instances"]),
+        "the job going on with no server",
+        60,
+    )
+
+    # 2. a new server re-attaches
+    server = servers["a"] = ServeProcess(data, server.port, args=serve_args, **env)
+
+    def logs() -> list[str]:
+        return [x["message"] for x in act(server.location, "pipeline.logs", {"id": pid})["lines"]]
+
+    def status() -> dict[str, Any]:
+        return dict(act(server.location, "pipeline.status", {"id": pid}))
+
+    wait_until(lambda: any("following its job on Ray" in m for m in logs()), "re-attach", 60)
+    wait_until(lambda: len(status()["job"]["instances"]) == 2, "the instances in status", 60)
+    shown = status()
+    assert shown["state"] == "running"
+    assert shown["job"]["parallelism"] == 2
+    instances = shown["job"]["instances"]
+    assert [i["key_groups"] for i in instances] == [[0, 64], [64, 128]]
+    assert all(i["pid"] > 0 and i["rows_in"] >= 0 for i in instances)
+
+    # 3. a window worker dies: every instance restores from the last checkpoint
+    os.kill(instances[0]["pid"], signal.SIGKILL)
+    wait_until(lambda: status()["job"]["restarts"] == 1, "the restart after the kill", 120)
+    wait_until(lambda: any("restart 1" in m for m in logs()), "the restart in the log", 30)
+    assert status()["state"] == "running"
+
+    # 4. rescale to 3 from a checkpoint
+    updated = act(
+        server.location,
+        "pipeline.update",
+        {"id": pid, "sql": v1.replace("SET parallelism = 2;", "SET parallelism = 3;")},
+        timeout_s=120,
+    )
+    assert updated["changed"]
+    assert updated["version"] == 2
+    assert updated["resumed_from"] is not None
+    wait_until(lambda: status()["job"]["parallelism"] == 3, "version 2 at parallelism 3", 60)
+
+    # 5. the end: equal to the embedded run
+    wait_until(lambda: status()["state"] == "finished", "the job to finish", 240)
+    final = status()
+    assert final["version"] == 2
+    assert [v["version"] for v in final["versions"]] == [1, 2]
+    assert final["rows_out"] == {"hourly_departures": 19486, "very_late": len(expected["very_late"])}
+    assert sink_rows(job_out) == expected
+    # the finished job's actors are gone
+    wait_until(
+        lambda: not [a for a in ray.util.list_named_actors(all_namespaces=True)
+                     if a["name"].endswith(f"{pid}-v2")],
+        "the finished job's actor to be removed",
+        30,
+    )  # fmt: skip
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None,
+    reason="needs bubblewrap (bwrap): the pacing function is LANGUAGE python",
+)
+def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_server(
+    ray_session: Any, flights_dir: Path, tmp_path: Path, servers: dict[str, Any]
+) -> None:
+    """``/metrics`` of a server with a running Ray job has one series per window instance
+    (watermark, rows in and out, state bytes, queued records) equal to what ``pipelines
+    status`` shows at about that time, and ``pipelines cancel`` checkpoints and stops the job:
+    the pipeline is ``cancelled``, the job's actor is removed and no series remain."""
+    from flight_serve.pipelines.distributed.jobs import NAMESPACE, job_name
+    from helpers import ServeProcess, act, free_port, scrape_metrics, wait_until
+
+    ray = ray_session
+    port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+    job_out = tmp_path / "job"
+    text = checkpointed_job(flights_dir, job_out).read_text().replace(CHECKPOINTED, "")
+    paced = text.replace("FROM TUMBLE(flights,", "FROM TUMBLE(paced,").replace(
+        "CREATE SINK hourly_departures", PACED_VIEW + "CREATE SINK hourly_departures"
+    )
+    data = tmp_path / "data"
+    metrics_port = free_port()
+    server = servers["a"] = ServeProcess(
+        data,
+        free_port(),
+        metrics_port=metrics_port,
+        args=("--ray-address", f"127.0.0.1:{port}"),
+        RAY_AUTH_MODE="token",
+    )
+    pid = act(
+        server.location,
+        "pipeline.submit",
+        {"sql": "SET parallelism = 2;\n" + PACE + paced, "name": "f", "output_dir": str(job_out)},
+    )["id"]
+
+    def status() -> dict[str, Any]:
+        return dict(act(server.location, "pipeline.status", {"id": pid}))
+
+    wait_until(
+        lambda: len(status()["job"]["instances"]) == 2
+        and all(i["rows_in"] > 0 for i in status()["job"]["instances"]),
+        "both instances with rows in",
+        90,
+    )
+    samples = scrape_metrics(metrics_port)
+    for family in (
+        "flight_serve_job_instance_watermark_seconds",
+        "flight_serve_job_instance_rows_in_total",
+        "flight_serve_job_instance_rows_out_total",
+        "flight_serve_job_instance_state_bytes",
+        "flight_serve_job_instance_queued_records",
+    ):
+        labels = sorted(dict(k)["instance"] for k in samples[family] if dict(k)["pipeline"] == pid)
+        assert labels == ["0", "1"], family
+    assert samples["flight_serve_job_restarts_total"][frozenset({("pipeline", pid)})] == 0
+    rows_in = {
+        dict(k)["instance"]: v
+        for k, v in samples["flight_serve_job_instance_rows_in_total"].items()
+        if dict(k)["pipeline"] == pid
+    }
+    shown = {str(i["instance"]): i["rows_in"] for i in status()["job"]["instances"]}
+    assert all(0 < rows_in[i] <= shown[i] for i in ("0", "1"))  # counters only grow
+
+    cancelled = act(server.location, "pipeline.cancel", {"id": pid}, timeout_s=60)
+    assert cancelled["state"] == "cancelled"
+    assert status()["state"] == "cancelled"
+    wait_until(
+        lambda: ray.util.list_named_actors(all_namespaces=True).count(
+            {"name": job_name(data, pid, 1), "namespace": NAMESPACE}
+        ) == 0,
+        "the cancelled job's actor to be removed",
+        30,
+    )  # fmt: skip
+    after = scrape_metrics(metrics_port).get("flight_serve_job_instance_rows_in_total", {})
+    assert not [k for k in after if dict(k)["pipeline"] == pid]
