@@ -823,6 +823,7 @@ def _run_ray(
             state_root=args.state_root,
             resume=resume,
             stop=stop if checkpointed else None,
+            sandbox=_run_sandbox(args),
         )
     except PipelineStopped as exc:
         print(f"flight-serve: {path}: terminated (SIGTERM): {exc}; the next run resumes "

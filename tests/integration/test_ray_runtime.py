@@ -886,3 +886,58 @@ def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_ser
     )  # fmt: skip
     after = scrape_metrics(metrics_port).get("flight_serve_job_instance_rows_in_total", {})
     assert not [k for k in after if dict(k)["pipeline"] == pid]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (bwrap): the sandbox")
+def test_a_ray_jobs_python_functions_run_in_the_servers_sandbox(
+    ray_session: Any, flights_dir: Path, tmp_path: Path, servers: dict[str, Any]
+) -> None:
+    """A Python function of a job on Ray runs in the submitting server's sandbox: the server's
+    data directory (which holds its registry, so it is never empty) is an empty directory in
+    every worker's sandbox, as it is for the server's own pipelines.
+
+    The test's data directory is under /tmp, which the default sandbox (``SandboxConfig()``)
+    replaces by a private tmpfs: there the function sees no such directory (-1); the empty
+    directory (0) is the server's hidden-path mount, so it shows the server's sandbox reached the
+    job's workers (a data directory elsewhere, e.g. /srv, is visible read-only to the default
+    sandbox and hidden only by the server's)."""
+    from helpers import ServeProcess, act, free_port, wait_until
+
+    ray = ray_session
+    port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+    data = tmp_path / "data"
+    job_out = tmp_path / "job"
+    text = checkpointed_job(flights_dir, job_out).read_text().replace(CHECKPOINTED, "")
+    peek = f"""CREATE FUNCTION peek(x INT) RETURNS INT LANGUAGE python AS $$
+import os
+import pyarrow as pa
+def peek(x):
+    seen = os.listdir(DATA) if os.path.isdir(DATA) else None
+    return pa.array([-1 if seen is None else len(seen)] * len(x), pa.int32())
+DATA = {str(data.absolute())!r}
+$$;
+"""
+    sql = (
+        "SET parallelism = 2;\n" + peek + text
+        + "\nCREATE SINK peeked WITH (connector = 'file', format = 'parquet');\n"
+        "INSERT INTO peeked SELECT peek(flight) AS entries FROM flights WHERE dep_delay > 240;\n"
+    )  # fmt: skip
+    server = servers["a"] = ServeProcess(
+        data, free_port(), args=("--ray-address", f"127.0.0.1:{port}"), RAY_AUTH_MODE="token"
+    )
+    pid = act(
+        server.location, "pipeline.submit", {"sql": sql, "name": "p", "output_dir": str(job_out)}
+    )["id"]
+    assert list(data.iterdir())  # the registry at least
+
+    def finished() -> bool:
+        status = act(server.location, "pipeline.status", {"id": pid})
+        assert status["state"] != "failed", status["last_error"]
+        return bool(status["state"] == "finished")
+
+    wait_until(finished, "the job to finish", 120)
+    entries = pq.read_table(job_out / "peeked.parquet")["entries"].to_pylist()
+    assert len(entries) == len(sink_rows(job_out)["very_late"]) > 0
+    assert set(entries) == {0}

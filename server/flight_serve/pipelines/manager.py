@@ -522,6 +522,7 @@ class PipelineManager:
             state_root=root,
             checkpoint_interval_s=self.checkpoint_interval.total_seconds(),
             upgrade=record.version > 1,
+            sandbox=self.sandbox,
         )
 
     def _launch(self, record: PipelineRecord, runtime: DurableRuntime | None) -> None:

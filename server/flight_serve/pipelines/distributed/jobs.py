@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flight_serve.errors import FlightServeError
 from flight_serve.pipelines.connect import check_checkpointed
@@ -48,6 +48,9 @@ from flight_serve.pipelines.distributed.workers import (
     summary_of,
 )
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
+
+if TYPE_CHECKING:
+    from flight_serve.functions.python import SandboxConfig
 
 __all__ = [
     "COORDINATOR_MAX_RESTARTS",
@@ -86,6 +89,9 @@ class JobRequest:
             ``checkpoint_interval`` nor ``checkpoint_every``.
         upgrade: the checkpoint resumed may be another version's with the same stateful
             operators (a version after ``pipelines update``).
+        sandbox: how the job runs ``LANGUAGE python`` functions: the server's
+            (:class:`~flight_serve.functions.python.SandboxConfig`, its hidden paths and
+            ``--allow-unsandboxed-python``); ``None``: ``SandboxConfig()``.
     """
 
     pipeline: str
@@ -96,6 +102,7 @@ class JobRequest:
     state_root: str
     checkpoint_interval_s: float
     upgrade: bool = False
+    sandbox: SandboxConfig | None = None
 
     def plan(self) -> PipelinePlan:
         """The pipeline, planned as its job plans it.
@@ -142,6 +149,7 @@ def check_job(request: JobRequest) -> tuple[int, dict[str, str]]:
         parallelism[0],
         parallelism[1],
         request.state_root,
+        request.sandbox,
     )
     driver = spec.runtime()
     check_distributable(driver)
@@ -281,6 +289,7 @@ class JobCoordinator:
                 resume="latest",
                 restart_finished=False,
                 upgrade=request.upgrade,
+                sandbox=request.sandbox,
                 on_checkpoint=self._on_checkpoint,
                 on_status=self._on_status,
                 on_restart=self._on_restart,

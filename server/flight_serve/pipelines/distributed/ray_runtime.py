@@ -108,8 +108,10 @@ def import_ray() -> Any:
 
 
 def start_ray(ray: Any, address: str | None = None) -> None:
-    """``ray.init`` as flight-serve calls it: without an address a local Ray on loopback with two
-    CPUs, no dashboard and no log forwarding; with one, a connection to that cluster.
+    """``ray.init`` as flight-serve calls it: without an address a new local Ray on loopback with
+    two CPUs, no dashboard and no log forwarding (Ray's ``address="local"``: not a cluster that
+    ``ray start`` left running on this machine, nor ``RAY_ADDRESS``; ``auto`` joins those); with
+    one, a connection to that cluster.
 
     ``ray.init`` installs two signal handlers in the driver over wasmtime's (SIGILL, SIGSEGV,
     SIGBUS, SIGFPE): Ray's failure signal handler (abseil's) and Python's ``faulthandler`` when
@@ -133,8 +135,9 @@ def start_ray(ray: Any, address: str | None = None) -> None:
 
         ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     had_faulthandler = faulthandler.is_enabled()
-    if address is None:
+    if address is None:  # "local": a new one even when `ray start` left a cluster running here
         ray.init(
+            address="local",
             num_cpus=2,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
@@ -705,7 +708,9 @@ def _checkpointed_attempt(
         upgrade=job.upgrade,
     )
     attempts.append(coordinator.resumed_from)
-    driver = PipelineRuntime(job.plan, output_dir=job.out_dir, coordinator=coordinator)
+    driver = PipelineRuntime(
+        job.plan, output_dir=job.out_dir, coordinator=coordinator, sandbox=job.spec.sandbox
+    )
     restore = _restore_of(coordinator, driver)
     barriers = _Barriers(job.ray, coordinator, driver, job.spec, stop)
     driver.open_sinks()
@@ -743,6 +748,7 @@ def run_on_ray(
     stop: threading.Event | None = None,
     restart_finished: bool = True,
     upgrade: bool = False,
+    sandbox: Any = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -782,6 +788,9 @@ def run_on_ray(
             run only completes its last commit (a server's pipeline).
         upgrade: the checkpoint may be another version's of the pipeline with the same
             stateful operators (``pipelines update``), as an embedded run's ``upgrade``.
+        sandbox: how the workers run ``LANGUAGE python`` functions (a
+            :class:`~flight_serve.functions.python.SandboxConfig`: hidden paths,
+            ``unsandboxed``); ``None``: the default sandbox.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -822,7 +831,7 @@ def run_on_ray(
             root = str(out_dir / "checkpoints" / path.stem)
         if "://" not in root:
             root = str(Path(root).resolve())  # the actors' working directory is not ours
-    spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root)
+    spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root, sandbox)
     driver = spec.runtime()
     check_distributable(driver)
     splits = assign_splits(driver, p)

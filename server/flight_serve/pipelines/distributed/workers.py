@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -70,6 +70,9 @@ from flight_serve.pipelines.graph import Collector, Node, PluginNode, Stream, Wi
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.types import MAX_WATERMARK_NS
+
+if TYPE_CHECKING:
+    from flight_serve.functions.python import SandboxConfig
 
 __all__ = [
     "Cut",
@@ -236,6 +239,9 @@ class JobSpec:
         max_parallelism: key groups (≥ parallelism).
         state_root: the checkpoints' state root (a path or ``pyarrow.fs`` URI every worker
             reaches), ``None``: no checkpoints.
+        sandbox: how the workers run the pipeline's ``LANGUAGE python`` functions (the
+            submitting server's: its hidden paths, ``--allow-unsandboxed-python``); ``None``:
+            ``SandboxConfig()``.
     """
 
     sql: str
@@ -244,11 +250,14 @@ class JobSpec:
     parallelism: int
     max_parallelism: int
     state_root: str | None = None
+    sandbox: SandboxConfig | None = None
 
     def runtime(self, *, load_tables: bool = True) -> PipelineRuntime:
         """The pipeline's runtime, built as an embedded run builds it."""
         plan = parse_pipeline(self.sql, path=Path(self.path))
-        return PipelineRuntime(plan, output_dir=Path(self.output_dir), load_tables=load_tables)
+        return PipelineRuntime(
+            plan, output_dir=Path(self.output_dir), load_tables=load_tables, sandbox=self.sandbox
+        )
 
 
 def _root_source(runtime: PipelineRuntime, window: WindowNode) -> str:
