@@ -7,6 +7,7 @@ here, ``num_cpus=2``, loopback); its worker actors are pooled between runs. Skip
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import os
 import re
@@ -849,12 +850,13 @@ def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_ser
     def status() -> dict[str, Any]:
         return dict(act(server.location, "pipeline.status", {"id": pid}))
 
-    wait_until(
-        lambda: len(status()["job"]["instances"]) == 2
-        and all(i["rows_in"] > 0 for i in status()["job"]["instances"]),
-        "both instances with rows in",
-        90,
-    )
+    def going() -> bool:  # rows in and a finite watermark (every file's first batch merged)
+        instances = status()["job"]["instances"]
+        return len(instances) == 2 and all(
+            i["rows_in"] > 0 and i["watermark"] not in (None, "+inf") for i in instances
+        )
+
+    wait_until(going, "both instances with rows in and a watermark", 90)
     samples = scrape_metrics(metrics_port)
     for family in (
         "flight_serve_job_instance_watermark_seconds",
@@ -891,11 +893,11 @@ def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_ser
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (bwrap): the sandbox")
-def test_a_ray_jobs_python_functions_run_in_the_servers_sandbox(
+def test_a_ray_jobs_uploaded_python_function_runs_in_the_servers_sandbox(
     ray_session: Any, flights_dir: Path, tmp_path: Path, servers: dict[str, Any]
 ) -> None:
-    """A Python function of a job on Ray runs in the submitting server's sandbox: the server's
-    data directory (which holds its registry, so it is never empty) is an empty directory in
+    """A Python function of a job on Ray, its code uploaded with the submit (``USING`` a file
+    no worker could read), runs in the submitting server's sandbox: the server's data directory (which holds its registry, so it is never empty) is an empty directory in
     every worker's sandbox, as it is for the server's own pipelines.
 
     The test's data directory is under /tmp, which the default sandbox (``SandboxConfig()``)
@@ -910,15 +912,18 @@ def test_a_ray_jobs_python_functions_run_in_the_servers_sandbox(
     data = tmp_path / "data"
     job_out = tmp_path / "job"
     text = checkpointed_job(flights_dir, job_out).read_text().replace(CHECKPOINTED, "")
-    peek = f"""CREATE FUNCTION peek(x INT) RETURNS INT LANGUAGE python AS $$
-import os
+    code = f"""import os
 import pyarrow as pa
 def peek(x):
     seen = os.listdir(DATA) if os.path.isdir(DATA) else None
     return pa.array([-1 if seen is None else len(seen)] * len(x), pa.int32())
 DATA = {str(data.absolute())!r}
-$$;
 """
+    # uploaded with the submit, in no directory a worker reads: the job gets the stored code
+    peek = (
+        "CREATE FUNCTION peek(x INT) RETURNS INT LANGUAGE python USING 'udfs/peek.py' "
+        "WITH (handler = 'peek');\n"
+    )
     sql = (
         "SET parallelism = 2;\n" + peek + text
         + "\nCREATE SINK peeked WITH (connector = 'file', format = 'parquet');\n"
@@ -927,9 +932,9 @@ $$;
     server = servers["a"] = ServeProcess(
         data, free_port(), args=("--ray-address", f"127.0.0.1:{port}"), RAY_AUTH_MODE="token"
     )
-    pid = act(
-        server.location, "pipeline.submit", {"sql": sql, "name": "p", "output_dir": str(job_out)}
-    )["id"]
+    files = {"udfs/peek.py": base64.b64encode(code.encode()).decode()}
+    body = {"sql": sql, "name": "p", "output_dir": str(job_out), "files": files}
+    pid = act(server.location, "pipeline.submit", body)["id"]
     assert list(data.iterdir())  # the registry at least
 
     def finished() -> bool:

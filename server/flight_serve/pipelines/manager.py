@@ -66,7 +66,7 @@ from flight_serve.pipelines.distributed.jobs import (
 )
 from flight_serve.pipelines.durable import CheckpointInfo, DurableRuntime, PipelineStopped
 from flight_serve.pipelines.graph import WindowNode
-from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry, sql_digest
 from flight_serve.pipelines.store_io import StoreSource
@@ -507,11 +507,25 @@ class PipelineManager:
                 self._ray_connected = not before
             return self._ray
 
-    def job_request(self, record: PipelineRecord) -> JobRequest:
+    def job_request(
+        self, record: PipelineRecord, function_files: Mapping[str, bytes] | None = None
+    ) -> JobRequest:
         """What ``record``'s job on Ray runs: its text, directories, state root (its
         ``state_root``, else ``<data-dir>/checkpoints/<id>``: on a cluster of several nodes, a
-        path every node reaches) and the server's checkpoint interval in seconds."""
-        options = parse_pipeline(record.sql, base_dir=Path(record.base_dir)).run_options
+        path every node reaches), the server's checkpoint interval in seconds and sandbox, and
+        its ``USING`` files' code (``function_files``, else the copy stored for the record's
+        version in ``<data-dir>/functions``).
+
+        Raises:
+            PipelineSQLError, FunctionDefinitionError: the text does not plan.
+            StorageError: the stored code cannot be read.
+        """
+        if function_files is None:
+            function_files = CodeStore(self.data_dir).load(record.code_key or record.id)
+        files = dict(function_files) if function_files else None
+        options = parse_pipeline(
+            record.sql, base_dir=Path(record.base_dir), function_files=files
+        ).run_options
         root = options.state_root or str((self.data_dir / "checkpoints" / record.id).absolute())
         return JobRequest(
             pipeline=record.id,
@@ -523,6 +537,7 @@ class PipelineManager:
             checkpoint_interval_s=self.checkpoint_interval.total_seconds(),
             upgrade=record.version > 1,
             sandbox=self.sandbox,
+            function_files=files,
         )
 
     def _launch(self, record: PipelineRecord, runtime: DurableRuntime | None) -> None:
@@ -730,7 +745,7 @@ class PipelineManager:
             plan = parse_pipeline(sql, base_dir=Path(base), function_files=function_files)
             if (plan.run_options.parallelism or 1) > 1:
                 return self._submit_ray(
-                    dataclasses.replace(record, runtime="ray"), same, changed_by
+                    dataclasses.replace(record, runtime="ray"), same, changed_by, plan
                 )
         # refuses a bad pipeline before anything is registered
         runtime = self.build(record, function_files=function_files)
@@ -763,18 +778,25 @@ class PipelineManager:
         }
 
     def _submit_ray(
-        self, record: PipelineRecord, same: list[PipelineRecord], changed_by: str | None
+        self,
+        record: PipelineRecord,
+        same: list[PipelineRecord],
+        changed_by: str | None,
+        plan: PipelinePlan,
     ) -> dict[str, Any]:
-        """:meth:`submit` of a pipeline that runs as a job on the server's Ray cluster."""
+        """:meth:`submit` of a pipeline that runs as a job on the server's Ray cluster
+        (``plan``: its text planned, with the code of its ``USING`` files, uploaded or read
+        from its base directory: stored with it, sent to the job)."""
         pid = record.id
-        request = self.job_request(record)
+        request = self.job_request(record, plan.function_files)
         parallelism, targets = check_job(request)  # refuses it before anything is registered
         ray = self.ray()  # refuses it when the cluster does not answer
         for old in same:
             self.registry.log(old.id, "info", f"replaced by {pid}")
             self.cancel(old.id)
-        plan = request.plan()
         functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
+        if plan.function_files:  # the job and a restarted server read the code from here
+            CodeStore(self.data_dir).save(pid, plan.function_files)
         record = self.registry.add(
             pid,
             record.name,
@@ -1129,7 +1151,7 @@ class PipelineManager:
         resumes; a mismatch fails that job (the refusal before stopping catches the cases
         :func:`~flight_serve.pipelines.upgrade.diff_stateful` sees)."""
         what, pid = "pipeline.update", record.id
-        old_plan = parse_pipeline(record.sql, base_dir=Path(record.base_dir))
+        old_plan = self.job_request(record).plan()
         plan = parse_pipeline(sql, base_dir=Path(record.base_dir), function_files=function_files)
         diff = diff_stateful(stateful_operators(old_plan), stateful_operators(plan))
         if diff:
@@ -1139,7 +1161,8 @@ class PipelineManager:
                 + "; ".join(diff)
             )
         functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
-        if sql == record.sql:
+        running = {name: spec.digest for name, spec in sorted(old_plan.user_functions.items())}
+        if sql == record.sql and functions == running:
             return {
                 "id": pid,
                 "version": record.version,
@@ -1150,8 +1173,10 @@ class PipelineManager:
                 "changed": False,
             }
         version = record.version + 1
-        staged = dataclasses.replace(record, sql=sql, version=version)
-        parallelism, _ = check_job(self.job_request(staged))  # refused before anything stops
+        code_key = f"{pid}.v{version}" if plan.function_files else None
+        staged = dataclasses.replace(record, sql=sql, version=version, code_key=code_key)
+        # refused before anything stops
+        parallelism, _ = check_job(self.job_request(staged, plan.function_files))
         run.stop_for_update()
         run.thread.join(STOP_TIMEOUT_S)
         if run.thread.is_alive():
@@ -1169,11 +1194,13 @@ class PipelineManager:
             )
         stopped_at = (last.get("checkpoint") or {}).get("epoch")
         change = f"updated from version {record.version} at checkpoint {stopped_at}"
+        if code_key is not None:
+            CodeStore(self.data_dir).save(code_key, plan.function_files)
         committed = self.registry.add_version(
             pid,
             sql,
             functions=functions,
-            code_key=None,
+            code_key=code_key,
             changed_by=changed_by,
             change=change + (f": {note}" if note else ""),
             epoch=stopped_at,

@@ -92,6 +92,8 @@ class JobRequest:
         sandbox: how the job runs ``LANGUAGE python`` functions: the server's
             (:class:`~flight_serve.functions.python.SandboxConfig`, its hidden paths and
             ``--allow-unsandboxed-python``); ``None``: ``SandboxConfig()``.
+        function_files: the code of its ``USING '<file>'`` functions by path as written (the
+            server's stored copy, so no node needs the files); ``None``: read from ``base_dir``.
     """
 
     pipeline: str
@@ -103,6 +105,7 @@ class JobRequest:
     checkpoint_interval_s: float
     upgrade: bool = False
     sandbox: SandboxConfig | None = None
+    function_files: dict[str, bytes] | None = None
 
     def plan(self) -> PipelinePlan:
         """The pipeline, planned as its job plans it.
@@ -110,7 +113,7 @@ class JobRequest:
         Raises:
             PipelineSQLError, FunctionDefinitionError: it does not plan.
         """
-        return parse_pipeline(self.sql, path=self.path())
+        return parse_pipeline(self.sql, path=self.path(), function_files=self.function_files)
 
     def path(self) -> Path:
         """The pipeline's name as a file in ``base_dir`` (it need not exist: relative paths
@@ -150,6 +153,7 @@ def check_job(request: JobRequest) -> tuple[int, dict[str, str]]:
         parallelism[1],
         request.state_root,
         request.sandbox,
+        request.function_files,
     )
     driver = spec.runtime()
     check_distributable(driver)
@@ -290,6 +294,7 @@ class JobCoordinator:
                 restart_finished=False,
                 upgrade=request.upgrade,
                 sandbox=request.sandbox,
+                function_files=request.function_files,
                 on_checkpoint=self._on_checkpoint,
                 on_status=self._on_status,
                 on_restart=self._on_restart,

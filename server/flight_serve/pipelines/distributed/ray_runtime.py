@@ -749,6 +749,7 @@ def run_on_ray(
     restart_finished: bool = True,
     upgrade: bool = False,
     sandbox: Any = None,
+    function_files: dict[str, bytes] | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -791,6 +792,9 @@ def run_on_ray(
         sandbox: how the workers run ``LANGUAGE python`` functions (a
             :class:`~flight_serve.functions.python.SandboxConfig`: hidden paths,
             ``unsandboxed``); ``None``: the default sandbox.
+        function_files: the code of the ``CREATE FUNCTION … USING '<file>'`` files by path as
+            written (a submitted pipeline's stored code, sent to every worker); ``None``: read
+            from ``path``'s directory.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -809,7 +813,7 @@ def run_on_ray(
     path = path.resolve()
     if sql is None:
         sql = path.read_text()
-    plan = parse_pipeline(sql, path=path)
+    plan = parse_pipeline(sql, path=path, function_files=function_files)
     run_options = options if options is not None else plan.run_options
     p, max_p = resolve_parallelism(
         parallelism, run_options.parallelism, run_options.max_parallelism
@@ -831,7 +835,7 @@ def run_on_ray(
             root = str(out_dir / "checkpoints" / path.stem)
         if "://" not in root:
             root = str(Path(root).resolve())  # the actors' working directory is not ours
-    spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root, sandbox)
+    spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root, sandbox, function_files)
     driver = spec.runtime()
     check_distributable(driver)
     splits = assign_splits(driver, p)

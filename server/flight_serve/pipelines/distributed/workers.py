@@ -242,6 +242,8 @@ class JobSpec:
         sandbox: how the workers run the pipeline's ``LANGUAGE python`` functions (the
             submitting server's: its hidden paths, ``--allow-unsandboxed-python``); ``None``:
             ``SandboxConfig()``.
+        function_files: the code of its ``CREATE FUNCTION … USING '<file>'`` by path as
+            written (what the server stored at submit); ``None``: read from the file's directory.
     """
 
     sql: str
@@ -251,10 +253,11 @@ class JobSpec:
     max_parallelism: int
     state_root: str | None = None
     sandbox: SandboxConfig | None = None
+    function_files: dict[str, bytes] | None = None
 
     def runtime(self, *, load_tables: bool = True) -> PipelineRuntime:
         """The pipeline's runtime, built as an embedded run builds it."""
-        plan = parse_pipeline(self.sql, path=Path(self.path))
+        plan = parse_pipeline(self.sql, path=Path(self.path), function_files=self.function_files)
         return PipelineRuntime(
             plan, output_dir=Path(self.output_dir), load_tables=load_tables, sandbox=self.sandbox
         )
