@@ -290,7 +290,12 @@ class _RayRun:
                         pid,
                         "info",
                         f"started on Ray as job {self.name}"
-                        + (" (again, from its last checkpoint)" if starts else ""),
+                        # again: this thread started or followed it before, and it is gone
+                        + (
+                            " (again, from its last checkpoint)"
+                            if starts or self.job is not None
+                            else ""
+                        ),
                     )
                     starts += 1
                 else:
