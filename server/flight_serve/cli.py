@@ -921,7 +921,10 @@ def _action(
                     options=flight.FlightCallOptions(timeout=60, headers=headers),
                 )
             )
-    except flight.FlightUnavailableError:
+    except flight.FlightUnavailableError as exc:
+        said = str(exc).strip().split(". Detail: ", 1)[0].strip()
+        if "request id" in said:  # flight-serve answered: something behind it is down
+            raise RuntimeError(said.splitlines()[0]) from None
         hint = ""
         if location.startswith("grpc+tls://"):
             hint = (

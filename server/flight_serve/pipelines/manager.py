@@ -290,7 +290,12 @@ class _RayRun:
                         pid,
                         "info",
                         f"started on Ray as job {self.name}"
-                        + (" (again, from its last checkpoint)" if starts else ""),
+                        # again: this thread started or followed it before, and it is gone
+                        + (
+                            " (again, from its last checkpoint)"
+                            if starts or self.job is not None
+                            else ""
+                        ),
                     )
                     starts += 1
                 else:
@@ -737,6 +742,8 @@ class PipelineManager:
                 'the body) to run a second copy, or replace it (--replace, "replace": true: '
                 "it is cancelled first)"
             )
+        for old in same:  # --replace cancels it: refused before anything is built
+            self._refuse_unfollowed("pipeline.submit", old)
         pid = f"{_slug(name)}-{uuid.uuid4().hex[:8]}"
         base = str(Path(base_dir) if base_dir else self.data_dir.absolute())
         out = str(Path(output_dir) if output_dir else (self.data_dir / "outputs" / pid).absolute())
@@ -933,6 +940,22 @@ class PipelineManager:
             ],
         }
 
+    def _refuse_unfollowed(self, what: str, record: PipelineRecord) -> None:
+        """Refuse to act on a running Ray pipeline from a server without ``--ray-address``: its
+        job may still run on the cluster, and this server can neither reach it nor stop it (a
+        ``cancelled`` here would leave the job running, its checkpoints removed under it, and no
+        server would follow it again).
+
+        Raises:
+            InvalidInputError: ``record`` runs on Ray and this server has no Ray address.
+        """
+        if record.runtime == "ray" and self.ray_address is None and record.state == "running":
+            raise InvalidInputError(
+                f"{what}: pipeline {record.id} runs as a job on Ray and this server was started "
+                "without --ray-address, so it cannot reach the job (it may still run there); "
+                "restart the server with its cluster's address (serve --ray-address HOST:PORT)"
+            )
+
     def cancel(self, pid: str) -> dict[str, Any]:
         """Checkpoint and stop ``pid``; its state becomes ``cancelled``.
 
@@ -944,6 +967,7 @@ class PipelineManager:
 
     def _cancel(self, pid: str) -> dict[str, Any]:
         record = self.registry.get(pid)
+        self._refuse_unfollowed("pipeline.cancel", record)
         with self._lock:
             run = self._runs.get(pid)
         if run is not None and run.thread.is_alive():
@@ -1027,6 +1051,7 @@ class PipelineManager:
                 f"{what}: pipeline {pid} is {record.state}; only a running pipeline is updated "
                 "(submit the new text instead)"
             )
+        self._refuse_unfollowed(what, record)
         with self._lock:
             run = self._runs.get(pid)
         if isinstance(run, _RayRun) and run.thread.is_alive():
@@ -1236,7 +1261,7 @@ class PipelineManager:
         runtime = run.runtime if run is not None else None
         if record.state != "running":
             raise InvalidInputError(f"pipeline {pid} is {record.state}, not running")
-        if isinstance(run, _RayRun):
+        if isinstance(run, _RayRun) or record.runtime == "ray":
             raise InvalidInputError(
                 f"pipeline {pid} runs on Ray: it checkpoints on its interval; a checkpoint on "
                 "demand is not supported there yet"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import socket
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -32,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flight_serve.errors import FlightServeError
+from flight_serve.errors import ExternalError, FlightServeError
 from flight_serve.pipelines.connect import check_checkpointed
 from flight_serve.pipelines.coordinator import CheckpointInfo, PipelineStopped
 from flight_serve.pipelines.distributed.ray_runtime import (
@@ -168,21 +169,52 @@ def connect(address: str) -> Any:
     ``RAY_AUTH_TOKEN_PATH``), as every Ray client does.
 
     Raises:
-        FlightServeError: Ray is not installed (the message names the extra), or the cluster
-            does not answer or refuses this client (the message says what to set).
+        FlightServeError: Ray is not installed (the message names the extra).
+        ExternalError: the cluster does not answer or refuses this client (the message says
+            what to set).
     """
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    _check_reachable(address)
     try:
         start_ray(ray, address)
     except (ConnectionError, RuntimeError) as exc:
-        raise FlightServeError(
+        raise ExternalError(
             f"cannot connect to the Ray cluster at {address}: {exc}; a cluster with token "
             "authentication (Ray's default) needs RAY_AUTH_MODE=token and its token "
             "(~/.ray/auth_token, or RAY_AUTH_TOKEN) in the server's environment"
         ) from exc
     return ray
+
+
+#: Seconds :func:`connect` waits for a TCP connection to the cluster's address before it gives
+#: up (``ray.init`` itself retries a port where nothing listens for many minutes).
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Refuse at once an address (``host:port`` or ``ray://host:port``) where nothing accepts
+    a TCP connection: ``ray.init`` would retry it for many minutes, holding the caller (a
+    ``pipeline.submit``) past any client's deadline. ``auto`` and addresses without a port are
+    left to Ray.
+
+    Raises:
+        ExternalError: nothing answers at that host and port.
+    """
+    rest = address[len("ray://") :] if address.startswith("ray://") else address
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ExternalError(
+            f"cannot connect to the Ray cluster at {address}: nothing answers at {host}:{port} "
+            f"within {CONNECT_TIMEOUT_S:g} s ({exc}); start it (ray start --head --port {port}) "
+            "or give serve --ray-address the GCS address of a running cluster"
+        ) from exc
 
 
 def start_job(ray: Any, name: str, request: JobRequest) -> Any:
