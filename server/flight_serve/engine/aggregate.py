@@ -71,8 +71,6 @@ from typing import Any, cast
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flight_serve.engine import sketches
-
 SUPPORTED = (
     "count",
     "sum",
@@ -167,6 +165,8 @@ class AggregateCall:
         """The DataFusion scalar UDFs the partial and merge SQL call (register them first)."""
         names = _UDFS.get(self.func, ())
         if names and not _SCALAR_UDFS:
+            from flight_serve.engine import sketches
+
             _SCALAR_UDFS.update(sketches.scalar_udfs())
         return [_SCALAR_UDFS[n] for n in names]
 
@@ -299,9 +299,13 @@ class AggregateCall:
         if func in _MOMENTS:
             return _moments_final(state[f"{prefix}m"], func)
         if func == "approx_distinct":
+            from flight_serve.engine import sketches
+
             return _chunked(sketches.hll_estimate(state[f"{prefix}h"]))
         if func == "approx_percentile_cont":
             assert self.percentile is not None
+            from flight_serve.engine import sketches
+
             quantile = sketches.dd_quantile(state[f"{prefix}q"], self.percentile)
             return _chunked(quantile.cast(state.schema.field(f"{prefix}z").type))
         return state[f"{prefix}v"]

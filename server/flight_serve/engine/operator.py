@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import datafusion
 import numpy as np
@@ -50,7 +50,6 @@ import pyarrow.compute as pc
 from flight_serve._arrow import ColumnMismatch, conform_batch, ipc_bytes, read_ipc_table
 from flight_serve.engine import fold
 from flight_serve.engine.aggregate import AggregateCall, float_sql_type, quote_ident
-from flight_serve.engine.fold_session import SessionFoldState
 from flight_serve.engine.sqlguard import check_sql
 from flight_serve.engine.watermark import WatermarkTracker
 from flight_serve.engine.windows import (
@@ -63,6 +62,9 @@ from flight_serve.engine.windows import (
 )
 from flight_serve.errors import CheckpointError, EventTimeError, InvalidInputError, QueryError
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS, NS_PER_UNIT, timedelta_to_ns
+
+if TYPE_CHECKING:  # cold start: only session windows fold through it
+    from flight_serve.engine.fold_session import SessionFoldState
 
 WS, WE, TS = "__ws", "__we", "__ts"
 #: pane bookkeeping columns: changed since last emission (0/1), last emitted revision (-1: none)
@@ -445,6 +447,8 @@ class WindowOperator:
         if config.fold_state and isinstance(w, SessionWindow) and not self._update:
             fold_plan = fold.plan(config.aggregates, config.key_columns, input_schema)
             if fold_plan is not None:
+                from flight_serve.engine.fold_session import SessionFoldState
+
                 key_map = fold.KeyMap(input_schema, config.key_columns)
                 self._sfold = SessionFoldState(fold_plan, w.gap_ns, key_map)
 

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import datafusion
 import pyarrow as pa
@@ -35,10 +35,12 @@ from flight_serve.engine.sqlguard import check_sql
 from flight_serve.errors import QueryError
 from flight_serve.pipelines.dialect import sql_error
 from flight_serve.pipelines.pipeline import FunctionDef, QueryDef
-from flight_serve.pipelines.plugins import PluginHub, send_slices
 from flight_serve.pipelines.query import unknown_column
 from flight_serve.pipelines.user_functions import FunctionSet
 from flight_serve.types import MAX_WATERMARK_NS
+
+if TYPE_CHECKING:  # cold start: only a pipeline with a plugin stage loads the plugin hub
+    from flight_serve.pipelines.plugins import PluginHub
 
 __all__ = [
     "Collector",
@@ -378,8 +380,11 @@ class PluginNode(Node):
         function: FunctionDef,
         hub: PluginHub,
     ) -> None:
+        from flight_serve.pipelines.plugins import send_slices
+
         super().__init__(out, query, input, nullable(function.returns))
         self.function = function
+        self._send_slices = send_slices
         self.stage = hub.stage(
             function.plugin,
             input.schema,
@@ -401,7 +406,7 @@ class PluginNode(Node):
     def process(self, partition: str, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
             return
-        for piece in send_slices(batch):  # each message under gRPC's default 4 MiB
+        for piece in self._send_slices(batch):  # each message under gRPC's default 4 MiB
             while self.stage.outstanding >= self.function.max_in_flight:  # backpressure
                 self.pump(block=True)
             self.events.append(self.stage.submit(piece, partition))

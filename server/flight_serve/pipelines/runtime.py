@@ -49,7 +49,6 @@ from flight_serve.errors import (
 )
 from flight_serve.pipelines.connect import CONNECTORS, REGISTRY, EpochSinkArgs, connector_of
 from flight_serve.pipelines.dialect import sql_error
-from flight_serve.pipelines.function_nodes import TableFunctionNode
 from flight_serve.pipelines.graph import (
     Node,
     PluginNode,
@@ -60,7 +59,6 @@ from flight_serve.pipelines.graph import (
     columns_text,
 )
 from flight_serve.pipelines.pipeline import PipelinePlan, QueryDef
-from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.slots import SinkSlot
 from flight_serve.pipelines.user_functions import FunctionSet
 from flight_serve.types import MIN_WATERMARK_NS
@@ -68,6 +66,7 @@ from flight_serve.types import MIN_WATERMARK_NS
 if TYPE_CHECKING:  # cold start: a run without checkpoints, functions or a server loads none of them
     from flight_serve.functions.python import SandboxConfig
     from flight_serve.pipelines.coordinator import CheckpointCoordinator
+    from flight_serve.pipelines.plugins import PluginHub
     from flight_serve.store import StreamStore
 
 # CONNECTORS: see .connect; SinkSlot: see .slots
@@ -171,6 +170,8 @@ class PipelineRuntime:
             data_dir if data_dir is not None else (output_dir or Path.cwd()) / "flight-data"
         )
         if plugins is None and not load_tables:  # explain: plugin stages are built, never run
+            from flight_serve.pipelines.plugins import PluginHub
+
             plugins = PluginHub()
         self.plugins = plugins
         #: "waiting for plugin <name>" while a plugin stage waits for an instance, else None
@@ -336,6 +337,8 @@ class PipelineRuntime:
         """The plugin node in front of ``query`` (``FROM <f>(<input>)``); its hidden stream."""
         assert query.function is not None
         if query.function in self.plan.user_functions:  # a user table function, in-process call
+            from flight_serve.pipelines.function_nodes import TableFunctionNode
+
             spec = self.plan.user_functions[query.function]
             udtf = TableFunctionNode(
                 self,
@@ -782,6 +785,8 @@ class PipelineRuntime:
         held now, windowed only, else None)}``; a windowed node also ``partitions``: each input
         partition's own watermark, ``[{partition (a writer's name, "" unnamed; a file's path),
         watermark_ns (None before progress, the largest int64 once ended), idle, finished}]``."""
+        from flight_serve.pipelines.function_nodes import TableFunctionNode
+
         out: list[dict[str, Any]] = []
         for n in self.nodes:
             node_id, kind, label = f"query:{n.query.index}", "map", n.query.label

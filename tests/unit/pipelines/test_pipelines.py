@@ -427,21 +427,27 @@ def test_flight_serve_pipeline_is_exported_lazily() -> None:
 
 #: What ``flight-serve run`` of a file -> stdout window pipeline must not load (cold start,
 #: DESIGN §11; benchmarks ``coldstart``): the other connectors and their glue, the stream store,
-#: checkpoints (pyarrow.fs and ssl), the sandbox of Python functions, the Flight server side.
+#: checkpoints (pyarrow.fs and ssl), the sandbox of Python functions, the Flight server side;
+#: and what only other kinds of pipeline use (plugin stages, table functions, session windows,
+#: the approx_* sketches).
 _NOT_ON_THE_RUN_PATH = {
     "falkordb",
     "flight_serve.connectors.datagen",
     "flight_serve.connectors.falkordb",
     "flight_serve.connectors.flight",
     "flight_serve.connectors.iceberg",
+    "flight_serve.engine.fold_session",
+    "flight_serve.engine.sketches",
     "flight_serve.flight",
     "flight_serve.functions.python",
     "flight_serve.pipelines.checkpoint",
     "flight_serve.pipelines.coordinator",
     "flight_serve.pipelines.epoch_sinks",
     "flight_serve.pipelines.flight_io",
+    "flight_serve.pipelines.function_nodes",
     "flight_serve.pipelines.graph_io",
     "flight_serve.pipelines.iceberg_io",
+    "flight_serve.pipelines.plugins",
     "flight_serve.pipelines.store_io",
     "flight_serve.store",
     "grpc",
