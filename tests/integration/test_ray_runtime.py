@@ -767,6 +767,9 @@ def test_a_submitted_job_outlives_its_server_survives_a_worker_kill_rescales_and
         return dict(act(server.location, "pipeline.status", {"id": pid}))
 
     wait_until(lambda: any("following its job on Ray" in m for m in logs()), "re-attach", 60)
+    wait_until(lambda: status()["job"]["state"] == "running", "the job's status", 30)
+    # the job's lines are copied once, not again by the server that re-attached
+    assert [m for m in logs() if "running on Ray" in m] == ["running on Ray at parallelism 2"]
     wait_until(lambda: len(status()["job"]["instances"]) == 2, "the instances in status", 60)
     shown = status()
     assert shown["state"] == "running"
@@ -798,6 +801,10 @@ def test_a_submitted_job_outlives_its_server_survives_a_worker_kill_rescales_and
     final = status()
     assert final["version"] == 2
     assert [v["version"] for v in final["versions"]] == [1, 2]
+    assert [m for m in logs() if "running on Ray" in m] == [
+        "running on Ray at parallelism 2",
+        "running on Ray at parallelism 3",
+    ]
     assert final["rows_out"] == {"hourly_departures": 19486, "very_late": len(expected["very_late"])}
     assert sink_rows(job_out) == expected
     # the finished job's actors are gone

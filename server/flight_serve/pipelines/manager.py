@@ -319,10 +319,18 @@ class _RayRun:
         """Follow ``job`` until it ends (``True``) or the server detaches (``True``); ``False``:
         the job is gone (its coordinator died for good), to be started again."""
         registry, pid = self.manager.registry, self.id
-        seen, epoch, misses = 0, None, 0
+        # the job's log lines copied already (by this server or one before it): a coordinator
+        # (its start time) and its line number; a coordinator Ray restarted numbers from 1 again
+        started, _, line = (registry.get(pid).job_log_cursor or "").rpartition(":")
+        seen = int(line) if line.isdigit() else 0
+        epoch, misses = None, 0
         while True:
             try:
                 status = ray.get(job.status.remote(seen), timeout=JOB_CALL_TIMEOUT_S)
+                if repr(status["started_at"]) != started:  # another coordinator: all its lines
+                    if seen:
+                        status = ray.get(job.status.remote(0), timeout=JOB_CALL_TIMEOUT_S)
+                    started, seen = repr(status["started_at"]), 0
                 misses = 0
             except Exception as exc:  # the actor died, is restarting, or does not answer
                 if self.detached.is_set():
@@ -339,6 +347,8 @@ class _RayRun:
             for seq, level, message in status["log"]:
                 registry.log(pid, str(level), str(message))
                 seen = int(seq)
+            if status["log"]:
+                registry.set_job_log_cursor(pid, f"{started}:{seen}")
             checkpoint = status.get("checkpoint")
             if checkpoint is not None and checkpoint["epoch"] != epoch:
                 epoch = checkpoint["epoch"]
@@ -1063,6 +1073,12 @@ class PipelineManager:
                 "to retry); ask again once it runs"
             )
         plan = parse_pipeline(sql, base_dir=Path(record.base_dir), function_files=function_files)
+        if self.ray_address is not None and (plan.run_options.parallelism or 1) > 1:
+            raise InvalidInputError(
+                f"{what}: pipeline {pid} runs in this server (parallelism 1); an update does not "
+                f"move it to Ray (SET parallelism = {plan.run_options.parallelism}): cancel it "
+                "and submit the new text, which runs on Ray from the start (nothing was changed)"
+            )
         old, new = stateful_operators(runtime.plan), stateful_operators(plan)
         diff = diff_stateful(old, new)
         if diff:

@@ -69,7 +69,8 @@ CREATE TABLE IF NOT EXISTS pipeline_versions (
 #: added columns come last in ``SELECT *``)
 _COLUMNS = (
     "id, name, sql, base_dir, output_dir, state, submitted_at, updated_at, attempts, "
-    "last_error, last_checkpoint, metrics, last_error_kind, version, code_key, runtime"
+    "last_error, last_checkpoint, metrics, last_error_kind, version, code_key, runtime, "
+    "job_log_cursor"
 )
 
 
@@ -106,6 +107,9 @@ class PipelineRecord:
             :class:`~flight_serve.pipelines.user_functions.CodeStore` (``None``: its id).
         runtime: where it runs: ``embedded`` (a thread of the server) or ``ray`` (a detached
             job on the server's Ray cluster: :mod:`~flight_serve.pipelines.distributed.jobs`).
+        job_log_cursor: for a Ray pipeline, the last of its job's log lines copied into this
+            log (``<coordinator start time>:<line number>``), so a restarted server copies
+            none twice; ``None`` before any.
     """
 
     id: str
@@ -124,6 +128,7 @@ class PipelineRecord:
     version: int = 1
     code_key: str | None = None
     runtime: str = "embedded"
+    job_log_cursor: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,7 @@ class Registry:
                 ("version", "INTEGER NOT NULL DEFAULT 1"),
                 ("code_key", "TEXT"),
                 ("runtime", "TEXT NOT NULL DEFAULT 'embedded'"),
+                ("job_log_cursor", "TEXT"),
             ):
                 if column not in columns:
                     self._db.execute(f"ALTER TABLE pipelines ADD COLUMN {column} {kind}")
@@ -203,7 +209,7 @@ class Registry:
     @staticmethod
     def _record(row: tuple[Any, ...]) -> PipelineRecord:
         pid, name, sql, base, out, state, submitted, updated, attempts = row[:9]
-        error, ckpt, metrics, kind, version, code_key, runtime = row[9:]
+        error, ckpt, metrics, kind, version, code_key, runtime, cursor = row[9:]
         return PipelineRecord(
             pid,
             name,
@@ -221,6 +227,7 @@ class Registry:
             int(version or 1),
             code_key,
             runtime or "embedded",
+            cursor,
         )
 
     def add(
@@ -373,6 +380,11 @@ class Registry:
             "UPDATE pipelines SET last_checkpoint = ?, metrics = ?, updated_at = ? WHERE id = ?",
             (json.dumps(checkpoint), json.dumps(metrics), _now(), pid),
         )
+
+    def set_job_log_cursor(self, pid: str, cursor: str | None) -> None:
+        """Record the last job log line copied into ``pid``'s log
+        (:attr:`PipelineRecord.job_log_cursor`)."""
+        self._run("UPDATE pipelines SET job_log_cursor = ? WHERE id = ?", (cursor, pid))
 
     def log(self, pid: str, level: str, message: str) -> None:
         """Append a line to ``pid``'s log."""

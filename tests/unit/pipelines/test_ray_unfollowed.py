@@ -69,3 +69,29 @@ def test_a_ray_address_where_nothing_listens_is_refused_at_once() -> None:
     with pytest.raises(ExternalError, match="nothing answers"):
         _check_reachable(f"ray://127.0.0.1:{port}")
     _check_reachable("auto")  # left to Ray
+
+
+LIVE = (
+    "CREATE SOURCE events (k VARCHAR, t TIMESTAMP(3), WATERMARK FOR t AS t) "
+    "WITH (connector = 'flight', stream = 'events');\n"
+    "CREATE SINK counts WITH (connector = 'flight', stream = 'counts');\n"
+    "INSERT INTO counts SELECT k, window_start, window_end, count(*) AS n "
+    "FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;\n"
+)
+
+
+def test_an_update_does_not_move_a_pipeline_of_the_server_to_ray(tmp_path: Path) -> None:
+    """On a ``--ray-address`` server, a pipeline submitted at parallelism 1 runs in the server;
+    an update to ``SET parallelism = 3`` is refused by name (it used to make version 2 at
+    parallelism 1 in the server, silently), and version 1 goes on."""
+    data = tmp_path / "data"
+    with StreamStore(data, fsync="never") as store:
+        manager = PipelineManager(store, data, ray_address="127.0.0.1:1")  # never reached
+        try:
+            pid = manager.submit(LIVE, name="live")["id"]
+            with pytest.raises(InvalidInputError, match="does not move it to Ray"):
+                manager.update(pid, "SET parallelism = 3;\n" + LIVE)
+            record = manager.registry.get(pid)
+            assert (record.state, record.version, record.runtime) == ("running", 1, "embedded")
+        finally:
+            manager.stop()

@@ -235,6 +235,14 @@ def find_job(ray: Any, name: str) -> Any | None:
         return None
 
 
+def _reconstructed() -> bool:
+    """Whether this process is a Ray actor that Ray restarted after its process died."""
+    try:
+        return bool(import_ray().get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # not in an actor (a test builds one directly), or no Ray
+        return False
+
+
 def _checkpoint_dict(info: CheckpointInfo) -> dict[str, Any]:
     return {
         "epoch": info.epoch,
@@ -276,6 +284,13 @@ class JobCoordinator:
         self._late: dict[str, int] = {}
         self._parallelism: int | None = None
         self._started = time.time()
+        if _reconstructed():
+            self._say(
+                "warning",
+                "the job's coordinator was restarted by Ray (its process died): resuming from "
+                "the last checkpoint; its counters (checkpoints, restarts, the instances' rows) "
+                "start again",
+            )
         self._thread = threading.Thread(target=self._main, name="flight-serve-job", daemon=True)
         self._thread.start()
 
