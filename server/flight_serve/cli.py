@@ -458,7 +458,12 @@ _PIPELINE_COMMANDS = (
     ("status", "a pipeline's state, progress, watermarks and metrics", True),
     ("logs", "a pipeline's recent log lines", True),
     ("checkpoint", "take a checkpoint now and wait for it", True),
-    ("cancel", "stop a pipeline (its last checkpoint is kept)", True),
+    (
+        "cancel",
+        "checkpoint and stop a pipeline for good (its sinks keep what it committed; its "
+        "checkpoints are removed)",
+        True,
+    ),
     (
         "update",
         "run a new version of a pipeline from its state: checkpoint, stop, resume with the new "
