@@ -816,6 +816,10 @@ def test_a_submitted_job_outlives_its_server_survives_a_worker_kill_rescales_and
     )  # fmt: skip
 
 
+#: the metrics test's job: two instances, checkpoints only when asked (or at its stop)
+HOURLY = "SET parallelism = 2;\nSET checkpoint_interval = '1h';\n"
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.skipif(
@@ -851,7 +855,7 @@ def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_ser
     pid = act(
         server.location,
         "pipeline.submit",
-        {"sql": "SET parallelism = 2;\n" + PACE + paced, "name": "f", "output_dir": str(job_out)},
+        {"sql": HOURLY + PACE + paced, "name": "f", "output_dir": str(job_out)},
     )["id"]
 
     def status() -> dict[str, Any]:
@@ -882,6 +886,12 @@ def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_ser
     }
     shown = {str(i["instance"]): i["rows_in"] for i in status()["job"]["instances"]}
     assert all(0 < rows_in[i] <= shown[i] for i in ("0", "1"))  # counters only grow
+
+    # a checkpoint on demand (the job's own interval is an hour): the job arms a barrier now
+    assert status()["job"]["checkpoints"] == 0
+    taken = act(server.location, "pipeline.checkpoint", {"id": pid}, timeout_s=60)
+    assert (taken["completed"], taken["epoch"]) == (True, 1)
+    wait_until(lambda: status()["job"]["checkpoints"] == 1, "the checkpoint in status", 5)
 
     cancelled = act(server.location, "pipeline.cancel", {"id": pid}, timeout_s=60)
     assert cancelled["state"] == "cancelled"

@@ -1277,11 +1277,14 @@ class PipelineManager:
         runtime = run.runtime if run is not None else None
         if record.state != "running":
             raise InvalidInputError(f"pipeline {pid} is {record.state}, not running")
-        if isinstance(run, _RayRun) or record.runtime == "ray":
+        if record.runtime == "ray" and self.ray_address is None:
             raise InvalidInputError(
-                f"pipeline {pid} runs on Ray: it checkpoints on its interval; a checkpoint on "
-                "demand is not supported there yet"
+                f"pipeline {pid} runs on Ray and this server was started without "
+                "--ray-address, so it cannot reach the job; restart the server with its "
+                "cluster's address (serve --ray-address HOST:PORT)"
             )
+        if isinstance(run, _RayRun):
+            return self._checkpoint_ray(run, pid, wait_s)
         if runtime is None:  # its thread is (re)building it: resuming, or between retries
             raise InvalidInputError(
                 f"pipeline {pid} is starting (resuming from its checkpoint, or waiting to "
@@ -1299,6 +1302,34 @@ class PipelineManager:
             "taken_at": info.taken_at.isoformat(),
             "bytes": info.bytes,
         }
+
+    def _checkpoint_ray(self, run: _RayRun, pid: str, wait_s: float) -> dict[str, Any]:
+        """:meth:`checkpoint` of a pipeline running on Ray: the job arms a barrier now; wait
+        for a checkpoint above the last one in the job's status."""
+        job = run.job
+        if job is None or not run.thread.is_alive():
+            raise InvalidInputError(
+                f"pipeline {pid} is starting (its job on Ray is being found or started); ask "
+                "again once it runs"
+            )
+        ray = self.ray()
+        before = ray.get(job.checkpoint.remote(), timeout=JOB_CALL_TIMEOUT_S)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            status = ray.get(job.status.remote(1 << 62), timeout=JOB_CALL_TIMEOUT_S)
+            info = status.get("checkpoint")
+            if info is not None and (before is None or info["epoch"] > before):
+                return {
+                    "id": pid,
+                    "epoch": info["epoch"],
+                    "completed": True,
+                    "taken_at": info["taken_at"],
+                    "bytes": info["bytes"],
+                }
+            if status["state"] != "running":
+                break
+            time.sleep(0.05)
+        return {"id": pid, "epoch": None, "completed": False}
 
     def logs(self, pid: str, after: int = 0) -> list[LogLine]:
         """``pid``'s log lines after ``after``.

@@ -268,6 +268,7 @@ class JobCoordinator:
         self.request = request
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._checkpoint_now = threading.Event()
         self._cancel = False
         self._state = "running"
         self._error: str | None = None
@@ -342,6 +343,7 @@ class JobCoordinator:
                 upgrade=request.upgrade,
                 sandbox=request.sandbox,
                 function_files=request.function_files,
+                checkpoint_now=self._checkpoint_now,
                 on_checkpoint=self._on_checkpoint,
                 on_status=self._on_status,
                 on_restart=self._on_restart,
@@ -399,6 +401,16 @@ class JobCoordinator:
                 "started_at": self._started,
                 "log": [list(line) for line in self._log if line[0] > after],
             }
+
+    def checkpoint(self) -> int | None:
+        """Ask for a checkpoint now (``pipelines checkpoint``); returns the epoch of the last
+        completed one (the caller waits for a higher one in :meth:`status`), ``None`` if none.
+        A job that is not running ignores it."""
+        with self._lock:
+            last = self._checkpoint["epoch"] if self._checkpoint else None
+            if self._state == "running":
+                self._checkpoint_now.set()
+        return int(last) if last is not None else None
 
     def stop(self, cancel: bool) -> None:
         """Checkpoint and stop the job: ``cancelled`` (``cancel``) or ``stopped`` (a new version

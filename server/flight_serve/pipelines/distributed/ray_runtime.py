@@ -430,9 +430,12 @@ class _Barriers:
         driver: PipelineRuntime,
         spec: JobSpec,
         stop: threading.Event | None,
+        checkpoint_now: threading.Event | None = None,
     ) -> None:
         self.ray, self.coordinator, self.driver, self.spec = ray, coordinator, driver, spec
         self.stop = stop
+        #: set by a caller that wants a checkpoint now (cleared when its barrier is armed)
+        self.checkpoint_now = checkpoint_now
         coordinator.graph = self.driver  # due() asks it for pending rows
         self.sources = fed_sources(driver)
         self.barrier = 0  # the last barrier's number
@@ -534,9 +537,13 @@ class _Barriers:
         furthest = {n: max(p.get(n, 0) for p in positions) for n in self.sources}
         coordinator = self.coordinator
         coordinator.events = sum(furthest.values()) - sum(self.base.values())
-        if not stopping and not coordinator.due():
+        forced = self.checkpoint_now is not None and self.checkpoint_now.is_set()
+        if not stopping and not forced and not coordinator.due():
             self.previous = furthest
             return
+        if forced:
+            assert self.checkpoint_now is not None
+            self.checkpoint_now.clear()
         for name in self.sources:  # ahead of what the actors may consume before they hear
             moved = furthest[name] - self.previous.get(name, furthest[name])
             self.ahead[name] = max(self.ahead[name], 2 * moved)
@@ -681,6 +688,7 @@ class _Job:
     on_checkpoint: Callable[[CheckpointInfo], None] | None
     restart_finished: bool = True
     upgrade: bool = False
+    checkpoint_now: threading.Event | None = None
 
 
 def _checkpointed_attempt(
@@ -712,7 +720,7 @@ def _checkpointed_attempt(
         job.plan, output_dir=job.out_dir, coordinator=coordinator, sandbox=job.spec.sandbox
     )
     restore = _restore_of(coordinator, driver)
-    barriers = _Barriers(job.ray, coordinator, driver, job.spec, stop)
+    barriers = _Barriers(job.ray, coordinator, driver, job.spec, stop, job.checkpoint_now)
     driver.open_sinks()
     ended = False
     try:
@@ -750,6 +758,7 @@ def run_on_ray(
     upgrade: bool = False,
     sandbox: Any = None,
     function_files: dict[str, bytes] | None = None,
+    checkpoint_now: threading.Event | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -795,6 +804,9 @@ def run_on_ray(
         function_files: the code of the ``CREATE FUNCTION … USING '<file>'`` files by path as
             written (a submitted pipeline's stored code, sent to every worker); ``None``: read
             from ``path``'s directory.
+        checkpoint_now: when set, the run arms a barrier at once (unless one is in flight or
+            the sources ended) and clears it: a checkpoint on demand (``pipelines
+            checkpoint``); with checkpoints only.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -846,7 +858,16 @@ def run_on_ray(
     ended = False
     t0 = time.perf_counter()
     job = _Job(
-        ray, plan, spec, path.stem, run_options, out_dir, on_checkpoint, restart_finished, upgrade
+        ray,
+        plan,
+        spec,
+        path.stem,
+        run_options,
+        out_dir,
+        on_checkpoint,
+        restart_finished,
+        upgrade,
+        checkpoint_now,
     )
     replay = _Replay(driver, collect)
     restarts = checkpoints = declined = 0
