@@ -103,6 +103,28 @@ def _function_digests(runtime: DurableRuntime) -> dict[str, str]:
     return {name: spec.digest for name, spec in sorted(runtime.plan.user_functions.items())}
 
 
+def _update_result(
+    record: PipelineRecord,
+    version: int,
+    resumed_from: int | None,
+    sql: str,
+    functions: dict[str, str],
+    *,
+    changed: bool,
+) -> dict[str, Any]:
+    """What :meth:`PipelineManager.update` returns: the version now running, the one before,
+    the checkpoint it resumed from, the text's and functions' SHA-256, whether it changed."""
+    return {
+        "id": record.id,
+        "version": version,
+        "previous_version": record.version,
+        "resumed_from": resumed_from,
+        "sql_sha256": sql_digest(sql),
+        "functions": functions,
+        "changed": changed,
+    }
+
+
 def _iso_ns(ns: int | None) -> str | None:
     """An instant in ns as ISO 8601 UTC; ``None`` before any row (or out of range), ``+inf``
     after the end of input."""
@@ -1089,15 +1111,7 @@ class PipelineManager:
             )
         functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
         if sql == record.sql and functions == _function_digests(runtime):
-            return {
-                "id": pid,
-                "version": record.version,
-                "previous_version": record.version,
-                "resumed_from": None,
-                "sql_sha256": sql_digest(sql),
-                "functions": functions,
-                "changed": False,
-            }
+            return _update_result(record, record.version, None, sql, functions, changed=False)
         # the switch: the old version checkpoints and stops
         run.updating = True
         run.stop(cancel=False)
@@ -1157,24 +1171,9 @@ class PipelineManager:
             fresh.close_sources()
             self._launch(current, None)
             raise
-        self.registry.log(
-            pid,
-            "info",
-            f"version {version} ({change}"
-            + (f" by {changed_by}" if changed_by else "")
-            + (f": {note}" if note else "")
-            + ")",
-        )
+        self._log_version(pid, version, change, changed_by, note)
         self._launch(committed, fresh)
-        return {
-            "id": pid,
-            "version": version,
-            "previous_version": record.version,
-            "resumed_from": stopped_at,
-            "sql_sha256": sql_digest(sql),
-            "functions": functions,
-            "changed": True,
-        }
+        return _update_result(record, version, stopped_at, sql, functions, changed=True)
 
     def _update_ray(
         self,
@@ -1204,15 +1203,7 @@ class PipelineManager:
         functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
         running = {name: spec.digest for name, spec in sorted(old_plan.user_functions.items())}
         if sql == record.sql and functions == running:
-            return {
-                "id": pid,
-                "version": record.version,
-                "previous_version": record.version,
-                "resumed_from": None,
-                "sql_sha256": sql_digest(sql),
-                "functions": functions,
-                "changed": False,
-            }
+            return _update_result(record, record.version, None, sql, functions, changed=False)
         version = record.version + 1
         code_key = f"{pid}.v{version}" if plan.function_files else None
         staged = dataclasses.replace(record, sql=sql, version=version, code_key=code_key)
@@ -1246,24 +1237,22 @@ class PipelineManager:
             change=change + (f": {note}" if note else ""),
             epoch=stopped_at,
         )
+        self._log_version(pid, version, f"{change}, parallelism {parallelism}", changed_by, note)
+        self._launch(committed, None)
+        return _update_result(record, version, stopped_at, sql, functions, changed=True)
+
+    def _log_version(
+        self, pid: str, version: int, change: str, changed_by: str | None, note: str | None
+    ) -> None:
+        """The log line of an update that committed ``version``."""
         self.registry.log(
             pid,
             "info",
-            f"version {version} ({change}, parallelism {parallelism}"
+            f"version {version} ({change}"
             + (f" by {changed_by}" if changed_by else "")
             + (f": {note}" if note else "")
             + ")",
         )
-        self._launch(committed, None)
-        return {
-            "id": pid,
-            "version": version,
-            "previous_version": record.version,
-            "resumed_from": stopped_at,
-            "sql_sha256": sql_digest(sql),
-            "functions": functions,
-            "changed": True,
-        }
 
     def checkpoint(self, pid: str, wait_s: float = 30.0) -> dict[str, Any]:
         """Take a checkpoint of ``pid`` now and wait (up to ``wait_s``) until it completes.
