@@ -686,14 +686,26 @@ CREATE VIEW paced AS SELECT origin, dest, sched_dep, dep_delay FROM flights
 WHERE pace(flight) = flight;
 
 """
+needs_bwrap_to_pace = pytest.mark.skipif(
+    shutil.which("bwrap") is None,
+    reason="needs bubblewrap (bwrap): the pacing function is LANGUAGE python",
+)
+
+
+def paced_text(path: Path) -> str:
+    """The checkpointed job's text without its checkpoint setting, its window reading the
+    flights through :data:`PACED_VIEW` (so a run lasts about a minute)."""
+    text = path.read_text().replace(CHECKPOINTED, "")
+    paced = text.replace("FROM TUMBLE(flights,", "FROM TUMBLE(paced,").replace(
+        "CREATE SINK hourly_departures", PACED_VIEW + "CREATE SINK hourly_departures"
+    )
+    assert paced.count("paced") == 2
+    return paced
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("bwrap") is None,
-    reason="needs bubblewrap (bwrap): the pacing function is LANGUAGE python",
-)
+@needs_bwrap_to_pace
 def test_a_submitted_job_outlives_its_server_survives_a_worker_kill_rescales_and_ends_equal(
     ray_session: Any, flights_dir: Path, tmp_path: Path, servers: dict[str, Any]
 ) -> None:
@@ -721,11 +733,7 @@ def test_a_submitted_job_outlives_its_server_survives_a_worker_kill_rescales_and
     job_out = tmp_path / "job"
     path = checkpointed_job(flights_dir, job_out)
     expected = plain_rows(path, tmp_path)
-    text = path.read_text().replace(CHECKPOINTED, "")
-    paced = text.replace("FROM TUMBLE(flights,", "FROM TUMBLE(paced,").replace(
-        "CREATE SINK hourly_departures", PACED_VIEW + "CREATE SINK hourly_departures"
-    )
-    assert paced.count("paced") == 2
+    paced = paced_text(path)
     v1 = "SET parallelism = 2;\n" + PACE + paced
     data = tmp_path / "data"
     server = servers["a"] = ServeProcess(data, free_port(), args=serve_args, **env)
@@ -822,10 +830,7 @@ HOURLY = "SET parallelism = 2;\nSET checkpoint_interval = '1h';\n"
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("bwrap") is None,
-    reason="needs bubblewrap (bwrap): the pacing function is LANGUAGE python",
-)
+@needs_bwrap_to_pace
 def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_server(
     ray_session: Any, flights_dir: Path, tmp_path: Path, servers: dict[str, Any]
 ) -> None:
@@ -839,10 +844,7 @@ def test_a_ray_job_shows_per_instance_in_the_metrics_and_is_cancelled_by_the_ser
     ray = ray_session
     port = ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
     job_out = tmp_path / "job"
-    text = checkpointed_job(flights_dir, job_out).read_text().replace(CHECKPOINTED, "")
-    paced = text.replace("FROM TUMBLE(flights,", "FROM TUMBLE(paced,").replace(
-        "CREATE SINK hourly_departures", PACED_VIEW + "CREATE SINK hourly_departures"
-    )
+    paced = paced_text(checkpointed_job(flights_dir, job_out))
     data = tmp_path / "data"
     metrics_port = free_port()
     server = servers["a"] = ServeProcess(
