@@ -1154,17 +1154,8 @@ class PipelineManager:
                 ) from exc
             raise
         try:
-            if code_key is not None:
-                CodeStore(self.data_dir).save(code_key, plan.function_files)
-            change = f"updated from version {record.version} at checkpoint {stopped_at}"
-            committed = self.registry.add_version(
-                pid,
-                sql,
-                functions=functions,
-                code_key=code_key,
-                changed_by=changed_by,
-                change=change + (f": {note}" if note else ""),
-                epoch=stopped_at,
+            committed, change = self._commit_version(
+                record, sql, functions, code_key, plan.function_files, changed_by, note, stopped_at
             )
         except BaseException:
             fresh.release_writers()
@@ -1225,11 +1216,35 @@ class PipelineManager:
                 "stopping for the update; nothing was changed"
             )
         stopped_at = (last.get("checkpoint") or {}).get("epoch")
+        committed, change = self._commit_version(
+            record, sql, functions, code_key, plan.function_files, changed_by, note, stopped_at
+        )
+        self._log_version(pid, version, f"{change}, parallelism {parallelism}", changed_by, note)
+        self._launch(committed, None)
+        return _update_result(record, version, stopped_at, sql, functions, changed=True)
+
+    def _commit_version(
+        self,
+        record: PipelineRecord,
+        sql: str,
+        functions: dict[str, str],
+        code_key: str | None,
+        function_files: Mapping[str, bytes],
+        changed_by: str | None,
+        note: str | None,
+        stopped_at: int | None,
+    ) -> tuple[PipelineRecord, str]:
+        """Store the new version's code (under ``code_key``, if any) and its registry version,
+        resumed from checkpoint ``stopped_at``; returns the new record and the change's words.
+
+        Raises:
+            StorageError: the code or the registry cannot be written.
+        """
         change = f"updated from version {record.version} at checkpoint {stopped_at}"
         if code_key is not None:
-            CodeStore(self.data_dir).save(code_key, plan.function_files)
+            CodeStore(self.data_dir).save(code_key, function_files)
         committed = self.registry.add_version(
-            pid,
+            record.id,
             sql,
             functions=functions,
             code_key=code_key,
@@ -1237,9 +1252,7 @@ class PipelineManager:
             change=change + (f": {note}" if note else ""),
             epoch=stopped_at,
         )
-        self._log_version(pid, version, f"{change}, parallelism {parallelism}", changed_by, note)
-        self._launch(committed, None)
-        return _update_result(record, version, stopped_at, sql, functions, changed=True)
+        return committed, change
 
     def _log_version(
         self, pid: str, version: int, change: str, changed_by: str | None, note: str | None
