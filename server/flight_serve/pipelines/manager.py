@@ -98,9 +98,9 @@ def _slug(name: str) -> str:
     return slug or "pipeline"
 
 
-def _function_digests(runtime: DurableRuntime) -> dict[str, str]:
-    """Each user function's code SHA-256 (hex), by name."""
-    return {name: spec.digest for name, spec in sorted(runtime.plan.user_functions.items())}
+def _function_digests(plan: PipelinePlan) -> dict[str, str]:
+    """The plan's functions' code SHA-256 by name (its identity in the registry's versions)."""
+    return {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
 
 
 def _update_result(
@@ -804,7 +804,7 @@ class PipelineManager:
             sql,
             base,
             out,
-            functions=_function_digests(runtime),
+            functions=_function_digests(runtime.plan),
             changed_by=changed_by,
         )
         self.registry.log(pid, "info", "submitted")
@@ -833,7 +833,7 @@ class PipelineManager:
         for old in same:
             self.registry.log(old.id, "info", f"replaced by {pid}")
             self.cancel(old.id)
-        functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
+        functions = _function_digests(plan)
         if plan.function_files:  # the job and a restarted server read the code from here
             CodeStore(self.data_dir).save(pid, plan.function_files)
         record = self.registry.add(
@@ -849,7 +849,7 @@ class PipelineManager:
         self.registry.log(pid, "info", f"submitted: runs on Ray at parallelism {parallelism}")
         name = job_name(self.data_dir, pid, record.version)
         try:  # the job exists when submit returns: the server may die the next moment
-            start_job(ray, name, self.job_request(record))
+            start_job(ray, name, request)
         except Exception as exc:
             message = f"cannot start its job on Ray: {type(exc).__name__}: {exc}"
             self.registry.log(pid, "error", message)
@@ -1109,8 +1109,8 @@ class PipelineManager:
                 "text, its stateful operators differ (the running version is unchanged): "
                 + "; ".join(diff)
             )
-        functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
-        if sql == record.sql and functions == _function_digests(runtime):
+        functions = _function_digests(plan)
+        if sql == record.sql and functions == _function_digests(runtime.plan):
             return _update_result(record, record.version, None, sql, functions, changed=False)
         # the switch: the old version checkpoints and stops
         run.updating = True
@@ -1191,9 +1191,8 @@ class PipelineManager:
                 "text, its stateful operators differ (the running version is unchanged): "
                 + "; ".join(diff)
             )
-        functions = {name: spec.digest for name, spec in sorted(plan.user_functions.items())}
-        running = {name: spec.digest for name, spec in sorted(old_plan.user_functions.items())}
-        if sql == record.sql and functions == running:
+        functions = _function_digests(plan)
+        if sql == record.sql and functions == _function_digests(old_plan):
             return _update_result(record, record.version, None, sql, functions, changed=False)
         version = record.version + 1
         code_key = f"{pid}.v{version}" if plan.function_files else None
