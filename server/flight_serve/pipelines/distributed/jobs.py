@@ -157,8 +157,11 @@ def check_job(request: JobRequest) -> tuple[int, dict[str, str]]:
         request.function_files,
     )
     driver = spec.runtime()
-    check_distributable(driver)
-    return parallelism[0], dict(summary_of(driver, {}).targets)
+    try:
+        check_distributable(driver)
+        return parallelism[0], dict(summary_of(driver, {}).targets)
+    finally:  # building it started a sandbox worker per Python function: none is kept
+        driver.user_functions.close()
 
 
 def connect(address: str) -> Any:

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -73,6 +73,9 @@ from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.pipelines.upgrade import stateful_operators
 from flight_serve.pipelines.user_functions import code_digests
+
+if TYPE_CHECKING:
+    from flight_serve.functions.python import SandboxConfig
 
 __all__ = [
     "DEFAULT_MAX_RESTARTS",
@@ -435,7 +438,7 @@ class _Barriers:
         self.ray, self.coordinator, self.driver, self.spec = ray, coordinator, driver, spec
         self.stop = stop
         #: set by a caller that wants a checkpoint now (cleared when its barrier is armed)
-        self.checkpoint_now = checkpoint_now
+        self.checkpoint_now = checkpoint_now or threading.Event()
         coordinator.graph = self.driver  # due() asks it for pending rows
         self.sources = fed_sources(driver)
         self.barrier = 0  # the last barrier's number
@@ -537,12 +540,11 @@ class _Barriers:
         furthest = {n: max(p.get(n, 0) for p in positions) for n in self.sources}
         coordinator = self.coordinator
         coordinator.events = sum(furthest.values()) - sum(self.base.values())
-        forced = self.checkpoint_now is not None and self.checkpoint_now.is_set()
+        forced = self.checkpoint_now.is_set()
         if not stopping and not forced and not coordinator.due():
             self.previous = furthest
             return
         if forced:
-            assert self.checkpoint_now is not None
             self.checkpoint_now.clear()
         for name in self.sources:  # ahead of what the actors may consume before they hear
             moved = furthest[name] - self.previous.get(name, furthest[name])
@@ -734,6 +736,7 @@ def _checkpointed_attempt(
         for slot in driver.sinks.values():
             if slot.epoch is not None:
                 slot.epoch.close()
+        driver.user_functions.close()  # the driver writes sinks; the actors call functions
     return driver, result, barriers
 
 
@@ -756,7 +759,7 @@ def run_on_ray(
     stop: threading.Event | None = None,
     restart_finished: bool = True,
     upgrade: bool = False,
-    sandbox: Any = None,
+    sandbox: SandboxConfig | None = None,
     function_files: dict[str, bytes] | None = None,
     checkpoint_now: threading.Event | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
@@ -848,9 +851,13 @@ def run_on_ray(
         if "://" not in root:
             root = str(Path(root).resolve())  # the actors' working directory is not ours
     spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root, sandbox, function_files)
-    driver = spec.runtime()
-    check_distributable(driver)
-    splits = assign_splits(driver, p)
+    driver = first = spec.runtime()  # its functions are closed at the end: the actors call them
+    try:
+        check_distributable(driver)
+        splits = assign_splits(driver, p)
+    except BaseException:
+        first.user_functions.close()
+        raise
     started = False
     if not ray.is_initialized():
         start_ray(ray, address)
@@ -923,6 +930,7 @@ def run_on_ray(
             if write and not checkpointed:
                 driver.close_sinks(ended=ended)
         finally:
+            first.user_functions.close()
             if started:
                 _POOL.clear()
                 ray.shutdown()
