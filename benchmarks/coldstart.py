@@ -22,6 +22,11 @@ warm-up runs also write the bytecode of every module imported into a cache of th
 subprocesses): an installed flight-serve has its ``.pyc`` files, and without them every run would
 compile flight-serve's modules again (about 25 ms here).
 
+A third process, timed the same way in the same run, imports the baseline's modules plus sqlglot
+(the SQL parser the project uses instead of its own, with the RisingWave dialect flight-serve's
+dialect extends): its ratio to the baseline is the floor of the row, what ``run`` cannot go
+below while it parses SQL with sqlglot (``figures["sqlglot_floor_ratio"]``).
+
 After timing, three untimed runs of each side under ``python -X importtime`` (per-module medians)
 attribute the import time of the modules only ``flight-serve run`` imports, by top-level package
 (by subpackage for ``flight_serve``).
@@ -60,6 +65,12 @@ GROUP BY key, window_start, window_end;
 """
 
 _BASELINE_CODE = "import pyarrow, datafusion"
+#: The floor of ``flight-serve run``'s start: the baseline's imports plus the SQL parser the
+#: project uses (sqlglot and the RisingWave dialect it builds on, as ``pipelines.dialect``
+#: imports them); none of flight-serve's own modules.
+_FLOOR_CODE = (
+    "import pyarrow, datafusion, sqlglot; from sqlglot.dialects.risingwave import RisingWave"
+)
 #: What the baseline prints once its imports are done (the line whose arrival stops its clock).
 _BASELINE_LINE = "imported"
 
@@ -263,7 +274,36 @@ def coldstart(repeat: int, rows: int = ROWS) -> list[Comparison]:
             after_subject=first_row.finish,
             after_baseline=imported.finish,
         )
-        problems = first_row.problems + imported.problems
+        with_sqlglot = _FirstLine(
+            [sys.executable, "-c", f"{_FLOOR_CODE}; print({_BASELINE_LINE!r}, flush=True)"],
+            directory,
+            _imported_check,
+            env,
+        )
+        floor = Comparison(
+            name="coldstart_floor",
+            subject=f"python -c '{_FLOOR_CODE}; print(…)'",
+            baseline=f"python -c '{_BASELINE_CODE}; print(…)'",
+            units=1,
+            unit="start",
+            lower_is_better=True,
+        )
+        imported_again = _FirstLine(imported.command, directory, _imported_check, env)
+        alternate(
+            floor,
+            with_sqlglot,
+            imported_again,
+            repeat,
+            after_subject=with_sqlglot.finish,
+            after_baseline=imported_again.finish,
+        )
+        comparison.figures["sqlglot_floor_ratio"] = floor.ratio
+        problems = [
+            *first_row.problems,
+            *imported.problems,
+            *with_sqlglot.problems,
+            *imported_again.problems,
+        ]
         if problems:
             comparison.note = "[red]MISMATCH[/red]: " + "; ".join(problems[:3])
         else:
@@ -275,5 +315,11 @@ def coldstart(repeat: int, rows: int = ROWS) -> list[Comparison]:
             f"\n  for reference, median time to exit: flight-serve run "
             f"{first_row.median_to_exit:.3f} s, the bare import {imported.median_to_exit:.3f} s"
         )
+        comparison.note += (
+            f"\n  floor: the bare imports plus sqlglot take {floor.ratio:.2f} x the bare imports "
+            f"({floor.subject_median:.3f} vs {floor.baseline_median:.3f} s, alternated in the "
+            "same run): the row cannot go below that while sqlglot parses the SQL"
+        )
         comparison.note += _import_note(directory, env)
-    return [comparison]
+        floor.note = "the floor of the coldstart row (issue 19): see coldstart's note"
+    return [comparison, floor]

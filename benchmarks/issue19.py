@@ -52,6 +52,13 @@ def _tail(c: Comparison) -> str:
     )
 
 
+def _coldstart(c: Comparison) -> str:
+    text = f"{c.ratio:.2f}"
+    if "sqlglot_floor_ratio" in c.figures:
+        text += f" (floor: the imports plus sqlglot alone {c.figures['sqlglot_floor_ratio']:.2f})"
+    return text
+
+
 ROWS = (
     Row("tumbling vs DataFusion batch GROUP BY (10 M events, 1 K keys)", "≥ 0.8", "tumbling",
         _ratio, lambda c: c.ratio >= 0.8),
@@ -72,7 +79,7 @@ ROWS = (
     Row("vs Bytewax on the same job", "≥ 200 x", "bytewax", lambda c: f"{c.ratio:.1f} x",
         lambda c: c.ratio >= 200),
     Row("cold start to first row vs bare imports", "≤ 1.1", "coldstart",
-        lambda c: f"{c.ratio:.2f}", lambda c: c.ratio <= 1.1),
+        _coldstart, lambda c: c.ratio <= 1.1),
     Row("a window's result at a tailing client after the batch that closed it",
         "p99 ≤ 10 ms", "tail_latency_every_batch", _tail,
         lambda c: c.figures["p99_ms"] <= 10),
