@@ -195,6 +195,16 @@ class ExternalError(FlightServeError):
         return wrapped
 
 
+class ExternalRefusalError(ExternalError):
+    """An outside system answered but refused flight-serve itself: a missing or wrong
+    credential (a Ray cluster's token), a client it does not accept. The same request fails
+    the same way until the server's configuration changes, so it is not ``retryable``; it
+    still maps to UNAVAILABLE (the request was fine), without the retry hint. The message says
+    what to set."""
+
+    retryable: ClassVar[bool] = False
+
+
 class RemoteFlightError(ExternalError):
     """A remote Flight server (the ``flight`` connector's) is down, unreachable, timed out or
     failed a call with a server-side status; the message names the server and the stream."""

@@ -965,3 +965,45 @@ DATA = {str(data.absolute())!r}
     entries = pq.read_table(job_out / "peeked.parquet")["entries"].to_pylist()
     assert len(entries) == len(sink_rows(job_out)["very_late"]) > 0
     assert set(entries) == {0}
+
+
+@pytest.mark.ray
+def test_a_cluster_that_refuses_the_servers_token_is_not_retryable(
+    ray_session: Any, tmp_path: Path, servers: dict[str, Any]
+) -> None:
+    """The session's cluster uses Ray's token authentication. A server with a wrong token
+    (``RAY_AUTH_TOKEN``) reaches the address (TCP), but Ray refuses it (its exception only
+    says "Failed to connect"; the refusal is ``InvalidAuthToken`` in its log): the submit fails
+    with UNAVAILABLE, without the retry hint and with ``{"retryable": false}``, because the
+    same submit would fail the same way until the server's token is fixed; nothing is
+    registered. (It used to say "retryable: try again after a short delay".)"""
+    import pyarrow.flight as flight
+    from helpers import ServeProcess, act, free_port
+
+    port = ray_session.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+    (tmp_path / "events.csv").write_text("k,t\na,2024-01-01 00:00:01\nb,2024-01-01 00:00:12\n")
+    sql = (
+        "SET parallelism = 2;\n"
+        "CREATE SOURCE events (k VARCHAR, t TIMESTAMP(3), WATERMARK FOR t AS t) WITH "
+        f"(connector = 'file', path = '{tmp_path / 'events.csv'}');\n"
+        "CREATE SINK counts WITH (connector = 'file', format = 'parquet');\n"
+        "INSERT INTO counts SELECT k, window_start, window_end, count(*) AS n "
+        "FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;\n"
+    )
+    server = servers["a"] = ServeProcess(
+        tmp_path / "data",
+        free_port(),
+        args=("--ray-address", f"127.0.0.1:{port}"),
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN="0" * 32,  # not the cluster's
+    )
+    body = {"sql": sql, "name": "p", "output_dir": str(tmp_path / "out")}
+    with pytest.raises(flight.FlightUnavailableError) as caught:
+        act(server.location, "pipeline.submit", body, 90)
+    message = str(caught.value)
+    assert f"cannot connect to the Ray cluster at 127.0.0.1:{port}" in message
+    assert "the cluster refused this server" in message
+    assert "RAY_AUTH_MODE=token and its token" in message
+    assert "retryable" not in message
+    assert caught.value.extra_info == b'{"retryable": false}'
+    assert act(server.location, "pipeline.list", {})["pipelines"] == []

@@ -17,7 +17,9 @@ against pyarrow 26 (``tests/integration/test_flight_streams.py::test_status_code
   ``pa.ArrowNotImplementedError``.
 - ``OverloadError`` (``overload``) and ``ExternalError`` (``external``: a remote server, catalog,
   graph or disk failed): UNAVAILABLE; ``flight.FlightUnavailableError``, with a retry hint in the
-  message and ``extra_info`` JSON ``{"retryable": true}``.
+  message and ``extra_info`` JSON ``{"retryable": true}``; an ``ExternalRefusalError`` (the
+  outside system refused the server's own credentials) without the hint and with
+  ``{"retryable": false}``.
 - ``StorageError`` and other ``internal`` errors: INTERNAL; ``flight.FlightInternalError``.
 - a ``pa.ArrowInvalid`` raised by pyarrow itself (e.g. a malformed upload): INVALID_ARGUMENT.
 - any ``flight.FlightError`` (e.g. ``FlightCancelledError``): its class, message and
@@ -193,10 +195,11 @@ def _clip(message: str) -> str:
     return f"{message[:MAX_MESSAGE_CHARS]}… ({len(message) - MAX_MESSAGE_CHARS} more characters)"
 
 
-def _by_domain(domain: Domain, message: str) -> Exception | None:
+def _by_domain(domain: Domain, message: str, retryable: bool = True) -> Exception | None:
     """The client-side exception for a :class:`FlightServeError` of ``domain``, or ``None`` for
     ``internal`` (logged with its traceback and an error id by the caller). Exhaustive over
-    :data:`~flight_serve.errors.Domain`: a new domain fails the type check until it is mapped."""
+    :data:`~flight_serve.errors.Domain`: a new domain fails the type check until it is mapped.
+    ``retryable`` (the error's own) decides the retry hint of an ``external`` error."""
     match domain:
         case "input" | "already_exists":
             return InvalidArgument(with_request_id(message))
@@ -204,6 +207,10 @@ def _by_domain(domain: Domain, message: str) -> Exception | None:
             return NotFound(with_request_id(message))
         case "unsupported":
             return Unimplemented(with_request_id(message))
+        case "external" if not retryable:
+            return flight.FlightUnavailableError(
+                with_request_id(message), json.dumps({"retryable": False}).encode()
+            )
         case "overload" | "external":
             return flight.FlightUnavailableError(
                 with_request_id(f"{message} (retryable: try again after a short delay)"),
@@ -255,7 +262,7 @@ def to_flight_error(exc: BaseException, *, rpc: str = "") -> Exception:
         return client
 
     if isinstance(exc, FlightServeError):
-        mapped = _by_domain(exc.domain, message)
+        mapped = _by_domain(exc.domain, message, exc.retryable)
         if mapped is not None:
             return logged(message, mapped)
     if isinstance(exc, InvalidArgument | NotFound | Unimplemented):

@@ -25,6 +25,9 @@ BY_DOMAIN: dict[str, tuple[type[BaseException], bool]] = {
     "internal": (flight.FlightInternalError, False),
 }
 
+#: the classes whose ``retryable`` is not their domain's (by hand, like DOMAIN_OF)
+NOT_RETRYABLE = {"ExternalRefusalError"}
+
 #: every class, by name -> its domain (by hand: a reclassification is a deliberate edit here)
 DOMAIN_OF: dict[str, str] = {
     "FlightServeError": "internal",
@@ -47,6 +50,7 @@ DOMAIN_OF: dict[str, str] = {
     "UnsupportedError": "unsupported",
     "OverloadError": "overload",
     "ExternalError": "external",
+    "ExternalRefusalError": "external",
     "RemoteFlightError": "external",
     "CatalogError": "external",
     "GraphStoreError": "external",
@@ -82,6 +86,7 @@ def test_each_error_class_maps_to_its_domains_status(cls: type[errors.FlightServ
     exc = _instance(cls)
     assert exc.domain == DOMAIN_OF[cls.__name__]
     client_class, retryable = BY_DOMAIN[exc.domain]
+    retryable = retryable and cls.__name__ not in NOT_RETRYABLE
     assert exc.retryable is retryable
     mapped = to_flight_error(exc, rpc="DoGet")
     assert isinstance(mapped, client_class)
@@ -91,6 +96,12 @@ def test_each_error_class_maps_to_its_domains_status(cls: type[errors.FlightServ
         assert type(mapped) is NotFound
     elif exc.domain == "unsupported":
         assert type(mapped) is Unimplemented
+    elif exc.domain in ("overload", "external") and not retryable:
+        # refused by the outside system: the same request fails the same way (no retry hint)
+        assert isinstance(mapped, flight.FlightUnavailableError)
+        assert mapped.extra_info == b'{"retryable": false}'
+        assert str(mapped).startswith("it went wrong")
+        assert "retryable" not in str(mapped)
     elif exc.domain in ("overload", "external"):
         assert isinstance(mapped, flight.FlightUnavailableError)
         assert mapped.extra_info == b'{"retryable": true}'

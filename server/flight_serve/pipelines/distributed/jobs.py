@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flight_serve.errors import ExternalError, FlightServeError
+from flight_serve.errors import ExternalError, ExternalRefusalError, FlightServeError
 from flight_serve.pipelines.connect import check_checkpointed
 from flight_serve.pipelines.coordinator import CheckpointInfo, PipelineStopped
 from flight_serve.pipelines.distributed.ray_runtime import (
@@ -173,8 +173,10 @@ def connect(address: str) -> Any:
 
     Raises:
         FlightServeError: Ray is not installed (the message names the extra).
-        ExternalError: the cluster does not answer or refuses this client (the message says
-            what to set).
+        ExternalError: nothing answers at the address within :data:`CONNECT_TIMEOUT_S` s
+            (retryable).
+        ExternalRefusalError: the address answers but Ray does not take this client, most
+            often a missing or wrong token (not retryable; the message says what to set).
     """
     ray = import_ray()
     if ray.is_initialized():
@@ -183,10 +185,15 @@ def connect(address: str) -> Any:
     try:
         start_ray(ray, address)
     except (ConnectionError, RuntimeError) as exc:
-        raise ExternalError(
-            f"cannot connect to the Ray cluster at {address}: {exc}; a cluster with token "
-            "authentication (Ray's default) needs RAY_AUTH_MODE=token and its token "
-            "(~/.ray/auth_token, or RAY_AUTH_TOKEN) in the server's environment"
+        # something accepts TCP at the address (checked above), and Ray's own retries (about
+        # 10 s) did not get it to take this client: a token it refuses (Ray logs
+        # "InvalidAuthToken" on stderr, its exception only says "Failed to connect"), or not
+        # a Ray GCS; sending the submit again will not help
+        raise ExternalRefusalError(
+            f"cannot connect to the Ray cluster at {address}: {exc}; the address answers, so "
+            "the cluster refused this server: a cluster with token authentication (Ray's "
+            "default) needs RAY_AUTH_MODE=token and its token (~/.ray/auth_token, or "
+            "RAY_AUTH_TOKEN) in the server's environment"
         ) from exc
     return ray
 
