@@ -555,6 +555,28 @@ def test_an_unreachable_servers_error_does_not_show_the_urls_password() -> None:
     assert "s3cret-pw" not in message
 
 
+def test_a_refused_login_is_the_urls_error_and_is_not_retried(
+    falkordb_url: str, graph: tuple[str, Any]
+) -> None:
+    """A url whose user and password the real server refuses (``WRONGPASS``; redis raises it
+    as a ``ConnectionError``): it used to be retried ``max_retries`` times with backoff and then
+    reported as "unreachable" (GraphStoreError, UNAVAILABLE, retryable). It is the sink's option,
+    so it is a ConnectorError (INVALID_ARGUMENT) at once, naming the sink and the masked url."""
+    name, _ = graph
+    host_port = falkordb_url.split("://", 1)[1]
+    url = f"falkor://nobody:s3cret-pw@{host_port}"
+    options = {"url": url, "graph": name, "node_label": "X", "node_key": "k", "max_retries": "3"}
+    with pytest.raises(ConnectorError) as caught:
+        FalkorDBSink("s", options, pa.schema([("k", pa.string())]), pipeline="p")
+    message = str(caught.value)
+    assert message.startswith(
+        f"sink s: FalkorDB at falkor://nobody:***@{host_port} refused the login (connect): "
+    )
+    assert message.endswith("; check the user and password in the sink's url option")
+    assert "s3cret-pw" not in message
+    assert not isinstance(caught.value, GraphStoreError)
+
+
 def test_a_nan_or_infinite_key_is_refused_naming_the_column(
     falkordb_url: str, graph: tuple[str, Any]
 ) -> None:

@@ -467,6 +467,21 @@ def _is_connection_error(exc: BaseException) -> bool:
     )
 
 
+#: FalkorDB's url schemes and the redis ones they stand for (as ``FalkorDB.from_url`` maps them)
+_REDIS_SCHEME = {"falkor": "redis", "falkors": "rediss"}
+
+
+def _is_refused_login(exc: BaseException) -> bool:
+    """A wrong user or password (``WRONGPASS``, or ``AUTH`` to a server without one): redis
+    raises it as a subclass of ``ConnectionError``, but it is the url's, not the network's."""
+    import redis
+
+    return isinstance(
+        exc,
+        redis.exceptions.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    )
+
+
 @dataclass
 class _Stats:
     """A sink's totals: queries run, queries skipped by the marker, retries, rows written."""
@@ -757,15 +772,26 @@ class FalkorDBSink:
         """Open the connection (if not open) and create the merge-key indexes.
 
         Raises:
-            ConnectorError: the server is unreachable after the retries.
+            GraphStoreError: the server is unreachable after the retries.
+            ConnectorError: the server refused the url's user or password (not retried).
         """
         if self._graph is not None:
             return
 
         def open_graph() -> None:
             import falkordb
+            import redis
 
-            self._db = falkordb.FalkorDB.from_url(self.url)
+            # FalkorDB.from_url's own steps (falkor:// is redis://), with the pool in hand: a
+            # refused login leaves its socket open in the pool otherwise (until collected)
+            scheme, sep, rest = self.url.partition("://")
+            url = f"{_REDIS_SCHEME.get(scheme, scheme)}{sep}{rest}"
+            client = redis.from_url(url, decode_responses=True)
+            try:
+                self._db = falkordb.FalkorDB(connection_pool=client.connection_pool)
+            except BaseException:
+                client.connection_pool.disconnect()
+                raise
             self._graph = self._db.select_graph(self.graph_name)
 
         self._retry(open_graph, "connect")
@@ -802,6 +828,11 @@ class FalkorDBSink:
             try:
                 return call()
             except Exception as exc:
+                if _is_refused_login(exc):  # the url's user or password: retrying cannot help
+                    raise ConnectorError(
+                        f"sink {self.name}: FalkorDB at {_masked(self.url)} refused the login "
+                        f"({what}): {exc}; check the user and password in the sink's url option"
+                    ) from exc
                 if not _is_connection_error(exc) or attempt == self.max_retries:
                     if _is_connection_error(exc):
                         raise GraphStoreError(
