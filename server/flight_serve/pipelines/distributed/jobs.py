@@ -185,8 +185,8 @@ def connect(address: str) -> Any:
     try:
         start_ray(ray, address)
     except (ConnectionError, RuntimeError) as exc:
-        # something accepts TCP at the address (checked above), and Ray's own retries (about
-        # 10 s) did not get it to take this client: a token it refuses (Ray logs
+        # something accepts TCP at the address (checked above), and Ray's own retries (several
+        # seconds) did not get it to take this client: a token it refuses (Ray logs
         # "InvalidAuthToken" on stderr, its exception only says "Failed to connect"), or not
         # a Ray GCS; sending the submit again will not help
         raise ExternalRefusalError(
