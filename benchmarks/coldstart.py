@@ -243,6 +243,25 @@ def _import_note(directory: Path, env: dict[str, str], runs: int = 3) -> str:
     )
 
 
+def _importing(code: str, directory: Path, env: dict[str, str]) -> _FirstLine:
+    """A fresh ``python -c "<code>; print(…)"``, timed to the line it prints after ``code``."""
+    command = [sys.executable, "-c", f"{code}; print({_BASELINE_LINE!r}, flush=True)"]
+    return _FirstLine(command, directory, _imported_check, env)
+
+
+def _alternate(
+    comparison: Comparison, subject: _FirstLine, baseline: _FirstLine, repeat: int
+) -> None:
+    alternate(
+        comparison,
+        subject,
+        baseline,
+        repeat,
+        after_subject=subject.finish,
+        after_baseline=baseline.finish,
+    )
+
+
 def coldstart(repeat: int, rows: int = ROWS) -> list[Comparison]:
     """``flight-serve run`` time to first row vs the bare ``import pyarrow, datafusion``."""
     with tempfile.TemporaryDirectory(prefix="flight-serve-coldstart-") as tmp:
@@ -251,12 +270,7 @@ def coldstart(repeat: int, rows: int = ROWS) -> list[Comparison]:
         env = _environment(directory / "pycache")
         command = [*_flight_serve_command(), "run", "pipeline.sql"]
         first_row = _FirstLine(command, directory, _rows_check(expected), env)
-        imported = _FirstLine(
-            [sys.executable, "-c", f"{_BASELINE_CODE}; print({_BASELINE_LINE!r}, flush=True)"],
-            directory,
-            _imported_check,
-            env,
-        )
+        imported = _importing(_BASELINE_CODE, directory, env)
         comparison = Comparison(
             name="coldstart",
             subject=f"flight-serve run (CSV, {rows} rows, TUMBLE 10 s, stdout jsonl): first row",
@@ -266,20 +280,8 @@ def coldstart(repeat: int, rows: int = ROWS) -> list[Comparison]:
             ratio_target=1.5,
             lower_is_better=True,
         )
-        alternate(
-            comparison,
-            first_row,
-            imported,
-            repeat,
-            after_subject=first_row.finish,
-            after_baseline=imported.finish,
-        )
-        with_sqlglot = _FirstLine(
-            [sys.executable, "-c", f"{_FLOOR_CODE}; print({_BASELINE_LINE!r}, flush=True)"],
-            directory,
-            _imported_check,
-            env,
-        )
+        _alternate(comparison, first_row, imported, repeat)
+        with_sqlglot = _importing(_FLOOR_CODE, directory, env)
         floor = Comparison(
             name="coldstart_floor",
             subject=f"python -c '{_FLOOR_CODE}; print(…)'",
@@ -288,15 +290,8 @@ def coldstart(repeat: int, rows: int = ROWS) -> list[Comparison]:
             unit="start",
             lower_is_better=True,
         )
-        imported_again = _FirstLine(imported.command, directory, _imported_check, env)
-        alternate(
-            floor,
-            with_sqlglot,
-            imported_again,
-            repeat,
-            after_subject=with_sqlglot.finish,
-            after_baseline=imported_again.finish,
-        )
+        imported_again = _importing(_BASELINE_CODE, directory, env)
+        _alternate(floor, with_sqlglot, imported_again, repeat)
         comparison.figures["sqlglot_floor_ratio"] = floor.ratio
         problems = [
             *first_row.problems,
