@@ -1203,14 +1203,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo" and args.sync:
         from flight_serve.demo.sync import run_sync_demo
 
-        return run_sync_demo(
-            args.data_dir,
-            falkordb_url=args.falkordb,
-            months=args.months,
-            month_pause_s=args.month_pause,
-            # a person at a terminal: time to open the web console before the months come
-            wait_to_start=sys.stdin.isatty() and sys.stdout.isatty(),
-        )
+        try:
+            # SIGTERM unwinds as Ctrl-C does, so the FalkorDB server the demo started is
+            # stopped (by default SIGTERM ended the process and left that server running)
+            with _Sigterm():
+                return run_sync_demo(
+                    args.data_dir,
+                    falkordb_url=args.falkordb,
+                    months=args.months,
+                    month_pause_s=args.month_pause,
+                    # a person at a terminal: time to open the web console before the months
+                    wait_to_start=sys.stdin.isatty() and sys.stdout.isatty(),
+                )
+        except KeyboardInterrupt as exc:
+            terminated = isinstance(exc, _Terminated)
+            print(
+                f"flight-serve demo: {'terminated (SIGTERM)' if terminated else 'interrupted'}",
+                file=sys.stderr,
+            )
+            return 143 if terminated else 130
     if args.command == "demo":
         return _demo(args)
     if args.command in ("run", "explain"):

@@ -536,7 +536,11 @@ def test_demo_sync_plots_move_while_the_months_are_appended(browser: Any, tmp_pa
         assert proc.wait(180) == 0, text()
         assert "graph updated through 2013-07-01" in text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # SIGTERM first: the demo then stops the FalkorDB it started
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         os.close(main)

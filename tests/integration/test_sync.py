@@ -66,6 +66,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 from flight_serve.connectors.iceberg import default_catalog_properties, load_iceberg_catalog
+from flight_serve.demo.falkordb_server import URL_ENV
 from flight_serve.demo.nycflights13 import data_dir, load_airports, load_flights
 from flight_serve.demo.sync import SyncNames, month_tables, sync_sql
 
@@ -436,3 +437,45 @@ if __name__ == "__main__":  # python tests/integration/test_sync.py URL GRAPH MO
           f"{len(found)} differences")  # fmt: skip
     print("\n".join(found))
     sys.exit(1 if found else 0)
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux ``/proc``)."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:  # it ended
+        return ""
+
+
+def test_a_sigterm_to_the_sync_demo_stops_the_falkordb_server_it_started(tmp_path: Path) -> None:
+    """``flight-serve demo --sync`` without ``--falkordb`` starts its own FalkorDB server (a
+    ``redis-server`` child). SIGTERM used to end the demo at once and leave that server running
+    (an orphan of init; seen after a failed browser test that ended its demo this way). Now
+    SIGTERM unwinds as Ctrl-C does: exit code 143, "terminated (SIGTERM)", the server stopped."""
+    env = {k: v for k, v in os.environ.items() if k not in ("FLIGHT_SERVE_CRASH_AT", URL_ENV)}
+    command = [str(CLI), "demo", "--sync", "--months", "12", "--month-pause", "5",
+               "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        servers: list[int] = []
+        while not servers:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no FalkorDB server started"
+            servers = [p for p in _children(proc.pid) if "redis-server" in _cmdline(p)]
+            time.sleep(0.1)
+        time.sleep(2)  # into the demo's run (the server answers PING before the child is seen)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err.decode()
+    assert "flight-serve demo: terminated (SIGTERM)" in err.decode()
+    assert "redis-server" not in _cmdline(servers[0])  # stopped, not orphaned
