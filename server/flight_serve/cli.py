@@ -529,6 +529,12 @@ class _Terminated(KeyboardInterrupt):
     ``KeyboardInterrupt``: the run ends the same way, with exit code 143 (128 + 15)."""
 
 
+def _interruption(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """What ended a command by ``exc`` and its exit code: SIGTERM (:class:`_Terminated`) 143,
+    Ctrl-C 130 (128 + the signal)."""
+    return ("terminated (SIGTERM)", 143) if isinstance(exc, _Terminated) else ("interrupted", 130)
+
+
 class _Sigterm:
     """SIGTERM handling of ``flight-serve run`` (a context manager; the main thread only).
 
@@ -641,12 +647,12 @@ def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
-        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        what, code = _interruption(exc)
         resumes = ""
         if runtime is not None:
             resumes = f"; the next run resumes from checkpoint {runtime.epoch}"
         print(f"flight-serve: {path}: {what}{resumes}", file=sys.stderr)
-        return 143 if isinstance(exc, _Terminated) else 130
+        return code
     summary = runtime.summary()
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
@@ -776,10 +782,9 @@ def _run_parsed(
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # open windows are not flushed: their input did not end
-        terminated = isinstance(exc, _Terminated)
-        what = "terminated (SIGTERM)" if terminated else "interrupted"
+        what, code = _interruption(exc)
         print(f"flight-serve: {path}: {what}", file=sys.stderr)
-        return 143 if terminated else 130
+        return code
     for name, rows in summary.rows.items():
         print(f"sink {name}: {rows} rows -> {summary.targets[name]}", file=sys.stderr)
     for label, rows in summary.late_rows.items():  # 0 too: "nothing was late" is news
@@ -1216,12 +1221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     wait_to_start=sys.stdin.isatty() and sys.stdout.isatty(),
                 )
         except KeyboardInterrupt as exc:
-            terminated = isinstance(exc, _Terminated)
-            print(
-                f"flight-serve demo: {'terminated (SIGTERM)' if terminated else 'interrupted'}",
-                file=sys.stderr,
-            )
-            return 143 if terminated else 130
+            what, code = _interruption(exc)
+            print(f"flight-serve demo: {what}", file=sys.stderr)
+            return code
     if args.command == "demo":
         return _demo(args)
     if args.command in ("run", "explain"):

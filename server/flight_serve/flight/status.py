@@ -195,7 +195,7 @@ def _clip(message: str) -> str:
     return f"{message[:MAX_MESSAGE_CHARS]}… ({len(message) - MAX_MESSAGE_CHARS} more characters)"
 
 
-def _by_domain(domain: Domain, message: str, retryable: bool = True) -> Exception | None:
+def _by_domain(domain: Domain, message: str, retryable: bool) -> Exception | None:
     """The client-side exception for a :class:`FlightServeError` of ``domain``, or ``None`` for
     ``internal`` (logged with its traceback and an error id by the caller). Exhaustive over
     :data:`~flight_serve.errors.Domain`: a new domain fails the type check until it is mapped.
