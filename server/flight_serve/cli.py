@@ -18,7 +18,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flight_serve.pipelines.durable import DurableRuntime
 
 _DEFAULT_SERVER = "grpc://127.0.0.1:8815"
 _USER_HELP = (
@@ -535,6 +538,32 @@ def _interruption(exc: KeyboardInterrupt) -> tuple[str, int]:
     return ("terminated (SIGTERM)", 143) if isinstance(exc, _Terminated) else ("interrupted", 130)
 
 
+#: The exit code of a run whose stdout's reader went away (``| head``): 141 = 128 + SIGPIPE,
+#: the status the shell shows for a GNU tool that SIGPIPE ended in the same place.
+EXIT_STDOUT_CLOSED = 141
+
+
+def _stdout_closed(path: Path, resumes: str = "") -> int:
+    """End a run whose ``stdout`` sink (or ``explain``) hit EPIPE: the reader of the pipe closed
+    it (``flight-serve run p.sql | head``). Says so in one line on stderr and returns
+    :data:`EXIT_STDOUT_CLOSED`; nothing else is printed (no summary: the run did not end).
+
+    Standard output is pointed at ``/dev/null`` first, so the interpreter's flush of it at exit
+    does not raise a second ``BrokenPipeError`` ("Exception ignored …", the Python
+    documentation's note on SIGPIPE). Only the stdout sink writes to a pipe unwrapped during a
+    run: function workers, plugins and Flight peers turn their EPIPE into their own errors.
+    """
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    print(
+        f"flight-serve: {path}: stopped: the reader of stdout closed it{resumes}", file=sys.stderr
+    )
+    return EXIT_STDOUT_CLOSED
+
+
 class _Sigterm:
     """SIGTERM handling of ``flight-serve run`` (a context manager; the main thread only).
 
@@ -603,6 +632,16 @@ def _resume_of(args: argparse.Namespace) -> Any:
     return "latest"
 
 
+def _resumes(runtime: DurableRuntime | None) -> str:
+    """Where the next run of a checkpointed run stopped now starts: ``""`` before the runtime
+    was built, else a clause naming its last completed checkpoint (or none: from the start)."""
+    if runtime is None:
+        return ""
+    if runtime.epoch == 0:
+        return "; no checkpoint completed, so the next run starts from the beginning"
+    return f"; the next run resumes from checkpoint {runtime.epoch}"
+
+
 def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int:
     from flight_serve.embedded import Pipeline
     from flight_serve.errors import FlightServeError
@@ -643,15 +682,14 @@ def _run_durable(path: Path, args: argparse.Namespace, sigterm: _Sigterm) -> int
             file=sys.stderr,
         )
         return 143
+    except BrokenPipeError:  # | head
+        return _stdout_closed(path, _resumes(runtime))
     except (FlightServeError, OSError) as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         what, code = _interruption(exc)
-        resumes = ""
-        if runtime is not None:
-            resumes = f"; the next run resumes from checkpoint {runtime.epoch}"
-        print(f"flight-serve: {path}: {what}{resumes}", file=sys.stderr)
+        print(f"flight-serve: {path}: {what}{_resumes(runtime)}", file=sys.stderr)
         return code
     summary = runtime.summary()
     for name, rows in summary.rows.items():
@@ -778,6 +816,8 @@ def _run_parsed(
             ):
                 return _run_durable(path, args, sigterm)
             summary = pipeline.run()
+    except BrokenPipeError:  # | head
+        return _stdout_closed(path)
     except (FlightServeError, OSError) as exc:
         print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1

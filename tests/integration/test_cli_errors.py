@@ -6,6 +6,7 @@ the Python API are in tests/unit/pipelines/test_pipeline_errors.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -145,6 +146,85 @@ def test_run_prints_its_late_row_count_even_when_it_is_zero(tmp_path: Path) -> N
         f"sink out: 2 rows -> {tmp_path}/out.csv\n"
         "INSERT INTO out (line 3): 0 rows to the late side output\n",
     )
+
+
+def _rows_to_stdout(tmp_path: Path, rows: int) -> Path:
+    """A per-row pipeline printing ``rows`` events as JSON lines (about 50 bytes each: far more
+    than a pipe's 64 KiB), 100 rows a source batch."""
+    lines = [f"k{i % 10},2024-01-01T00:{i // 600:02d}:{i // 10 % 60:02d},{i}" for i in range(rows)]
+    (tmp_path / "big.csv").write_text("key,t,v\n" + "\n".join(lines) + "\n")
+    sql = (
+        "CREATE SOURCE s (key VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)\n"
+        "WITH (connector = 'file', path = 'big.csv', batch_rows = '100');\n"
+        "CREATE SINK out WITH (connector = 'stdout', format = 'jsonl');\n"
+        "INSERT INTO out SELECT key, t, v FROM s;\n"
+    )
+    (tmp_path / "rows.sql").write_text(sql)
+    return tmp_path / "rows.sql"
+
+
+def _lines_then_close(*args: str, cwd: Path, lines: int = 1) -> tuple[list[str], int, str]:
+    """Run the CLI with its stdout on a pipe, read ``lines`` lines, close the pipe (what
+    ``| head -n LINES`` does); the lines, the exit code and stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHT_SERVE_")}
+    with subprocess.Popen(
+        [str(CLI), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        try:
+            first = [proc.stdout.readline().decode() for _ in range(lines)]
+            proc.stdout.close()
+            stderr = proc.stderr.read().decode()
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return first, code, stderr
+
+
+def test_run_into_a_pipe_closed_by_its_reader_stops_quietly_with_141(tmp_path: Path) -> None:
+    """``flight-serve run p.sql | head -1``: the stdout sink's EPIPE ends the run with the
+    shell's SIGPIPE status (128 + 13) and one line saying why; no traceback, no "[Errno 32]",
+    no "Exception ignored" from the interpreter's last flush (it used to exit 1 with
+    "flight-serve: p.sql: [Errno 32] Broken pipe")."""
+    path = _rows_to_stdout(tmp_path, 20_000)
+    first, code, stderr = _lines_then_close("run", str(path), cwd=tmp_path)
+    assert [json.loads(line) for line in first] == [
+        {"key": "k0", "t": "2024-01-01T00:00:00", "v": 0}
+    ]
+    assert (code, stderr) == (
+        141,
+        f"flight-serve: {path}: stopped: the reader of stdout closed it\n",
+    )
+
+
+def test_a_checkpointed_run_into_a_closed_pipe_names_the_checkpoint_the_next_run_resumes(
+    tmp_path: Path,
+) -> None:
+    """The same with a checkpoint after every source batch (100 rows), the reader closing
+    after 1,500 rows: 15 batches were written, so checkpoints completed before the write that
+    failed; the line names the last, and the next run resumes from it."""
+    path = _rows_to_stdout(tmp_path, 20_000)
+    flags = ("--checkpoint-every", "1", "--state-root", str(tmp_path / "state"))
+    first, code, stderr = _lines_then_close("run", str(path), *flags, cwd=tmp_path, lines=1500)
+    assert [json.loads(line)["v"] for line in first] == list(range(1500))
+    found = re.fullmatch(
+        rf"flight-serve: {re.escape(str(path))}: stopped: the reader of stdout closed it; "
+        r"the next run resumes from checkpoint (\d+)\n",
+        stderr,
+    )
+    assert code == 141, stderr
+    assert found, stderr
+    epoch = int(found.group(1))
+    assert epoch >= 1
+    again = cli("run", str(path), *flags, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from checkpoint {epoch} " in again.stderr
+    # the rows after the checkpoint's cut (100 a checkpoint), each once, in order
+    printed = [json.loads(line)["v"] for line in again.stdout.splitlines()]
+    assert printed == list(range(epoch * 100, 20_000))
 
 
 # --- servers ----------------------------------------------------------------------------------
