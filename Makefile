@@ -13,7 +13,7 @@ $(BIN)/activate:
 
 $(VENV)/.stamp-demo: pyproject.toml | $(BIN)/activate
 	@echo "installing flight-serve and the demo's packages into $(VENV) (a few minutes the first time)"
-	$(PY) -m pip --disable-pip-version-check --progress-bar on install -e '.[demo]'
+	$(PY) -m pip --disable-pip-version-check install --progress-bar on -e '.[demo]'
 	touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(BIN)/activate

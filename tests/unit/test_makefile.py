@@ -1,0 +1,38 @@
+"""The Makefile's pip command lines parse: every ``pip`` line that ``make -n`` prints for a fresh
+virtual environment (the ``venv`` rule, ``.stamp-demo``, ``.stamp-test``, ``.stamp-bench``) runs
+with this interpreter's pip and ``--help`` appended, so pip parses every option and prints the
+sub-command's help instead of installing. An option before the sub-command that only the
+sub-command knows (``pip --progress-bar on install``) is pip's ``no such option`` and exit 2, the
+first thing a fresh clone's ``make demo`` used to print."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
+def test_every_pip_line_of_a_fresh_setup_parses(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"  # never created: make -n only prints
+    printed = subprocess.run(
+        ["make", "-n", "--no-print-directory", f"VENV={venv}",
+         f"{venv}/.stamp-demo", f"{venv}/.stamp-bench"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    python = f"{venv}/bin/python"
+    pip_lines = [line for line in printed.splitlines() if line.startswith(f"{python} -m pip ")]
+    installs = [line for line in pip_lines if " install " in f"{line} "]
+    # the venv's pip upgrade, the demo extra, the test extra, the bench extra
+    assert len(installs) == 4, printed
+    for line in installs:
+        argv = [sys.executable, *shlex.split(line)[1:], "--help"]
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, f"{line}\n{done.stderr}"
+        assert done.stdout.startswith("\nUsage:"), done.stdout[:200]
