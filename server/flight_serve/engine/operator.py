@@ -421,6 +421,11 @@ class WindowOperator:
                 pa.field(LATE_END, ts_type),
             ]
         )
+        if config.filter_sql is not None:  # planned now: a bad WHERE fails here, not at a batch
+            self._sql(
+                f"SELECT * FROM input WHERE {config.filter_sql}",
+                {"input": [pa.RecordBatch.from_pylist([], input_schema)]},
+            )
         self._fired_schema = self._finalize(self._state_schema.empty_table()).schema
         output_schema = self._project(self._fired_schema.empty_table()).schema
         if self._update:

@@ -57,6 +57,7 @@ from flight_serve.pipelines.graph import (
     WindowNode,
     check_row_columns,
     columns_text,
+    function_named_in,
 )
 from flight_serve.pipelines.pipeline import PipelinePlan, QueryDef
 from flight_serve.pipelines.slots import SinkSlot
@@ -297,8 +298,10 @@ class PipelineRuntime:
             except CheckpointError as exc:  # the snapshot does not fit the query
                 raise CheckpointError(f"{query.label}: {exc}") from exc
             except FlightServeError as exc:
+                said = " ".join(str(exc).split())  # DataFusion's message is on several lines
                 func = query.select.args["from_"].this.this
-                raise sql_error(f"{query.label}: {exc}", func) from exc
+                at = function_named_in(query.select, said) or func
+                raise sql_error(f"{query.label}: {said}", at) from exc
             window = WindowNode(self, query, input, op)
             if any(q.late_of == query.index for q in self.plan.queries):
                 name = f"LATE({query.view or query.input})"

@@ -292,3 +292,42 @@ def test_a_per_row_query_datafusion_refuses_is_one_line_labelled_once(tmp_path: 
         "INSERT INTO out (line 3): Error during planning: Invalid function 'uppr'. Did you mean "
         "'upper'? (line 3, column 24)"
     )
+
+
+# --- a function DataFusion does not know: named where it is called ----------------------------
+
+WINDOW = "SELECT origin, window_start, window_end, count(*) AS n"
+GROUP = "GROUP BY origin, window_start, window_end"
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        (  # in a windowed query's SELECT list: used to point at TUMBLE (line 5, column 6), and
+            # DataFusion's message went on a second line
+            "SELECT origin, window_start, window_end, cnt(*) AS n\n" + TUMBLE + GROUP + ";",
+            "INSERT INTO out (line 3): Error during planning: Invalid function 'cnt'. Did you "
+            "mean 'cot'? (line 4, column 42)",
+        ),
+        (  # in HAVING
+            WINDOW + "\n" + TUMBLE + GROUP + " HAVING cnt(*) > 3;",
+            "INSERT INTO out (line 3): Error during planning: Invalid function 'cnt'. Did you "
+            "mean 'cot'? (line 5, column 90)",
+        ),
+        (  # in a windowed query's WHERE: explain passed and the run failed at its first batch,
+            # without the query or a position
+            WINDOW + "\n" + TUMBLE + "WHERE lenght(k) > 0 " + GROUP + ";",
+            "INSERT INTO out (line 3): Error during planning: Invalid function 'lenght'. Did you "
+            "mean 'length'? (line 5, column 47)",
+        ),
+        (  # a per-row query's second SELECT item: used to point at the first (line 4, column 8)
+            "SELECT k,\n       uppr(k) AS u FROM s;",
+            "INSERT INTO out (line 3): Error during planning: Invalid function 'uppr'. Did you "
+            "mean 'upper'? (line 5, column 8)",
+        ),
+    ],
+)
+def test_an_unknown_function_is_named_where_it_is_called(
+    tmp_path: Path, query: str, message: str
+) -> None:
+    assert error(tmp_path, SOURCE + "INSERT INTO out\n" + query) == message
