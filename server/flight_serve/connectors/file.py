@@ -32,6 +32,7 @@ unknown format, a missing column, a value that does not convert).
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -146,6 +147,144 @@ def _rechunk(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Record
         yield _concat(pending)
 
 
+def _csv_convert(schema: pa.Schema | None, *, as_text: bool = False) -> pacsv.ConvertOptions:
+    """The CSV conversion of the file connector: ``schema``'s columns (all as strings with
+    ``as_text``), else every column, inferred; an empty field is NULL, ``""`` the empty string."""
+    types = None
+    if schema is not None:
+        types = {f.name: pa.string() if as_text else f.type for f in schema}
+    return pacsv.ConvertOptions(
+        column_types=types,
+        include_columns=schema.names if schema is not None else None,
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+    )
+
+
+def _read_csv(path: Path, declared: pa.Schema | None, delimiter: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of the CSV file ``path`` (``declared``'s columns, else inferred).
+
+    Raises:
+        ConnectorError: a row with another number of fields than the header, or a value that does
+            not convert to its column's type: the message names the file's line (and the column
+            and the value), which pyarrow's does not.
+        pyarrow.ArrowException: any other read error (the caller names the file).
+    """
+    reader = None
+    try:
+        reader = pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES),
+            parse_options=pacsv.ParseOptions(delimiter=delimiter),
+            convert_options=_csv_convert(declared),
+        )
+        yield from reader
+    except pa.ArrowInvalid as exc:
+        # pyarrow's message has no line (and a column's index, not its name): find the row
+        # again. (pyarrow's invalid_row_handler would give the row, but it is called from the
+        # reader's read-ahead thread, which aborts the process if it calls Python at exit.)
+        fields = _csv_bad_row(path, delimiter)
+        if fields is not None:
+            line, count, header, text = fields
+            raise ConnectorError(
+                f"file connector: cannot read {path}: line {line}: {count} fields where the "
+                f"header has {header}: {text}"
+            ) from exc
+        schema = reader.schema if reader is not None else declared
+        found = _csv_bad_value(path, schema, delimiter) if schema is not None else None
+        if schema is None or found is None:
+            raise
+        line, name, value = found
+        raise ConnectorError(
+            f"file connector: cannot read {path}: line {line}, column {name} "
+            f"({schema.field(name).type}): cannot convert {value!r}"
+        ) from exc
+
+
+def _csv_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of the CSV file's non-empty lines, the header first (1-based
+    numbers, the line without its end): pyarrow's reader skips empty lines and reads a line as
+    one row."""
+    with path.open("rb") as file:
+        for number, line in enumerate(file, 1):
+            text = line.rstrip(b"\r\n")
+            if text:
+                yield number, text.decode(errors="replace")
+
+
+def _csv_bad_row(path: Path, delimiter: str) -> tuple[int, int, int, str] | None:
+    """``(line, fields, header's fields, line text)`` of the first row of ``path`` whose number of
+    fields is not the header's (Python's csv module splits each line), or ``None``."""
+    import csv  # the error path only
+
+    expected: int | None = None
+    for number, text in _csv_lines(path):
+        count = len(next(csv.reader([text], delimiter=delimiter), []))
+        if expected is None:
+            expected = count
+        elif count != expected:
+            return number, count, expected, text
+    return None
+
+
+def _csv_bad_value(path: Path, schema: pa.Schema, delimiter: str) -> tuple[int, str, str] | None:
+    """``(line, column, value)`` of the first value of ``path`` that does not convert to its
+    column's type in ``schema`` (the file read again as text, each column cast to its type,
+    blanks around a value ignored as pyarrow's CSV conversion ignores them), or ``None``."""
+    import pyarrow.compute as pc  # the error path only
+
+    text = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter),
+        convert_options=_csv_convert(schema, as_text=True),
+    )
+    rows = 0
+    for batch in text:
+        bad: list[tuple[int, int, str]] = []  # (row in the batch, column index, column)
+        for index, field in enumerate(schema):
+            if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+                continue
+            values = pc.utf8_trim_whitespace(batch.column(field.name))
+            row = _first_uncastable(values, field.type)
+            if row is not None:
+                bad.append((row, index, field.name))
+        if bad:
+            row, _, name = min(bad)
+            rows_of = itertools.islice(_csv_lines(path), 1, None)  # the header aside
+            line = next(n for i, (n, _) in enumerate(rows_of) if i == rows + row)
+            return line, name, str(batch.column(name)[row].as_py())
+        rows += batch.num_rows
+    return None
+
+
+def _first_uncastable(values: pa.Array[Any], type: pa.DataType) -> int | None:
+    """The index of the first of ``values`` (strings) that does not cast to ``type``, found by
+    halving, or ``None`` (all cast, or Arrow has no such cast)."""
+    import pyarrow.compute as pc  # the error path only
+
+    def casts(start: int, stop: int) -> bool:
+        try:
+            pc.cast(values.slice(start, stop - start), type)
+        except pa.ArrowInvalid:
+            return False
+        return True
+
+    try:
+        if casts(0, len(values)):
+            return None
+    except pa.ArrowNotImplementedError:
+        return None
+    start, stop = 0, len(values)  # [start, stop) holds a value that does not cast
+    while stop - start > 1:
+        middle = (start + stop) // 2
+        if casts(start, middle):
+            start = middle
+        else:
+            stop = middle
+    return start
+
+
 class FileSource:
     """A bounded source over files; one watermark partition per file (see the module docstring).
 
@@ -245,19 +384,7 @@ class FileSource:
                 columns = declared.names if declared is not None else None
                 yield from parquet.iter_batches(batch_size=self.batch_rows, columns=columns)
             elif self.format == "csv":
-                convert = pacsv.ConvertOptions(
-                    column_types={f.name: f.type for f in declared} if declared else None,
-                    include_columns=declared.names if declared is not None else None,
-                    strings_can_be_null=True,
-                    quoted_strings_can_be_null=False,
-                )
-                reader = pacsv.open_csv(
-                    path,
-                    read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES),
-                    parse_options=pacsv.ParseOptions(delimiter=self.delimiter),
-                    convert_options=convert,
-                )
-                yield from reader
+                yield from _read_csv(path, declared, self.delimiter)
             else:
                 parse = pajson.ParseOptions(
                     explicit_schema=declared,
