@@ -153,6 +153,26 @@ def server(
         yield location, client
 
 
+def test_the_unnamed_writer_is_ended_and_advanced_as_writer_empty(
+    server: tuple[str, FlightServeClient],
+) -> None:
+    """``put`` without a writer writes as the unnamed writer, which ``stream_info`` lists as
+    ``""``; ``end_input``/``advance_watermark`` with ``writer=""`` reach it (they used to send
+    ``path = [stream, ""]``, refused: ``invalid writer name ''``, so the client could not end
+    the README's unnamed ``put`` at all), and so does ``put(…, end_input=True)`` with no rows
+    (it used to send nothing and return -1)."""
+    _, client = server
+    assert client.put("quiet", _rows((1, 1))) == 0
+    assert client.advance_watermark("quiet", 5 * S, writer="") == 1
+    assert client.end_input("quiet", writer="") == 2
+    assert client.stream_info("quiet")["writers"] == {
+        "": {"first_offset": 0, "last_offset": 2, "watermark_ns": 5 * S, "ended_at": 2}
+    }
+    assert client.put("quiet2", _rows((1, 1))) == 0
+    assert client.put("quiet2", _rows(), end_input=True) == 1
+    assert client.stream_info("quiet2")["writers"][""]["ended_at"] == 1
+
+
 def test_store_records_writers_and_markers(server: tuple[str, FlightServeClient]) -> None:
     _, client = server
     assert client.put("events", _rows((1, 1)), writer="sensor-7") == 0

@@ -298,8 +298,9 @@ class FlightServeClient:
             on_progress: called after each PutResult with the rows acknowledged (durable) so far.
             writer: this producer's name: the stream's watermark partition it writes to
                 (``[A-Za-z0-9_.:@-]``, 1 to 200 characters). A producer that reconnects under
-                the same name stays the same partition; without one, the call writes as the
-                stream's unnamed writer (one partition that every unnamed call shares).
+                the same name stays the same partition; without one (or ``""``, the name
+                ``stream_info`` lists it under), the call writes as the stream's unnamed
+                writer (one partition that every unnamed call shares).
             end_input: after the batches, end the writer's partition for good (an
                 ``{"end_of_input": true}`` marker; see :meth:`end_input`).
 
@@ -321,8 +322,8 @@ class FlightServeClient:
         batches = _rechunk(data, batch_rows)
         first = next(batches, None)
         if first is None:
-            if end_input and writer is not None:
-                return self.end_input(stream, writer=writer)
+            if end_input:
+                return self.end_input(stream, writer=writer or "")
             return -1
         markers = [_END_OF_INPUT] if end_input else []
         return self._put(
@@ -339,6 +340,8 @@ class FlightServeClient:
 
         Args:
             watermark: an instant (a naive datetime is UTC) or ns since the Unix epoch.
+            writer: the writer's name; ``""`` is the stream's unnamed writer (the DoPuts
+                without a name).
 
         Returns:
             The marker's offset, once it is durable.
@@ -356,6 +359,7 @@ class FlightServeClient:
         A writer's DoPut finishing does not end its partition (the writer may come back); this
         does: pipelines reading the stream take the partition's watermark to +∞, and a
         pipeline run with a ``flight`` source ends once every writer it knows has ended.
+        ``writer=""`` ends the stream's unnamed writer (that of ``put`` without a writer).
 
         Returns:
             The marker's offset, once it is durable.
@@ -381,7 +385,8 @@ class FlightServeClient:
     ) -> int:
         """DoPut ``batches`` then ``markers`` (metadata-only messages); wait for every
         PutResult; return the last offset."""
-        path = [stream] if writer_name is None else [stream, writer_name]
+        # the unnamed writer ("" in stream_info) writes without a name: path = [stream]
+        path = [stream, writer_name] if writer_name else [stream]
         writer, stream_reader = self._client.do_put(flight.FlightDescriptor.for_path(*path), schema)
         # pyarrow returns a FlightMetadataReader here; the stubs say FlightStreamReader.
         reader = cast(flight.FlightMetadataReader, stream_reader)
