@@ -187,6 +187,13 @@ def _streams(args: argparse.Namespace, client: Any) -> int:
         if offset is None:
             info = client.stream_info(args.name)
             offset = max(int(info.get("first_offset") or 0), int(info["next_offset"]) - args.last)
+        import signal
+
+        if args.follow and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            # A follow waits in pyarrow's DoGet read, in C++, where Python's Ctrl-C handler
+            # never runs (the tail used to ignore Ctrl-C for good): Ctrl-C ends the process
+            # as it ends tail -f (status 130); every line printed is flushed already.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
         try:
             for entry_offset, batch in client.tail(args.name, offset, follow=args.follow):
                 for row in batch.to_pylist():

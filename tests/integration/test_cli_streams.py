@@ -8,8 +8,10 @@ import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +200,32 @@ def test_tls_with_tls_ca(tmp_path: Path, pki: Path) -> None:
             "names the CA of its certificate; a mutual-TLS server also needs --tls-cert and "
             "--tls-key)"
         )
+
+
+def test_ctrl_c_ends_a_tail_follow(server: FlightServeService) -> None:
+    """``streams tail -f`` waits in pyarrow's DoGet read (C++), where Python's Ctrl-C handler
+    never runs: Ctrl-C used to leave it running for good. Now Ctrl-C ends it as it ends
+    ``tail -f``: killed by SIGINT (the shell's 130), every line printed before it kept."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHT_SERVE_")}
+    env["FLIGHT_SERVE_TOKEN"] = "read-token"
+    tail = subprocess.Popen(
+        [str(CLI), "streams", "tail", "events", "-f", "--offset", "0", "--server",
+         server.location],
+        stdout=subprocess.PIPE, text=True, env=env,
+        # as on a terminal: SIGINT handled (a background job of a script would ignore it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        assert tail.stdout is not None
+        lines = [json.loads(tail.stdout.readline()) for _ in ROWS]  # then it waits for more
+        assert [line["v"] for line in lines] == [0, 1, 2, 3, 4]
+        time.sleep(1)  # it is in the DoGet read now, waiting for the next entry
+        tail.send_signal(signal.SIGINT)
+        assert tail.wait(timeout=15) == -signal.SIGINT
+        assert tail.stdout.read() == ""
+    finally:
+        if tail.poll() is None:
+            tail.kill()
+            tail.wait()
+        if tail.stdout is not None:
+            tail.stdout.close()
