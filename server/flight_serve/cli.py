@@ -83,6 +83,20 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 to 65535 (``--port`` and the other ports; 0 picks a free one). gRPC would
+    take 70000 as 70000 mod 65536 = 4464, and listen there without a word."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: use 0 to 65535") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a port: use 0 to 65535 (0 picks a free one)"
+        )
+    return value
+
+
 def _positive_size(text: str) -> int:
     """A :func:`_byte_size` of at least one byte (``--memory-budget``, ``--max-batch-bytes``)."""
     value = _byte_size(text)
@@ -173,7 +187,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     serve = make(sub, "serve", help="run the Flight server (the daemon)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=int, default=8815, help="Flight port (0 picks a free one)")
+    serve.add_argument("--port", type=_port, default=8815, help="Flight port (0 picks a free one)")
     serve.add_argument("--data-dir", type=Path, default=Path("flight-data"), help="stream storage")
     serve.add_argument(
         "--fsync",
@@ -189,20 +203,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--health-port",
-        type=int,
+        type=_port,
         default=None,
         help="port of the grpc.health.v1 service (default: the Flight port + 1; 0 picks a free one)",
     )
     serve.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=None,
         help="port of the Prometheus /metrics endpoint (default: the Flight port + 2; 0 picks a "
         "free one)",
     )
     serve.add_argument(
         "--console-port",
-        type=int,
+        type=_port,
         default=None,
         help="port of the web console (default: the Flight port + 3; 0 picks a free one)",
     )

@@ -37,6 +37,11 @@ CLI = Path(sys.executable).parent / "flight-serve"
         ("--drain-timeout", "-1", ">= 0 seconds"),
         ("--statement-timeout", "-5", ">= 0 seconds"),
         ("--statement-timeout", "nan", ">= 0 seconds"),
+        # before: gRPC took 70000 as 70000 mod 65536 and listened on 4464 without a word
+        ("--health-port", "70000", "70000 is not a port: use 0 to 65535 (0 picks a free one)"),
+        ("--metrics-port", "65536", "65536 is not a port: use 0 to 65535"),
+        ("--console-port", "x", "invalid port 'x': use 0 to 65535"),
+        ("--port", "-1", "-1 is not a port: use 0 to 65535"),
     ],
 )
 def test_serve_refuses_a_bad_limit_naming_the_flag(
