@@ -167,6 +167,12 @@ def _file_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
         raise sql_error(
             f"SINK {sink.name} needs WITH (format = …) or a path with an extension", sink.node
         )
+    if fmt is None:  # a path whose extension names no format
+        whence = f"from its extension {path.suffix!r}" if path.suffix else "(it has no extension)"
+        raise options["path"].error(
+            f"the file sink cannot tell the format of {path.name} {whence}: end the path in "
+            ".parquet, .csv or .jsonl, or give format = 'parquet' | 'csv' | 'jsonl'"
+        )
     if fmt not in _EXTENSION:
         where = options["format"] if "format" in options else options["path"]
         raise where.error(f"the file sink writes parquet, csv or jsonl, not {fmt!r}")

@@ -331,3 +331,25 @@ def test_an_unknown_function_is_named_where_it_is_called(
     tmp_path: Path, query: str, message: str
 ) -> None:
     assert error(tmp_path, SOURCE + "INSERT INTO out\n" + query) == message
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("out.xlsx", "the file sink cannot tell the format of out.xlsx from its extension '.xlsx'"),
+        ("out", "the file sink cannot tell the format of out (it has no extension)"),
+    ],
+)
+def test_a_file_sink_path_without_a_known_extension_says_what_to_write(
+    tmp_path: Path, path: str, message: str
+) -> None:
+    """It used to say ``the file sink writes parquet, csv or jsonl, not None``."""
+    sql = (
+        "CREATE SOURCE s (WATERMARK FOR t AS t) WITH (connector = 'file', path = 'in.csv');\n"
+        f"CREATE SINK out WITH (connector = 'file', path = '{path}');\n"
+        "INSERT INTO out SELECT k, t FROM s;"
+    )
+    assert error(tmp_path, sql) == (
+        f"option path: {message}: end the path in .parquet, .csv or .jsonl, or give format = "
+        "'parquet' | 'csv' | 'jsonl' (line 2, column 50)"
+    )
