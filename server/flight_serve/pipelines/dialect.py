@@ -199,7 +199,11 @@ def parse_statements(sql: str) -> list[exp.Expression]:
         hint = _statement_hint(sql)
         if hint is not None:
             raise hint
-    return [s for s in statements if isinstance(s, exp.Expression)]
+    # a comment after a statement's ';' (``SET x = 1;  -- why``) is sqlglot's Semicolon node
+    # holding that comment: a comment, not a statement
+    return [
+        s for s in statements if isinstance(s, exp.Expression) and not isinstance(s, exp.Semicolon)
+    ]
 
 
 def position(node: exp.Expr) -> tuple[int | None, int | None]:

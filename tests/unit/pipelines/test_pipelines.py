@@ -505,3 +505,21 @@ def test_sink_as_select_and_materialized_view_forms(tmp_path: Path) -> None:
     )
     got = [(name, b.to_pylist()) for name, b in Pipeline.from_sql(sql, base_dir=tmp_path)]
     assert got == [("all_big", [{"k": "b", "v": 5}]), ("keys", [{"k": "b"}])]
+
+
+def test_a_comment_after_a_statements_semicolon_is_a_comment() -> None:
+    """``SET allowed_lateness = '5s';  -- why`` (docs/pipelines.md's first example writes it so)
+    used to fail: ``unsupported statement '/* why */'`` (sqlglot's Semicolon node holding the
+    comment was read as a statement)."""
+    plan = parse_pipeline(
+        "SET allowed_lateness = '5s';   -- pipeline options come first\n"
+        "CREATE SOURCE s (k VARCHAR, t TIMESTAMP, WATERMARK FOR t AS t)\n"
+        "WITH (connector = 'file', path = 'in.csv');  /* a block comment */\n"
+        "CREATE SINK out WITH (connector = 'stdout');\n"
+        "INSERT INTO out SELECT k, window_start, window_end, count(*) AS n\n"
+        "FROM TUMBLE(s, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end; -- end\n"
+    )
+    assert list(plan.sources) == ["s"]
+    assert list(plan.sinks) == ["out"]
+    assert [q.label for q in plan.queries] == ["INSERT INTO out (line 5)"]
+    assert plan.settings.allowed_lateness == timedelta(seconds=5)
