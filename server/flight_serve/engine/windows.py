@@ -45,7 +45,7 @@ Int64Array = npt.NDArray[np.int64]
 def _positive_ns(name: str, value: timedelta) -> int:
     ns = timedelta_to_ns(value)
     if ns <= 0:
-        raise ValueError(f"{name} must be a positive duration, got {value!r}")
+        raise ValueError(f"{name} must be a positive duration, got {value.total_seconds():g} s")
     return ns
 
 

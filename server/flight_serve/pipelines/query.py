@@ -298,6 +298,12 @@ def _window(func: exp.Anonymous, time_zone: str | None = None) -> tuple[str, str
         except ValueError as exc:
             raise sql_error(str(exc), func) from exc
     durations = [interval_to_timedelta(a) for a in args[2:]]
+    roles = {"TUMBLE": ("size",), "HOP": ("slide", "size"), "SESSION": ("gap",)}.get(
+        name, ("step", "max_size")
+    )
+    for role, arg, duration in zip(roles, args[2:], durations, strict=False):  # offsets aside
+        if duration <= timedelta(0):
+            raise sql_error(f"{name} {role} must be a positive duration, got {arg.sql()}", arg)
     try:
         window: WindowSpec
         if name == "TUMBLE":

@@ -353,3 +353,35 @@ def test_a_file_sink_path_without_a_known_extension_says_what_to_write(
         f"option path: {message}: end the path in .parquet, .csv or .jsonl, or give format = "
         "'parquet' | 'csv' | 'jsonl' (line 2, column 50)"
     )
+
+
+@pytest.mark.parametrize(
+    ("window", "message"),
+    [
+        (
+            "TUMBLE(s, t, INTERVAL '-1' HOUR)",
+            "TUMBLE size must be a positive duration, got INTERVAL '-1' HOUR (line 4, column 52)",
+        ),
+        (
+            "HOP(s, t, INTERVAL '0' MINUTE, INTERVAL '1' HOUR)",
+            "HOP slide must be a positive duration, got INTERVAL '0' MINUTE (line 4, column 49)",
+        ),
+        (
+            "SESSION(s, t, INTERVAL '-5' MINUTE)",
+            "SESSION gap must be a positive duration, got INTERVAL '-5' MINUTE (line 4, column 53)",
+        ),
+    ],
+)
+def test_a_window_duration_that_is_not_positive_is_named_as_written(
+    window: str, message: str
+) -> None:
+    """The amount is pointed at. It used to point at the window function and print Python's repr:
+    ``size must be a positive duration, got datetime.timedelta(days=-1, seconds=82800)``."""
+    sql = (
+        SOURCE
+        + f"INSERT INTO out\nSELECT k, count(*) AS n FROM {window}\n"
+        + "GROUP BY k, window_start, window_end;"
+    )
+    with pytest.raises(PipelineSQLError) as info:
+        parse_pipeline(sql)
+    assert str(info.value) == message
