@@ -314,7 +314,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     demo.add_argument(
         "--server",
         default=None,
-        help="Flight URI of a running server (default: start one on a free loopback port)",
+        help="Flight URI of a running server, whose streams flights, hourly_departures, "
+        "route_load_3h and duty_sessions are dropped and re-created (default: start one on a "
+        "free loopback port)",
     )
     demo.add_argument("--data-dir", type=Path, default=None, help="data dir of the started server")
     demo.add_argument("--batch-rows", type=int, default=8192, help="rows per DoPut batch")
