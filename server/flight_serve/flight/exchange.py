@@ -32,8 +32,9 @@ import pyarrow.flight as flight
 
 from flight_serve._arrow import ipc_bytes
 from flight_serve.engine.operator import DEFAULT_PARTITION, Emission, WindowOperator
-from flight_serve.errors import InvalidInputError
+from flight_serve.errors import InvalidInputError, QueryError
 from flight_serve.flight.markers import watermark_request
+from flight_serve.pipelines.dialect import function_named_in, sql_error
 from flight_serve.pipelines.query import parse_window_query
 from flight_serve.types import MAX_WATERMARK_NS, MIN_WATERMARK_NS
 
@@ -76,7 +77,14 @@ def handle_exchange(
             "(path descriptors are reserved for plugins)"
         )
     query = parse_window_query((descriptor.command or b"").decode("utf-8", errors="replace"))
-    operator: WindowOperator = query.build(reader.schema)
+    try:
+        operator: WindowOperator = query.build(reader.schema)
+    except QueryError as exc:  # DataFusion's message, on several lines, without a position
+        if query.select is None:
+            raise
+        said = " ".join(str(exc).split())
+        at = function_named_in(query.select, said) or query.select.args["from_"].this.this
+        raise sql_error(said, at) from exc
     writer.begin(operator.output_schema)
     late_rows = 0
     index = 0

@@ -232,6 +232,20 @@ def sql_error(message: str, node: exp.Expr) -> PipelineSQLError:
     return PipelineSQLError(message, line, col)
 
 
+def function_named_in(select: exp.Select, message: str) -> exp.Anonymous | None:
+    """The first call in ``select`` (in the text's order, its FROM's table functions aside) of a
+    function that DataFusion's planning error ``message`` names, quoted (``Invalid function
+    'cnt'``), or ``None``. DataFusion's message has no position; the call does."""
+    said = message.lower()
+    calls = [
+        node
+        for node in select.find_all(exp.Anonymous)
+        if not isinstance(node.parent, exp.Table)  # TUMBLE(…), LATE(x), f(x) in FROM
+        and f"'{node.name.lower()}'" in said
+    ]
+    return min(calls, key=lambda node: tuple(n or 0 for n in position(node)), default=None)
+
+
 def calendar_interval(node: exp.Expression) -> str | None:
     """``'day'``, ``'week'`` or ``'month'`` when ``node`` is ``INTERVAL '1' DAY|WEEK|MONTH``,
     else ``None`` (the sizes a calendar window can take).

@@ -33,7 +33,7 @@ from sqlglot import exp
 from flight_serve.engine.operator import Emission, WindowOperator
 from flight_serve.engine.sqlguard import check_sql
 from flight_serve.errors import QueryError
-from flight_serve.pipelines.dialect import position, sql_error
+from flight_serve.pipelines.dialect import function_named_in, sql_error
 from flight_serve.pipelines.pipeline import FunctionDef, QueryDef
 from flight_serve.pipelines.query import unknown_column
 from flight_serve.pipelines.user_functions import FunctionSet
@@ -512,20 +512,6 @@ def _row_sql(query: QueryDef, input_name: str) -> str:
         return exp.Table(this=exp.to_identifier(internal, quoted=True), alias=alias)
 
     return str(select.transform(fix).sql(dialect="postgres", identify=True))
-
-
-def function_named_in(select: exp.Select, message: str) -> exp.Anonymous | None:
-    """The first call in ``select`` (in the text's order, its FROM's table functions aside) of a
-    function that DataFusion's planning error ``message`` names, quoted (``Invalid function
-    'cnt'``), or ``None``. DataFusion's message has no position; the call does."""
-    said = message.lower()
-    calls = [
-        node
-        for node in select.find_all(exp.Anonymous)
-        if not isinstance(node.parent, exp.Table)  # TUMBLE(…), LATE(x), f(x) in FROM
-        and f"'{node.name.lower()}'" in said
-    ]
-    return min(calls, key=lambda node: tuple(n or 0 for n in position(node)), default=None)
 
 
 def check_row_columns(query: QueryDef, input: Stream, tables: dict[str, pa.Table]) -> None:

@@ -48,7 +48,7 @@ from flight_serve.errors import (
     PipelineSQLError,
 )
 from flight_serve.pipelines.connect import CONNECTORS, REGISTRY, EpochSinkArgs, connector_of
-from flight_serve.pipelines.dialect import sql_error
+from flight_serve.pipelines.dialect import function_named_in, sql_error
 from flight_serve.pipelines.graph import (
     Node,
     PluginNode,
@@ -57,7 +57,6 @@ from flight_serve.pipelines.graph import (
     WindowNode,
     check_row_columns,
     columns_text,
-    function_named_in,
 )
 from flight_serve.pipelines.pipeline import PipelinePlan, QueryDef
 from flight_serve.pipelines.slots import SinkSlot
