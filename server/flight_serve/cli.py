@@ -856,11 +856,11 @@ def _run_ray(
     from the newest one, at any ``--parallelism``, and SIGTERM checkpoints and stops."""
     from flight_serve.pipelines.coordinator import PipelineStopped
     from flight_serve.pipelines.distributed.ray_runtime import DEFAULT_MAX_RESTARTS, run_on_ray
-    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.pipeline import parse_pipeline, read_pipeline_file
 
     checkpointed = checkpoints or _checkpointing(args)
     options = _checkpoint_options(
-        parse_pipeline(path.read_text(), path=path.resolve()).run_options,
+        parse_pipeline(read_pipeline_file(path), path=path.resolve()).run_options,
         args,
         required=checkpointed,
     )
@@ -1018,11 +1018,17 @@ def _action(
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.pipeline import read_pipeline_file
+
     path: Path = args.pipeline
     try:
-        sql = path.read_text(encoding="utf-8")
+        sql = read_pipeline_file(path)
     except OSError as exc:
         print(f"flight-serve: {exc}", file=sys.stderr)
+        return 1
+    except PipelineSQLError as exc:  # not UTF-8
+        print(f"flight-serve: {path}: {exc}", file=sys.stderr)
         return 1
     output_dir = args.output_dir if args.output_dir is not None else Path.cwd()
     body: dict[str, Any] = {
@@ -1073,11 +1079,17 @@ def _pipelines(args: argparse.Namespace) -> int:
             return 1
     body: dict[str, Any] = {} if args.what == "list" else {"id": args.id}
     if args.what == "update":
+        from flight_serve.errors import PipelineSQLError
+        from flight_serve.pipelines.pipeline import read_pipeline_file
+
         path: Path = args.pipeline
         try:
-            sql = path.read_text(encoding="utf-8")
+            sql = read_pipeline_file(path)
         except OSError as exc:
             print(f"flight-serve: {exc}", file=sys.stderr)
+            return 1
+        except PipelineSQLError as exc:  # not UTF-8
+            print(f"flight-serve: {path}: {exc}", file=sys.stderr)
             return 1
         body.update(sql=sql, note=path.name)
         files = _function_files(sql, path)

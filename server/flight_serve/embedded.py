@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
+from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline, read_pipeline_file
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 
 if TYPE_CHECKING:  # the sandbox module loads with the first LANGUAGE python function
@@ -103,7 +103,7 @@ class Pipeline:
             and " " not in str(text_or_path)
         ):
             raise FileNotFoundError(f"no pipeline file {text_or_path}")
-        text = path.read_text(encoding="utf-8") if path is not None else str(text_or_path)
+        text = read_pipeline_file(path) if path is not None else str(text_or_path)
         plan = parse_pipeline(
             text, path=path, base_dir=Path(base_dir) if base_dir is not None else None
         )

@@ -374,3 +374,27 @@ def test_pipelines_commands_have_their_own_help() -> None:
     assert status.stderr.endswith(
         "flight-serve pipelines status: error: the following arguments are required: id\n"
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("run", "{path}"),
+        ("explain", "{path}"),
+        ("submit", "{path}", "--server", "grpc://127.0.0.1:9"),  # refused before any call
+        ("pipelines", "update", "p-0", "{path}", "--server", "grpc://127.0.0.1:9"),
+    ],
+    ids=["run", "explain", "submit", "update"],
+)
+def test_a_pipeline_file_that_is_not_utf8_is_one_line_naming_the_byte(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """A file saved as Latin-1 used to end each of these with a Python traceback."""
+    path = pipeline(tmp_path, "")
+    path.write_bytes(SOURCE.encode() + COUNTS.encode() + "-- café\n".encode("latin-1"))
+    done = cli(*(word.format(path=path) for word in command), cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"flight-serve: {path}: not UTF-8 text: byte 0xe9 is not UTF-8; save the file as UTF-8 "
+        "(line 5, column 7)\n"
+    )

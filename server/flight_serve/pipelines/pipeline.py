@@ -73,6 +73,7 @@ __all__ = [
     "SinkDef",
     "arrow_type",
     "parse_pipeline",
+    "read_pipeline_file",
 ]
 
 #: Options of ``SET <option> = <value>`` (the pipeline's defaults).
@@ -980,6 +981,29 @@ def _plugin_input(call: exp.Anonymous, streams: Collection[str]) -> str:
     if name not in streams:
         raise sql_error(f"{call.name}({name}): no source or view {name} declared above", args[0])
     return name
+
+
+def read_pipeline_file(path: Path) -> str:
+    """The text of the pipeline file ``path``: UTF-8, with or without a byte-order mark (which
+    Windows editors write and which is not part of the SQL).
+
+    Raises:
+        OSError: the file cannot be read.
+        PipelineSQLError: the file is not UTF-8: the first byte that is not, with its line and
+            column (a file saved as Latin-1 or UTF-16, say).
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line_start = before.rfind(b"\n") + 1
+        col = len(before[line_start:].decode("utf-8-sig", errors="replace")) + 1
+        raise PipelineSQLError(
+            f"not UTF-8 text: byte 0x{data[exc.start]:02x} is not UTF-8; save the file as UTF-8",
+            before.count(b"\n") + 1,
+            col,
+        ) from None
 
 
 def parse_pipeline(

@@ -385,3 +385,27 @@ def test_a_window_duration_that_is_not_positive_is_named_as_written(
     with pytest.raises(PipelineSQLError) as info:
         parse_pipeline(sql)
     assert str(info.value) == message
+
+
+def test_a_pipeline_file_that_is_not_utf8_names_the_byte_and_its_place(tmp_path: Path) -> None:
+    """A file saved as Latin-1 (``-- café`` in a comment) used to end flight-serve run, explain
+    and submit with a Python traceback (UnicodeDecodeError)."""
+    (tmp_path / "in.csv").write_text(CSV)
+    (tmp_path / "p.sql").write_bytes(
+        SOURCE.encode() + "INSERT INTO out SELECT k FROM s; -- é café".encode("latin-1")
+    )
+    with pytest.raises(PipelineSQLError) as info:
+        Pipeline.from_sql(tmp_path / "p.sql")
+    assert str(info.value) == (
+        "not UTF-8 text: byte 0xe9 is not UTF-8; save the file as UTF-8 (line 3, column 37)"
+    )
+
+
+def test_a_byte_order_mark_is_not_part_of_the_sql(tmp_path: Path) -> None:
+    """Windows editors start a UTF-8 file with a byte-order mark; it used to be read as part of
+    the first word: ``unknown statement \\ufeffCREATE; did you mean CREATE?``."""
+    (tmp_path / "in.csv").write_text(CSV)
+    (tmp_path / "p.sql").write_bytes(
+        b"\xef\xbb\xbf" + (SOURCE + "INSERT INTO out SELECT k FROM s;").encode()
+    )
+    assert "SOURCE s  (line 1)" in Pipeline.from_sql(tmp_path / "p.sql").explain()
