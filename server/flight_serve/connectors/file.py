@@ -147,12 +147,12 @@ def _rechunk(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.Record
         yield _concat(pending)
 
 
-def _csv_convert(schema: pa.Schema | None, *, as_text: bool = False) -> pacsv.ConvertOptions:
-    """The CSV conversion of the file connector: ``schema``'s columns (all as strings with
-    ``as_text``), else every column, inferred; an empty field is NULL, ``""`` the empty string."""
+def _csv_convert(schema: pa.Schema | None, *, as_bytes: bool = False) -> pacsv.ConvertOptions:
+    """The CSV conversion of the file connector: ``schema``'s columns (all as bytes with
+    ``as_bytes``), else every column, inferred; an empty field is NULL, ``""`` the empty string."""
     types = None
     if schema is not None:
-        types = {f.name: pa.string() if as_text else f.type for f in schema}
+        types = {f.name: pa.binary() if as_bytes else f.type for f in schema}
     return pacsv.ConvertOptions(
         column_types=types,
         include_columns=schema.names if schema is not None else None,
@@ -195,9 +195,14 @@ def _read_csv(path: Path, declared: pa.Schema | None, delimiter: str) -> Iterato
         if schema is None or found is None:
             raise
         line, name, value = found
+        fault = (
+            f"{value!r} is not UTF-8 (save the file as UTF-8)"
+            if isinstance(value, bytes)
+            else f"cannot convert {value!r}"
+        )
         raise ConnectorError(
             f"file connector: cannot read {path}: line {line}, column {name} "
-            f"({schema.field(name).type}): cannot convert {value!r}"
+            f"({schema.field(name).type}): {fault}"
         ) from exc
 
 
@@ -227,40 +232,44 @@ def _csv_bad_row(path: Path, delimiter: str) -> tuple[int, int, int, str] | None
     return None
 
 
-def _csv_bad_value(path: Path, schema: pa.Schema, delimiter: str) -> tuple[int, str, str] | None:
+def _csv_bad_value(path: Path, schema: pa.Schema, delimiter: str) -> tuple[int, str, Any] | None:
     """``(line, column, value)`` of the first value of ``path`` that does not convert to its
-    column's type in ``schema`` (the file read again as text, each column cast to its type,
-    blanks around a value ignored as pyarrow's CSV conversion ignores them), or ``None``."""
+    column's type in ``schema``, or ``None``: the file is read again as bytes, and each column
+    cast to text (a value that is not UTF-8 is shown as bytes), then to its type (blanks around
+    a value ignored, as pyarrow's CSV conversion ignores them)."""
     import pyarrow.compute as pc  # the error path only
 
-    text = pacsv.open_csv(
+    raw = pacsv.open_csv(
         path,
         read_options=pacsv.ReadOptions(block_size=_READ_BLOCK_BYTES),
         parse_options=pacsv.ParseOptions(delimiter=delimiter),
-        convert_options=_csv_convert(schema, as_text=True),
+        convert_options=_csv_convert(schema, as_bytes=True),
     )
     rows = 0
-    for batch in text:
-        bad: list[tuple[int, int, str]] = []  # (row in the batch, column index, column)
+    for batch in raw:
+        bad: list[tuple[int, int, str, Any]] = []  # (row in the batch, index, column, value)
         for index, field in enumerate(schema):
-            if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
-                continue
-            values = pc.utf8_trim_whitespace(batch.column(field.name))
-            row = _first_uncastable(values, field.type)
+            values = batch.column(field.name)
+            row = _first_uncastable(values, pa.string())
+            if row is None and not (
+                pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+            ):
+                values = pc.utf8_trim_whitespace(values.cast(pa.string()))
+                row = _first_uncastable(values, field.type)
             if row is not None:
-                bad.append((row, index, field.name))
+                bad.append((row, index, field.name, values[row].as_py()))
         if bad:
-            row, _, name = min(bad)
+            row, _, name, value = min(bad, key=lambda b: b[:2])
             rows_of = itertools.islice(_csv_lines(path), 1, None)  # the header aside
             line = next(n for i, (n, _) in enumerate(rows_of) if i == rows + row)
-            return line, name, str(batch.column(name)[row].as_py())
+            return line, name, value
         rows += batch.num_rows
     return None
 
 
 def _first_uncastable(values: pa.Array[Any], type: pa.DataType) -> int | None:
-    """The index of the first of ``values`` (strings) that does not cast to ``type``, found by
-    halving, or ``None`` (all cast, or Arrow has no such cast)."""
+    """The index of the first of ``values`` (bytes or strings) that does not cast to ``type``,
+    found by halving, or ``None`` (all cast, or Arrow has no such cast)."""
     import pyarrow.compute as pc  # the error path only
 
     def casts(start: int, stop: int) -> bool:

@@ -25,7 +25,8 @@ def read(path: Path, schema: pa.Schema | None) -> list[pa.RecordBatch]:
     ("rows", "schema", "message"),
     [
         (  # line 1 the header, line 2 empty
-            "k,v,t\n\na,1,2026-01-01 00:00:00\nb,2,2026-01-01 00:00:10\nc,zzz,2026-01-01 00:00:20\n",
+            "k,v,t\n\na,1,2026-01-01 00:00:00\nb,2,2026-01-01 00:00:10\n"
+            "c,zzz,2026-01-01 00:00:20\n",
             DECLARED,
             "line 5, column v (int64): cannot convert 'zzz'",
         ),
@@ -77,4 +78,18 @@ def test_a_bad_value_past_the_first_block_is_found_on_its_line(tmp_path: Path) -
         read(path, None)
     assert str(info.value) == (
         f"file connector: cannot read {path}: line 80083, column v (int64): cannot convert 'zzz'"
+    )
+
+
+def test_a_value_that_is_not_utf8_is_named_by_its_line_and_bytes(tmp_path: Path) -> None:
+    """A CSV saved as Latin-1 used to say ``In CSV column #0: CSV conversion error to string:
+    invalid UTF8 data`` (no line, no value)."""
+    path = tmp_path / "in.csv"
+    rows = "k,v,t\na,1,2026-01-01 00:00:00\ncafé,2,2026-01-01 00:00:10\n"
+    path.write_bytes(rows.encode("latin-1"))
+    with pytest.raises(ConnectorError) as info:
+        read(path, DECLARED)
+    assert str(info.value) == (
+        f"file connector: cannot read {path}: line 3, column k (string): b'caf\\xe9' is not "
+        "UTF-8 (save the file as UTF-8)"
     )
