@@ -256,3 +256,28 @@ def test_a_watermark_marker_beyond_int64_is_invalid_argument(tmp_path: Path) -> 
             with pytest.raises(pa.ArrowInvalid, match="signed 64-bit"):
                 mark(value)
     assert parse_marker(json.dumps({"watermark_ns": 2**63 - 1}).encode()).watermark_ns == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("port", "says"),
+    [
+        (65535, "the health port is the Flight port + 1 = 65536 by default, beyond 65535: "
+                "give --health-port (0 picks a free one), or a lower --port"),
+        (65534, "the metrics port is the Flight port + 2 = 65536 by default, beyond 65535: "
+                "give --metrics-port (0 picks a free one), or a lower --port"),
+        (65533, "the console port is the Flight port + 3 = 65536 by default, beyond 65535: "
+                "give --console-port (0 picks a free one), or a lower --port"),
+    ],
+)  # fmt: skip
+def test_a_port_whose_defaults_pass_65535_is_refused_naming_the_flag(
+    tmp_path: Path, port: int, says: str
+) -> None:
+    """``serve --port 65534`` used to die with a traceback (``OverflowError: bind(): port must
+    be 0-65535``) after the Flight and health ports were bound."""
+    done = subprocess.run(
+        [str(CLI), "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert json.loads(done.stderr.splitlines()[-1])["msg"] == f"cannot serve: {says}"

@@ -357,6 +357,23 @@ def serve_forever(
             extra={"host": host},
         )
         return 1
+    defaults = (  # the ports that follow the Flight port, where none was given
+        ("health", "--health-port", 1, config.health_port),
+        ("metrics", "--metrics-port", 2, config.metrics_port),
+        ("console", "--console-port", 3, console_port if start_console is not None else 0),
+    )
+    for what, flag, step, given in defaults:
+        if port and given is None and port + step > 65535:
+            log.error(
+                "cannot serve: the %s port is the Flight port + %d = %d by default, beyond 65535: "
+                "give %s (0 picks a free one), or a lower --port",
+                what,
+                step,
+                port + step,
+                flag,
+                extra={"port": port},
+            )
+            return 1
     stop = threading.Event()
     received: list[str] = []
 
