@@ -789,7 +789,8 @@ def test_a_window_actor_killed_in_the_two_stage_flights_job_restores_both_stages
     path, expected = two_stage_job(flights_dir, out)
     _, stats = run_on_ray(path, output_dir=out, parallelism=3, resume="fresh")
     assert parquet_rows(out, ("route_hours", "dest_days")) == expected
-    assert stats.stage_calls > 0 and stats.stage_records >= 331 * 3 * 2, stats
+    assert stats.stage_calls > 0
+    assert stats.stage_records == 331 * 3 * 2  # a record per step, instance and other instance
     for victim in range(3):
         killed: list[int] = []
 
