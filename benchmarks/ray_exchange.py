@@ -13,6 +13,10 @@
    then per destination per day over those hourly rows: a windowed query reading another's
    output, keyed by its own key), embedded vs ``--runtime ray`` at parallelism 1, 2 and 3 the
    same way, with the calls and records between the window actors.
+   **One file in row groups**: the hourly job on the flights as ONE Parquet file (row groups
+   of 50,000 rows), at parallelism 2 and 3 with the file read in row-group parts by as many
+   source actors (what ``assign_splits`` does) vs read whole by one (the splits before row
+   groups, patched in the driver), alternating in one Ray session; embedded for the ratio.
 3. **Checkpoints**: the same job at parallelism 2 writing its Parquet sink, with checkpoints
    (``checkpoint_interval = '1s'``, and ``checkpoint_every = 10`` for several per run) vs
    without, alternating, same files checked; the ratio of throughputs.
@@ -214,6 +218,58 @@ def two_stages(ray: Any, work: Path, repeat: int) -> None:
         )
 
 
+def one_file(ray: Any, work: Path, repeat: int) -> None:
+    from flight_serve.pipelines.distributed import ray_runtime
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.pipelines.distributed.workers import FileSplit, Splits, assign_splits
+    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    one = work / "one"
+    one.mkdir()
+    table = pq.read_table(work / "flights.parquet").sort_by("sched_dep")
+    pq.write_table(table, one / "flights.parquet", row_group_size=50_000)
+    path = one / "hourly_departures.sql"
+    path.write_text((ROOT / "examples" / "hourly_departures.sql").read_text())
+
+    def whole(runtime: Any, workers: int) -> list[Splits]:
+        return [{name: [FileSplit(0)] for name in runtime.sources}]
+
+    def embedded() -> int:
+        rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=one)
+        return sum(b.num_rows for _, b in rt.run(write=False, collect=True))
+
+    def on_ray(p: int, parts: bool) -> int:
+        ray_runtime.assign_splits = assign_splits if parts else whole  # type: ignore[assignment]
+        try:
+            got: list[tuple[str, pa.RecordBatch]] = []
+            _, stats = run_on_ray(path, output_dir=one, parallelism=p, write=False, collect=got)
+            assert stats.source_actors == (p if parts else 1)
+            return sum(b.num_rows for _, b in got)
+        finally:
+            ray_runtime.assign_splits = assign_splits  # type: ignore[assignment]
+
+    sides = {"embedded": embedded}
+    for p in (2, 3):
+        sides[f"ray p={p} whole file"] = lambda p=p: on_ray(p, False)
+        sides[f"ray p={p} {p} parts"] = lambda p=p: on_ray(p, True)
+    out = {name: fn() for name, fn in sides.items()}
+    assert len(set(out.values())) == 1, out
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(repeat):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            gc.collect()
+            t = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["embedded"])
+    print(f"one Parquet file, {table.num_rows} rows in 7 row groups, hourly_departures:")
+    for name, samples in times.items():
+        med = statistics.median(samples)
+        print(f"  {name:22s} {med:6.2f} s  ratio to embedded {base / med:4.2f}  "
+              f"(runs: {', '.join(f'{x:.2f}' for x in samples)})")  # fmt: skip
+
+
 def _files(out: Path) -> list[Any]:
     return sorted(map(repr, pq.read_table(out / "hourly_departures.parquet").to_pylist()))
 
@@ -344,6 +400,7 @@ def main() -> None:
             )
             throughput(ray, work, args.repeat)
             two_stages(ray, work, args.repeat)
+            one_file(ray, work, args.repeat)
             checkpoints(ray, work, args.repeat)
         rescale_state(args.repeat)
     finally:

@@ -692,8 +692,8 @@ def test_a_window_actor_killed_in_a_second_exchange_restores_from_the_checkpoint
     ray_runtime._drop_hosts(ray_session)
 
 
-#: two keyed windowed queries in a row over the flights (batches of 1,024 rows: 331 steps over
-#: the three files; a checkpoint every 60): departures per route per hour, then per destination
+#: two keyed windowed queries in a row over the flights (batches of 1,024 rows: 331 batches and
+#: 3 file ends, 334 steps over the three files; a checkpoint every 60): departures per route per hour, then per destination
 #: per day over those hourly rows (the second exchange, keyed by dest), both into Parquet sinks
 TWO_STAGE_FLIGHTS = """SET checkpoint_every = 60;
 CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE)
@@ -790,7 +790,8 @@ def test_a_window_actor_killed_in_the_two_stage_flights_job_restores_both_stages
     _, stats = run_on_ray(path, output_dir=out, parallelism=3, resume="fresh")
     assert parquet_rows(out, ("route_hours", "dest_days")) == expected
     assert stats.stage_calls > 0
-    assert stats.stage_records == 331 * 3 * 2  # a record per step, instance and other instance
+    # a record per step (331 batches and 3 file ends), instance and other instance
+    assert stats.stage_records == 334 * 3 * 2
     for victim in range(3):
         killed: list[int] = []
 
@@ -806,6 +807,51 @@ def test_a_window_actor_killed_in_the_two_stage_flights_job_restores_both_stages
         assert stats.attempts_from == (None, 1), (victim, stats.attempts_from)
         assert parquet_rows(out, ("route_hours", "dest_days")) == expected, victim
     ray_runtime._drop_hosts(ray_session)
+
+
+@pytest.mark.ray
+def test_one_parquet_file_read_in_row_group_parts_by_several_source_actors_equals_embedded(
+    ray_session: Any, flights_dir: Path, tmp_path: Path
+) -> None:
+    """The flights as ONE Parquet file in row groups of 50,000 rows (7 groups; batches of
+    8,192 straddle them): at parallelism 2 and 3 two and three source actors read it, row
+    groups interleaved, and the hourly job plus a per-row query writes the embedded run's
+    rows. Checkpointed: stopped after checkpoint 1 at parallelism 3 (parts 0-2 of 3), resumed
+    at 2 (parts of 2, each from the cut) to the end: the files equal the embedded run's."""
+    import threading
+
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    table = pq.read_table(flights_dir / "flights.parquet").sort_by("sched_dep")
+    pq.write_table(table, tmp_path / "flights.parquet", row_group_size=50_000)
+    assert pq.ParquetFile(tmp_path / "flights.parquet").num_row_groups == 7
+    text = (flights_dir / "hourly_departures.sql").read_text() + FAILOVER_EXTRA
+    path = tmp_path / "one.sql"
+    path.write_text(text)
+    expected = embedded(path, tmp_path)
+    assert {k: len(v) for k, v in expected.items()} == {
+        "hourly_departures": 19_486,
+        "very_late": 1_524,
+    }
+    for parallelism in (2, 3):
+        got: list[tuple[str, pa.RecordBatch]] = []
+        _, stats = run_on_ray(path, output_dir=tmp_path, parallelism=parallelism,
+                              write=False, collect=got)  # fmt: skip
+        assert stats.source_actors == parallelism
+        assert rows_by_sink(got) == expected, f"parallelism {parallelism}"
+
+    out = tmp_path / "run"
+    checkpointed = tmp_path / "checkpointed.sql"
+    checkpointed.write_text("SET checkpoint_every = 20;\n" + text.replace(
+        "'flights.parquet'", repr(str(tmp_path / "flights.parquet"))))  # fmt: skip
+    stop = threading.Event()
+    with pytest.raises(PipelineStopped, match="after checkpoint 1"):
+        run_on_ray(checkpointed, output_dir=out, parallelism=3, resume="fresh",
+                   on_checkpoint=lambda info: stop.set(), stop=stop)  # fmt: skip
+    _, stats = run_on_ray(checkpointed, output_dir=out, parallelism=2)
+    assert stats.resumed_from == 1
+    assert sink_rows(out) == expected
 
 
 @pytest.mark.ray

@@ -61,6 +61,7 @@ from flight_serve.pipelines.distributed.workers import (
     Restore,
     SourceCut,
     SourceWorker,
+    Splits,
     Taken,
     WindowWorker,
     assign_splits,
@@ -251,7 +252,7 @@ class _Host:
     def source(
         self,
         spec: JobSpec,
-        splits: dict[str, list[int]],
+        splits: Splits,
         windows: list[Any],
         start: dict[str, SourceCut] | None,
     ) -> None:
@@ -643,7 +644,7 @@ _Output = _Replay | _Barriers
 def _attempt(
     ray: Any,
     spec: JobSpec,
-    splits: list[dict[str, list[int]]],
+    splits: list[Splits],
     output: _Output,
     on_status: Callable[[list[InstanceStatus]], None] | None,
     restore: Restore | None,
@@ -757,7 +758,7 @@ class _Job:
 
 def _checkpointed_attempt(
     job: _Job,
-    splits: list[dict[str, list[int]]],
+    splits: list[Splits],
     on_status: Callable[[list[InstanceStatus]], None] | None,
     resume: ResumeFrom,
     stop: threading.Event | None,

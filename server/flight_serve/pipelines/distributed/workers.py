@@ -4,8 +4,10 @@ A job has two kinds of worker, each building the pipeline's ordinary
 :class:`~flight_serve.pipelines.runtime.PipelineRuntime` from the same SQL and driving part of it:
 
 * a **source worker** (:class:`SourceWorker`) owns some *splits*: files of the file sources (a
-  file is a watermark partition, as embedded). It reads them batch by batch through the per-row
-  nodes; in front of every windowed query that reads a source (through per-row nodes only) sits
+  file is a watermark partition, as embedded), or parts of a Parquet file's row groups when a
+  source has fewer files than workers (:class:`FileSplit`: the file's own batches, each with
+  its step, so the window workers still consume the file's batches in order). It reads them
+  batch by batch through the per-row nodes; in front of every windowed query that reads a source (through per-row nodes only) sits
   an :class:`ExchangeNode` in place of the window: it hashes each batch's rows by the query's key
   columns to key groups to instances (:mod:`.keygroups`) and records, per *step* of the file (one
   source batch, or its end), each instance's share and the whole batch's progress (its maximum
@@ -99,7 +101,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -132,12 +134,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Cut",
     "ExchangeNode",
+    "FileSplit",
     "InstanceStatus",
     "JobSpec",
     "Record",
     "Restore",
     "SourceCut",
     "SourceWorker",
+    "Splits",
     "StageExchange",
     "Taken",
     "WindowInput",
@@ -420,19 +424,57 @@ def check_distributable(runtime: PipelineRuntime) -> dict[int, str]:
     return {q: entry.source for q, entry in window_inputs(runtime).items()}
 
 
-def assign_splits(runtime: PipelineRuntime, workers: int) -> list[dict[str, list[int]]]:
+@dataclass(frozen=True)
+class FileSplit:
+    """What a source worker reads of one file (picklable): the whole file, or part ``part`` of
+    ``parts`` of a Parquet file's row groups (:meth:`FileSource.read_part
+    <flight_serve.connectors.file.FileSource.read_part>`: the batches starting in its row
+    groups ``g % parts == part``). Part 0 sends the file's end.
+
+    Attributes:
+        file: the file's index in its source (its watermark partition).
+        part: ``0 … parts - 1``.
+        parts: readers of the file (1: the whole file).
+    """
+
+    file: int
+    part: int = 0
+    parts: int = 1
+
+
+#: What a source worker owns: per source, its files (an index: the whole file) or parts.
+Splits = dict[str, list[FileSplit]]
+
+
+def assign_splits(runtime: PipelineRuntime, workers: int) -> list[Splits]:
     """Every file of every file source that feeds a query, dealt round-robin to ``workers``
-    source workers (fewer when there are fewer files; at least one): per worker, the file
-    indices of each source."""
-    splits = [
+    source workers (fewer when there are fewer splits; at least one): per worker, its splits
+    of each source.
+
+    With fewer files than workers, a Parquet file with several row groups is read in parts
+    (interleaved row groups: ``ceil(workers / files)`` parts at most, one per row group at
+    most), so a single large file is read by several workers; the window workers consume its
+    batches in order all the same (the module docstring), so the output does not change.
+
+    Raises:
+        ConnectorError: a Parquet file's footer cannot be read.
+    """
+    files = [
         (name, index)
         for name in fed_sources(runtime)
         for index in range(len(runtime.sources[name].paths))
     ]
+    per_file = -(-workers // len(files)) if files and len(files) < workers else 1
+    splits: list[tuple[str, FileSplit]] = []
+    for name, index in files:
+        parts = 1
+        if per_file > 1 and runtime.sources[name].format == "parquet":
+            parts = max(1, min(per_file, len(runtime.sources[name].row_groups(index))))
+        splits += [(name, FileSplit(index, part, parts)) for part in range(parts)]
     count = max(1, min(workers, len(splits)))
-    out: list[dict[str, list[int]]] = [{} for _ in range(count)]
-    for k, (name, index) in enumerate(splits):
-        out[k % count].setdefault(name, []).append(index)
+    out: list[Splits] = [{} for _ in range(count)]
+    for k, (name, split) in enumerate(splits):
+        out[k % count].setdefault(name, []).append(split)
     return out
 
 
@@ -520,13 +562,17 @@ Send = Callable[[int, list[Record]], None]
 
 @dataclass
 class _Split:
-    """A file a source worker reads: its source, index, next step and batches."""
+    """A file (or part) a source worker reads: its source, index, ``(step, batch)`` and
+    exchanges; whether it sends the file's end, and at which step (``None``: the step after
+    its last batch, a whole file's)."""
 
     source: str
     index: int
-    seq: int
-    batches: Iterator[pa.RecordBatch]
+    batches: Iterator[tuple[int, pa.RecordBatch]]
     exchanges: list[ExchangeNode]
+    sends_end: bool
+    end: int | None
+    next: int = 0
 
 
 class SourceWorker:
@@ -534,7 +580,8 @@ class SourceWorker:
 
     Args:
         spec: the job.
-        splits: file indices per source this worker owns (:func:`assign_splits`).
+        splits: the files (an index: the whole file) or parts of files per source this
+            worker owns (:func:`assign_splits`).
         send: ``send(instance, records)``: the transport to window worker ``instance``.
         flush_rows: rows buffered per instance before a send (the exchange's batch size).
         flush_interval_s: seconds at most between a record's buffering and its send, in
@@ -551,7 +598,7 @@ class SourceWorker:
     def __init__(
         self,
         spec: JobSpec,
-        splits: dict[str, list[int]],
+        splits: Mapping[str, Sequence[int | FileSplit]],
         send: Send,
         *,
         flush_rows: int = 1 << 16,
@@ -559,7 +606,10 @@ class SourceWorker:
         start: dict[str, SourceCut] | None = None,
     ) -> None:
         self.spec = spec
-        self.splits = splits
+        self.splits: Splits = {
+            name: [e if isinstance(e, FileSplit) else FileSplit(e) for e in owned]
+            for name, owned in splits.items()
+        }
         self.send = send
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
@@ -610,6 +660,26 @@ class SourceWorker:
             self.sent_calls += 1
             self.send(instance, records)
 
+    def _open(
+        self, name: str, entry: FileSplit, exchanges: list[ExchangeNode], cut: SourceCut | None
+    ) -> _Split | None:
+        """The reader of one split, after ``cut`` (``None``: nothing left of it)."""
+        source = self.runtime.sources[name]
+        index = entry.file
+        if cut is not None and cut.ended[index]:
+            return None  # read to its end before the checkpoint
+        first = cut.steps[index] if cut is not None else 0
+        if entry.parts == 1:
+            batches: Iterator[tuple[int, pa.RecordBatch]] = enumerate(
+                islice(source.read_file(index), first, None), start=first
+            )
+            return _Split(name, index, batches, exchanges, True, None, first)
+        parts = source.read_part(index, entry.part, entry.parts)
+        batches = ((k, b) for k, b in parts if k >= first)
+        # part 0 sends the end, at the step after the file's last batch
+        end = -(-sum(source.row_groups(index)) // source.batch_rows)
+        return _Split(name, index, batches, exchanges, entry.part == 0, end, first)
+
     def run(self) -> None:
         """Read every split to its end (from its cut when restored).
 
@@ -625,33 +695,33 @@ class SourceWorker:
             # records reach the window actors at the same pace: their merges (and a barrier's
             # alignment) never wait for a split this worker has not started
             live: deque[_Split] = deque()
-            for name, indices in self.splits.items():
-                source = runtime.sources[name]
+            for name, owned in self.splits.items():
                 exchanges = [ex for q, ex in self.exchanges.items() if self.roots[q] == name]
                 cut = self.start.get(name)
-                for index in indices:
-                    if cut is not None and cut.ended[index]:
-                        continue  # read to its end before the checkpoint
-                    first = cut.steps[index] if cut is not None else 0
-                    batches = islice(source.read_file(index), first, None)
-                    live.append(_Split(name, index, first, batches, exchanges))
+                for entry in owned:
+                    split = self._open(name, entry, exchanges, cut)
+                    if split is not None:
+                        live.append(split)
             while live:
                 split = live.popleft()
                 stream = runtime.streams[split.source]
                 partition = runtime.sources[split.source].partitions[split.index]
-                batch = next(split.batches, None)
-                if batch is None:
+                step = next(split.batches, None)
+                if step is None:
+                    if not split.sends_end:
+                        continue  # a part that does not send the end: done
                     runtime.end(stream, partition)
-                    rows = 0
+                    seq, rows = split.end if split.end is not None else split.next, 0
                 else:
+                    seq, batch = step
+                    split.next = seq + 1
                     self.rows_read += batch.num_rows
                     runtime.push(stream, partition, batch)
                     rows = batch.num_rows
                 for ex in split.exchanges:
-                    self._record(ex, split.index, split.seq, rows)
-                self._direct(split.source, split.index, split.seq, rows, end=batch is None)
-                split.seq += 1
-                if batch is not None:
+                    self._record(ex, split.index, seq, rows)
+                self._direct(split.source, split.index, seq, rows, end=step is None)
+                if step is not None:
                     live.append(split)
                 if time.monotonic() - self._flushed_at >= self.flush_interval_s:
                     for i in range(self.spec.parallelism):
@@ -670,8 +740,8 @@ class _Merge:
     """The embedded order of one windowed query's splits (``FileSource.poll``'s round-robin)."""
 
     partitions: tuple[str, ...]
-    queues: list[deque[Record]] = field(default_factory=list)
-    expected: list[int] = field(default_factory=list)
+    #: per split, its records by step (they may come from several source workers: parts)
+    queues: list[dict[int, Record]] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
     next_index: int = 0
     #: per split, the steps consumed; their sum (the position); rows the source read in them
@@ -681,15 +751,13 @@ class _Merge:
 
     def __post_init__(self) -> None:
         n = len(self.partitions)
-        self.queues = [deque() for _ in range(n)]
-        self.expected = [0] * n
+        self.queues = [{} for _ in range(n)]
         self.ended = [False] * n
         self.steps = [0] * n
 
     def restore(self, cut: SourceCut) -> None:
         """Continue after ``cut`` (the checkpoint's position of this merge's source)."""
         self.steps = list(cut.steps)
-        self.expected = list(cut.steps)
         self.ended = list(cut.ended)
         self.next_index = cut.next_index
         self.position = cut.position
@@ -700,18 +768,20 @@ class _Merge:
         return SourceCut(tuple(self.steps), tuple(self.ended), self.next_index, self.rows)
 
     def arrive(self, record: Record, instance: int) -> None:
-        """Queue ``record`` (its split's next).
+        """Queue ``record`` (the parts of one file come from several source workers, each in
+        order: their steps interleave).
 
         Raises:
-            RuntimeError: it is not its split's next record (a transport bug).
+            RuntimeError: a step of the split consumed already or arrived twice (a transport
+                bug).
         """
-        if record.seq != self.expected[record.split]:
+        queue = self.queues[record.split]
+        if record.seq < self.steps[record.split] or record.seq in queue:
             raise RuntimeError(
-                f"instance {instance}: query {record.query} split {record.split}: "
-                f"record {record.seq} arrived, {self.expected[record.split]} expected"
+                f"instance {instance}: query {record.query} split {record.split}: record "
+                f"{record.seq} arrived again (at step {self.steps[record.split]})"
             )
-        self.expected[record.split] += 1
-        self.queues[record.split].append(record)
+        queue[record.seq] = record
 
     @property
     def queued(self) -> int:
@@ -724,9 +794,9 @@ class _Merge:
         if not live:
             return None
         index = next((i for i in live if i >= self.next_index), live[0])
-        if not self.queues[index]:
+        record = self.queues[index].pop(self.steps[index], None)
+        if record is None:
             return None
-        record = self.queues[index].popleft()
         self.next_index = index + 1
         self.steps[index] += 1
         self.position += 1

@@ -293,3 +293,55 @@ def test_a_share_moves_the_watermark_as_the_whole_batch_after_its_where_filter(
     op.add_partition("p")
     op.process(share, "p", progress_ns=25 * 10**9)
     assert op.watermark_ns == 25 * 10**9
+
+
+ONE_FILE = """
+CREATE SOURCE input (key VARCHAR, t TIMESTAMP(3), v BIGINT, WATERMARK FOR t AS t - INTERVAL '2' SECOND)
+WITH (connector = 'file', path = 'one.parquet', batch_rows = '700');
+CREATE SINK out WITH (connector = 'file', format = 'csv');
+CREATE SINK late WITH (connector = 'file', format = 'csv');
+CREATE SINK big WITH (connector = 'file', format = 'csv');
+INSERT INTO out SELECT key, window_start, window_end, count(*) AS n, sum(v) AS v
+FROM TUMBLE(input, t, INTERVAL '10' SECOND) GROUP BY key, window_start, window_end;
+INSERT INTO late SELECT * FROM LATE(input);
+INSERT INTO big SELECT key, t, v FROM input WHERE v % 97 = 0;
+"""
+
+
+def test_a_single_parquet_file_is_read_in_row_group_parts_with_the_embedded_output(
+    tmp_path: Path,
+) -> None:
+    """One Parquet file of 10,000 rows in row groups of 1,500 (7 groups) and batches of 700
+    (15 steps; most batches straddle two row groups): at parallelism 2 and 3 the file is read
+    by 2 and 3 source workers, interleaved by row group, and the windows (with late rows: the
+    times run 1.2 s forward with a 30 s step back every 7 rows, the watermark 2 s behind) and
+    the per-row sink equal the embedded run's."""
+    import pyarrow.parquet as pq
+    from flight_serve.pipelines.distributed.workers import FileSplit, assign_splits
+
+    n = 10_000
+    times = [1_200 * i - (30_000 if i % 7 == 6 else 0) for i in range(n)]  # ms
+    table = pa.table({
+        "key": [f"k{i % 13}" for i in range(n)],
+        "t": pa.array(times, pa.timestamp("ms")),
+        "v": pa.array(range(n), pa.int64()),
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "one.parquet", row_group_size=1_500)
+    path = tmp_path / "p.sql"
+    path.write_text(ONE_FILE)
+    expected = embedded(path, tmp_path)
+    # every row is in one window's count or late; the per-row sink: v = 0, 97, …, 9991
+    counted = sum(dict(row)["n"] for row in expected["out"])
+    assert counted + len(expected["late"]) == n
+    assert 0 < len(expected["late"]) < n // 7
+    assert sorted(dict(row)["v"] for row in expected["big"]) == list(range(0, n, 97))
+    runtime = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=tmp_path)
+    assert assign_splits(runtime, 3) == [
+        {"input": [FileSplit(0, 0, 3)]},
+        {"input": [FileSplit(0, 1, 3)]},
+        {"input": [FileSplit(0, 2, 3)]},
+    ]
+    for parallelism in (1, 2, 3):
+        spec = JobSpec(path.read_text(), str(path), str(tmp_path), parallelism, 128)
+        _, got = run_local(spec, write=False)
+        assert rows_by_sink(got) == expected, f"parallelism {parallelism}"
