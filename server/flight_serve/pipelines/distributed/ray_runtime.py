@@ -2,10 +2,13 @@
 
 :func:`run_on_ray` places one :class:`~.workers.WindowWorker` actor per instance
 (``parallelism``) and up to ``parallelism`` :class:`~.workers.SourceWorker` actors (one per file
-at most), each owning files of the file sources (:func:`~.workers.assign_splits`). A source actor
-sends each window actor its records with an actor call (``put``): the batches travel through
-Ray's object store (Arrow buffers, pickled out of band), in order per caller, at most
-:data:`IN_FLIGHT` calls unanswered per window actor (backpressure). The driver (this process)
+or Parquet row-group part at most), each owning files of the file sources
+(:func:`~.workers.assign_splits`). A source actor sends each window actor its records with an
+actor call (``put``): the batches travel through Ray's object store (Arrow buffers, pickled out
+of band), in order per caller, at most :data:`IN_FLIGHT` calls unanswered per window actor
+(backpressure). A window actor sends the second exchange's records (a windowed query reading
+another's output) to the other window actors the same way, without waiting for the answers
+(:class:`_Host`). The driver (this process)
 writes what the actors collect to the pipeline's sinks, with the same writers as an embedded
 run, so sinks are written by one process. Without ``address`` a local Ray is started for the
 run (``num_cpus=2``, no dashboard, loopback only) and stopped after it; with one
