@@ -16,7 +16,9 @@
    **One file in row groups**: the hourly job on the flights as ONE Parquet file (row groups
    of 50,000 rows), at parallelism 2 and 3 with the file read in row-group parts by as many
    source actors (what ``assign_splits`` does) vs read whole by one (the splits before row
-   groups, patched in the driver), alternating in one Ray session; embedded for the ratio.
+   groups, patched in the driver), alternating in one Ray session; embedded for the ratio. And
+   the same with a slow per-row stage (a ``LANGUAGE python`` function sleeping 100 ms per batch
+   of 8,192 rows: a lookup that waits), at parallelism 3 (needs bwrap, the sandbox).
 3. **Checkpoints**: the same job at parallelism 2 writing its Parquet sink, with checkpoints
    (``checkpoint_interval = '1s'``, and ``checkpoint_every = 10`` for several per run) vs
    without, alternating, same files checked; the ratio of throughputs.
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import statistics
 import subprocess
 import sys
@@ -218,6 +221,26 @@ def two_stages(ray: Any, work: Path, repeat: int) -> None:
         )
 
 
+#: hourly_departures behind a per-row stage that waits 100 ms a batch (about 4 s of waits over the
+#: 42 batches of one file read whole; a third of that per reader in 3 parts)
+PACED_ONE_FILE = """CREATE SOURCE flights (
+    WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE
+) WITH (connector = 'file', path = 'flights.parquet', batch_rows = '8192');
+CREATE FUNCTION pace(x INT) RETURNS INT LANGUAGE python AS $$
+import time
+def pace(x):
+    time.sleep(0.1)
+    return x
+$$;
+CREATE SINK hourly_departures WITH (connector = 'file', format = 'parquet');
+CREATE VIEW paced AS SELECT origin, sched_dep, dep_delay FROM flights WHERE pace(flight) = flight;
+INSERT INTO hourly_departures
+SELECT origin, window_start, window_end, count(*) AS departures, avg(dep_delay) AS avg_dep_delay
+FROM TUMBLE(paced, sched_dep, INTERVAL '1' HOUR)
+GROUP BY origin, window_start, window_end;
+"""
+
+
 def one_file(ray: Any, work: Path, repeat: int) -> None:
     from flight_serve.pipelines.distributed import ray_runtime
     from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
@@ -249,10 +272,25 @@ def one_file(ray: Any, work: Path, repeat: int) -> None:
         finally:
             ray_runtime.assign_splits = assign_splits  # type: ignore[assignment]
 
+    paced = one / "paced.sql"
+    paced.write_text(PACED_ONE_FILE)
+
+    def on_ray_paced(parts: bool) -> int:
+        ray_runtime.assign_splits = assign_splits if parts else whole  # type: ignore[assignment]
+        try:
+            got: list[tuple[str, pa.RecordBatch]] = []
+            run_on_ray(paced, output_dir=one, parallelism=3, write=False, collect=got)
+            return sum(b.num_rows for _, b in got)
+        finally:
+            ray_runtime.assign_splits = assign_splits  # type: ignore[assignment]
+
     sides = {"embedded": embedded}
     for p in (2, 3):
         sides[f"ray p={p} whole file"] = lambda p=p: on_ray(p, False)
         sides[f"ray p={p} {p} parts"] = lambda p=p: on_ray(p, True)
+    if shutil.which("bwrap") is not None:
+        sides["paced p=3 whole file"] = lambda: on_ray_paced(False)
+        sides["paced p=3 3 parts"] = lambda: on_ray_paced(True)
     out = {name: fn() for name, fn in sides.items()}
     assert len(set(out.values())) == 1, out
     times: dict[str, list[float]] = {name: [] for name in sides}
