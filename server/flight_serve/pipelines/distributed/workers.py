@@ -538,7 +538,9 @@ class StageExchange(ExchangeNode):
 
     def process(self, partition: str, batch: pa.RecordBatch) -> None:
         if self.slot is not None:
-            raise RuntimeError(f"{self.query.label}: two batches in one step of its input")
+            raise RuntimeError(
+                f"{self.query.label}: two batches from one call of the windowed query it reads"
+            )
         self.step = [[] for _ in range(self.parallelism)]
         super().process(partition, batch)
         self.slot = [shares[0] for shares in self.step]
