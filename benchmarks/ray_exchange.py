@@ -9,6 +9,16 @@
 2. **Throughput**: the hourly_departures example on the flights split in three files (one per
    origin), embedded vs ``--runtime ray`` at parallelism 1, 2 and 3, alternating, same output
    checked; rows/s and the ratio to embedded.
+   **The second exchange**: a two-stage job on the same files (departures per route per hour,
+   then per destination per day over those hourly rows: a windowed query reading another's
+   output, keyed by its own key), embedded vs ``--runtime ray`` at parallelism 1, 2 and 3 the
+   same way, with the calls and records between the window actors.
+   **One file in row groups**: the hourly job on the flights as ONE Parquet file (row groups
+   of 50,000 rows), at parallelism 2 and 3 with the file read in row-group parts by as many
+   source actors (what ``assign_splits`` does) vs read whole by one (the splits before row
+   groups, patched in the driver), alternating in one Ray session; embedded for the ratio. And
+   the same with a slow per-row stage (a ``LANGUAGE python`` function sleeping 100 ms per batch
+   of 8,192 rows: a lookup that waits), at parallelism 3 (needs bwrap, the sandbox).
 3. **Checkpoints**: the same job at parallelism 2 writing its Parquet sink, with checkpoints
    (``checkpoint_interval = '1s'``, and ``checkpoint_every = 10`` for several per run) vs
    without, alternating, same files checked; the ratio of throughputs.
@@ -26,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import statistics
 import subprocess
 import sys
@@ -143,6 +154,158 @@ def throughput(ray: Any, work: Path, repeat: int) -> None:
             f"  {name:9s} {med:6.2f} s  {rows_in / med / 1e6:5.2f} M rows/s  "
             f"ratio to embedded {base / med:4.2f}  (runs: {', '.join(f'{s:.2f}' for s in samples)})"
         )
+
+
+#: the two-stage job of the second exchange (tests/integration/test_ray_runtime.py has it too)
+TWO_STAGE = """CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE)
+WITH (connector = 'file', path = 'flights.parquet', batch_rows = '8192');
+CREATE SINK dest_days WITH (connector = 'file', format = 'parquet');
+CREATE VIEW per_route AS
+SELECT origin, dest, window_start, window_end, count(*) AS departures,
+       sum(distance) AS miles, max(dep_delay) AS worst_delay
+FROM TUMBLE(flights, sched_dep, INTERVAL '1' HOUR)
+GROUP BY origin, dest, window_start, window_end;
+INSERT INTO dest_days
+SELECT dest, window_start, window_end, sum(departures) AS departures, sum(miles) AS miles,
+       count(*) AS route_hours, max(worst_delay) AS worst_delay,
+       first_value(origin) AS first_origin, last_value(origin) AS last_origin
+FROM TUMBLE(per_route, window_start, INTERVAL '1' DAY)
+GROUP BY dest, window_start, window_end;
+"""
+
+
+def two_stages(ray: Any, work: Path, repeat: int) -> None:
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    path = work / "two_stage.sql"
+    path.write_text(TWO_STAGE)
+    rows_in = pq.read_table(work / "flights.parquet").num_rows
+    calls: dict[str, tuple[int, int]] = {}
+
+    def rows(pairs: Any) -> list[Any]:
+        return sorted(map(repr, (r for _, b in pairs for r in b.to_pylist())))
+
+    def embedded() -> list[Any]:
+        rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=work)
+        return rows(rt.run(write=False, collect=True))
+
+    def on_ray(p: int) -> list[Any]:
+        got: list[tuple[str, pa.RecordBatch]] = []
+        _, stats = run_on_ray(path, output_dir=work, parallelism=p, write=False, collect=got)
+        calls[f"ray p={p}"] = (stats.stage_calls, stats.stage_records)
+        return rows(got)
+
+    sides = {"embedded": embedded, **{f"ray p={p}": (lambda p=p: on_ray(p)) for p in (1, 2, 3)}}
+    out = {name: fn() for name, fn in sides.items()}  # warm-up, and the same rows everywhere
+    assert all(v == out["embedded"] for v in out.values())
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(repeat):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            gc.collect()
+            t = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["embedded"])
+    print(f"two stages (route-hours -> destination-days), {rows_in} rows in 3 files, "
+          f"{len(out['embedded'])} rows out (same on every side):")  # fmt: skip
+    for name, samples in times.items():
+        med = statistics.median(samples)
+        stage = calls.get(name)
+        between = f"  {stage[0]} calls ({stage[1]} records) between window actors" if stage else ""
+        print(
+            f"  {name:9s} {med:6.2f} s  {rows_in / med / 1e6:5.2f} M rows/s  "
+            f"ratio to embedded {base / med:4.2f}  (runs: {', '.join(f'{s:.2f}' for s in samples)})"
+            + between
+        )
+
+
+#: hourly_departures behind a per-row stage that waits 100 ms a batch (about 4 s of waits over the
+#: 42 batches of one file read whole; a third of that per reader in 3 parts)
+PACED_ONE_FILE = """CREATE SOURCE flights (
+    WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE
+) WITH (connector = 'file', path = 'flights.parquet', batch_rows = '8192');
+CREATE FUNCTION pace(x INT) RETURNS INT LANGUAGE python AS $$
+import time
+def pace(x):
+    time.sleep(0.1)
+    return x
+$$;
+CREATE SINK hourly_departures WITH (connector = 'file', format = 'parquet');
+CREATE VIEW paced AS SELECT origin, sched_dep, dep_delay FROM flights WHERE pace(flight) = flight;
+INSERT INTO hourly_departures
+SELECT origin, window_start, window_end, count(*) AS departures, avg(dep_delay) AS avg_dep_delay
+FROM TUMBLE(paced, sched_dep, INTERVAL '1' HOUR)
+GROUP BY origin, window_start, window_end;
+"""
+
+
+def one_file(ray: Any, work: Path, repeat: int) -> None:
+    from flight_serve.pipelines.distributed import ray_runtime
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.pipelines.distributed.workers import FileSplit, Splits, assign_splits
+    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    one = work / "one"
+    one.mkdir()
+    table = pq.read_table(work / "flights.parquet").sort_by("sched_dep")
+    pq.write_table(table, one / "flights.parquet", row_group_size=50_000)
+    path = one / "hourly_departures.sql"
+    path.write_text((ROOT / "examples" / "hourly_departures.sql").read_text())
+
+    def whole(runtime: Any, workers: int) -> list[Splits]:
+        return [{name: [FileSplit(0)] for name in runtime.sources}]
+
+    def embedded() -> int:
+        rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=one)
+        return sum(b.num_rows for _, b in rt.run(write=False, collect=True))
+
+    def on_ray(p: int, parts: bool) -> int:
+        ray_runtime.assign_splits = assign_splits if parts else whole  # type: ignore[assignment]
+        try:
+            got: list[tuple[str, pa.RecordBatch]] = []
+            _, stats = run_on_ray(path, output_dir=one, parallelism=p, write=False, collect=got)
+            assert stats.source_actors == (p if parts else 1)
+            return sum(b.num_rows for _, b in got)
+        finally:
+            ray_runtime.assign_splits = assign_splits  # type: ignore[assignment]
+
+    paced = one / "paced.sql"
+    paced.write_text(PACED_ONE_FILE)
+
+    def on_ray_paced(parts: bool) -> int:
+        ray_runtime.assign_splits = assign_splits if parts else whole  # type: ignore[assignment]
+        try:
+            got: list[tuple[str, pa.RecordBatch]] = []
+            run_on_ray(paced, output_dir=one, parallelism=3, write=False, collect=got)
+            return sum(b.num_rows for _, b in got)
+        finally:
+            ray_runtime.assign_splits = assign_splits  # type: ignore[assignment]
+
+    sides = {"embedded": embedded}
+    for p in (2, 3):
+        sides[f"ray p={p} whole file"] = lambda p=p: on_ray(p, False)
+        sides[f"ray p={p} {p} parts"] = lambda p=p: on_ray(p, True)
+    if shutil.which("bwrap") is not None:
+        sides["paced p=3 whole file"] = lambda: on_ray_paced(False)
+        sides["paced p=3 3 parts"] = lambda: on_ray_paced(True)
+    out = {name: fn() for name, fn in sides.items()}
+    assert len(set(out.values())) == 1, out
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(repeat):
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
+            gc.collect()
+            t = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["embedded"])
+    print(f"one Parquet file, {table.num_rows} rows in 7 row groups, hourly_departures:")
+    for name, samples in times.items():
+        med = statistics.median(samples)
+        print(f"  {name:22s} {med:6.2f} s  ratio to embedded {base / med:4.2f}  "
+              f"(runs: {', '.join(f'{x:.2f}' for x in samples)})")  # fmt: skip
 
 
 def _files(out: Path) -> list[Any]:
@@ -274,6 +437,8 @@ def main() -> None:
                 (ROOT / "examples" / "hourly_departures.sql").read_text()
             )
             throughput(ray, work, args.repeat)
+            two_stages(ray, work, args.repeat)
+            one_file(ray, work, args.repeat)
             checkpoints(ray, work, args.repeat)
         rescale_state(args.repeat)
     finally:

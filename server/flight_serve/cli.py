@@ -904,7 +904,13 @@ def _run_ray(
         print(f"{label}: {rows} rows to the late side output", file=sys.stderr)
     print(
         f"ray: {stats.window_actors} window and {stats.source_actors} source actors, "
-        f"{stats.put_calls} exchange calls ({stats.records} records), {stats.seconds:.2f} s"
+        f"{stats.put_calls} exchange calls ({stats.records} records), "
+        + (
+            f"{stats.stage_calls} second-exchange calls ({stats.stage_records} records), "
+            if stats.stage_records
+            else ""
+        )
+        + f"{stats.seconds:.2f} s"
         + (f", {stats.restarts} restart(s)" if stats.restarts else ""),
         file=sys.stderr,
     )

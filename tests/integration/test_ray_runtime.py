@@ -32,9 +32,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).parents[2]
 GOLDEN = ROOT / "tests" / "golden"
 EXAMPLES = ROOT / "examples"
-CASES = sorted(
-    p.parent.name for p in GOLDEN.glob("*/pipeline.sql") if p.parent.name != "two_stage_view"
-)
+CASES = sorted(p.parent.name for p in GOLDEN.glob("*/pipeline.sql"))
 CLI = Path(sys.executable).parent / "flight-serve"
 
 
@@ -576,6 +574,298 @@ def test_a_checkpointed_run_stopped_at_2_resumes_at_3_then_at_1_and_ends_equal_t
     assert stats.resumed_from == 2
     assert sink_rows(tmp_path / "run") == expected
     assert summary.rows == {k: len(v) for k, v in expected.items()}
+
+
+#: the golden cases of the second exchange (a windowed query over another's output and over a
+#: late side output), and their windowed queries' indices (stage 1, then those reading it)
+TWO_STAGES = {"two_stage_view": ["0", "1"], "two_stage_keyed_late": ["0", "1", "7"]}
+#: source steps between their checkpoints: each cut then holds state of every stage-2 query
+#: (two_stage_view: 9 steps, the first stage-1 results at step 3; two_stage_keyed_late: 17
+#: steps, the first at step 7 and the first late row at step 8; see their pipeline.sql)
+EVERY = {"two_stage_view": 3, "two_stage_keyed_late": 8}
+
+
+def expected_lines(case: str, out: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """Per expected file of ``case``: (its header and sorted rows, the written file's): the
+    instances write in their own order, so rows are compared sorted."""
+
+    def split(text: str) -> list[str]:
+        lines = text.splitlines()
+        return lines[:1] + sorted(lines[1:])
+
+    return {
+        f.name: (split(f.read_text()), split((out / f.name).read_text()))
+        for f in sorted((GOLDEN / case / "expected").iterdir())
+    }
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("case", sorted(TWO_STAGES))
+def test_a_second_exchange_stopped_at_2_resumes_at_3_then_at_1_and_writes_the_golden_files(
+    ray_session: Any, case: str, tmp_path: Path
+) -> None:
+    """The golden cases of the second exchange with a checkpoint every ``EVERY`` source steps:
+    stopped after checkpoint 1 at parallelism 2, resumed at 3 and stopped after checkpoint 2
+    (each the first barrier of its run, armed before the sources start: never declined),
+    resumed at 1 to the end. Every stage-2 query held open windows at both cuts, written per
+    instance and moved by key group (the manifests list 2, then 3 files per windowed query);
+    the cut of every stage is the source position; the files equal the golden expected rows,
+    each once (the exactly-once CSV sinks, committed epoch by epoch)."""
+    import json
+    import threading
+
+    from flight_serve.engine.operator import OperatorSnapshot
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    path = GOLDEN / case / "pipeline.sql"
+    every = EVERY[case]
+    sql = f"SET checkpoint_every = {every};\n" + path.read_text()
+    out, state = tmp_path / "out", tmp_path / "state"
+    for parallelism, epoch in ((2, 1), (3, 2)):
+        stop = threading.Event()
+        with pytest.raises(PipelineStopped, match=f"after checkpoint {epoch}"):
+            run_on_ray(
+                path,
+                sql=sql,
+                output_dir=out,
+                state_root=str(state),
+                parallelism=parallelism,
+                resume="fresh" if epoch == 1 else "latest",
+                on_checkpoint=lambda info, stop=stop, epoch=epoch: (
+                    stop.set() if info.epoch >= epoch else None
+                ),
+                stop=stop,
+            )
+        manifest = json.loads((state / f"epoch-{epoch:010d}" / "MANIFEST.json").read_text())
+        assert sorted(manifest["operators"]) == TWO_STAGES[case]
+        for q, entry in manifest["operators"].items():
+            assert len(entry["instances"]) == parallelism, q
+            snapshots = [
+                OperatorSnapshot.from_bytes(
+                    (state / f"epoch-{epoch:010d}" / part["file"]).read_bytes()
+                )
+                for part in entry["instances"]
+            ]  # windows held: pane rows, and rows accepted but not merged into panes yet
+            assert sum(s.panes.num_rows + s.buffer.num_rows for s in snapshots) >= 1, (q, epoch)
+        files = manifest["sources"]["input"]["files"]
+        assert sum(f["batches"] + f["ended"] for f in files) == every * epoch
+    _, stats = run_on_ray(path, sql=sql, output_dir=out, state_root=str(state), parallelism=1)
+    assert stats.resumed_from == 2
+    for name, (want, got) in expected_lines(case, out).items():
+        assert got == want, name
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_window_actor_killed_in_a_second_exchange_restores_from_the_checkpoint(
+    ray_session: Any, victim: int, tmp_path: Path
+) -> None:
+    """two_stage_keyed_late at parallelism 2 with a checkpoint every 8 steps: window actor
+    ``victim`` is ``ray.kill``ed as checkpoint 1 completes (8 of 17 steps: its barrier is armed
+    before the sources start, so it is inside the run; the later ones of so short a run are
+    mostly declined, the actors being past them, until the finished one). The run restores
+    both instances from that checkpoint (stage 1 and stage 2 at the same position), and the
+    files equal the golden expected rows, each once."""
+    from flight_serve.pipelines.distributed import ray_runtime
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    case = "two_stage_keyed_late"
+    path = GOLDEN / case / "pipeline.sql"
+    sql = f"SET checkpoint_every = {EVERY[case]};\n" + path.read_text()
+    out = tmp_path / "out"
+    killed: list[int] = []
+
+    def on_checkpoint(info: Any) -> None:
+        if info.epoch == 1 and not killed:
+            ray_session.kill(ray_runtime._POOL["window"][victim])
+            killed.append(victim)
+
+    _, stats = run_on_ray(
+        path, sql=sql, output_dir=out, state_root=str(tmp_path / "state"), parallelism=2,
+        resume="fresh", on_checkpoint=on_checkpoint,
+    )  # fmt: skip
+    assert killed == [victim]
+    assert stats.attempts_from == (None, 1)
+    for name, (want, got) in expected_lines(case, out).items():
+        assert got == want, name
+    ray_runtime._drop_hosts(ray_session)
+
+
+#: two keyed windowed queries in a row over the flights (batches of 1,024 rows: 331 batches and
+#: 3 file ends, 334 steps over the three files; a checkpoint every 60): departures per route per hour, then per destination
+#: per day over those hourly rows (the second exchange, keyed by dest), both into Parquet sinks
+TWO_STAGE_FLIGHTS = """SET checkpoint_every = 60;
+CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE)
+WITH (connector = 'file', path = {path!r}, batch_rows = '1024');
+CREATE SINK route_hours WITH (connector = 'file', format = 'parquet');
+CREATE SINK dest_days WITH (connector = 'file', format = 'parquet');
+CREATE VIEW per_route AS
+SELECT origin, dest, window_start, window_end, count(*) AS departures,
+       sum(distance) AS miles, max(dep_delay) AS worst_delay
+FROM TUMBLE(flights, sched_dep, INTERVAL '1' HOUR)
+GROUP BY origin, dest, window_start, window_end;
+INSERT INTO route_hours SELECT * FROM per_route;
+INSERT INTO dest_days
+SELECT dest, window_start, window_end, sum(departures) AS departures, sum(miles) AS miles,
+       count(*) AS route_hours, max(worst_delay) AS worst_delay,
+       first_value(origin) AS first_origin, last_value(origin) AS last_origin
+FROM TUMBLE(per_route, window_start, INTERVAL '1' DAY)
+GROUP BY dest, window_start, window_end;
+"""
+
+
+def in_order(table: pa.Table) -> pa.Table:
+    """``table`` sorted by every column (the instances write in their own order)."""
+    return table.sort_by([(name, "ascending") for name in table.column_names]).combine_chunks()
+
+
+def two_stage_job(flights_dir: Path, out: Path) -> tuple[Path, dict[str, pa.Table]]:
+    """The two-stage job's file in ``out`` and the embedded run's rows per sink (without
+    checkpoints), sorted (Arrow tables: 283,976 rows are slow as Python tuples)."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = TWO_STAGE_FLIGHTS.format(path=str(flights_dir / "flights.parquet"))
+    path = out / "two_stage.sql"
+    path.write_text(text)
+    plain = out / "plain.sql"
+    plain.write_text(text.replace("SET checkpoint_every = 60;\n", ""))
+    runtime = PipelineRuntime(parse_pipeline(plain.read_text(), path=plain), output_dir=out)
+    batches: dict[str, list[pa.RecordBatch]] = {}
+    for sink, batch in runtime.run(write=False, collect=True):
+        batches.setdefault(sink, []).append(batch)
+    return path, {sink: in_order(pa.Table.from_batches(b)) for sink, b in batches.items()}
+
+
+def parquet_tables(out: Path, expected: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """The sinks' Parquet files in ``out``, in ``expected``'s schemas, sorted."""
+    return {
+        sink: in_order(pq.read_table(out / f"{sink}.parquet").cast(table.schema))
+        for sink, table in expected.items()
+    }
+
+
+def assert_tables(got: dict[str, pa.Table], expected: dict[str, pa.Table]) -> None:
+    assert got.keys() == expected.keys()
+    for sink, table in expected.items():
+        assert got[sink].num_rows == table.num_rows, sink
+        assert got[sink].equals(table), sink
+
+
+@pytest.mark.ray
+def test_a_two_stage_flights_job_stopped_at_2_resumes_at_3_then_at_1_and_ends_equal(
+    ray_session: Any, flights_dir: Path, tmp_path: Path
+) -> None:
+    """The second exchange at volume: 283,976 route-hours (stage 1, keyed by origin and dest)
+    into 31,240 destination-days (stage 2, keyed by dest). Stopped after checkpoint 1 at
+    parallelism 2, resumed at 3 and stopped after checkpoint 2, resumed at 1: both stages'
+    state moved by key group at the same cut, and the Parquet files end with the embedded
+    run's rows, each once."""
+    import threading
+
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    out = tmp_path / "run"
+    path, expected = two_stage_job(flights_dir, out)
+    assert {k: v.num_rows for k, v in expected.items()} == {
+        "route_hours": 283_976,
+        "dest_days": 31_240,
+    }
+    for parallelism, epoch in ((2, 1), (3, 2)):
+        stop = threading.Event()
+        with pytest.raises(PipelineStopped, match=f"after checkpoint {epoch}"):
+            run_on_ray(
+                path,
+                output_dir=out,
+                parallelism=parallelism,
+                resume="fresh" if epoch == 1 else "latest",
+                on_checkpoint=lambda info, stop=stop, epoch=epoch: (
+                    stop.set() if info.epoch >= epoch else None
+                ),
+                stop=stop,
+            )
+    summary, stats = run_on_ray(path, output_dir=out, parallelism=1)
+    assert stats.resumed_from == 2
+    assert_tables(parquet_tables(out, expected), expected)
+    assert summary.rows == {k: v.num_rows for k, v in expected.items()}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_window_actor_killed_in_the_two_stage_flights_job_restores_both_stages(
+    ray_session: Any, flights_dir: Path, tmp_path: Path
+) -> None:
+    """The two-stage job at parallelism 3, window actor 1 ``ray.kill``ed as checkpoint 1
+    completes (60 of 334 steps: 331 batches and 3 file ends): the run restores every instance
+    of both stages from checkpoint 1 and the files equal the embedded run's rows, each once.
+    The attempt from the checkpoint sent a second-exchange record per step after the cut, per
+    instance and other instance: (334 - 60) * 3 * 2."""
+    from flight_serve.pipelines.distributed import ray_runtime
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    out = tmp_path / "run"
+    path, expected = two_stage_job(flights_dir, out)
+    killed: list[int] = []
+
+    def on_checkpoint(info: Any) -> None:
+        if info.epoch == 1 and not killed:
+            ray_session.kill(ray_runtime._POOL["window"][1])
+            killed.append(1)
+
+    _, stats = run_on_ray(
+        path, output_dir=out, parallelism=3, resume="fresh", on_checkpoint=on_checkpoint
+    )
+    assert killed == [1]
+    assert stats.attempts_from == (None, 1)
+    assert_tables(parquet_tables(out, expected), expected)
+    assert stats.stage_records == (334 - 60) * 3 * 2
+    assert stats.stage_calls > 0
+    ray_runtime._drop_hosts(ray_session)
+
+
+@pytest.mark.ray
+def test_one_parquet_file_read_in_row_group_parts_by_several_source_actors_equals_embedded(
+    ray_session: Any, flights_dir: Path, tmp_path: Path
+) -> None:
+    """The flights as ONE Parquet file in row groups of 50,000 rows (7 groups; batches of
+    8,192 straddle them): at parallelism 2 and 3 two and three source actors read it, row
+    groups interleaved, and the hourly job plus a per-row query writes the embedded run's
+    rows. Checkpointed: stopped after checkpoint 1 at parallelism 3 (parts 0-2 of 3), resumed
+    at 2 (parts of 2, each from the cut) to the end: the files equal the embedded run's."""
+    import threading
+
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    table = pq.read_table(flights_dir / "flights.parquet").sort_by("sched_dep")
+    pq.write_table(table, tmp_path / "flights.parquet", row_group_size=50_000)
+    assert pq.ParquetFile(tmp_path / "flights.parquet").num_row_groups == 7
+    text = (flights_dir / "hourly_departures.sql").read_text() + FAILOVER_EXTRA
+    path = tmp_path / "one.sql"
+    path.write_text(text)
+    expected = embedded(path, tmp_path)
+    assert {k: len(v) for k, v in expected.items()} == {
+        "hourly_departures": 19_486,
+        "very_late": 1_524,
+    }
+    for parallelism in (2, 3):
+        got: list[tuple[str, pa.RecordBatch]] = []
+        _, stats = run_on_ray(path, output_dir=tmp_path, parallelism=parallelism,
+                              write=False, collect=got)  # fmt: skip
+        assert stats.source_actors == parallelism
+        assert rows_by_sink(got) == expected, f"parallelism {parallelism}"
+
+    out = tmp_path / "run"
+    checkpointed = tmp_path / "checkpointed.sql"
+    checkpointed.write_text("SET checkpoint_every = 20;\n" + text.replace(
+        "'flights.parquet'", repr(str(tmp_path / "flights.parquet"))))  # fmt: skip
+    stop = threading.Event()
+    with pytest.raises(PipelineStopped, match="after checkpoint 1"):
+        run_on_ray(checkpointed, output_dir=out, parallelism=3, resume="fresh",
+                   on_checkpoint=lambda info: stop.set(), stop=stop)  # fmt: skip
+    _, stats = run_on_ray(checkpointed, output_dir=out, parallelism=2)
+    assert stats.resumed_from == 1
+    assert sink_rows(out) == expected
 
 
 @pytest.mark.ray

@@ -12,6 +12,9 @@ Source (:class:`FileSource`)
     :meth:`FileSource.poll`: its offset (:meth:`FileSource.snapshot`) is, per file, the batches
     read and whether it ended, and the file read next; :meth:`FileSource.restore` resumes from one
     in the same round-robin order, so a resumed run reads the same batches as the straight run.
+    A distributed run may read one Parquet file with several readers
+    (:meth:`FileSource.read_part`: the same batches, each reader those starting in its row
+    groups, numbered), and puts them back in order.
 
 Static table (:meth:`FileSource.read_all`)
     The same reader, read once, in full.
@@ -128,6 +131,20 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     if len(batches) == 1:
         return batches[0]
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
+def _between(batches: Iterator[pa.RecordBatch], skip: int, take: int) -> Iterator[pa.RecordBatch]:
+    """The rows ``[skip, skip + take)`` of ``batches`` (stops reading after them)."""
+    for batch in batches:
+        if take <= 0:
+            return
+        if skip >= batch.num_rows:
+            skip -= batch.num_rows
+            continue
+        piece = batch.slice(skip, take)
+        skip = 0
+        take -= piece.num_rows
+        yield piece
 
 
 def _rechunk(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
@@ -419,6 +436,68 @@ class FileSource:
         path = self.paths[index]
         for batch in _rechunk(self._read_raw(path), self.batch_rows):
             yield conform(batch, self.schema, f"file connector: {path}")
+
+    def row_groups(self, index: int) -> tuple[int, ...]:
+        """The rows of each row group of file ``index``, from a Parquet file's footer; ``()``
+        for a CSV or JSON-lines file (it has none).
+
+        Raises:
+            ConnectorError: the file cannot be read.
+        """
+        if self.format != "parquet":
+            return ()
+        path = self.paths[index]
+        try:
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(path).metadata
+            return tuple(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+        except (pa.ArrowException, OSError) as exc:
+            raise ConnectorError(f"file connector: cannot read {path}: {exc}") from exc
+
+    def read_part(self, index: int, part: int, parts: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """``(k, batch)`` for the batches of file ``index`` (those of :meth:`read_file`, batch
+        ``k`` its rows ``[k · batch_rows, (k + 1) · batch_rows)``) whose first row lies in a
+        Parquet row group ``g`` with ``g % parts == part``, in order: ``parts`` readers of one
+        file together read every batch once, each from its own row groups (a batch that ends
+        in the next row group reads that group's head too). ``parts == 1``: every batch, of
+        any format.
+
+        Raises:
+            ConnectorError: the file cannot be read or does not match the schema.
+            ValueError: ``parts`` above 1 for a file that is not Parquet, or ``part`` outside
+                ``0 … parts - 1``.
+        """
+        if not 0 <= part < parts:
+            raise ValueError(f"part {part} of {parts}")
+        if parts == 1:
+            yield from enumerate(self.read_file(index))
+            return
+        if self.format != "parquet":
+            raise ValueError(f"{self.paths[index]}: only a Parquet file is read in row groups")
+        import pyarrow.parquet as pq
+
+        path, size = self.paths[index], self.batch_rows
+        counts = self.row_groups(index)
+        starts = [sum(counts[:g]) for g in range(len(counts) + 1)]
+        total = starts[-1]
+        columns = self.declared_schema.names if self.declared_schema is not None else None
+        for g in range(part, len(counts), parts):
+            first = -(-starts[g] // size)  # the first batch starting in g, and the first after
+            stop = -(-starts[g + 1] // size)
+            if first >= stop:
+                continue  # no batch starts in this (small) row group
+            lo, hi = first * size, min(stop * size, total)
+            groups = [h for h in range(g, len(counts)) if starts[h] < hi]
+            try:
+                raw = pq.ParquetFile(path).iter_batches(
+                    batch_size=size, row_groups=groups, columns=columns
+                )
+                rows = _between(raw, lo - starts[g], hi - lo)
+                for k, batch in enumerate(_rechunk(rows, size), start=first):
+                    yield k, conform(batch, self.schema, f"file connector: {path}")
+            except (pa.ArrowException, OSError) as exc:
+                raise ConnectorError(f"file connector: cannot read {path}: {exc}") from exc
 
     def round_robin(self) -> Iterator[tuple[str, pa.RecordBatch | None]]:
         """``(partition, batch)`` one batch per file in turn; ``(partition, None)`` marks the end of

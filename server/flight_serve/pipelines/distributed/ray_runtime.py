@@ -2,10 +2,13 @@
 
 :func:`run_on_ray` places one :class:`~.workers.WindowWorker` actor per instance
 (``parallelism``) and up to ``parallelism`` :class:`~.workers.SourceWorker` actors (one per file
-at most), each owning files of the file sources (:func:`~.workers.assign_splits`). A source actor
-sends each window actor its records with an actor call (``put``): the batches travel through
-Ray's object store (Arrow buffers, pickled out of band), in order per caller, at most
-:data:`IN_FLIGHT` calls unanswered per window actor (backpressure). The driver (this process)
+or Parquet row-group part at most), each owning files of the file sources
+(:func:`~.workers.assign_splits`). A source actor sends each window actor its records with an
+actor call (``put``): the batches travel through Ray's object store (Arrow buffers, pickled out
+of band), in order per caller, at most :data:`IN_FLIGHT` calls unanswered per window actor
+(backpressure). A window actor sends the second exchange's records (a windowed query reading
+another's output) to the other window actors the same way, without waiting for the answers
+(:class:`_Host`). The driver (this process)
 writes what the actors collect to the pipeline's sinks, with the same writers as an embedded
 run, so sinks are written by one process. Without ``address`` a local Ray is started for the
 run (``num_cpus=2``, no dashboard, loopback only) and stopped after it; with one
@@ -61,6 +64,7 @@ from flight_serve.pipelines.distributed.workers import (
     Restore,
     SourceCut,
     SourceWorker,
+    Splits,
     Taken,
     WindowWorker,
     assign_splits,
@@ -90,6 +94,8 @@ __all__ = [
 IN_FLIGHT = 8
 #: How often (seconds) the driver collects the window actors' output while sources run.
 _GATHER_S = 0.2
+#: Unanswered second-exchange calls a window host keeps before it drops the answered ones.
+_SENT_PRUNE = 64
 #: Global restarts of a run whose worker died before it fails (Flink's fixed-delay restart
 #: strategy has attempts too; here without a delay: Ray has already placed the new actors).
 DEFAULT_MAX_RESTARTS = 3
@@ -193,6 +199,9 @@ class RayRunStats:
         resumed_from: the checkpoint the run started from (``None``: the start).
         attempts_from: the checkpoint each attempt started from (``None``: the start); more
             than one attempt after a worker died.
+        stage_calls: calls between window actors of the second exchange (a windowed query
+            reading another's output), in the attempt that finished.
+        stage_records: records in those calls.
     """
 
     source_actors: int
@@ -206,13 +215,23 @@ class RayRunStats:
     declined: int = 0
     resumed_from: int | None = None
     attempts_from: tuple[int | None, ...] = ()
+    stage_calls: int = 0
+    stage_records: int = 0
 
 
 class _Host:
     """A Ray actor hosting one worker of a run at a time: a window worker (``put``, ``take``,
-    ``finish``) or a source worker (``run``, sending ``put`` calls to window hosts). Hosts are
-    kept between runs of one Ray session (:func:`_hosts`), so a run does not pay a worker
-    process start (about 0.6 s each here) per actor."""
+    ``finish``; sending the second exchange's ``put`` calls to the other window hosts) or a
+    source worker (``run``, sending ``put`` calls to window hosts). Hosts are kept between runs
+    of one Ray session (:func:`_hosts`), so a run does not pay a worker process start (about
+    0.6 s each here) per actor.
+
+    No call waits on another actor's call: a window host sends its second-exchange records
+    (:meth:`~.workers.WindowWorker.outgoing`) without waiting for the answers (two window
+    hosts waiting on each other's ``put`` would deadlock, each running one call at a time), and
+    keeps their refs for the driver (:meth:`in_flight`), which waits on them before the end.
+    A window worker that failed keeps failing (its state is half-updated): every later call
+    raises its error, so the driver's next gather sees it."""
 
     def __init__(self) -> None:
         import ray
@@ -222,15 +241,21 @@ class _Host:
         self._source: SourceWorker | None = None
         self._windows: list[Any] = []
         self._in_flight: list[list[Any]] = []
+        self._sent: list[Any] = []
+        self._failed: BaseException | None = None
 
-    def window(self, spec: JobSpec, instance: int, restore: Restore | None) -> None:
+    def window(
+        self, spec: JobSpec, instance: int, restore: Restore | None, windows: list[Any]
+    ) -> None:
         self._source = None
+        self._failed = None
+        self._windows, self._sent = windows, []
         self._window = WindowWorker(spec, instance, restore)
 
     def source(
         self,
         spec: JobSpec,
-        splits: dict[str, list[int]],
+        splits: Splits,
         windows: list[Any],
         start: dict[str, SourceCut] | None,
     ) -> None:
@@ -241,7 +266,8 @@ class _Host:
 
     def reset(self) -> None:
         self._window = self._source = None
-        self._windows, self._in_flight = [], []
+        self._windows, self._in_flight, self._sent = [], [], []
+        self._failed = None
 
     def _send(self, instance: int, records: list[Record]) -> None:
         pending = self._in_flight[instance]
@@ -259,33 +285,61 @@ class _Host:
             self._ray.get(pending)
         return self._source.sent_calls, self._source.sent_records
 
-    def put(self, records: list[Record]) -> None:
+    def _worker(self) -> WindowWorker:
+        if self._failed is not None:
+            raise self._failed
         assert self._window is not None
-        self._window.put(records)
+        return self._window
+
+    def _forward(self, worker: WindowWorker) -> None:
+        """Send the second exchange's records to the other window hosts (not waiting)."""
+        for instance, records in worker.outgoing():
+            self._sent.append(self._windows[instance].put.remote(records))
+        if len(self._sent) > _SENT_PRUNE:  # drop the answered ones (never waits)
+            _, self._sent = self._ray.wait(self._sent, num_returns=len(self._sent), timeout=0)
+
+    def _run(self, call: Callable[[WindowWorker], Any]) -> Any:
+        """``call`` on the window worker, then its records sent on; a failure is kept."""
+        worker = self._worker()
+        try:
+            out = call(worker)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        self._forward(worker)
+        return out
+
+    def put(self, records: list[Record]) -> None:
+        self._run(lambda w: w.put(records))
+
+    def in_flight(self) -> list[Any]:
+        """The refs of the ``put`` calls this host sent other window hosts that have not
+        finished yet (each only once: the caller waits on them)."""
+        self._worker()
+        if not self._sent:
+            return []
+        _, pending = self._ray.wait(self._sent, num_returns=len(self._sent), timeout=0)
+        self._sent = []
+        return list(pending)
 
     def take(self) -> Taken:
-        assert self._window is not None
-        return self._window.take()
+        return self._worker().take()
 
     def position(self) -> dict[str, int]:
-        assert self._window is not None
-        return self._window.position()
+        return self._worker().position()
 
     def arm(self, barrier: int, epoch: int, positions: dict[str, int]) -> bool:
-        assert self._window is not None
-        return self._window.arm(barrier, epoch, positions)
+        return bool(self._run(lambda w: w.arm(barrier, epoch, positions)))
 
     def disarm(self, barrier: int) -> None:
-        assert self._window is not None
-        self._window.disarm(barrier)
+        self._run(lambda w: w.disarm(barrier))
 
     def finish(self, final: tuple[int, int] | None) -> tuple[Taken, dict[str, int]]:
-        assert self._window is not None
-        return self._window.finish(final)
+        out: tuple[Taken, dict[str, int]] = self._run(lambda w: w.finish(final))
+        return out
 
     def status(self) -> InstanceStatus:
-        assert self._window is not None
-        return self._window.status()
+        return self._worker().status()
 
 
 #: The hosts of this process's Ray session, by role: (session id, window hosts, source hosts).
@@ -593,7 +647,7 @@ _Output = _Replay | _Barriers
 def _attempt(
     ray: Any,
     spec: JobSpec,
-    splits: list[dict[str, list[int]]],
+    splits: list[Splits],
     output: _Output,
     on_status: Callable[[list[InstanceStatus]], None] | None,
     restore: Restore | None,
@@ -603,7 +657,7 @@ def _attempt(
     windows = _hosts(ray, "window", spec.parallelism)
     sources = _hosts(ray, "source", len(splits))
     start = restore.sources if restore is not None else None
-    ray.get([w.window.remote(spec, i, restore) for i, w in enumerate(windows)])
+    ray.get([w.window.remote(spec, i, restore, windows) for i, w in enumerate(windows)])
     ray.get(
         [h.source.remote(spec, s, windows, start) for h, s in zip(sources, splits, strict=True)]
     )
@@ -620,7 +674,9 @@ def _attempt(
             on_status(ray.get([w.status.remote() for w in windows]))
     for c, r in ray.get(running):
         calls, records = calls + c, records + r
+    _quiesce(ray, windows)
     output.settle(windows)
+    _quiesce(ray, windows)  # a barrier dropped there lets held instances run on
     final = output.final()
     late: dict[str, int] = {}
     cuts: list[Cut] = []
@@ -639,6 +695,16 @@ def _attempt(
     except ray.exceptions.RayActorError:  # one died after its work was done: the run is whole
         _drop_hosts(ray)
     return late, calls, records, instances, len(sources)
+
+
+def _quiesce(ray: Any, windows: list[Any]) -> None:
+    """Wait until every second-exchange call between the window actors has run (the sources
+    are done): a call may send more (a third stage), so until a round finds none in flight."""
+    while True:
+        refs = [ref for refs in ray.get([w.in_flight.remote() for w in windows]) for ref in refs]
+        if not refs:
+            return
+        ray.get(refs)  # a window's error surfaces here
 
 
 def _worker_died(ray: Any, exc: BaseException) -> bool:
@@ -695,7 +761,7 @@ class _Job:
 
 def _checkpointed_attempt(
     job: _Job,
-    splits: list[dict[str, list[int]]],
+    splits: list[Splits],
     on_status: Callable[[list[InstanceStatus]], None] | None,
     resume: ResumeFrom,
     stop: threading.Event | None,
@@ -924,6 +990,8 @@ def run_on_ray(
             declined=declined,
             resumed_from=resumed,
             attempts_from=tuple(attempts),
+            stage_calls=sum(i.calls_sent for i in instances),
+            stage_records=sum(i.records_sent for i in instances),
         )
     finally:
         try:

@@ -4,12 +4,15 @@ A job has two kinds of worker, each building the pipeline's ordinary
 :class:`~flight_serve.pipelines.runtime.PipelineRuntime` from the same SQL and driving part of it:
 
 * a **source worker** (:class:`SourceWorker`) owns some *splits*: files of the file sources (a
-  file is a watermark partition, as embedded). It reads them batch by batch through the per-row
-  nodes; in front of every windowed query sits an :class:`ExchangeNode` in place of the window:
-  it hashes each batch's rows by the query's key columns to key groups to instances
-  (:mod:`.keygroups`) and records, per *step* of the file (one source batch, or its end), each
-  instance's share and the whole batch's progress (its maximum event time). Rows of per-row
-  queries that insert into a sink directly are collected and sent to the driver;
+  file is a watermark partition, as embedded), or parts of a Parquet file's row groups when a
+  source has fewer files than workers (:class:`FileSplit`: the file's own batches, each with
+  its step, so the window workers still consume the file's batches in order). It reads them
+  batch by batch through the per-row nodes; in front of every windowed query that reads a source (through per-row nodes only) sits
+  an :class:`ExchangeNode` in place of the window: it hashes each batch's rows by the query's key
+  columns to key groups to instances (:mod:`.keygroups`) and records, per *step* of the file (one
+  source batch, or its end), each instance's share and the whole batch's progress (its maximum
+  event time). Rows of per-row queries that insert into a sink directly are collected and sent
+  to the driver;
 * a **window worker** (:class:`WindowWorker`), instance ``i`` of ``parallelism``, runs instance
   ``i`` of every windowed query (the real :class:`~flight_serve.pipelines.graph.WindowNode`) and
   everything downstream of it (views, late side outputs, sinks). It consumes each query's steps in
@@ -20,9 +23,43 @@ A job has two kinds of worker, each building the pipeline's ordinary
   share, also an empty one), and the operator's watermark is the minimum over its input
   channels, as embedded; a split's end flows through as its partition's end.
 
+**The second exchange** (a windowed query reading another windowed query's output, or its late
+side output, through per-row nodes: *stage 2*; a third reads a second's the same way). Embedded,
+stage 1's output is a stream with one partition (the view, or ``LATE(…)``): each call of stage
+1's operator (one per input batch, and one at a partition's end) emits its results as **one**
+batch, which per-row views pass on as one batch (or none, when they keep no row), and stage 2
+processes it as one batch: its rows are judged against stage 2's watermark before the batch,
+then the batch's maximum event time moves that watermark (DESIGN §4). Its input's end is stage
+1's watermark reaching +∞ (the last file's end). So, distributed:
+
+* on every window worker a :class:`StageExchange` sits in front of stage 2 (in place of the
+  window, as the source workers' exchange does): for each **slot** (one call of stage 1's
+  operator on this instance: every instance makes the same calls, one per share and one per
+  end, since every instance gets a share of every batch) it hashes what reached it by stage 2's
+  keys and keeps, per stage-2 instance, its share and the progress of what reached it (the
+  maximum event time after stage 2's ``WHERE``), or ``None`` when nothing reached it;
+* after each step of stage 1 (position ``n`` of its source), every instance sends every stage-2
+  instance one record (``seq = n``, ``split`` = the sender) with its slots, also when every
+  slot is empty (the record carries the step) and the end when stage 1 ended its output;
+* a stage-2 instance (:class:`_Gather`) runs step ``n`` only when every instance's record ``n``
+  is there, slot by slot: it processes the **union** of the instances' shares (in instance
+  order) with the maximum of their progress as one batch, and skips a slot in which nothing
+  reached stage 2 on any instance (the embedded node got no batch then). So every stage-2
+  instance sees the embedded batches with the embedded watermark before and after each, and
+  its output is its key groups' part of the embedded output.
+
+Rows within one union come in instance order, not in the embedded batch's order (stage 1's
+results ordered by window end, start and keys over all instances). No aggregate's result
+depends on that order except in the last bits of a float ``sum`` / ``avg`` / ``stddev`` / ``var``
+(summation order; a rescale or a different ``merge_rows`` changes those bits as well):
+``first_value`` / ``last_value`` break a tie of equal event times by value, not by arrival
+(:mod:`flight_serve.engine.aggregate`), and count, min, max, count(DISTINCT) and the sketches
+are order-free. A table function between two windowed queries is refused: it would see each
+instance's share of stage 1's results instead of all of them.
+
 What the keyed exchange cannot run yet is refused when the job is built
-(:func:`check_distributable`): live sources (streams, Iceberg), plugin functions, and a windowed
-query reading another windowed query's output or a late side output (a second exchange).
+(:func:`check_distributable`): live sources (streams, Iceberg), plugin functions, and a table
+function between two windowed queries.
 
 Rows that per-row queries insert into a sink straight from a source (no window in between)
 travel to instance 0 as *direct* records, one per step of the split, and instance 0 hands them
@@ -32,18 +69,31 @@ and a checkpoint's cut (below) splits them all.
 **Checkpoints** (:meth:`WindowWorker.arm`): every instance consumes the same sequence of steps
 per source (the round-robin over its splits), so a *position* (steps consumed) names the same
 cut on every instance: per split, the batches read and whether it ended, the offset the
-embedded file source checkpoints. The coordinator arms a barrier at a position ahead of every
-instance; each instance stops consuming a source when it reaches the barrier's position (the
-alignment: records of the sources that reached it queue), and once all have, writes each
-windowed query's snapshot to the state root and marks the cut in its output (what came before
-belongs to the checkpoint's epoch). An instance already past the position declines the
+embedded file source checkpoints. A stage-2 query's steps are numbered by the same position
+(the step of its source that stage 1 was running), so the same position cuts it. The coordinator
+arms a barrier at a position ahead of every instance; each instance stops consuming a source
+when it reaches the barrier's position (the alignment: records of the sources that reached it
+queue, and the stage-2 records of steps at or after it), and once all its queries have, writes
+each windowed query's snapshot to the state root and marks the cut in its output (what came
+before belongs to the checkpoint's epoch). Nothing between the stages is stored: at the cut,
+stage 2 on every instance has run every record of the steps before the position (it cannot
+cut before), and the records of the later steps are sent again after a restore, when every
+instance's stage 1 runs those steps again. An instance already past the position declines the
 barrier (and one whose splits end before it, at the end of input): the coordinator tries again
 further ahead. Restored (:class:`Restore`), an instance builds its operators from the
 checkpoint's snapshots, merged and split by key group when the parallelism changed
 (:mod:`.rescale`), and its merges from the cut; source workers start each split after its cut.
 
-The transport is the caller's: ``send(instance, records)`` (a Ray actor call in
-:mod:`.ray_runtime`, a direct call in :func:`run_local`). Records of one split arrive in order.
+**The end**: stage 1 ends its output in the step of its source's last file end (its watermark
+reaches +∞ there), so stage 2's end arrives as a record of that step; the ``finish`` of the
+embedded run (``drain``, ``on_finish``) emits nothing more from a window whose input ended,
+and :meth:`WindowWorker.finish` checks that (a stage-2 record made then would have nowhere to
+go). The driver calls ``finish`` after every record, stage 2's included, is delivered.
+
+The transport is the caller's: ``send(instance, records)`` from a source worker, and
+:meth:`WindowWorker.outgoing` for the stage-2 records a window worker made for the other
+instances (a Ray actor call in :mod:`.ray_runtime`, a direct call in :func:`run_local`). The
+records from one sender arrive in order; a window worker never waits on another.
 """
 
 from __future__ import annotations
@@ -51,7 +101,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -66,7 +116,14 @@ from flight_serve.errors import CheckpointError, PipelineSQLError
 from flight_serve.pipelines.checkpoint import CheckpointStore
 from flight_serve.pipelines.distributed.keygroups import instances_of, key_group_range, key_groups
 from flight_serve.pipelines.distributed.rescale import merge_snapshots, split_snapshot
-from flight_serve.pipelines.graph import Collector, Node, PluginNode, Stream, WindowNode
+from flight_serve.pipelines.graph import (
+    Collector,
+    Node,
+    PluginNode,
+    Stream,
+    WindowNode,
+    one_batch,
+)
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.types import MAX_WATERMARK_NS
@@ -77,19 +134,24 @@ if TYPE_CHECKING:
 __all__ = [
     "Cut",
     "ExchangeNode",
+    "FileSplit",
     "InstanceStatus",
     "JobSpec",
     "Record",
     "Restore",
     "SourceCut",
     "SourceWorker",
+    "Splits",
+    "StageExchange",
     "Taken",
+    "WindowInput",
     "WindowWorker",
     "assign_splits",
     "check_distributable",
     "direct_key",
     "fed_sources",
     "run_local",
+    "window_inputs",
 ]
 
 #: One instance's share of one input batch: its rows (``None``: none) and the whole batch's
@@ -103,17 +165,22 @@ class Record:
 
     Attributes:
         query: the windowed query's index in the plan.
-        split: the file's index in its source (its watermark partition).
-        seq: the step's number within the split (0, 1, …), checked on arrival.
+        split: the file's index in its source (its watermark partition); for a windowed query
+            reading another's output (a second exchange), the upstream instance that sent it.
+        seq: the step's number within the split (0, 1, …), checked on arrival; for a second
+            exchange, the step of the source (its position) the upstream ran.
         shares: what reached the window in this step (none when a per-row query filtered the
-            whole batch out; several after a table function).
-        end: the step is the split's end of input.
+            whole batch out; several after a table function). For a second exchange one entry
+            per slot (a call of the upstream operator), ``None`` when nothing reached the
+            query from the sender in that slot.
+        end: the step is the split's end of input (for a second exchange: the upstream ended
+            its output in this step).
     """
 
     query: int
     split: int
     seq: int
-    shares: tuple[Share, ...]
+    shares: tuple[Share | None, ...]
     end: bool = False
     #: rows the source read in this step (the whole batch's; 0 for an end)
     read_rows: int = 0
@@ -122,7 +189,7 @@ class Record:
 
     @property
     def rows(self) -> int:
-        shared = sum(b.num_rows for b, _ in self.shares if b is not None)
+        shared = sum(s[0].num_rows for s in self.shares if s is not None and s[0] is not None)
         return shared + sum(b.num_rows for _, b in self.direct)
 
 
@@ -263,49 +330,81 @@ class JobSpec:
         )
 
 
-def _root_source(runtime: PipelineRuntime, window: WindowNode) -> str:
-    """The file source whose rows reach ``window`` through per-row nodes only.
+@dataclass(frozen=True)
+class WindowInput:
+    """Where a windowed query's rows come from (:func:`window_inputs`).
+
+    Attributes:
+        source: the file source at the root of its input (the steps that number its records).
+        upstream: the windowed query (index) whose output or late side output it reads through
+            per-row nodes (a second exchange), ``None``: it reads ``source`` through per-row
+            nodes (the source workers' exchange).
+        late: it reads ``upstream``'s late side output.
+    """
+
+    source: str
+    upstream: int | None = None
+    late: bool = False
+
+
+def window_inputs(runtime: PipelineRuntime) -> dict[int, WindowInput]:
+    """Every windowed query's input, by query index, in build order.
 
     Raises:
-        PipelineSQLError: the input comes from another windowed query, a late side output,
-            a plugin stage or a live source.
+        PipelineSQLError: an input comes from a live source or through a plugin stage, or a
+            table function stands between two windowed queries (the module docstring).
     """
+    from flight_serve.pipelines.function_nodes import TableFunctionNode
+
     producers = {id(n.output): n for n in runtime.nodes if n.output is not None}
-    late = {id(s) for s in runtime.late_streams.values()}
-    stream: Stream = window.input
-    while True:
-        if stream.name in runtime.sources and runtime.streams.get(stream.name) is stream:
-            return stream.name
-        if stream.name in runtime.flight_sources:
-            raise PipelineSQLError(
-                f"{window.query.label}: reads the live source {stream.name}; the distributed "
-                "runtime splits file sources only so far (docs/scaling.md)"
-            )
-        if id(stream) in late:
-            raise PipelineSQLError(
-                f"{window.query.label}: reads the late side output {stream.name}; a windowed "
-                "query after a late side output is not distributed yet (docs/scaling.md)"
-            )
-        producer = producers.get(id(stream))
-        if producer is None:
-            raise PipelineSQLError(f"{window.query.label}: cannot trace its input {stream.name}")
-        if isinstance(producer, WindowNode):
-            raise PipelineSQLError(
-                f"{window.query.label}: reads the output of the windowed query "
-                f"{producer.query.label}; a second keyed exchange is not built yet, run it "
-                "embedded (docs/scaling.md)"
-            )
-        if isinstance(producer, PluginNode):
-            raise PipelineSQLError(
-                f"{window.query.label}: its input goes through the plugin function "
-                f"{producer.function.name}; plugins run on a server, not in the distributed "
-                "runtime"
-            )
-        stream = producer.input
+    late_of = {id(s): q for q, s in runtime.late_streams.items()}
+    labels = {w.query.index: w.query.label for w in runtime.window_nodes()}
+    out: dict[int, WindowInput] = {}
+    for window in runtime.window_nodes():
+        label = window.query.label
+        stream: Stream = window.input
+        through: TableFunctionNode | None = None
+        while True:
+            if stream.name in runtime.sources and runtime.streams.get(stream.name) is stream:
+                out[window.query.index] = WindowInput(stream.name)
+                break
+            if stream.name in runtime.flight_sources:
+                raise PipelineSQLError(
+                    f"{label}: reads the live source {stream.name}; the distributed runtime "
+                    "splits file sources only so far (docs/scaling.md)"
+                )
+            producer = producers.get(id(stream))
+            upstream = late_of.get(id(stream))
+            if upstream is None and isinstance(producer, WindowNode):
+                upstream = producer.query.index
+            if upstream is not None:
+                if through is not None:
+                    raise PipelineSQLError(
+                        f"{label}: reads the results of {labels[upstream]} through the table "
+                        f"function {through.spec.name}; between two windowed queries it would "
+                        "see each instance's share of the results, not all of them: run it "
+                        "embedded (docs/scaling.md)"
+                    )
+                # built after its upstream (the runtime builds a query once its input exists)
+                source = out[upstream].source
+                out[window.query.index] = WindowInput(source, upstream, id(stream) in late_of)
+                break
+            if producer is None:
+                raise PipelineSQLError(f"{label}: cannot trace its input {stream.name}")
+            if isinstance(producer, PluginNode):
+                raise PipelineSQLError(
+                    f"{label}: its input goes through the plugin function "
+                    f"{producer.function.name}; plugins run on a server, not in the "
+                    "distributed runtime"
+                )
+            if isinstance(producer, TableFunctionNode):
+                through = producer
+            stream = producer.input
+    return out
 
 
 def check_distributable(runtime: PipelineRuntime) -> dict[int, str]:
-    """The root file source of every windowed query, by query index.
+    """The root file source of every windowed query, by query index (:func:`window_inputs`).
 
     Raises:
         PipelineSQLError: what the module docstring lists as not distributed yet.
@@ -322,22 +421,60 @@ def check_distributable(runtime: PipelineRuntime) -> dict[int, str]:
                 f"FUNCTION {node.function.name}: plugins run on a server, not in the "
                 "distributed runtime"
             )
-    return {w.query.index: _root_source(runtime, w) for w in runtime.window_nodes()}
+    return {q: entry.source for q, entry in window_inputs(runtime).items()}
 
 
-def assign_splits(runtime: PipelineRuntime, workers: int) -> list[dict[str, list[int]]]:
+@dataclass(frozen=True)
+class FileSplit:
+    """What a source worker reads of one file (picklable): the whole file, or part ``part`` of
+    ``parts`` of a Parquet file's row groups (:meth:`FileSource.read_part
+    <flight_serve.connectors.file.FileSource.read_part>`: the batches starting in its row
+    groups ``g % parts == part``). Part 0 sends the file's end.
+
+    Attributes:
+        file: the file's index in its source (its watermark partition).
+        part: ``0 … parts - 1``.
+        parts: readers of the file (1: the whole file).
+    """
+
+    file: int
+    part: int = 0
+    parts: int = 1
+
+
+#: What a source worker owns: per source, its files (an index: the whole file) or parts.
+Splits = dict[str, list[FileSplit]]
+
+
+def assign_splits(runtime: PipelineRuntime, workers: int) -> list[Splits]:
     """Every file of every file source that feeds a query, dealt round-robin to ``workers``
-    source workers (fewer when there are fewer files; at least one): per worker, the file
-    indices of each source."""
-    splits = [
+    source workers (fewer when there are fewer splits; at least one): per worker, its splits
+    of each source.
+
+    With fewer files than workers, a Parquet file with several row groups is read in parts
+    (interleaved row groups: ``ceil(workers / files)`` parts at most, one per row group at
+    most), so a single large file is read by several workers; the window workers consume its
+    batches in order all the same (the module docstring), so the output does not change.
+
+    Raises:
+        ConnectorError: a Parquet file's footer cannot be read.
+    """
+    files = [
         (name, index)
         for name in fed_sources(runtime)
         for index in range(len(runtime.sources[name].paths))
     ]
+    per_file = -(-workers // len(files)) if files and len(files) < workers else 1
+    splits: list[tuple[str, FileSplit]] = []
+    for name, index in files:
+        parts = 1
+        if per_file > 1 and runtime.sources[name].format == "parquet":
+            parts = max(1, min(per_file, len(runtime.sources[name].row_groups(index))))
+        splits += [(name, FileSplit(index, part, parts)) for part in range(parts)]
     count = max(1, min(workers, len(splits)))
-    out: list[dict[str, list[int]]] = [{} for _ in range(count)]
-    for k, (name, index) in enumerate(splits):
-        out[k % count].setdefault(name, []).append(index)
+    out: list[Splits] = [{} for _ in range(count)]
+    for k, (name, split) in enumerate(splits):
+        out[k % count].setdefault(name, []).append(split)
     return out
 
 
@@ -383,18 +520,61 @@ class ExchangeNode(Node):
         return step, ended
 
 
+class StageExchange(ExchangeNode):
+    """In a window worker, the second exchange in place of a windowed query reading another's
+    output (the module docstring): per *slot* (a call of the upstream operator), what reached
+    the query split by instance, with its progress, or nothing.
+
+    Raises (:meth:`process`):
+        RuntimeError: two batches reached it in one slot (a graph this exchange cannot carry).
+    """
+
+    def __init__(
+        self, out: Collector, window: WindowNode, parallelism: int, max_parallelism: int
+    ) -> None:
+        super().__init__(out, window, parallelism, max_parallelism)
+        self.slot: list[Share] | None = None
+        self.slots: list[list[Share | None]] = [[] for _ in range(parallelism)]
+
+    def process(self, partition: str, batch: pa.RecordBatch) -> None:
+        if self.slot is not None:
+            raise RuntimeError(
+                f"{self.query.label}: two batches from one call of the windowed query it reads"
+            )
+        self.step = [[] for _ in range(self.parallelism)]
+        super().process(partition, batch)
+        self.slot = [shares[0] for shares in self.step]
+
+    def close_slot(self) -> None:
+        """The upstream operator's call is over: record what reached the query in it."""
+        for i in range(self.parallelism):
+            self.slots[i].append(self.slot[i] if self.slot is not None else None)
+        self.slot = None
+
+    def take_slots(self) -> tuple[list[list[Share | None]], bool]:
+        """This step's slots per instance and whether the input ended in it; resets both."""
+        slots, ended = self.slots, self.ended
+        self.slots = [[] for _ in range(self.parallelism)]
+        self.ended = False
+        return slots, ended
+
+
 Send = Callable[[int, list[Record]], None]
 
 
 @dataclass
 class _Split:
-    """A file a source worker reads: its source, index, next step and batches."""
+    """A file (or part) a source worker reads: its source, index, ``(step, batch)`` and
+    exchanges; whether it sends the file's end, and at which step (``None``: the step after
+    its last batch, a whole file's)."""
 
     source: str
     index: int
-    seq: int
-    batches: Iterator[pa.RecordBatch]
+    batches: Iterator[tuple[int, pa.RecordBatch]]
     exchanges: list[ExchangeNode]
+    sends_end: bool
+    end: int | None
+    next: int = 0
 
 
 class SourceWorker:
@@ -402,7 +582,8 @@ class SourceWorker:
 
     Args:
         spec: the job.
-        splits: file indices per source this worker owns (:func:`assign_splits`).
+        splits: the files (an index: the whole file) or parts of files per source this
+            worker owns (:func:`assign_splits`).
         send: ``send(instance, records)``: the transport to window worker ``instance``.
         flush_rows: rows buffered per instance before a send (the exchange's batch size).
         flush_interval_s: seconds at most between a record's buffering and its send, in
@@ -419,7 +600,7 @@ class SourceWorker:
     def __init__(
         self,
         spec: JobSpec,
-        splits: dict[str, list[int]],
+        splits: Mapping[str, Sequence[int | FileSplit]],
         send: Send,
         *,
         flush_rows: int = 1 << 16,
@@ -427,7 +608,10 @@ class SourceWorker:
         start: dict[str, SourceCut] | None = None,
     ) -> None:
         self.spec = spec
-        self.splits = splits
+        self.splits: Splits = {
+            name: [e if isinstance(e, FileSplit) else FileSplit(e) for e in owned]
+            for name, owned in splits.items()
+        }
         self.send = send
         self.flush_rows = flush_rows
         self.flush_interval_s = flush_interval_s
@@ -436,9 +620,13 @@ class SourceWorker:
         self.runtime = runtime = spec.runtime()
         runtime.collect_only()
         self.roots = check_distributable(runtime)
+        inputs = window_inputs(runtime)
+        #: an exchange in front of every windowed query reading a source (the second
+        #: exchange runs in the window workers)
         self.exchanges = {
             w.query.index: ExchangeNode(runtime, w, spec.parallelism, spec.max_parallelism)
             for w in runtime.window_nodes()
+            if inputs[w.query.index].upstream is None
         }
         self.ordinals = {name: k for k, name in enumerate(fed_sources(runtime))}
         self._buffers: list[list[Record]] = [[] for _ in range(spec.parallelism)]
@@ -474,6 +662,26 @@ class SourceWorker:
             self.sent_calls += 1
             self.send(instance, records)
 
+    def _open(
+        self, name: str, entry: FileSplit, exchanges: list[ExchangeNode], cut: SourceCut | None
+    ) -> _Split | None:
+        """The reader of one split, after ``cut`` (``None``: nothing left of it)."""
+        source = self.runtime.sources[name]
+        index = entry.file
+        if cut is not None and cut.ended[index]:
+            return None  # read to its end before the checkpoint
+        first = cut.steps[index] if cut is not None else 0
+        if entry.parts == 1:
+            batches: Iterator[tuple[int, pa.RecordBatch]] = enumerate(
+                islice(source.read_file(index), first, None), start=first
+            )
+            return _Split(name, index, batches, exchanges, True, None, first)
+        parts = source.read_part(index, entry.part, entry.parts)
+        batches = ((k, b) for k, b in parts if k >= first)
+        # part 0 sends the end, at the step after the file's last batch
+        end = -(-sum(source.row_groups(index)) // source.batch_rows)
+        return _Split(name, index, batches, exchanges, entry.part == 0, end, first)
+
     def run(self) -> None:
         """Read every split to its end (from its cut when restored).
 
@@ -489,33 +697,33 @@ class SourceWorker:
             # records reach the window actors at the same pace: their merges (and a barrier's
             # alignment) never wait for a split this worker has not started
             live: deque[_Split] = deque()
-            for name, indices in self.splits.items():
-                source = runtime.sources[name]
+            for name, owned in self.splits.items():
                 exchanges = [ex for q, ex in self.exchanges.items() if self.roots[q] == name]
                 cut = self.start.get(name)
-                for index in indices:
-                    if cut is not None and cut.ended[index]:
-                        continue  # read to its end before the checkpoint
-                    first = cut.steps[index] if cut is not None else 0
-                    batches = islice(source.read_file(index), first, None)
-                    live.append(_Split(name, index, first, batches, exchanges))
+                for entry in owned:
+                    split = self._open(name, entry, exchanges, cut)
+                    if split is not None:
+                        live.append(split)
             while live:
                 split = live.popleft()
                 stream = runtime.streams[split.source]
                 partition = runtime.sources[split.source].partitions[split.index]
-                batch = next(split.batches, None)
-                if batch is None:
+                step = next(split.batches, None)
+                if step is None:
+                    if not split.sends_end:
+                        continue  # a part that does not send the end: done
                     runtime.end(stream, partition)
-                    rows = 0
+                    seq, rows = split.end if split.end is not None else split.next, 0
                 else:
+                    seq, batch = step
+                    split.next = seq + 1
                     self.rows_read += batch.num_rows
                     runtime.push(stream, partition, batch)
                     rows = batch.num_rows
                 for ex in split.exchanges:
-                    self._record(ex, split.index, split.seq, rows)
-                self._direct(split.source, split.index, split.seq, rows, end=batch is None)
-                split.seq += 1
-                if batch is not None:
+                    self._record(ex, split.index, seq, rows)
+                self._direct(split.source, split.index, seq, rows, end=step is None)
+                if step is not None:
                     live.append(split)
                 if time.monotonic() - self._flushed_at >= self.flush_interval_s:
                     for i in range(self.spec.parallelism):
@@ -534,8 +742,8 @@ class _Merge:
     """The embedded order of one windowed query's splits (``FileSource.poll``'s round-robin)."""
 
     partitions: tuple[str, ...]
-    queues: list[deque[Record]] = field(default_factory=list)
-    expected: list[int] = field(default_factory=list)
+    #: per split, its records by step (they may come from several source workers: parts)
+    queues: list[dict[int, Record]] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
     next_index: int = 0
     #: per split, the steps consumed; their sum (the position); rows the source read in them
@@ -545,15 +753,13 @@ class _Merge:
 
     def __post_init__(self) -> None:
         n = len(self.partitions)
-        self.queues = [deque() for _ in range(n)]
-        self.expected = [0] * n
+        self.queues = [{} for _ in range(n)]
         self.ended = [False] * n
         self.steps = [0] * n
 
     def restore(self, cut: SourceCut) -> None:
         """Continue after ``cut`` (the checkpoint's position of this merge's source)."""
         self.steps = list(cut.steps)
-        self.expected = list(cut.steps)
         self.ended = list(cut.ended)
         self.next_index = cut.next_index
         self.position = cut.position
@@ -563,6 +769,26 @@ class _Merge:
         """Where the merge is now."""
         return SourceCut(tuple(self.steps), tuple(self.ended), self.next_index, self.rows)
 
+    def arrive(self, record: Record, instance: int) -> None:
+        """Queue ``record`` (the parts of one file come from several source workers, each in
+        order: their steps interleave).
+
+        Raises:
+            RuntimeError: a step of the split consumed already or arrived twice (a transport
+                bug).
+        """
+        queue = self.queues[record.split]
+        if record.seq < self.steps[record.split] or record.seq in queue:
+            raise RuntimeError(
+                f"instance {instance}: query {record.query} split {record.split}: record "
+                f"{record.seq} arrived again (at step {self.steps[record.split]})"
+            )
+        queue[record.seq] = record
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues)
+
     def next(self) -> Record | None:
         """The next record in the embedded order, or ``None`` until it has arrived (or at the
         end of every split)."""
@@ -570,9 +796,9 @@ class _Merge:
         if not live:
             return None
         index = next((i for i in live if i >= self.next_index), live[0])
-        if not self.queues[index]:
+        record = self.queues[index].pop(self.steps[index], None)
+        if record is None:
             return None
-        record = self.queues[index].popleft()
         self.next_index = index + 1
         self.steps[index] += 1
         self.position += 1
@@ -584,6 +810,65 @@ class _Merge:
     @property
     def done(self) -> bool:
         return all(self.ended)
+
+
+@dataclass
+class _Gather:
+    """The steps of a windowed query reading another's output (a second exchange): step ``n``
+    once every upstream instance's record ``n`` is in (the module docstring).
+
+    Attributes:
+        channels: the upstream instances (the parallelism).
+        queues: per channel, its records by step.
+        position: steps consumed (the position of the source, as the upstream's merge).
+        ended: the end of input was consumed.
+    """
+
+    channels: int
+    queues: list[dict[int, Record]] = field(default_factory=list)
+    position: int = 0
+    ended: bool = False
+
+    def __post_init__(self) -> None:
+        self.queues = [{} for _ in range(self.channels)]
+
+    def restore(self, cut: SourceCut) -> None:
+        """Continue after ``cut`` (the checkpoint's position of the source at the root)."""
+        self.position = cut.position
+        self.ended = all(cut.ended)
+
+    def arrive(self, record: Record, instance: int) -> None:
+        """Queue ``record`` from upstream instance ``record.split``.
+
+        Raises:
+            RuntimeError: a step that was consumed already or arrived twice (a transport bug).
+        """
+        queue = self.queues[record.split]
+        if record.seq < self.position or record.seq in queue:
+            raise RuntimeError(
+                f"instance {instance}: query {record.query} from instance {record.split}: "
+                f"record {record.seq} arrived again (at step {self.position})"
+            )
+        queue[record.seq] = record
+
+    def next(self) -> list[Record] | None:
+        """Every channel's record of the next step, or ``None`` until all are in (or after
+        the end)."""
+        if self.ended or any(self.position not in q for q in self.queues):
+            return None
+        records = [q.pop(self.position) for q in self.queues]
+        self.position += 1
+        if records[0].end:
+            self.ended = True
+        return records
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self.queues)
+
+    @property
+    def done(self) -> bool:
+        return self.ended
 
 
 @dataclass(frozen=True)
@@ -610,6 +895,10 @@ class InstanceStatus:
             (:attr:`~flight_serve.engine.operator.WindowOperator.state_bytes`).
         state_bytes_max: the most seen after any step.
         pid: the id of the process it runs in (a Ray worker's).
+        records_sent: second-exchange records it sent the other instances (one per step of a
+            windowed query it runs that another reads, per other instance; 0 without one).
+        calls_sent: the sends they went in (one per other instance after each call of this
+            instance that made some: a Ray actor call each).
     """
 
     instance: int
@@ -625,6 +914,8 @@ class InstanceStatus:
     state_bytes: int
     state_bytes_max: int
     pid: int = 0
+    records_sent: int = 0
+    calls_sent: int = 0
 
 
 class WindowWorker:
@@ -646,12 +937,30 @@ class WindowWorker:
         self.instance = instance
         self.runtime = runtime = spec.runtime()
         runtime.collect_only()
-        roots = check_distributable(runtime)
+        check_distributable(runtime)
+        self.inputs = inputs = window_inputs(runtime)
         self.windows = {w.query.index: w for w in runtime.window_nodes()}
-        #: the merge of every windowed query, and on instance 0 of every fed source's direct
-        #: records; the source each reads
-        self.merges = {q: _Merge(runtime.sources[roots[q]].partitions) for q in self.windows}
-        self.roots = {q: roots[q] for q in self.windows}
+        #: the merge of every windowed query (in build order: an upstream before the queries
+        #: reading it), and on instance 0 of every fed source's direct records; the source
+        #: at the root of each
+        self.merges: dict[int, _Merge | _Gather] = {
+            q: _Merge(runtime.sources[inputs[q].source].partitions)
+            if inputs[q].upstream is None
+            else _Gather(spec.parallelism)
+            for q in self.windows
+        }
+        self.roots = {q: inputs[q].source for q in self.windows}
+        #: the second exchange in front of every windowed query reading another's output, by
+        #: that upstream query (module docstring)
+        self.stages: dict[int, list[StageExchange]] = {}
+        for q, entry in inputs.items():
+            if entry.upstream is not None:
+                exchange = StageExchange(
+                    runtime, self.windows[q], spec.parallelism, spec.max_parallelism
+                )
+                self.stages.setdefault(entry.upstream, []).append(exchange)
+        #: records for the other instances, made since the last :meth:`outgoing`
+        self._outbox: list[list[Record]] = [[] for _ in range(spec.parallelism)]
         if instance == 0:
             for k, name in enumerate(fed_sources(runtime)):
                 self.merges[direct_key(k)] = _Merge(runtime.sources[name].partitions)
@@ -659,10 +968,12 @@ class WindowWorker:
         self._empty = {
             q: w.input.schema.empty_table().to_batches() for q, w in self.windows.items()
         }
-        #: records and rows received, rows produced
+        #: records and rows received, rows produced; second-exchange records and sends out
         self.records_in = 0
         self.rows_in = 0
         self.rows_out = 0
+        self.records_sent = 0
+        self.calls_sent = 0
         self._seen = False
         #: the largest backlog, open panes and state bytes seen after a step
         self._queued_max = self._panes_max = self._bytes_max = 0
@@ -748,18 +1059,24 @@ class WindowWorker:
             CheckpointError: the state root cannot be written at a barrier.
         """
         for record in records:
-            merge = self.merges[record.query]
-            if record.seq != merge.expected[record.split]:
-                raise RuntimeError(
-                    f"instance {self.instance}: query {record.query} split {record.split}: "
-                    f"record {record.seq} arrived, {merge.expected[record.split]} expected"
-                )
-            merge.expected[record.split] += 1
-            merge.queues[record.split].append(record)
-            if record.query >= 0:  # a windowed query's (direct records are not counted)
-                self.records_in += 1
-                self.rows_in += record.rows
+            self._arrive(record)
         self._advance()
+
+    def _arrive(self, record: Record) -> None:
+        self.merges[record.query].arrive(record, self.instance)
+        if record.query >= 0:  # a windowed query's (direct records are not counted)
+            self.records_in += 1
+            self.rows_in += record.rows
+
+    def outgoing(self) -> list[tuple[int, list[Record]]]:
+        """The second exchange's records for the other instances made since the last call,
+        as ``(instance, records)`` in the order made: the transport hands each list to
+        :meth:`put` of that instance, in order (records for this instance are queued here)."""
+        out = [(i, records) for i, records in enumerate(self._outbox) if records]
+        self._outbox = [[] for _ in range(self.spec.parallelism)]
+        self.calls_sent += len(out)
+        self.records_sent += sum(len(records) for _, records in out)
+        return out
 
     def _advance(self) -> None:
         """Consume every merge up to what has arrived or the armed barrier's position."""
@@ -774,29 +1091,86 @@ class WindowWorker:
         if armed is not None:
             self._at_barrier(armed)
 
-    def _step(self, key: int, merge: _Merge, step: Record) -> None:
-        partition = merge.partitions[step.split]
+    def _step(self, key: int, merge: _Merge | _Gather, step: Record | list[Record]) -> None:
         if key < 0:  # a direct record: per-row queries' rows, in the merged order
+            assert isinstance(step, Record)
             for sink, rows in step.direct:
                 self.runtime.deliver(sink, rows)
             return
         window = self.windows[key]
-        for batch, progress in step.shares:
-            if batch is None:
-                empty = self._empty[key]
-                batch = (
-                    empty[0]
-                    if empty
-                    else pa.RecordBatch.from_pylist([], schema=window.input.schema)
-                )
-            window.on_share(partition, batch, progress)
+        if isinstance(step, Record):
+            assert isinstance(merge, _Merge)
+            partition = merge.partitions[step.split]
+            for share in step.shares:
+                assert share is not None  # a source's record has a share per batch
+                window.on_share(partition, self._batch(key, share[0]), share[1])
+                self._slot(key)
+            end = step.end
+        else:
+            partition = window.input.partitions[0]  # the upstream's output: one partition
+            end = self._gathered(key, partition, step)
         self._seen = True
-        if step.end:
+        if end:
             window.on_end(partition)
+            self._slot(key)
         else:  # the maxima after each step: an end fires what it closes
             self._queued_max = max(self._queued_max, self._queued())
             self._panes_max = max(self._panes_max, self._open_panes())
             self._bytes_max = max(self._bytes_max, self._state_bytes())
+        self._send_stage(key, merge.position - 1)
+
+    def _batch(self, key: int, batch: pa.RecordBatch | None) -> pa.RecordBatch:
+        if batch is not None:
+            return batch
+        empty = self._empty[key]
+        schema = self.windows[key].input.schema
+        return empty[0] if empty else pa.RecordBatch.from_pylist([], schema=schema)
+
+    def _gathered(self, key: int, partition: str, records: list[Record]) -> bool:
+        """Run one step of a second exchange: slot by slot, the union of every upstream
+        instance's share as one batch with the highest progress (none where nothing reached
+        the query on any instance); returns whether the input ended in the step.
+
+        Raises:
+            RuntimeError: the instances' records disagree on the step's slots or end.
+        """
+        window = self.windows[key]
+        slots = {len(r.shares) for r in records}
+        ends = {r.end for r in records}
+        if len(slots) != 1 or len(ends) != 1:
+            raise RuntimeError(
+                f"instance {self.instance}: {window.query.label}: step {records[0].seq}: the "
+                f"upstream instances disagree (slots {sorted(slots)}, end {sorted(ends)})"
+            )
+        for slot in zip(*(r.shares for r in records), strict=True):
+            present = [share for share in slot if share is not None]
+            if not present:
+                continue  # nothing reached the query on any instance: no batch embedded
+            batches = [batch for batch, _ in present if batch is not None]
+            marks = [mark for _, mark in present if mark is not None]
+            union = batches[0] if len(batches) == 1 else one_batch(pa.Table.from_batches(
+                batches, window.input.schema))  # fmt: skip
+            window.on_share(partition, self._batch(key, union), max(marks) if marks else None)
+            self._slot(key)
+        return ends.pop()
+
+    def _slot(self, key: int) -> None:
+        """A call of query ``key``'s operator is over: a slot of the exchanges it feeds."""
+        for exchange in self.stages.get(key, ()):
+            exchange.close_slot()
+
+    def _send_stage(self, key: int, seq: int) -> None:
+        """After step ``seq`` of query ``key``: every instance's record of each query reading
+        its output (also with empty slots: the record carries the step)."""
+        for exchange in self.stages.get(key, ()):
+            slots, ended = exchange.take_slots()
+            q = exchange.query.index
+            for i, shares in enumerate(slots):
+                record = Record(q, self.instance, seq, tuple(shares), ended)
+                if i == self.instance:
+                    self._arrive(record)  # consumed in this _advance: its merge comes later
+                else:
+                    self._outbox[i].append(record)
 
     # --- barriers ---------------------------------------------------------------------------
 
@@ -861,14 +1235,18 @@ class WindowWorker:
                 "open_panes": window.op.open_panes,
                 "key_groups": [groups.start, groups.stop],
             }
-        sources = {self.roots[k]: merge.cut() for k, merge in self.merges.items()}
+        sources = {
+            self.roots[k]: merge.cut()
+            for k, merge in self.merges.items()
+            if isinstance(merge, _Merge)
+        }
         self._out.extend(self.runtime.take_collected())
         self._cut = (len(self._out), Cut(barrier, epoch, self.instance, operators, sources))
 
     # --- status and output ------------------------------------------------------------------
 
     def _queued(self) -> int:
-        return sum(len(q) for k, m in self.merges.items() if k >= 0 for q in m.queues)
+        return sum(m.queued for k, m in self.merges.items() if k >= 0)
 
     def _open_panes(self) -> int:
         return sum(w.op.open_panes for w in self.windows.values())
@@ -894,6 +1272,8 @@ class WindowWorker:
             state_bytes=self._state_bytes(),
             state_bytes_max=self._bytes_max,
             pid=os.getpid(),
+            records_sent=self.records_sent,
+            calls_sent=self.calls_sent,
         )
 
     def take(self) -> Taken:
@@ -916,12 +1296,19 @@ class WindowWorker:
         finished checkpoint: the state after the end is cut there too.
 
         Raises:
-            RuntimeError: a split's end never arrived.
+            RuntimeError: a split's end never arrived (or a second exchange's: the driver
+                calls this after every record is delivered); a windowed query emitted rows
+                for a second exchange at the finish, after its input ended.
         """
         runtime = self.runtime
         try:
             for q, merge in self.merges.items():
-                if not merge.done:
+                if isinstance(merge, _Gather) and not merge.done:
+                    raise RuntimeError(
+                        f"instance {self.instance}: query {q}: no end of input from the "
+                        f"upstream instances (step {merge.position})"
+                    )
+                if isinstance(merge, _Merge) and not merge.done:
                     missing = [merge.partitions[i] for i, e in enumerate(merge.ended) if not e]
                     raise RuntimeError(
                         f"instance {self.instance}: query {q}: no end of input from "
@@ -930,6 +1317,13 @@ class WindowWorker:
             runtime.drain()
             for node in runtime.nodes:
                 node.on_finish()
+            for key, exchanges in self.stages.items():
+                for exchange in exchanges:
+                    if exchange.slot is not None or exchange.ended:
+                        raise RuntimeError(
+                            f"instance {self.instance}: {self.windows[key].query.label} emitted "
+                            f"rows for {exchange.query.label} after its input ended"
+                        )
             if self._armed is not None:
                 self._declined.append(self._armed[0])
                 self._armed = None
@@ -966,7 +1360,9 @@ def run_local(
 ) -> tuple[RunSummary, list[tuple[str, pa.RecordBatch]]]:
     """The distributed dataflow in this process, without a cluster (for tests and as the
     reference of the Ray runtime): source workers run one after another, records are handed
-    over directly. Returns the summary and every ``(sink, batch)``.
+    over directly, and after each the second exchange's records a window worker made for the
+    others (:meth:`WindowWorker.outgoing`), in the order made, until none is left. Returns the
+    summary and every ``(sink, batch)``.
 
     Raises:
         PipelineSQLError, ConnectorError, QueryError: as an embedded run.
@@ -978,9 +1374,17 @@ def run_local(
     if write:
         driver.open_sinks()
     ended = False
+
+    def send(instance: int, records: list[Record]) -> None:
+        pending = deque([(instance, records)])
+        while pending:
+            i, batch = pending.popleft()
+            windows[i].put(batch)
+            pending.extend(windows[i].outgoing())
+
     try:
         for splits in assign_splits(driver, source_workers or spec.parallelism):
-            worker = SourceWorker(spec, splits, lambda i, records: windows[i].put(records))
+            worker = SourceWorker(spec, splits, send)
             worker.run()
             for w in windows:
                 write_results(driver, w.take().before, collected)
