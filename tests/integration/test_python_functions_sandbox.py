@@ -733,3 +733,68 @@ def f(x):
     close_after(f)
     assert f.call([pa.array([1.0, 2.0])]).to_pylist() == ["[1.0, 2.0]", "[1.0, 2.0]"]
     assert f.call([pa.array([3.0, 4.0])]).to_pylist() == ["[3.0, 4.0]", "[1.0, 2.0]"]
+
+
+def test_a_call_runs_on_the_callers_cpu_and_puts_its_affinity_back(close_after: Any) -> None:
+    """``same_cpu`` (the default): the worker's processes (bwrap's and the Python worker) are
+    bound to the CPU the calling thread is on, again when the caller moved; the caller's own
+    affinity is what it was once the call returns, also when the call fails."""
+    cpus = sorted(os.sched_getaffinity(0))
+    f = scalar(
+        "def f(x):\n    if x[0].as_py() < 0:\n        raise ValueError('no')\n    return x\n",
+        config=SandboxConfig(pool_size=1),
+    )
+    close_after(f)
+    (worker,) = f._idle
+    everywhere = set(cpus)
+    assert all(os.sched_getaffinity(pid) == everywhere for pid in worker.pids())
+    try:
+        for cpu in cpus[:2]:
+            os.sched_setaffinity(0, {cpu})  # this thread now runs on `cpu` only
+            assert f.call([pa.array([1.0])]).to_pylist() == [1.0]
+            assert os.sched_getaffinity(0) == {cpu}
+            assert [os.sched_getaffinity(pid) for pid in worker.pids()] == [{cpu}] * len(
+                worker.pids()
+            )
+        os.sched_setaffinity(0, everywhere)
+        with pytest.raises(FunctionCallError, match="no"):
+            f.call([pa.array([-1.0])])
+        assert os.sched_getaffinity(0) == everywhere
+        assert f.call([pa.array([2.0])]).to_pylist() == [2.0]
+        assert os.sched_getaffinity(0) == everywhere
+    finally:
+        os.sched_setaffinity(0, everywhere)
+
+
+def test_same_cpu_off_leaves_the_worker_to_the_scheduler(close_after: Any) -> None:
+    everywhere = os.sched_getaffinity(0)
+    f = scalar("def f(x):\n    return x\n", config=SandboxConfig(pool_size=1, same_cpu=False))
+    close_after(f)
+    assert f.call([pa.array([1.0])]).to_pylist() == [1.0]
+    (worker,) = f._idle
+    assert all(os.sched_getaffinity(pid) == everywhere for pid in worker.pids())
+
+
+def test_string_offsets_out_of_order_are_refused(close_after: Any) -> None:
+    # offsets inside the data buffer but decreasing (a value that ends before it starts): the
+    # worker's own IPC writer takes them; reading the value would go outside its bytes
+    f = scalar(
+        """
+        import pyarrow as pa, struct
+        def f(x):
+            offsets = [0, 3, 1] if x[0].as_py() < 0 else [0, 1, 3]
+            return pa.Array.from_buffers(pa.string(), 2, [
+                None, pa.py_buffer(struct.pack("<3i", *offsets)), pa.py_buffer(b"abc")
+            ])
+        """,
+        returns=pa.string(),
+    )
+    close_after(f)
+    with pytest.raises(
+        FunctionWorkerError,
+        match=r"^function f: unreadable result: string offsets out of order: value 1 ends at "
+        r"1, before it starts \(3\)",
+    ):
+        f.call([pa.array([-1.0, 0.0])])
+    assert f.call([pa.array([3.0, 4.0])]).to_pylist() == ["a", "bc"]
+    assert f.restarts == 1
