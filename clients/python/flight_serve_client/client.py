@@ -450,8 +450,8 @@ class FlightServeClient:
         Raises:
             pyarrow.ArrowInvalid: INVALID_ARGUMENT: the SQL does not parse or plan (the
                 message is the parser's).
-            pyarrow.ArrowKeyError: NOT_FOUND: a named table does not exist (servers may also
-                report it as INVALID_ARGUMENT, as DataFusion's planner does).
+            pyarrow.ArrowKeyError: NOT_FOUND: a named table does not exist (flight-serve
+                says ``table 'nope' does not exist (…)``).
             pyarrow.flight.FlightUnavailableError: the server is unreachable.
         """
         info = self._client.get_flight_info(_command(sql))

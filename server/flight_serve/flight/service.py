@@ -329,7 +329,8 @@ class FlightServeService(flight.FlightServerBase):
         """Describe a stream (``path``) or plan a SQL query (``cmd``); see schemas/README.md.
 
         Errors: INVALID_ARGUMENT for bad SQL (DataFusion's message) or a bad descriptor,
-        NOT_FOUND for an unknown stream.
+        NOT_FOUND for an unknown stream or a table the SQL names that does not exist (as Flight
+        SQL says it: :func:`~flight_serve.flight.sql.query.datafusion_error`).
         """
         try:
             if (command := flightsql_command(descriptor)) is not None:
