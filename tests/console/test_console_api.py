@@ -204,8 +204,8 @@ def test_query_equals_the_flight_query(deployment: Deployment) -> None:
     assert status == 200
     assert pq.read_table(io.BytesIO(body)).to_pylist() == expected.to_pylist()
     status, body, _ = call(live.console_url, "/api/v1/query", body={"sql": "SELECT * FROM nope"})
-    assert status == 400
-    assert "nope" in json.loads(body)["error"]
+    assert status == 404  # NOT_FOUND over Flight, as every missing thing in the console
+    assert json.loads(body)["error"].startswith("table 'nope' does not exist (")
 
 
 def test_auth_and_roles(deployment: Deployment) -> None:

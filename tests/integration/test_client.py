@@ -6,10 +6,13 @@ values, tail seeing later appends, stream_info, list, drop, the error mapping, a
 
 from __future__ import annotations
 
+import json
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -117,6 +120,87 @@ def test_tail_sees_later_appends(tmp_path: Path) -> None:
             thread.join(timeout=10)
             assert not thread.is_alive()
             assert failures == []
+
+
+#: A user's script: follow ``events`` from 0, printing each batch's ids; on Ctrl-C, say the last
+#: offset yielded, wait for a line on stdin, then read the rest from the next offset (no follow).
+FOLLOW_SCRIPT = """
+import json, sys
+from flight_serve_client import FlightServeClient
+
+with FlightServeClient(sys.argv[1]) as client:
+    last = -1
+    try:
+        for offset, batch in client.tail("events", 0, follow=True):
+            last = offset
+            print(json.dumps({"offset": offset, "ids": batch.column("id").to_pylist()}), flush=True)
+    except KeyboardInterrupt:
+        print(json.dumps({"interrupted_after": last}), flush=True)
+        sys.stdin.readline()
+        rest = [i for _, b in client.tail("events", last + 1) for i in b.column("id").to_pylist()]
+        print(json.dumps({"rest": rest}), flush=True)
+        sys.exit(3)
+"""
+
+
+def test_ctrl_c_ends_a_follow_in_a_users_script_and_a_new_tail_goes_on_exactly_there(
+    tmp_path: Path,
+) -> None:
+    """A follow waits in pyarrow's DoGet read (C++), where Python's Ctrl-C handler never runs:
+    a user's script following a stream could not be stopped with Ctrl-C (still running 15 s
+    after the SIGINT). Now KeyboardInterrupt comes out of the loop; every batch was yielded
+    once, and a tail from the offset after the last one yielded reads the rest, appended before
+    and after the interruption, each row once."""
+    ids = list(range(50))
+    batches = [pa.record_batch({"id": pa.array(ids[i : i + 10], pa.int64())}) for i in ids[::10]]
+    script = tmp_path / "follow.py"
+    script.write_text(FOLLOW_SCRIPT)
+    with start_server(tmp_path / "data", port=0) as service:
+        location = _location(service.location)
+        with FlightServeClient(location) as writer:
+            writer.put("events", batches[:3], batch_rows=10)  # offsets 0, 1, 2
+            follow = subprocess.Popen(
+                [sys.executable, str(script), location],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                # as on a terminal: SIGINT handled (a background job of a script ignores it)
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )  # fmt: skip
+            try:
+                assert follow.stdout is not None
+                assert follow.stdin is not None
+                lines = [json.loads(follow.stdout.readline()) for _ in range(3)]
+                writer.put("events", batches[3:4])  # offset 3, while it follows
+                lines.append(json.loads(follow.stdout.readline()))
+                assert [line["offset"] for line in lines] == [0, 1, 2, 3]
+                time.sleep(1)  # it waits in the DoGet read for offset 4 now
+                follow.send_signal(signal.SIGINT)
+                # (the old client: no line, still running, and a timeout here)
+                assert json.loads(_line_within(follow, 15)) == {"interrupted_after": 3}
+                writer.put("events", batches[4:])  # offset 4, after the interruption
+                follow.stdin.write("go\n")
+                follow.stdin.flush()
+                rest = json.loads(_line_within(follow, 15))["rest"]
+                assert follow.wait(timeout=15) == 3
+                assert [i for line in lines for i in line["ids"]] + rest == ids
+            finally:
+                if follow.poll() is None:
+                    follow.kill()
+                    follow.wait()
+                for pipe in (follow.stdin, follow.stdout):
+                    if pipe is not None:
+                        pipe.close()
+
+
+def _line_within(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The next line ``proc`` prints, failing if none comes within ``timeout_s``."""
+    got: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    threading.Thread(target=lambda: got.put(stdout.readline()), daemon=True).start()
+    try:
+        return got.get(timeout=timeout_s)
+    except queue.Empty:
+        raise AssertionError(f"no line within {timeout_s:g} s (still running)") from None
 
 
 def test_errors_map_to_pyarrow_exceptions(client: FlightServeClient) -> None:

@@ -99,8 +99,12 @@ CASES: list[tuple[str, Callable[[flight.FlightClient], Any], type[Exception], st
      lambda c: c.get_flight_info(flight.FlightDescriptor.for_command(b"SELEC 1"), options()),
      pa.ArrowInvalid, "SELEC"),
     ("bad SQL (GetSchema)",
+     lambda c: c.get_schema(flight.FlightDescriptor.for_command(b"SELECT 1 +"), options()),
+     pa.ArrowInvalid, "Expected: an expression"),
+    # (SELECT FROM WHERE reads from a table named "where": NOT_FOUND)
+    ("missing table (GetSchema)",
      lambda c: c.get_schema(flight.FlightDescriptor.for_command(b"SELECT FROM WHERE"), options()),
-     pa.ArrowInvalid, ""),
+     pa.ArrowKeyError, "table 'where' does not exist"),
     ("missing stream (GetFlightInfo)",
      lambda c: c.get_flight_info(flight.FlightDescriptor.for_path("nope"), options()),
      pa.ArrowKeyError, "nope"),

@@ -150,6 +150,13 @@ def exchange_all(client: flight.FlightClient, command: str, metadata: bytes | No
         ("SELECT key, count(* FROM TUMBLE(events, t, INTERVAL '10' SECOND)", "line 1, column"),
         ("SELECT key, count(*) FROM SLIDE(events, t, INTERVAL '1' SECOND) GROUP BY key", "SLIDE"),
         (TUMBLE_10.replace("count(*)", "sum(missing)"), r"column missing does not exist in events"),
+        # the window's time column misspelled: a did-you-mean and its position, as in a
+        # pipeline (it was "event-time column 'tt' is not in the input; input columns: key, t")
+        (
+            TUMBLE_10.replace("(events, t,", "(events, tt,"),
+            r"^event-time column tt does not exist in events; did you mean t\? \(columns of "
+            r"events: key, t\) \(line 1, column 73\)",
+        ),
         # DataFusion's message on one line, the call named where it is (it used to be two
         # lines, no position)
         (

@@ -941,7 +941,7 @@ FROM TUMBLE(flights, t, INTERVAL '1' HOUR) GROUP BY origin, window_start, window
     def hourly_rows(client: flight.FlightClient) -> list[tuple[str, int, int, float]]:
         try:
             info = client.get_flight_info(flight.FlightDescriptor.for_command(sql))
-        except pa.ArrowInvalid as exc:  # INVALID_ARGUMENT: no ops.hourly before its first commit
+        except pa.ArrowKeyError as exc:  # NOT_FOUND: no ops.hourly before its first commit
             if "ops.hourly' not found" not in str(exc):
                 raise
             return []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -450,8 +451,8 @@ class FlightServeClient:
         Raises:
             pyarrow.ArrowInvalid: INVALID_ARGUMENT: the SQL does not parse or plan (the
                 message is the parser's).
-            pyarrow.ArrowKeyError: NOT_FOUND: a named table does not exist (servers may also
-                report it as INVALID_ARGUMENT, as DataFusion's planner does).
+            pyarrow.ArrowKeyError: NOT_FOUND: a named table does not exist (flight-serve
+                says ``table 'nope' does not exist (…)``).
             pyarrow.flight.FlightUnavailableError: the server is unreachable.
         """
         info = self._client.get_flight_info(_command(sql))
@@ -559,7 +560,10 @@ class FlightServeClient:
         them too, with the writer of every entry. The server splits a stored batch above 4 MiB
         into consecutive pieces that share its offset, so one offset may be yielded several
         times, each time with the next rows. Closing the iterator early cancels the call.
-        Reconnection and errors: see :meth:`tail_entries`.
+        Ctrl-C ends a follow in the main thread: ``KeyboardInterrupt`` is raised from the loop
+        (and the call cancelled), every batch yielded before it was yielded once and the next
+        one was not read, so a new tail from the offset after the last one yielded goes on
+        exactly there. Reconnection and errors: see :meth:`tail_entries`.
         """
         for entry in self.tail_entries(stream, offset, reconnect=reconnect, follow=follow):
             if entry.batch is not None:
@@ -595,9 +599,13 @@ class FlightServeClient:
         tail is asked for from the next entry not yielded (so nothing is yielded twice or
         skipped); the iterator ends once the stream is dropped or re-created. An unreachable
         server is retried for :data:`TAIL_FOLLOW_TIMEOUT_S` seconds without a message (instead
-        of the attempt count).
+        of the attempt count). Called in the main thread, a follow reads each message on a
+        helper thread while the caller's thread waits where Ctrl-C (any Python signal handler
+        that raises) interrupts it; the exception is raised from the iterator and the call is
+        cancelled.
 
         Raises:
+            KeyboardInterrupt: Ctrl-C during a follow in the main thread.
             pyarrow.ArrowKeyError: NOT_FOUND: no stream has this name (when asking for a
                 ticket, including on reconnection).
             pyarrow.ArrowInvalid: INVALID_ARGUMENT: a negative offset or a bad stream name.
@@ -614,6 +622,13 @@ class FlightServeClient:
             end = decode_int(info, "next_offset", "stream info")
             if offset >= end:
                 return
+        # a follow waits for the next entry for good: in the main thread, where Python runs its
+        # signal handlers, the wait is one Ctrl-C interrupts (the read itself waits in C++)
+        chunks = (
+            _interruptible_chunks
+            if follow and threading.current_thread() is threading.main_thread()
+            else _chunks
+        )
         position = offset  # the offset to ask from when (re)connecting
         delivered = 0  # rows of batch ``position`` already yielded
         failures = 0
@@ -626,7 +641,7 @@ class FlightServeClient:
                     self._action("stream.tail", {"stream": stream, "offset": position})
                 )
                 reader = self._client.do_get(ticket)
-                for chunk in _chunks(reader):
+                for chunk in chunks(reader):
                     batch = chunk.data
                     if batch is None:
                         continue
@@ -896,6 +911,48 @@ def _chunks(reader: flight.FlightStreamReader) -> Iterator[flight.FlightStreamCh
             yield reader.read_chunk()
         except StopIteration:
             return
+
+
+def _interruptible_chunks(reader: flight.FlightStreamReader) -> Iterator[flight.FlightStreamChunk]:
+    """:func:`_chunks`, read on a helper thread while the caller waits in ``queue.Queue.get``,
+    which a signal interrupts: Ctrl-C raises ``KeyboardInterrupt`` here. pyarrow's
+    ``read_chunk`` waits in C++, where Python's signal handlers never run, so a follow reading
+    on the main thread itself ignored Ctrl-C for good.
+
+    The helper reads one chunk only when asked for the next, so nothing is read ahead (a chunk
+    is never read and dropped, nor yielded twice); between chunks it waits on its own queue,
+    and both sides block (no polling). When the caller stops (an exception, or the generator is
+    closed) the helper is told to end; one that is in the middle of a read ends when the read
+    does (the caller cancels the call), and it never holds the process open (a daemon thread).
+    """
+    asks: queue.Queue[bool] = queue.Queue()
+    answers: queue.Queue[tuple[flight.FlightStreamChunk | None, BaseException | None]] = (
+        queue.Queue()
+    )
+
+    def read() -> None:
+        while asks.get():
+            try:
+                answers.put((reader.read_chunk(), None))
+            except StopIteration:
+                answers.put((None, None))
+                return
+            except BaseException as exc:  # given to the caller, raised there
+                answers.put((None, exc))
+                return
+
+    threading.Thread(target=read, name="flight-serve-tail-read", daemon=True).start()
+    try:
+        while True:
+            asks.put(True)
+            chunk, error = answers.get()  # Ctrl-C interrupts this wait
+            if error is not None:
+                raise error
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        asks.put(False)
 
 
 def _command(sql: str) -> flight.FlightDescriptor:

@@ -20,8 +20,15 @@ Static table (:meth:`FileSource.read_all`)
     The same reader, read once, in full.
 
 Sink (:class:`FileSink`)
-    **One file per run**: the file is created (truncated) when the run starts, rows are appended
-    as they arrive, and it is complete when the run ends; a rerun replaces it (no duplicates).
+    **One file per run**, replaced only by a run that completes (Flink's FileSink in spirit:
+    in-progress, then finished). A run writes its rows as they arrive into an *in-progress* file
+    next to the target, ``.<name>.inprogress`` (hidden, so a glob such as ``out/*.parquet`` does
+    not read it), and moves it onto the target when the run reaches the end of its input
+    (:meth:`FileSink.end_input`: the file is finished, ``fsync``-ed, renamed atomically over the
+    target and the directory synced). A run that fails or is stopped removes its in-progress file
+    (:meth:`FileSink.close`): the target keeps the previous run's complete output (or stays
+    absent), never a part of this run's. A rerun replaces the file (no duplicates). A crash that
+    kills the process leaves the in-progress file, which the next run overwrites.
 
 Formats: ``parquet`` (``.parquet``, ``.pq``), ``csv`` (``.csv``: a header row; an empty field is
 NULL, ``""`` is the empty string), ``jsonl`` (``.jsonl``, ``.ndjson``, ``.json``: one JSON object a
@@ -34,9 +41,11 @@ unknown format, a missing column, a value that does not convert).
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -49,6 +58,7 @@ if TYPE_CHECKING:  # pyarrow.parquet pulls in pyarrow.fs and ssl: imported when 
     import pyarrow.parquet as pq
 import pyarrow.json as pajson
 
+from flight_serve._fs import fsync_dir
 from flight_serve.connectors.base import SourceEvent
 from flight_serve.connectors.columns import conform, json_value
 from flight_serve.errors import CheckpointError, ConnectorError, DiskFullError, is_disk_full
@@ -715,16 +725,25 @@ class FileSink:
         path: the output file; its directory is created if missing; an existing file is replaced.
         format: ``parquet``, ``csv`` or ``jsonl``.
         schema: the schema of every batch written.
+        in_progress: write :attr:`writing` (``.<name>.inprogress`` beside ``path``) and move it
+            onto ``path`` at :meth:`end_input`; :meth:`close` before that removes it and
+            ``path`` is left as it was (a run without checkpoints). ``False``: write ``path``
+            itself (a checkpointed run's finalize, which writes a temporary file of its own).
 
     Raises:
         ConnectorError: an unknown format or a file that cannot be created.
     """
 
-    def __init__(self, path: Path, format: str, schema: pa.Schema) -> None:
+    def __init__(
+        self, path: Path, format: str, schema: pa.Schema, *, in_progress: bool = False
+    ) -> None:
         self.path = path
+        #: the file the rows go to until :meth:`end_input` (``path`` itself without in_progress)
+        self.writing = path.with_name(f".{path.name}.inprogress") if in_progress else path
         self.format = format_of((path,), format)
         self.schema = schema
         self.rows = 0
+        self._finished = not in_progress  # nothing to move into place or to remove
         self._parquet: pq.ParquetWriter | None = None
         self._csv: pacsv.CSVWriter | None = None
         self._text: IO[str] | None = None
@@ -733,13 +752,13 @@ class FileSink:
             if self.format == "parquet":
                 import pyarrow.parquet as pq
 
-                self._parquet = pq.ParquetWriter(path, schema)
+                self._parquet = pq.ParquetWriter(self.writing, schema)
             elif self.format == "csv":
-                self._csv = pacsv.CSVWriter(str(path), schema)
+                self._csv = pacsv.CSVWriter(str(self.writing), schema)
             else:
-                self._text = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+                self._text = open(self.writing, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
         except (OSError, pa.ArrowException) as exc:
-            message = f"file connector: cannot create {path}: {exc}"
+            message = f"file connector: cannot create {self.writing}: {exc}"
             raise (DiskFullError if is_disk_full(exc) else ConnectorError)(message) from exc
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -759,14 +778,46 @@ class FileSink:
             self._text.write("".join(line + "\n" for line in lines))
 
     def end_input(self) -> None:
-        """Nothing to mark at the end of input (:class:`~flight_serve.connectors.base.Sink`)."""
+        """The run reached the end of its input (:class:`~flight_serve.connectors.base.Sink`):
+        with ``in_progress``, finish the in-progress file, ``fsync`` it and rename it over
+        :attr:`path` (atomic: a reader sees the old file or the new one), then sync the
+        directory; without, nothing to do (:meth:`close` finishes the file).
+
+        Raises:
+            ConnectorError: the file cannot be finished or moved (DiskFullError: no space);
+                :attr:`path` is left as it was.
+        """
+        if self._finished:
+            return
+        try:
+            self._close_writers()
+            with open(self.writing, "rb+") as f:
+                os.fsync(f.fileno())
+            self.writing.replace(self.path)
+            fsync_dir(self.path.parent)
+        except (OSError, pa.ArrowException) as exc:
+            message = f"file connector: cannot finish {self.path}: {exc}"
+            raise (DiskFullError if is_disk_full(exc) else ConnectorError)(message) from exc
+        self._finished = True
 
     def close(self) -> None:
-        """Finish the file (Parquet footer, flush); writing after ``close`` is an error."""
-        if self._parquet is not None:
-            self._parquet.close()
-        if self._csv is not None:
-            self._csv.close()
-        if self._text is not None:
-            self._text.close()
+        """Finish the file (Parquet footer, flush); writing after ``close`` is an error. With
+        ``in_progress`` and no :meth:`end_input` (the run failed or was stopped), remove the
+        in-progress file: :attr:`path` keeps what it held. Idempotent."""
+        try:
+            self._close_writers()
+        finally:
+            if not self._finished:
+                self._finished = True
+                with contextlib.suppress(FileNotFoundError):
+                    self.writing.unlink()
+
+    def _close_writers(self) -> None:
+        parquet, csv, text = self._parquet, self._csv, self._text
         self._parquet = self._csv = self._text = None
+        if parquet is not None:
+            parquet.close()
+        if csv is not None:
+            csv.close()
+        if text is not None:
+            text.close()

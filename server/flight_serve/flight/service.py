@@ -41,6 +41,7 @@ from flight_serve._proto.arrow.flight.protocol.sql import FlightSql_pb2 as sql_p
 from flight_serve.errors import (
     ActionError,
     BatchTooLargeError,
+    FlightServeError,
     InvalidInputError,
     StreamNotFoundError,
     TicketError,
@@ -243,6 +244,10 @@ class FlightServeService(flight.FlightServerBase):
 
         Errors: INVALID_ARGUMENT for a non-path descriptor, an invalid stream name, a schema
         mismatch (naming the fields) or a batch above ``max_batch_bytes`` (naming the limit).
+        A call that created the stream and fails before anything is in it (its first batch
+        refused) drops that stream again, unless another writer wrote to it meanwhile
+        (:meth:`~flight_serve.store.StreamStore.drop_if_empty`): a refused first put leaves no
+        stream behind, as Flight SQL ingest does. A stream that existed before is left as it is.
         """
         try:
             if (command := flightsql_command(descriptor)) is not None:
@@ -253,6 +258,7 @@ class FlightServeService(flight.FlightServerBase):
         pipeline: PutPipeline | None = None
         target: tuple[str, str] | None = None
         hold: WriterHold | None = None
+        created: str | None = None  # the incarnation of the stream this call created
         try:
             require_role(context, "write", "DoPut")
             name, writer_name = put_target(descriptor)
@@ -262,7 +268,8 @@ class FlightServeService(flight.FlightServerBase):
                     name, writer_name, f"a DoPut from {context.peer()} since {since}"
                 )
             target = self._put_begins(name, writer_name)
-            self.store.create(name, reader.schema)
+            info, made = self.store.create_if_missing(name, reader.schema)
+            created = info.incarnation if made else None
             pipeline = PutPipeline(self.store, name, writer, writer_name, self.memory_budget)
             for chunk in reader:
                 batch = chunk.data
@@ -287,6 +294,11 @@ class FlightServeService(flight.FlightServerBase):
                     pipeline.finish()
                 except Exception as first:
                     error = first
+            if created is not None:  # nothing of this call is in it: the stream it made goes
+                try:
+                    self.store.drop_if_empty(name, created)
+                except FlightServeError as dropping:
+                    log.warning("DoPut: the empty stream %r stays: %s", name, dropping)
             _fail(error, "DoPut")
         finally:
             if target is not None:
@@ -317,7 +329,8 @@ class FlightServeService(flight.FlightServerBase):
         """Describe a stream (``path``) or plan a SQL query (``cmd``); see schemas/README.md.
 
         Errors: INVALID_ARGUMENT for bad SQL (DataFusion's message) or a bad descriptor,
-        NOT_FOUND for an unknown stream.
+        NOT_FOUND for an unknown stream or a table the SQL names that does not exist (as Flight
+        SQL says it: :func:`~flight_serve.flight.sql.query.datafusion_error`).
         """
         try:
             if (command := flightsql_command(descriptor)) is not None:

@@ -299,7 +299,8 @@ EpochSinkFactory = Callable[[SinkSlot, EpochSinkArgs], EpochSink]
 def _file_sink(slot: SinkSlot, pipeline: str) -> Sink:
     assert slot.path is not None
     assert slot.schema is not None
-    return FileSink(slot.path, slot.format, slot.schema)
+    # a run without checkpoints replaces the file only when it completes (docs/pipelines.md)
+    return FileSink(slot.path, slot.format, slot.schema, in_progress=True)
 
 
 def _file_epoch_sink(slot: SinkSlot, args: EpochSinkArgs) -> EpochSink:

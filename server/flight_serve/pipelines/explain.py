@@ -245,7 +245,7 @@ def explain(runtime: PipelineRuntime) -> str:
         else:
             out.append(
                 f"  connector file, format {slot.format} -> {slot.path} (one file per run, "
-                "replaced on every run)"
+                "replaced when a run completes)"
             )
         if slot.schema is None:
             out.append("  nothing is inserted into it (no file is written)")

@@ -56,6 +56,7 @@ from flight_serve.errors import (
 )
 from flight_serve.functions.python import SandboxConfig
 from flight_serve.pipelines.checkpoint import CheckpointStore
+from flight_serve.pipelines.connect import check_checkpointed
 from flight_serve.pipelines.distributed.jobs import (
     JobRequest,
     check_job,
@@ -69,6 +70,7 @@ from flight_serve.pipelines.graph import WindowNode
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.plugins import PluginHub
 from flight_serve.pipelines.registry import LogLine, PipelineRecord, Registry, sql_digest
+from flight_serve.pipelines.runtime import PipelineRuntime
 from flight_serve.pipelines.store_io import StoreSource
 from flight_serve.pipelines.upgrade import diff_stateful, stateful_operators
 from flight_serve.pipelines.user_functions import CodeStore
@@ -654,6 +656,30 @@ class PipelineManager:
             upgrade=record.version > 1 if upgrade is None else upgrade,
         )
 
+    def check(self, plan: PipelinePlan, record: PipelineRecord) -> None:
+        """Build ``plan`` as ``record``'s pipeline would run it, and run nothing: the
+        connectors a checkpointed run cannot cover, every connector's options and columns, and
+        every query planned by DataFusion (a function it does not know is named at its call),
+        as :meth:`submit` finds them; static tables are not read and no function worker starts
+        (as ``flight-serve explain``). Nothing is opened for writing, nothing is registered.
+
+        Raises:
+            PipelineSQLError: what building the pipeline raises, with its line and column.
+        """
+        check_checkpointed(plan, server=True)
+        built = PipelineRuntime(
+            plan,
+            output_dir=Path(record.output_dir),
+            load_tables=False,
+            plugins=self.plugins,
+            data_dir=self.store.data_dir,
+            sandbox=self.sandbox,
+            store=self.store,
+        )
+        for source in built.flight_sources.values():
+            source.close()
+        built.user_functions.close()
+
     def _checkpointed(self, pid: str, info: CheckpointInfo) -> None:
         run = self._runs.get(pid)
         runtime = run.runtime if run is not None else None
@@ -1023,9 +1049,10 @@ class PipelineManager:
         """Replace running pipeline ``pid``'s text and code with ``sql`` (and its ``USING``
         files), keeping its state: the savepoint-and-redeploy of Flink in one call.
 
-        1. ``sql`` is planned (a syntax error, an unknown column, a ``USING`` file that is
-           neither in ``function_files`` nor under the pipeline's ``base_dir`` is refused) and
-           its stateful operators are compared with the running version's
+        1. ``sql`` is planned and built as :meth:`submit` builds it, without running it
+           (:meth:`check`: a syntax error, an unknown column or function, a ``USING`` file that
+           is neither in ``function_files`` nor under the pipeline's ``base_dir`` is refused
+           with its line and column), then its stateful operators are compared with the running version's
            (:func:`~flight_serve.pipelines.upgrade.diff_stateful`); a difference is refused
            with one line per operator. Nothing has stopped so far.
         2. The running version checkpoints and stops (its sinks commit that epoch).
@@ -1101,6 +1128,9 @@ class PipelineManager:
                 f"move it to Ray (SET parallelism = {plan.run_options.parallelism}): cancel it "
                 "and submit the new text, which runs on Ray from the start (nothing was changed)"
             )
+        # the new text builds (as submit checks it) before its operators are compared: a
+        # function DataFusion does not know is named at its call, not an aggregate missing
+        self.check(plan, record)
         old, new = stateful_operators(runtime.plan), stateful_operators(plan)
         diff = diff_stateful(old, new)
         if diff:
@@ -1184,6 +1214,11 @@ class PipelineManager:
         what, pid = "pipeline.update", record.id
         old_plan = self.job_request(record).plan()
         plan = parse_pipeline(sql, base_dir=Path(record.base_dir), function_files=function_files)
+        version = record.version + 1
+        code_key = f"{pid}.v{version}" if plan.function_files else None
+        staged = dataclasses.replace(record, sql=sql, version=version, code_key=code_key)
+        # refused before anything stops; built before the operators are compared (as in _update)
+        parallelism, _ = check_job(self.job_request(staged, plan.function_files))
         diff = diff_stateful(stateful_operators(old_plan), stateful_operators(plan))
         if diff:
             raise IncompatibleUpdateError(
@@ -1194,11 +1229,6 @@ class PipelineManager:
         functions = _function_digests(plan)
         if sql == record.sql and functions == _function_digests(old_plan):
             return _update_result(record, record.version, None, sql, functions, changed=False)
-        version = record.version + 1
-        code_key = f"{pid}.v{version}" if plan.function_files else None
-        staged = dataclasses.replace(record, sql=sql, version=version, code_key=code_key)
-        # refused before anything stops
-        parallelism, _ = check_job(self.job_request(staged, plan.function_files))
         run.stop_for_update()
         run.thread.join(STOP_TIMEOUT_S)
         if run.thread.is_alive():

@@ -165,11 +165,14 @@ def did_you_mean(name: str, names: Sequence[str]) -> str:
     return f"; did you mean {close}?" if close is not None else ""
 
 
-def unknown_column(name: str, columns: Sequence[str], where: str, node: exp.Expr) -> PipelineSQLError:
+def unknown_column(
+    name: str, columns: Sequence[str], where: str, node: exp.Expr, what: str = "column"
+) -> PipelineSQLError:
     """The error for a column ``name`` that the input ``where`` does not have: it says so, suggests
-    the nearest name and lists the columns, pointing at ``node``."""
+    the nearest name and lists the columns, pointing at ``node`` (``what``: the column's role,
+    ``"event-time column"`` for a window function's time column)."""
     return sql_error(
-        f"column {name} does not exist in {where}{did_you_mean(name, columns)} "
+        f"{what} {name} does not exist in {where}{did_you_mean(name, columns)} "
         f"(columns of {where}: {', '.join(columns)})",
         node,
     )
@@ -182,7 +185,8 @@ def check_window_columns(
 
     The columns looked at are those of the SELECT list, WHERE, GROUP BY and HAVING (a SELECT
     alias there is allowed); ``window_start`` / ``window_end`` are the window's own. The window
-    function's time column is the operator's to check (an ``EventTimeError``).
+    function's time column is checked by :meth:`WindowQuery.check` (its type by the operator:
+    an ``EventTimeError``).
 
     Raises:
         PipelineSQLError: the first unknown column, with the nearest existing name and the line
@@ -243,8 +247,8 @@ class WindowQuery:
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def check(self, columns: Sequence[str]) -> None:
-        """Check the query against its input's ``columns``: every column named exists, and every
-        bare SELECT column is a GROUP BY key.
+        """Check the query against its input's ``columns``: every column named exists (the
+        window function's time column too), and every bare SELECT column is a GROUP BY key.
 
         Raises:
             PipelineSQLError: an unknown column (with the nearest name), or a SELECT column that
@@ -252,6 +256,13 @@ class WindowQuery:
         """
         if self.select is not None:
             check_window_columns(self.select, columns, self.source)
+            time_column = self.aggregation.time_column
+            func = window_table_function(self.select)
+            if time_column not in columns and func is not None:
+                args = [a for a in func.expressions if not isinstance(a, exp.Kwarg)]
+                raise unknown_column(
+                    time_column, columns, self.source, args[1], what="event-time column"
+                )
             _check_grouped(self.select, self.aggregation.key_columns)
 
     def build(

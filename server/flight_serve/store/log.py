@@ -789,6 +789,19 @@ class StreamLog:
             self.close_fd()
             self.cond.notify_all()
 
+    def retire_if_empty(self) -> bool:
+        """:meth:`retire` the stream if it holds no entry and none is reserved (nothing was
+        ever written to it, or every write was discarded); return whether it did. Atomic with
+        :meth:`reserve`: a write that comes after finds the stream dropped (its caller retries
+        on a new incarnation, see :meth:`StreamStore.write`), one before is never dropped."""
+        with self.write_lock, self.sync_lock, self.cond:
+            if self.dropped or self.written_offset or self.next_offset or self.staged:
+                return False
+            self.dropped = True
+            self.close_fd()
+            self.cond.notify_all()
+            return True
+
     def close_fd(self) -> None:
         for fd in (self.fd, self.direct_fd):
             if fd is not None:

@@ -445,13 +445,18 @@ class StreamStore:
                 each missing, unexpected and retyped field).
             StorageError: the stream directory could not be written.
         """
+        return self.create_if_missing(name, schema)[0]
+
+    def create_if_missing(self, name: str, schema: pa.Schema) -> tuple[StreamInfo, bool]:
+        """:meth:`create`, also saying whether this call created the stream (``False``: it
+        existed, with a matching schema). Raises what :meth:`create` raises."""
         plain = plain_schema(schema)
-        stream = self._get_or_create(name, plain)
+        stream, created = self._open_or_create(name, plain)
         problem = describe_mismatch(name, stream.schema, plain)
         if problem is not None:
             raise SchemaMismatchError(problem)
         with stream.cond:
-            return stream.info()
+            return stream.info(), created
 
     def append(self, name: str, batch: pa.RecordBatch, *, writer: str = "") -> int:
         """Append ``batch`` to stream ``name`` and return its offset.
@@ -711,6 +716,38 @@ class StreamStore:
         shutil.rmtree(trash, ignore_errors=True)
         log.info("stream dropped", extra={"stream": name, "incarnation": stream.incarnation})
 
+    def drop_if_empty(self, name: str, incarnation: str) -> bool:
+        """Drop stream ``name`` if it is still incarnation ``incarnation`` and holds no entry,
+        none reserved either; return whether it did. For a caller that created the stream and
+        then failed before writing (a refused first DoPut batch): the stream goes away unless
+        another writer wrote to it meanwhile (then it stays, with that writer's entries), and a
+        stream re-created since is left alone. A write racing with the drop is never lost: it
+        lands before the check (the stream stays) or finds the stream dropped and creates a new
+        incarnation (:meth:`write`).
+
+        Raises:
+            StreamNameError: invalid name. StorageError: the directory could not be moved away.
+        """
+        validate_stream_name(name)
+        with self._lock:
+            self._check_open()
+            stream = self._streams.get(name)
+            if stream is None or stream.incarnation != incarnation:
+                return False
+            if not stream.retire_if_empty():
+                return False
+            del self._streams[name]
+            trash = self._trash / f"{name}.{stream.incarnation}"
+            try:
+                os.rename(stream.directory, trash)
+            except OSError as exc:
+                raise StorageError(f"cannot drop stream {name!r}: {exc}") from exc
+        shutil.rmtree(trash, ignore_errors=True)
+        log.info(
+            "empty stream dropped", extra={"stream": name, "incarnation": stream.incarnation}
+        )
+        return True
+
     def read(
         self,
         name: str,
@@ -827,14 +864,19 @@ class StreamStore:
             return self._streams.get(name)
 
     def _get_or_create(self, name: str, schema: pa.Schema) -> StreamLog:
+        return self._open_or_create(name, schema)[0]
+
+    def _open_or_create(self, name: str, schema: pa.Schema) -> tuple[StreamLog, bool]:
+        """The stream ``name``, created with ``schema`` if missing; whether this call made it."""
         validate_stream_name(name)
         with self._lock:
             self._check_open()
             stream = self._streams.get(name)
-            if stream is None:
-                stream = self._create_locked(name, schema)
-                self._streams[name] = stream
-            return stream
+            if stream is not None:
+                return stream, False
+            stream = self._create_locked(name, schema)
+            self._streams[name] = stream
+            return stream, True
 
     def _create_locked(self, name: str, schema: pa.Schema) -> StreamLog:
         incarnation = str(uuid.uuid4())

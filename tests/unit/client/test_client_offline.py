@@ -85,7 +85,7 @@ class ContractServer(flight.FlightServerBase):
             raise pa.ArrowInvalid(f"SQL error: cannot parse {sql!r}")
         name = words[3]
         if name not in self.streams:
-            raise pa.ArrowInvalid(f"table '{name}' not found")
+            raise pa.ArrowKeyError(f"table '{name}' does not exist")  # NOT_FOUND, as flight-serve
         schema = self.streams[name][0].schema
         # Two endpoints: the client must read both, in order.
         endpoints = [
@@ -256,7 +256,7 @@ def test_query_reads_every_endpoint_in_order(client: FlightServeClient) -> None:
 def test_query_errors(client: FlightServeClient) -> None:
     with pytest.raises(pa.ArrowInvalid, match="cannot parse"):
         client.query("SELEC nonsense")
-    with pytest.raises(pa.ArrowInvalid, match="not found"):
+    with pytest.raises(pa.ArrowKeyError, match="table 'missing' does not exist"):
         client.query("SELECT * FROM missing")
 
 

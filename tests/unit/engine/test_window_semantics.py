@@ -345,9 +345,19 @@ def test_null_event_time_goes_to_the_side_output_and_the_rest_of_the_batch_is_pr
 
 
 def test_missing_event_time_column_is_an_event_time_error_naming_it() -> None:
+    """The operator names the column (EventTimeError); the SQL query names it where it is
+    written, with the input's columns (PipelineSQLError, as every unknown column of a query)."""
     schema = INPUT.remove(INPUT.get_field_index("t"))
+    query = parse_window_query(TUMBLE_10_COUNT)
     with pytest.raises(EventTimeError, match=r"'t'"):
-        parse_window_query(TUMBLE_10_COUNT).build(schema)
+        query.aggregation.build(schema)
+    with pytest.raises(PipelineSQLError) as caught:
+        query.build(schema)
+    columns = ", ".join(schema.names)
+    assert str(caught.value) == (
+        f"event-time column t does not exist in input (columns of input: {columns}) "
+        "(line 2, column 20)"
+    )
 
 
 def test_non_timestamp_event_time_column_is_an_event_time_error_naming_it() -> None:

@@ -128,6 +128,19 @@ def test_the_exchange_query_names_the_misspelled_column_too() -> None:
     )
 
 
+def test_a_window_time_column_that_does_not_exist_suggests_the_nearest(tmp_path: Path) -> None:
+    """A source without ``WATERMARK FOR``: the window function's time column is checked against
+    the files' columns, with a did-you-mean, at the name (it used to be the operator's "event-time
+    column 'tt' is not in the input; input columns: …", pointing at TUMBLE)."""
+    sql = SOURCE.replace("(WATERMARK FOR t AS t) ", "") + (
+        "INSERT INTO out SELECT origin, window_start, window_end, count(*) AS n\n"
+        "FROM TUMBLE(s, tt, INTERVAL '10' SECOND) GROUP BY origin, window_start, window_end;"
+    )
+    assert error(tmp_path, sql) == (
+        f"event-time column tt does not exist in s; did you mean t? {COLUMNS} (line 4, column 16)"
+    )
+
+
 # --- WATERMARK FOR a column that does not exist -----------------------------------------------
 
 

@@ -19,7 +19,7 @@ import pytest
 from flight_serve.connectors.file import FileSink, FileSource, resolve_paths
 from flight_serve.connectors.stdout import StdoutSink
 from flight_serve.embedded import Pipeline
-from flight_serve.errors import ConnectorError, PipelineSQLError
+from flight_serve.errors import ConnectorError, PipelineSQLError, QueryError
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.query import parse_window_query
 
@@ -241,6 +241,46 @@ def test_file_sink_writes_one_file_per_run(tmp_path: Path, fmt: str) -> None:
         sink.close()
     back = FileSource((path,), schema=schema).read_all()
     assert back.to_pylist() == rows
+
+
+FAILING_RUN = """
+CREATE SOURCE src (k VARCHAR) WITH (connector = 'file', path = 'in.csv', batch_rows = '1000');
+CREATE SINK out WITH (connector = 'file', path = 'out.{fmt}');
+INSERT INTO out SELECT CAST(k AS BIGINT) AS n FROM src;
+"""
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_a_failed_run_leaves_the_previous_runs_file_as_it_was(tmp_path: Path, fmt: str) -> None:
+    """A run without checkpoints writes ``.out.<fmt>.inprogress`` and moves it onto ``out.<fmt>``
+    only when it completes. Run 2 fails at its 5th batch (row 4,500 is not a number): it used to
+    leave 4,000 of its rows in ``out.<fmt>``, the first run's 6,000 gone and nothing saying so.
+    Now ``out.<fmt>`` holds run 1's 6,000 rows and the in-progress file is removed; run 3
+    completes and replaces it."""
+    (tmp_path / "p.sql").write_text(FAILING_RUN.format(fmt=fmt))
+    out = tmp_path / f"out.{fmt}"
+
+    def run(values: list[str]) -> None:
+        (tmp_path / "in.csv").write_text("k\n" + "".join(f"{v}\n" for v in values))
+        Pipeline.from_sql(tmp_path / "p.sql", output_dir=tmp_path).run()
+
+    def written() -> list[int]:
+        return FileSource((out,), schema=pa.schema([("n", pa.int64())])).read_all()["n"].to_pylist()
+
+    broken = [str(i) for i in range(6000)]
+    broken[4500] = "x"
+    with pytest.raises(QueryError, match="'x'"):  # a first run that fails writes no file
+        run(broken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", "p.sql"]
+    run([str(i) for i in range(6000)])
+    assert written() == list(range(6000))
+    with pytest.raises(QueryError, match="'x'"):
+        run(broken)
+    assert written() == list(range(6000))  # run 1's, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", f"out.{fmt}", "p.sql"]
+    run([str(i) for i in range(10, 20)])
+    assert written() == list(range(10, 20))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv", f"out.{fmt}", "p.sql"]
 
 
 def test_stdout_sink_prints_csv_jsonl_and_tables() -> None:

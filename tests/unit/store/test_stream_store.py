@@ -349,6 +349,34 @@ def test_drop_removes_the_stream_and_a_new_one_is_a_new_incarnation(
         store.read("t", incarnation=old)
 
 
+def test_drop_if_empty_drops_only_an_empty_stream_of_that_incarnation(
+    store: StreamStore, tmp_path: Path
+) -> None:
+    """What a refused first DoPut calls: the stream it created goes only while nothing is in
+    it or reserved in it (a write staged and not yet durable counts) and it is still that
+    incarnation; a write after the drop lands in a new incarnation, never lost."""
+    schema = _batch([]).schema
+    info, created = store.create_if_missing("t", schema)
+    assert created
+    assert store.create_if_missing("t", schema) == (info, False)
+    assert not store.drop_if_empty("t", "another-incarnation")
+    assert not store.drop_if_empty("nope", info.incarnation)
+    pending = store.write("t", _batch([1]))  # staged, not durable yet: reserved
+    assert not store.drop_if_empty("t", info.incarnation)
+    assert store.commit(pending) == 0
+    assert not store.drop_if_empty("t", info.incarnation)
+    assert store.batches("t")[0].to_pydict() == {"x": [1], "name": ["n1"]}
+
+    info, created = store.create_if_missing("u", schema)
+    assert created
+    assert store.drop_if_empty("u", info.incarnation)
+    assert not store.exists("u")
+    assert not (tmp_path / "streams" / "u").exists()
+    assert store.append("u", _batch([2])) == 0
+    assert store.info("u").incarnation != info.incarnation
+    assert store.batches("u")[0].to_pydict() == {"x": [2], "name": ["n2"]}
+
+
 def test_invalid_names_are_rejected(store: StreamStore) -> None:
     for name in ["", "a/b", "..", ".", "x" * 201, "é"]:
         with pytest.raises(StreamNameError):

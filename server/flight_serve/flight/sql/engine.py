@@ -64,6 +64,7 @@ from flight_serve.flight.sql.query import (
     MAX_RESULT_BATCH_BYTES,
     checked_batches,
     conform_result,
+    datafusion_error,
     interruptible_batches,
     new_context,
     plain_schema,
@@ -84,7 +85,6 @@ UPDATE_COUNT_SCHEMA: Final = pa.schema([pa.field("count", pa.int64(), nullable=F
 #: A function the engine polls between batches; true once the client cancelled the call.
 IsCancelled = Callable[[], bool]
 
-_MISSING_TABLE = re.compile(r"table '(?:datafusion\.public\.)?(.+?)' not found")
 # A DataFusion type in a plan's repr: a parametrised timestamp or decimal, or a plain name.
 _DF_TYPE = r'(Timestamp\(\w+, (?:None|Some\("[^"]*"\))\)|Decimal128\(\d+, -?\d+\)|\w+)'
 _PLACEHOLDER = re.compile(
@@ -136,17 +136,10 @@ def _arrow_type(df_type: str) -> pa.DataType | None:
     return _DF_TYPES.get(df_type)
 
 
-def _message(exc: BaseException) -> str:
-    return str(exc).strip() or type(exc).__name__
-
-
 def _translate(exc: BaseException) -> Exception:
-    """DataFusion's exception as a flight-serve error (a missing table is NOT_FOUND)."""
-    message = _message(exc)
-    missing = _MISSING_TABLE.search(message)
-    if missing is not None:
-        return StreamNotFoundError(f"table {missing.group(1)!r} does not exist ({message})")
-    return QueryError(message)
+    """DataFusion's exception as a flight-serve error (a missing table is NOT_FOUND), as the
+    plain Flight query path has it (:func:`~flight_serve.flight.sql.query.datafusion_error`)."""
+    return datafusion_error(exc)
 
 
 def _options(*, dml: bool = False, ddl: bool = False) -> datafusion.SQLOptions:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
@@ -138,6 +139,28 @@ def split_batch(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatc
 
 def _datafusion_message(exc: BaseException) -> str:
     return str(exc).strip() or type(exc).__name__
+
+
+#: DataFusion's words for a table it does not find (``table 'datafusion.public.t' not found``);
+#: the name as written when it is in the default catalog and schema.
+_MISSING_TABLE: Final = re.compile(r"table '(?:datafusion\.public\.)?(.+?)' not found")
+
+
+def datafusion_error(exc: BaseException) -> QueryError | StreamNotFoundError:
+    """DataFusion's exception (it raises bare ``Exception`` / ``ValueError``) as flight-serve's:
+    a table it does not find is :class:`~flight_serve.errors.StreamNotFoundError` naming the
+    table (NOT_FOUND, DESIGN §6: missing → NOT_FOUND), anything else a
+    :class:`~flight_serve.errors.QueryError` (INVALID_ARGUMENT); the message keeps DataFusion's.
+    Both query paths, plain Flight and Flight SQL, raise what this returns.
+
+    >>> str(datafusion_error(Exception("Error during planning: table 'datafusion.public.t' not found")))
+    "table 't' does not exist (Error during planning: table 'datafusion.public.t' not found)"
+    """
+    message = _datafusion_message(exc)
+    missing = _MISSING_TABLE.search(message)
+    if missing is not None:
+        return StreamNotFoundError(f"table {missing.group(1)!r} does not exist ({message})")
+    return QueryError(message)
 
 
 def new_context(
@@ -410,14 +433,14 @@ def _dataframe(ctx: datafusion.SessionContext, sql: str) -> Any:
     try:
         return ctx.sql_with_options(sql, _sql_options())
     except Exception as exc:  # DataFusion raises bare Exception / ValueError
-        raise QueryError(_datafusion_message(exc)) from None
+        raise datafusion_error(exc) from None
 
 
 def _schema_of(df: Any) -> pa.Schema:
     try:
         schema: pa.Schema = df.schema()
     except Exception as exc:
-        raise QueryError(_datafusion_message(exc)) from None
+        raise datafusion_error(exc) from None
     return schema
 
 
@@ -430,6 +453,7 @@ def plan(sql: str, store: StreamStore) -> tuple[pa.Schema, QueryTicket]:
     Raises:
         QueryError: DataFusion cannot parse or plan ``sql``, or it is not a read-only query (the
             message is DataFusion's own).
+        StreamNotFoundError: a table the query names does not exist (:func:`datafusion_error`).
     """
     if not sql.strip():
         raise QueryError("empty SQL query")
