@@ -31,7 +31,6 @@ unknown format, a missing column, a value that does not convert).
 
 from __future__ import annotations
 
-import glob
 import json
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,7 +42,6 @@ import pyarrow.csv as pacsv
 
 if TYPE_CHECKING:  # pyarrow.parquet pulls in pyarrow.fs and ssl: imported when a file is parquet
     import pyarrow.parquet as pq
-import pyarrow.json as pajson
 
 from flight_serve.connectors.base import SourceEvent
 from flight_serve.connectors.columns import conform, json_value
@@ -84,6 +82,8 @@ def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:
     if full.is_dir():
         files = sorted(p for p in full.iterdir() if p.is_file() and not p.name.startswith("."))
     else:
+        import glob  # cold start: a path that names a file needs no glob
+
         files = sorted(Path(p) for p in glob.glob(str(full), recursive=True) if Path(p).is_file())
     if not files:
         where = f" (looked in {full.absolute()}"
@@ -259,6 +259,8 @@ class FileSource:
                 )
                 yield from reader
             else:
+                import pyarrow.json as pajson  # cold start: loaded with the first JSON lines file
+
                 parse = pajson.ParseOptions(
                     explicit_schema=declared,
                     unexpected_field_behavior="ignore" if declared is not None else "infer",
