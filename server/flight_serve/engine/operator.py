@@ -529,10 +529,16 @@ class WindowOperator:
         aggregate's partial columns (count: int64; ``count(DISTINCT x)``: a list of ``x``;
         ``avg``: a float64 sum and an int64 count; ``sum``: int64 of signed integers, uint64 of
         unsigned ones, float64 of floats; ``min`` / ``max``: ``x``'s type), ``__chg`` and
-        ``__rev`` int64. ``None`` for a type outside that table (DataFusion plans it then).
-        tests/unit/engine/test_fold_state.py checks it against DataFusion's plan for every type
-        the fold takes."""
+        ``__rev`` int64. ``None`` for a type outside that table, a repeated key, or a key or
+        aggregated column whose name is empty or starts with ``__`` (the operator's own
+        columns): DataFusion plans those, and refuses the names it refuses. tests/unit/engine/test_fold_state.py
+        checks it against DataFusion's plan for every type the fold takes."""
         cfg, schema = self.config, self.input_schema
+        used = (*cfg.key_columns, *(a.column for a in cfg.aggregates if a.column is not None))
+        if len(set(cfg.key_columns)) < len(cfg.key_columns) or any(
+            not name or name.startswith("__") for name in used
+        ):
+            return None
         fields = [schema.field(k) for k in cfg.key_columns]  # metadata too, as DataFusion
         fields += [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
         for i, agg in enumerate(cfg.aggregates):

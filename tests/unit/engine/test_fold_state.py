@@ -472,3 +472,40 @@ def test_folded_query_plans_the_state_datafusion_plans_without_running_sql(
     assert folded._state_schema.equals(sql_path._state_schema, check_metadata=True)
     assert folded.output_schema.equals(sql_path.output_schema, check_metadata=True)
     assert sql_path._session is not None
+
+
+def _built(config: WindowAggregation, schema: pa.Schema) -> tuple[str, str]:
+    try:
+        op = config.build(schema)
+    except Exception as exc:  # the error itself is what is compared
+        return type(exc).__name__, str(exc)
+    return "built", str(op.output_schema)
+
+
+@pytest.mark.parametrize(
+    ("keys", "value"),
+    [
+        (("k", "k"), "v"),  # a repeated key
+        (("__ws",), "v"),  # the operator's own column names
+        (("k",), "__ts"),
+        (("__t0",), "v"),
+        (("__p0c",), "v"),
+        (("k",), "__i1"),
+        (("__chg",), "v"),
+        (("k",), ""),  # an empty name
+    ],
+)
+@pytest.mark.parametrize("window", ["tumble", "session"])
+def test_names_datafusion_refuses_are_refused_alike_on_the_folded_path(
+    keys: tuple[str, ...], value: str, window: str
+) -> None:
+    """Where the partial aggregation's names clash (a repeated key, an input column named like
+    the operator's own ``__`` columns) or are empty, the folded query lets DataFusion plan it
+    and fails as the SQL path does, with its error."""
+    names = dict.fromkeys([*keys, value])
+    schema = pa.schema([(n, pa.int64()) for n in names] + [("t", pa.timestamp("ms"))])
+    aggregates = (AggregateCall("count", None, "n"), AggregateCall("sum", value, "s"))
+    config = WindowAggregation(_FOLD_WINDOWS[window], "t", keys, aggregates)
+    folded, sql_path = _built(config, schema), _built(replace(config, fold_state=False), schema)
+    assert folded == sql_path
+    assert folded[0] == "QueryError"
