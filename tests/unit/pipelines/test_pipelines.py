@@ -429,9 +429,11 @@ def test_flight_serve_pipeline_is_exported_lazily() -> None:
 #: DESIGN §11; benchmarks ``coldstart``): the other connectors and their glue, the stream store,
 #: checkpoints (pyarrow.fs and ssl), the sandbox of Python functions, the Flight server side;
 #: and what only other kinds of pipeline use (plugin stages, table functions, session windows,
-#: the approx_* sketches, user functions and their planning, JSON lines files, path globs).
+#: the approx_* sketches, user functions and their planning, JSON lines files, path globs);
+#: and the other sub-commands' CLI (cli_streams).
 _NOT_ON_THE_RUN_PATH = {
     "falkordb",
+    "flight_serve.cli_streams",
     "flight_serve.functions",
     "flight_serve.pipelines.functions",
     "glob",
