@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from flight_serve.pipelines.durable import DurableRuntime
@@ -150,13 +150,41 @@ class _Skipped:
         return lambda *args, **kwargs: self
 
 
+class _Unparsed(Exception):
+    """A lean parser (:func:`build_parser` with ``lean``) met an error: :func:`parse_args`
+    parses again with the parser that lists every sub-command, which reports it."""
+
+
+class _LeanParser(argparse.ArgumentParser):
+    """The parser class of a lean :func:`build_parser`: an error raises :class:`_Unparsed`
+    instead of printing a usage that lists one sub-command."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Unparsed(message)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``argv`` (default: ``sys.argv[1:]``) parsed as :func:`main` runs it.
+
+    The sub-command ``argv`` names is parsed by a lean parser that builds it alone (cold start,
+    DESIGN §11: argparse builds a parser per sub-command, each asking gettext for its titles);
+    on any error, and without a sub-command first, the parser of every sub-command parses it, so
+    usage, help and error messages are those of the full parser.
+    """
+    command = _command_of(argv)
+    if command is not None:
+        with contextlib.suppress(_Unparsed):
+            return build_parser(command, lean=True).parse_args(argv)
+    return build_parser(command).parse_args(argv)
+
+
 def _command_of(argv: Sequence[str] | None) -> str | None:
     """The sub-command ``argv`` names first (``None``: it starts with an option, or is empty)."""
     args = sys.argv[1:] if argv is None else argv
     return args[0] if args and not args[0].startswith("-") else None
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, *, lean: bool = False) -> argparse.ArgumentParser:
     """Return the argument parser for every sub-command.
 
     With ``only`` (a sub-command's name), only that sub-command's options are built; the others
@@ -164,10 +192,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     passes the command ``argv`` starts with: argparse builds about 25 parsers and 110 options
     otherwise, a few ms of ``flight-serve run``'s cold start (DESIGN §11). The result parses
     that command exactly as the full parser does; an unknown one fails with the same message.
+    ``lean``: the others are not even listed, and any error raises :class:`_Unparsed` (see
+    :func:`parse_args`), so only a valid command line parses.
     """
     from flight_serve import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = (_LeanParser if lean else argparse.ArgumentParser)(
         prog="flight-serve",
         description="Arrow Flight data-exchange service with an event-time streaming engine.",
         formatter_class=_Formatter,
@@ -181,7 +211,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if parent is skipped:
             return skipped
         if parent is sub and only is not None and name != only:
-            sub.add_parser(name, help=kwargs["help"])
+            if not lean:
+                sub.add_parser(name, help=kwargs["help"])
             return skipped
         return _sub(parent, name, **kwargs)
 
@@ -427,6 +458,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "server must see the same paths)",
     )
     manage = make(sub, "pipelines", help="list, inspect, checkpoint or cancel a server's pipelines")
+    if lean and only not in ("pipelines", "streams", "query"):  # none of them is built
+        return _add_data_command(parser, sub, make)
     server = argparse.ArgumentParser(add_help=False)  # the options every pipelines command takes
     server.add_argument("--server", default=_DEFAULT_SERVER, help="the server's Flight URI")
     server.add_argument("--user", default=None, help=_USER_HELP)
@@ -457,7 +490,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     add_stream_commands(sub, server, make)
     add_query_command(sub, server, make)
+    return _add_data_command(parser, sub, make)
 
+
+def _add_data_command(
+    parser: argparse.ArgumentParser, sub: Any, make: Callable[..., Any]
+) -> argparse.ArgumentParser:
+    """The last sub-command of :func:`build_parser`, ``data``; returns ``parser``."""
     data = make(sub, "data", help="write a bundled data set to a file for pipelines to read")
     data.add_argument(
         "dataset",
@@ -1247,7 +1286,7 @@ def _tls_files(args: argparse.Namespace) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flight-serve`` console script; returns the process exit code."""
-    args = build_parser(_command_of(argv)).parse_args(argv)
+    args = parse_args(argv)
     if args.command == "serve":
         from flight_serve.console import start_console
         from flight_serve.flight.config import ServerConfig

@@ -42,7 +42,6 @@ unknown format, a missing column, a value that does not convert).
 from __future__ import annotations
 
 import contextlib
-import glob
 import itertools
 import json
 import os
@@ -56,7 +55,6 @@ import pyarrow.csv as pacsv
 
 if TYPE_CHECKING:  # pyarrow.parquet pulls in pyarrow.fs and ssl: imported when a file is parquet
     import pyarrow.parquet as pq
-import pyarrow.json as pajson
 
 from flight_serve._fs import fsync_dir
 from flight_serve.connectors.base import SourceEvent
@@ -98,6 +96,8 @@ def resolve_paths(path: str, base_dir: Path) -> tuple[Path, ...]:
     if full.is_dir():
         files = sorted(p for p in full.iterdir() if p.is_file() and not p.name.startswith("."))
     else:
+        import glob  # cold start: a path that names a file needs no glob
+
         files = sorted(Path(p) for p in glob.glob(str(full), recursive=True) if Path(p).is_file())
     if not files:
         where = f" (looked in {full.absolute()}"
@@ -422,6 +422,8 @@ class FileSource:
             elif self.format == "csv":
                 yield from _read_csv(path, declared, self.delimiter)
             else:
+                import pyarrow.json as pajson  # cold start: loaded with the first JSON lines file
+
                 parse = pajson.ParseOptions(
                     explicit_schema=declared,
                     unexpected_field_behavior="ignore" if declared is not None else "infer",

@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 from flight_serve._arrow import ColumnMismatch, conform_batch, ipc_bytes, read_ipc_table
 from flight_serve.engine import fold
 from flight_serve.engine.aggregate import AggregateCall, float_sql_type, quote_ident
-from flight_serve.engine.sqlguard import check_sql
+from flight_serve.engine.sqlguard import check_sql, check_sql_size
 from flight_serve.engine.watermark import WatermarkTracker
 from flight_serve.engine.windows import (
     CumulateWindow,
@@ -348,7 +348,10 @@ class WindowOperator:
         input_schema = _plain_schema(input_schema)
         self.input_schema = input_schema
         self.metrics = OperatorMetrics()
-        self._ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
+        #: DataFusion's session, made by the first query that runs SQL (:meth:`_context`): a
+        #: folded query without a filter or projection never does (cold start, DESIGN §11)
+        self._session: datafusion.SessionContext | None = None
+        self._udfs: list[Any] = []  # the sketch functions its partial / merge SQL call
         self._checked_sql: set[str] = set()  # SQL texts check_sql passed
         self._validate()
         ts_type = input_schema.field(config.time_column).type
@@ -389,7 +392,8 @@ class WindowOperator:
             + [pa.field(TS, pa.int64()), pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
         )
         self._buffer = _Batch()
-        self._merge_sql, self._state_schema = self._plan_merge()
+        fold_plan = self._fold_plan()
+        self._merge_sql, self._state_schema = self._plan_merge(fold_plan)
         self._state: pa.Table = self._state_schema.empty_table()
         self._state_min_end: int | None = None
         self._state_min_pending_end: int | None = None
@@ -433,29 +437,18 @@ class WindowOperator:
         self.output_schema = output_schema
         self._empty_late = self.late_schema.empty_table()
         self._fold: fold.FoldState | None = None
-        w = config.window
-        if (
-            config.fold_state
-            and isinstance(w, TumblingWindow | HoppingWindow)
-            and not self._update
-            and self._empty_ttl_ns is None
-        ):
-            fold_plan = fold.plan(
-                config.aggregates, config.key_columns, input_schema, distinct=True
-            )
-            if fold_plan is not None:
-                slide = w.slide_ns if isinstance(w, HoppingWindow) else w.size_ns
-                self._fold = fold.FoldState(
-                    fold_plan, w.offset_ns, w.size_ns, slide, input_schema, config.key_columns
-                )
         self._sfold: SessionFoldState | None = None
-        if config.fold_state and isinstance(w, SessionWindow) and not self._update:
-            fold_plan = fold.plan(config.aggregates, config.key_columns, input_schema)
-            if fold_plan is not None:
-                from flight_serve.engine.fold_session import SessionFoldState
+        w = config.window
+        if fold_plan is not None and isinstance(w, TumblingWindow | HoppingWindow):
+            slide = w.slide_ns if isinstance(w, HoppingWindow) else w.size_ns
+            self._fold = fold.FoldState(
+                fold_plan, w.offset_ns, w.size_ns, slide, input_schema, config.key_columns
+            )
+        elif fold_plan is not None and isinstance(w, SessionWindow):
+            from flight_serve.engine.fold_session import SessionFoldState
 
-                key_map = fold.KeyMap(input_schema, config.key_columns)
-                self._sfold = SessionFoldState(fold_plan, w.gap_ns, key_map)
+            key_map = fold.KeyMap(input_schema, config.key_columns)
+            self._sfold = SessionFoldState(fold_plan, w.gap_ns, key_map)
 
     # --- planning -----------------------------------------------------------------------------
 
@@ -496,21 +489,87 @@ class WindowOperator:
                     f"column {cfg.time_column!r}"
                 )
 
+    def _context(self) -> datafusion.SessionContext:
+        """The operator's DataFusion session (one partition), made on first use with the
+        sketch functions of its SQL registered."""
+        if self._session is None:
+            ctx = datafusion.SessionContext(datafusion.SessionConfig().with_target_partitions(1))
+            for udf in self._udfs:
+                ctx.register_udf(udf)
+            self._session = ctx
+        return self._session
+
     def _sql(self, sql: str, tables: dict[str, Sequence[pa.RecordBatch]]) -> pa.Table:
         if sql not in self._checked_sql:  # DataFusion would crash on a deeply nested expression
             check_sql(sql)
             self._checked_sql.add(sql)
+        ctx = self._context()
         for name, batches in tables.items():
-            self._ctx.register_record_batches(name, [list(batches)])
+            ctx.register_record_batches(name, [list(batches)])
         try:
-            return self._ctx.sql(sql).to_arrow_table()
+            return ctx.sql(sql).to_arrow_table()
         except Exception as exc:  # DataFusion raises generic exceptions: wrap at the engine edge
             raise QueryError(str(exc)) from exc
         finally:
             for name in tables:
-                self._ctx.deregister_table(name)
+                ctx.deregister_table(name)
 
-    def _plan_merge(self) -> tuple[str, pa.Schema]:
+    def _fold_plan(self) -> fold.FoldPlan | None:
+        """The query's fold plan (:func:`.fold.plan`) when its state is folded per batch:
+        tumbling or hopping windows (``count(DISTINCT)`` in sets too) without empty windows, or
+        sessions; emit ``final``; every aggregate, key and value type foldable. ``None``: the
+        SQL-merge path."""
+        cfg, w = self.config, self.config.window
+        if not cfg.fold_state or self._update:
+            return None
+        if isinstance(w, TumblingWindow | HoppingWindow) and cfg.empty_windows_key_ttl is None:
+            return fold.plan(cfg.aggregates, cfg.key_columns, self.input_schema, distinct=True)
+        if isinstance(w, SessionWindow):
+            return fold.plan(cfg.aggregates, cfg.key_columns, self.input_schema)
+        return None
+
+    def _folded_partial_schema(self) -> pa.Schema | None:
+        """The schema DataFusion plans for the partial aggregation of a folded query, from its
+        input types alone (no SQL run): the keys as they are, ``__ws`` and ``__we`` int64, each
+        aggregate's partial columns (count: int64; ``count(DISTINCT x)``: a list of ``x``;
+        ``avg``: a float64 sum and an int64 count; ``sum``: int64 of signed integers, uint64 of
+        unsigned ones, float64 of floats; ``min`` / ``max``: ``x``'s type), ``__chg`` and
+        ``__rev`` int64. ``None`` for a type outside that table, a repeated key, or a key or
+        aggregated column whose name is empty or starts with ``__`` (the operator's own
+        columns): DataFusion plans those, and refuses the names it refuses. tests/unit/engine/test_fold_state.py
+        checks it against DataFusion's plan for every type the fold takes."""
+        cfg, schema = self.config, self.input_schema
+        used = (*cfg.key_columns, *(a.column for a in cfg.aggregates if a.column is not None))
+        if len(set(cfg.key_columns)) < len(cfg.key_columns) or any(
+            not name or name.startswith("__") for name in used
+        ):
+            return None
+        fields = [schema.field(k) for k in cfg.key_columns]  # metadata too, as DataFusion
+        fields += [pa.field(WS, pa.int64()), pa.field(WE, pa.int64())]
+        for i, agg in enumerate(cfg.aggregates):
+            p = f"__p{i}"
+            if agg.column is None or (agg.func == "count" and not agg.distinct):
+                fields.append(pa.field(f"{p}c", pa.int64()))
+                continue
+            t = schema.field(agg.column).type
+            if agg.distinct:
+                fields.append(pa.field(f"{p}d", pa.list_(t)))
+            elif agg.func == "avg":
+                fields += [pa.field(f"{p}s", pa.float64()), pa.field(f"{p}c", pa.int64())]
+            elif agg.func in ("min", "max"):
+                fields.append(pa.field(f"{p}v", t))
+            elif agg.func == "sum" and pa.types.is_signed_integer(t):
+                fields.append(pa.field(f"{p}v", pa.int64()))
+            elif agg.func == "sum" and pa.types.is_unsigned_integer(t):
+                fields.append(pa.field(f"{p}v", pa.uint64()))
+            elif agg.func == "sum" and pa.types.is_floating(t):
+                fields.append(pa.field(f"{p}v", pa.float64()))
+            else:
+                return None
+        fields += [pa.field(CHG, pa.int64()), pa.field(REV, pa.int64())]
+        return pa.schema(fields)
+
+    def _plan_merge(self, fold_plan: fold.FoldPlan | None) -> tuple[str, pa.Schema]:
         cfg = self.config
         keys = [quote_ident(k) for k in cfg.key_columns]
         group = [*keys, quote_ident(WS), quote_ident(WE)]
@@ -522,8 +581,7 @@ class WindowOperator:
             f"{quote_ident(TS)} AS {quote_ident(f'__t{i}')}" for i in range(len(cfg.aggregates))
         ]
         for i, agg in enumerate(cfg.aggregates):
-            for udf in agg.udfs():  # the sketch functions the partial / merge SQL calls
-                self._ctx.register_udf(udf)
+            self._udfs += agg.udfs()  # the sketch functions the partial / merge SQL calls
             own = agg
             if agg.column is not None:
                 copies.append(f"{quote_ident(agg.column)} AS {quote_ident(f'__i{i}')}")
@@ -569,8 +627,14 @@ class WindowOperator:
                 f"GROUP BY {', '.join([*keys, SID])}"
             )
             buffer_schema = buffer_schema.append(pa.field(SID, pa.int64()))
-        empty_buf = [pa.RecordBatch.from_pylist([], buffer_schema)]
-        partial_schema = self._sql(partial, {"buf": empty_buf}).schema
+        partial_schema = self._folded_partial_schema() if fold_plan is not None else None
+        if partial_schema is not None:
+            # the SQL is not run: only its size is checked, as _sql would (its nesting is that
+            # of the text built here, a few levels whatever the query)
+            check_sql_size(partial)
+        else:
+            empty_buf = [pa.RecordBatch.from_pylist([], buffer_schema)]
+            partial_schema = self._sql(partial, {"buf": empty_buf}).schema
         partial_schema = pa.schema([f.with_nullable(True) for f in partial_schema])
         union = f"SELECT * FROM state UNION ALL {partial}"
         if isinstance(cfg.window, SessionWindow):

@@ -33,19 +33,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 from sqlglot import exp
 
 from flight_serve.errors import PipelineSQLError
-from flight_serve.functions.base import FunctionSpec
 from flight_serve.pipelines.dialect import key_position, parse_statements, position, sql_error
-from flight_serve.pipelines.functions import (
-    check_windowed_calls,
-    is_user_function,
-    user_function,
-)
 from flight_serve.pipelines.query import (
     OPTION_NAMES,
     QUERY_OPTION_NAMES,
@@ -62,6 +56,9 @@ from flight_serve.pipelines.query import (
     window_table_function,
 )
 from flight_serve.pipelines.run_options import RUN_OPTION_NAMES, RunOptions, apply_run_option
+
+if TYPE_CHECKING:  # cold start: pipelines.functions (and functions.*) load with CREATE FUNCTION
+    from flight_serve.functions.base import FunctionSpec
 
 __all__ = [
     "SETTING_NAMES",
@@ -589,12 +586,14 @@ class _Planner:
 
     def create(self, create: exp.Create) -> None:
         kind = str(create.args.get("kind") or "").upper()
-        if kind == "FUNCTION" and is_user_function(create):
-            spec = user_function(create, self.text, self.base_dir, self.function_files)
-            self.declare(spec.name, create.this)
-            self.user_functions[spec.name] = spec
-            return
         if kind == "FUNCTION":
+            from flight_serve.pipelines.functions import is_user_function, user_function
+
+            if is_user_function(create):
+                spec = user_function(create, self.text, self.base_dir, self.function_files)
+                self.declare(spec.name, create.this)
+                self.user_functions[spec.name] = spec
+                return
             self.functions[_function_name(create)] = _function(create, self)
             return
         name = _name(create.this)
@@ -747,7 +746,10 @@ class _Planner:
             and func.name not in self.functions
             and self.table_function(func) is None
         ):
-            check_windowed_calls(query, self.user_functions)
+            if self.user_functions:  # what it refuses are calls of them
+                from flight_serve.pipelines.functions import check_windowed_calls
+
+                check_windowed_calls(query, self.user_functions)
             self.windowed(index, statement, query, func, view, sink)
             return
         with_ = query.args.get("with_") or query.args.get("with")

@@ -30,10 +30,9 @@ import datafusion
 import pyarrow as pa
 
 from flight_serve.errors import FlightServeError, FunctionCallError, StorageError
-from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
-from flight_serve.functions.registry import create_function
 
-if TYPE_CHECKING:  # the sandbox module loads with the first LANGUAGE python function
+if TYPE_CHECKING:  # cold start: a pipeline without functions loads none of flight_serve.functions
+    from flight_serve.functions.base import FunctionSpec, ScalarFunction, TableFunction
     from flight_serve.functions.python import SandboxConfig
 
 __all__ = [
@@ -140,7 +139,10 @@ class FunctionSet:
         #: the function error of the failing call (DataFusion may call from its own threads)
         self._failure: FlightServeError | None = None
         self._closed = False
-        if run:
+        if run and self.specs:
+            from flight_serve.functions.base import ScalarFunction, TableFunction
+            from flight_serve.functions.registry import create_function
+
             try:
                 for spec in self.specs.values():
                     made = create_function(spec, python_runner=python_runner, sandbox=sandbox)

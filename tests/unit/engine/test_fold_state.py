@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from flight_serve.engine.aggregate import AggregateCall
 from flight_serve.engine.fold import FoldState
-from flight_serve.engine.operator import OperatorSnapshot, WindowOperator
+from flight_serve.engine.operator import OperatorSnapshot, WindowAggregation, WindowOperator
+from flight_serve.engine.windows import HoppingWindow, SessionWindow, TumblingWindow
 from flight_serve.errors import CheckpointError
 from flight_serve.pipelines.query import parse_window_query
 from hypothesis import HealthCheck, Phase, given, settings
@@ -407,3 +410,102 @@ def test_a_null_keys_emitted_session_is_remembered_while_the_key_has_an_open_one
     assert [(r["t"].second, r["_window_start"].second, r["_window_end"].second) for r in late] == [
         (36, 39, 43)
     ]
+
+
+_INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32()]
+#: every key type the fold takes (and uint64, a key but no folded value)
+_FOLD_KEYS = [
+    *_INTS,
+    pa.uint64(),
+    pa.string(),
+    pa.large_string(),
+    pa.binary(),
+    pa.large_binary(),
+    pa.bool_(),
+    pa.date32(),
+    pa.date64(),
+    pa.timestamp("s"),
+    pa.timestamp("ms", "UTC"),
+    pa.timestamp("us", "Europe/Paris"),
+    pa.timestamp("ns"),
+]
+#: every value type the fold sums, bounds and averages
+_FOLD_VALUES = [*_INTS, pa.float32(), pa.float64()]
+_FOLD_WINDOWS = {
+    "tumble": TumblingWindow(timedelta(seconds=10)),
+    "hop": HoppingWindow(timedelta(seconds=10), timedelta(seconds=4)),
+    "session": SessionWindow(timedelta(seconds=5)),
+}
+_TYPE_CASES = [("key", t, pa.int64()) for t in _FOLD_KEYS] + [
+    ("value", pa.string(), t) for t in _FOLD_VALUES
+]
+
+
+@pytest.mark.parametrize("window", list(_FOLD_WINDOWS))
+@pytest.mark.parametrize(("case", "key_type", "value_type"), _TYPE_CASES)
+def test_folded_query_plans_the_state_datafusion_plans_without_running_sql(
+    window: str, case: str, key_type: pa.DataType, value_type: pa.DataType
+) -> None:
+    """A folded query knows its pane state's schema from its input types (cold start: no
+    DataFusion session, no planning query); it is the schema DataFusion plans for the partial
+    aggregation (the SQL path's), metadata included, and so is the output schema."""
+    schema = pa.schema(
+        [
+            pa.field("k", key_type, metadata={b"from": b"file"}),
+            pa.field("t", pa.timestamp("ms")),
+            pa.field("v", value_type, nullable=False, metadata={b"unit": b"m"}),
+        ]
+    )
+    aggregates = [
+        AggregateCall("count", None, "n"),
+        AggregateCall("count", "v", "nv"),
+        *(AggregateCall(f, "v", f) for f in ("sum", "min", "max", "avg")),
+    ]
+    if window != "session" and not pa.types.is_floating(value_type):
+        # sessions, and floats (NaN, -0.0), keep count(DISTINCT) on the SQL path
+        aggregates.append(AggregateCall("count", "v", "d", distinct=True))
+    config = WindowAggregation(_FOLD_WINDOWS[window], "t", ("k",), tuple(aggregates))
+    folded = config.build(schema)
+    sql_path = replace(config, fold_state=False).build(schema)
+    assert folded.folded_state or folded.distinct_sets
+    assert folded._session is None  # no DataFusion session was made
+    assert folded._state_schema.equals(sql_path._state_schema, check_metadata=True)
+    assert folded.output_schema.equals(sql_path.output_schema, check_metadata=True)
+    assert sql_path._session is not None
+
+
+def _built(config: WindowAggregation, schema: pa.Schema) -> tuple[str, str]:
+    try:
+        op = config.build(schema)
+    except Exception as exc:  # the error itself is what is compared
+        return type(exc).__name__, str(exc)
+    return "built", str(op.output_schema)
+
+
+@pytest.mark.parametrize(
+    ("keys", "value"),
+    [
+        (("k", "k"), "v"),  # a repeated key
+        (("__ws",), "v"),  # the operator's own column names
+        (("k",), "__ts"),
+        (("__t0",), "v"),
+        (("__p0c",), "v"),
+        (("k",), "__i1"),
+        (("__chg",), "v"),
+        (("k",), ""),  # an empty name
+    ],
+)
+@pytest.mark.parametrize("window", ["tumble", "session"])
+def test_names_datafusion_refuses_are_refused_alike_on_the_folded_path(
+    keys: tuple[str, ...], value: str, window: str
+) -> None:
+    """Where the partial aggregation's names clash (a repeated key, an input column named like
+    the operator's own ``__`` columns) or are empty, the folded query lets DataFusion plan it
+    and fails as the SQL path does, with its error."""
+    names = dict.fromkeys([*keys, value])
+    schema = pa.schema([(n, pa.int64()) for n in names] + [("t", pa.timestamp("ms"))])
+    aggregates = (AggregateCall("count", None, "n"), AggregateCall("sum", value, "s"))
+    config = WindowAggregation(_FOLD_WINDOWS[window], "t", keys, aggregates)
+    folded, sql_path = _built(config, schema), _built(replace(config, fold_state=False), schema)
+    assert folded == sql_path
+    assert folded[0] == "QueryError"

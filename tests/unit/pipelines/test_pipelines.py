@@ -469,9 +469,15 @@ def test_flight_serve_pipeline_is_exported_lazily() -> None:
 #: DESIGN §11; benchmarks ``coldstart``): the other connectors and their glue, the stream store,
 #: checkpoints (pyarrow.fs and ssl), the sandbox of Python functions, the Flight server side;
 #: and what only other kinds of pipeline use (plugin stages, table functions, session windows,
-#: the approx_* sketches).
+#: the approx_* sketches, user functions and their planning, JSON lines files, path globs);
+#: and the other sub-commands' CLI (cli_streams).
 _NOT_ON_THE_RUN_PATH = {
     "falkordb",
+    "flight_serve.cli_streams",
+    "flight_serve.functions",
+    "flight_serve.pipelines.functions",
+    "glob",
+    "pyarrow.json",
     "flight_serve.connectors.datagen",
     "flight_serve.connectors.falkordb",
     "flight_serve.connectors.flight",
@@ -507,10 +513,12 @@ def test_cli_run_of_a_file_to_stdout_pipeline_loads_no_other_connector(tmp_path:
     sink = "CREATE SINK o WITH (connector = 'stdout', format = 'jsonl');\n"
     (tmp_path / "p.sql").write_text(SOURCE + sink + COUNT.format(args=""))
     code = (
-        "import json, sys\n"
+        "import json, os, sys\n"
         "from flight_serve.cli import main\n"
         "code = main(['run', sys.argv[1]])\n"
-        "print(json.dumps([code, sorted(sys.modules)]), file=sys.stderr)\n"
+        "tasks = [open(f'/proc/self/task/{t}/comm').read().strip()\n"
+        "         for t in os.listdir('/proc/self/task')]\n"
+        "print(json.dumps([code, sorted(sys.modules), tasks]), file=sys.stderr)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "p.sql")],
@@ -519,10 +527,12 @@ def test_cli_run_of_a_file_to_stdout_pipeline_loads_no_other_connector(tmp_path:
         check=True,
         cwd=tmp_path,
     )
-    exit_code, modules = json.loads(done.stderr.splitlines()[-1])
+    exit_code, modules, threads = json.loads(done.stderr.splitlines()[-1])
     assert exit_code == 0
     assert [json.loads(line)["n"] for line in done.stdout.splitlines()] == [1, 1]  # it ran
     assert {m for m in modules if m in _NOT_ON_THE_RUN_PATH} == set()
+    # a folded count ran no DataFusion query: its runtime (tokio) never started
+    assert not [t for t in threads if t.startswith("tokio")], threads
 
 
 def test_cli_run_reports_errors_with_position_and_exit_code_1(tmp_path: Path) -> None:
