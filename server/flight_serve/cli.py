@@ -175,7 +175,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if command is not None:
         with contextlib.suppress(_Unparsed):
             return build_parser(command, lean=True).parse_args(argv)
-    return build_parser(command).parse_args(argv)
+    return parse_with(build_parser(command), argv)
+
+
+def parse_with(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that arguments no (sub-)sub-command takes are named
+    by that sub-command's parser, with its usage (argparse names them from the top level,
+    with the top level's usage)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub-)sub-command's parser ``args`` were parsed by (``serve``, ``pipelines status``)."""
+    while True:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, actions[0].dest, None) if actions else None
+        if chosen is None or chosen not in actions[0].choices:
+            return parser
+        parser = actions[0].choices[chosen]
 
 
 def _command_of(argv: Sequence[str] | None) -> str | None:

@@ -361,6 +361,28 @@ def test_help_shows_the_defaults() -> None:
     assert "--server SERVER the server's Flight URI (default: grpc://127.0.0.1:8815)" in listing
 
 
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["serve", "--prot", "1"], "flight-serve serve: error: unrecognized arguments: --prot 1"),
+        (["run", "--bogus", "job.sql"], "flight-serve run: error: unrecognized arguments: --bogus"),
+        (
+            ["pipelines", "status", "p1", "--nope"],
+            "flight-serve pipelines status: error: unrecognized arguments: --nope",
+        ),
+        (["streams", "list", "--zz"], "flight-serve streams list: error: unrecognized arguments: --zz"),
+    ],
+)
+def test_an_unknown_option_is_named_by_its_sub_commands_usage(argv: list[str], error: str) -> None:
+    # argparse reports a sub-command's leftover arguments from the top-level parser: the usage
+    # printed was "usage: flight-serve [-h] [--version] {serve,demo,...}", not the command's
+    result = cli(*argv)
+    assert result.returncode == 2
+    command = error.split(": error")[0]
+    assert result.stderr.startswith(f"usage: {command} [-h]"), result.stderr
+    assert result.stderr.endswith(f"{error}\n"), result.stderr
+
+
 def test_pipelines_commands_have_their_own_help() -> None:
     top = cli("pipelines", "--help")
     assert top.returncode == 0

@@ -74,7 +74,14 @@ def test_a_collector_the_caller_turned_off_or_froze_is_left_alone() -> None:
 def _parsed(
     parser: argparse.ArgumentParser | Callable[[list[str]], argparse.Namespace], argv: list[str]
 ) -> tuple[str, str, str]:
-    parse = parser.parse_args if isinstance(parser, argparse.ArgumentParser) else parser
+    if isinstance(parser, argparse.ArgumentParser):
+        full = parser
+
+        def parse(argv: list[str]) -> argparse.Namespace:
+            return cli.parse_with(full, argv)
+
+    else:
+        parse = parser
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
