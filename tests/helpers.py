@@ -348,3 +348,57 @@ WAT_DIV = """(func (export "div") (param $n i32) (param $a i32) (param $b i32) (
     (param $out i32) (result i32)
   (i64.store (local.get $out) (i64.div_s (i64.load (local.get $a)) (i64.load (local.get $b))))
   (i32.const 0))"""
+
+
+class Writers:
+    """Named DoPut writers of one stream, each a DoPut held open: :meth:`put`, :meth:`watermark`
+    and :meth:`end` append one entry as that writer and wait for its PutResult, so entries get
+    offsets in the order of the calls, interleaved across writers as written (``ends``: the
+    writers ended so far)."""
+
+    def __init__(self, location: str, stream: str, schema: pa.Schema) -> None:
+        self.client = flight.connect(location)
+        self.stream, self.schema = stream, schema
+        self.open: dict[str, tuple[Any, Any]] = {}
+        self.offsets: list[tuple[int, str]] = []
+
+    def _writer(self, name: str) -> tuple[Any, Any]:
+        if name not in self.open:
+            descriptor = flight.FlightDescriptor.for_path(self.stream, name)
+            self.open[name] = self.client.do_put(descriptor, self.schema)
+        return self.open[name]
+
+    def _ack(self, name: str) -> int:
+        _, reader = self._writer(name)
+        offset = int(json.loads(reader.read().to_pybytes())["offset"])
+        self.offsets.append((offset, name))
+        return offset
+
+    def put(self, name: str, batch: pa.RecordBatch | pa.Table) -> int:
+        """Append ``batch`` as writer ``name``; its offset."""
+        writer, _ = self._writer(name)
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0]
+        writer.write_batch(batch.cast(self.schema))
+        return self._ack(name)
+
+    def watermark(self, name: str, ns: int) -> int:
+        """A watermark marker of writer ``name``; its offset."""
+        writer, _ = self._writer(name)
+        writer.write_metadata(json.dumps({"watermark_ns": ns}).encode())
+        return self._ack(name)
+
+    def end(self, name: str) -> int:
+        """The end-of-input marker of writer ``name`` (its DoPut closed); its offset."""
+        writer, _ = self._writer(name)
+        writer.write_metadata(b'{"end_of_input": true}')
+        offset = self._ack(name)
+        writer.close()
+        del self.open[name]
+        return offset
+
+    def close(self) -> None:
+        for writer, _ in self.open.values():
+            writer.close()
+        self.open.clear()
+        self.client.close()
