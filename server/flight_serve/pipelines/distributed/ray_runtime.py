@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +65,8 @@ from flight_serve.pipelines.distributed.workers import (
     SourceCut,
     SourceWorker,
     Splits,
+    StreamCut,
+    StreamStart,
     Taken,
     WindowWorker,
     assign_splits,
@@ -73,6 +75,7 @@ from flight_serve.pipelines.distributed.workers import (
     summary_of,
     write_results,
 )
+from flight_serve.pipelines.distributed.streams import fed_streams, stream_starts
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.pipelines.upgrade import stateful_operators
@@ -245,24 +248,30 @@ class _Host:
         self._failed: BaseException | None = None
 
     def window(
-        self, spec: JobSpec, instance: int, restore: Restore | None, windows: list[Any]
+        self,
+        spec: JobSpec,
+        instance: int,
+        restore: Restore | None,
+        windows: list[Any],
+        streams: dict[str, StreamStart],
     ) -> None:
         self._source = None
         self._failed = None
         self._windows, self._sent = windows, []
-        self._window = WindowWorker(spec, instance, restore)
+        self._window = WindowWorker(spec, instance, restore, streams)
 
     def source(
         self,
         spec: JobSpec,
         splits: Splits,
         windows: list[Any],
-        start: dict[str, SourceCut] | None,
+        start: dict[str, SourceCut | StreamCut] | None,
+        streams: dict[str, StreamStart],
     ) -> None:
         self._window = None
         self._windows = windows
         self._in_flight = [[] for _ in windows]
-        self._source = SourceWorker(spec, splits, self._send, start=start)
+        self._source = SourceWorker(spec, splits, self._send, start=start, streams=streams)
 
     def reset(self) -> None:
         self._window = self._source = None
@@ -325,8 +334,10 @@ class _Host:
     def take(self) -> Taken:
         return self._worker().take()
 
-    def position(self) -> dict[str, int]:
-        return self._worker().position()
+    def position(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Steps consumed per source, and per stream the offset every instance reaches."""
+        worker = self._worker()
+        return worker.position(), worker.known()
 
     def arm(self, barrier: int, epoch: int, positions: dict[str, int]) -> bool:
         return bool(self._run(lambda w: w.arm(barrier, epoch, positions)))
@@ -451,9 +462,17 @@ class _CutGraph:
         return operators
 
     def snapshot_sources(self) -> dict[str, dict[str, Any]]:
-        """Each file source's offset at the cut, in the embedded file source's format."""
+        """Each source's offset at the cut, in the embedded source's format (a file source's
+        batches per file; a stream's next offset)."""
+        from flight_serve.connectors.flight import FlightSource
+
         for name, cut in self.cuts[0].sources.items():  # a source no query reads: never read
-            cut.apply(self.driver.sources[name])
+            if isinstance(cut, StreamCut):
+                source = self.driver.flight_sources[name]
+                assert isinstance(source, FlightSource)
+                source.cut_at(cut.offset, cut.rows)
+            else:
+                cut.apply(self.driver.sources[name])
         return self.driver.snapshot_sources()
 
     def prepare_sinks(self, epoch: int, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
@@ -495,6 +514,10 @@ class _Barriers:
         self.checkpoint_now = checkpoint_now or threading.Event()
         coordinator.graph = self.driver  # due() asks it for pending rows
         self.sources = fed_sources(driver)
+        #: stream sources: a barrier goes no further than the entries the actors have seen
+        self.streams = set(fed_streams(driver))
+        #: where each stream starts (its first position) when no checkpoint is resumed
+        self.first: dict[str, int] = {}
         self.barrier = 0  # the last barrier's number
         self.armed: int | None = None  # the barrier in flight
         self.cuts: dict[int, Cut] = {}
@@ -557,7 +580,9 @@ class _Barriers:
         barrier that many steps after the start, so no actor can have passed it."""
         self._windows = windows
         cuts = restore.sources if restore is not None else {}
-        self.base = {n: cuts[n].position if n in cuts else 0 for n in self.sources}
+        self.base = {
+            n: cuts[n].position if n in cuts else self.first.get(n, 0) for n in self.sources
+        }
         every = self.coordinator.options.checkpoint_every
         if every is not None and self.sources:
             self._arm({n: self.base[n] + every for n in self.sources})
@@ -590,8 +615,10 @@ class _Barriers:
                 self._arm({n: self.targets[n] + every for n in self.sources})
         if self.armed is not None or ending:
             return
-        positions = self._windows_call("position")
+        answers = self._windows_call("position")
+        positions = [p for p, _ in answers]
         furthest = {n: max(p.get(n, 0) for p in positions) for n in self.sources}
+        known = {n: max(k.get(n, 0) for _, k in answers) for n in self.streams}
         coordinator = self.coordinator
         coordinator.events = sum(furthest.values()) - sum(self.base.values())
         forced = self.checkpoint_now.is_set()
@@ -604,7 +631,10 @@ class _Barriers:
             moved = furthest[name] - self.previous.get(name, furthest[name])
             self.ahead[name] = max(self.ahead[name], 2 * moved)
         self.previous = furthest
-        self._arm({n: furthest[n] + self.ahead[n] for n in self.sources})
+        targets = {n: furthest[n] + self.ahead[n] for n in self.sources}
+        for name in self.streams:  # a live stream may have no entry beyond what arrived
+            targets[name] = max(min(targets[name], known[name]), furthest[name])
+        self._arm(targets)
 
     def _complete(self) -> None:
         self._take(list(self.cuts.values()), finished=False)
@@ -651,15 +681,22 @@ def _attempt(
     output: _Output,
     on_status: Callable[[list[InstanceStatus]], None] | None,
     restore: Restore | None,
+    streams: dict[str, StreamStart],
 ) -> tuple[dict[str, int], int, int, list[InstanceStatus], int]:
-    """One attempt of the run (from the start, or from ``restore``); returns ``(late rows by
-    label, put calls, records, the instances' last status, source actors)``."""
+    """One attempt of the run (from the start, or from ``restore``; ``streams``: where the
+    driver starts each stream source); returns ``(late rows by label, put calls, records,
+    the instances' last status, source actors)``."""
     windows = _hosts(ray, "window", spec.parallelism)
     sources = _hosts(ray, "source", len(splits))
     start = restore.sources if restore is not None else None
-    ray.get([w.window.remote(spec, i, restore, windows) for i, w in enumerate(windows)])
     ray.get(
-        [h.source.remote(spec, s, windows, start) for h, s in zip(sources, splits, strict=True)]
+        [w.window.remote(spec, i, restore, windows, streams) for i, w in enumerate(windows)]
+    )
+    ray.get(
+        [
+            h.source.remote(spec, s, windows, start, streams)
+            for h, s in zip(sources, splits, strict=True)
+        ]
     )
     output.begin(windows, restore)
     running = [s.run.remote() for s in sources]
@@ -739,8 +776,25 @@ def _restore_of(coordinator: CheckpointCoordinator, driver: PipelineRuntime) -> 
     manifest = coordinator.manifest
     if manifest is None:
         return None
-    cuts = {name: SourceCut.of(driver.sources[name]) for name in fed_sources(driver)}
+    cuts: dict[str, SourceCut | StreamCut] = {
+        name: SourceCut.of(driver.sources[name])
+        for name in fed_sources(driver)
+        if name in driver.sources
+    }
+    for name, start in _streams_of(coordinator, driver).items():
+        cuts[name] = StreamCut(start.offset, start.rows, start.done)
     return Restore(manifest.epoch, dict(manifest.operators), cuts)
+
+
+def _streams_of(
+    coordinator: CheckpointCoordinator | None, driver: PipelineRuntime
+) -> dict[str, StreamStart]:
+    """Where each stream source starts: as the driver's source opens (from the checkpoint's
+    offset when one is resumed); after the finished checkpoint every stream has ended."""
+    starts = stream_starts(driver)
+    if coordinator is not None and coordinator.finished:
+        starts = {name: replace(start, done=True) for name, start in starts.items()}
+    return starts
 
 
 @dataclass
@@ -788,11 +842,15 @@ def _checkpointed_attempt(
         job.plan, output_dir=job.out_dir, coordinator=coordinator, sandbox=job.spec.sandbox
     )
     restore = _restore_of(coordinator, driver)
+    streams = _streams_of(coordinator, driver)
+    for source in driver.flight_sources.values():
+        source.close()  # its offset is set at each cut; the actors read the streams
     barriers = _Barriers(job.ray, coordinator, driver, job.spec, stop, job.checkpoint_now)
+    barriers.first = {name: start.offset for name, start in streams.items()}
     driver.open_sinks()
     ended = False
     try:
-        result = _attempt(job.ray, job.spec, splits, barriers, on_status, restore)
+        result = _attempt(job.ray, job.spec, splits, barriers, on_status, restore, streams)
         for slot in driver.sinks.values():
             if slot.epoch is not None:
                 slot.epoch.end_input()
@@ -921,9 +979,14 @@ def run_on_ray(
     try:
         check_distributable(driver)
         splits = assign_splits(driver, p)
+        streams = stream_starts(driver)  # a run without checkpoints starts each one here
     except BaseException:
         first.user_functions.close()
+        for source in first.flight_sources.values():
+            source.close()
         raise
+    for source in first.flight_sources.values():
+        source.close()
     started = False
     if not ray.is_initialized():
         start_ray(ray, address)
@@ -965,7 +1028,7 @@ def run_on_ray(
                     declined += barriers.declined
                     resumed = attempts[0]
                 else:
-                    result = _attempt(ray, spec, splits, replay, on_status, None)
+                    result = _attempt(ray, spec, splits, replay, on_status, None, streams)
                 late, calls, records, instances, n_sources = result
                 break
             except Exception as exc:

@@ -65,6 +65,8 @@ class StreamStart:
         end_offset: with ``stop_at_end``, the stream's end when the driver opened it (every
             writer still open ends there); ``None``: the stream ends when its writers do.
         rows: rows read before ``offset`` (a checkpoint's).
+        done: the stream had ended (a run resumed from its finished checkpoint): nothing is
+            read.
     """
 
     offset: int
@@ -72,6 +74,7 @@ class StreamStart:
     initial_watermarks: dict[str, int] = field(default_factory=dict)
     end_offset: int | None = None
     rows: int = 0
+    done: bool = False
 
 
 @dataclass(frozen=True)
@@ -231,7 +234,7 @@ class StreamReader:
         self.expected = start.offset
         self.known: set[str] = set(start.partitions)
         self.ended: set[str] = set()
-        self.done = False
+        self.done = start.done
         #: whether the stream holds entries not read yet (the source's backlog events)
         self.backlog = True
         self.rows = start.rows

@@ -1133,7 +1133,7 @@ class WindowWorker:
         def merge_of(name: str) -> _Merge | _LogMerge:
             if name in runtime.sources:
                 return _Merge(runtime.sources[name].partitions)
-            return _LogMerge(starts[name].offset, starts[name].rows)
+            return _LogMerge(starts[name].offset, starts[name].rows, starts[name].done)
 
         def first(name: str) -> int:
             return starts[name].offset if name in starts else 0
@@ -1629,20 +1629,25 @@ def summary_of(driver: PipelineRuntime, late: dict[str, int]) -> RunSummary:
 
 
 def run_local(
-    spec: JobSpec, *, write: bool = True, source_workers: int | None = None
+    spec: JobSpec,
+    *,
+    write: bool = True,
+    source_workers: int | None = None,
+    streams: Mapping[str, StreamStart] | None = None,
 ) -> tuple[RunSummary, list[tuple[str, pa.RecordBatch]]]:
     """The distributed dataflow in this process, without a cluster (for tests and as the
     reference of the Ray runtime): source workers run one after another, records are handed
     over directly, and after each the second exchange's records a window worker made for the
     others (:meth:`WindowWorker.outgoing`), in the order made, until none is left. Returns the
-    summary and every ``(sink, batch)``.
+    summary and every ``(sink, batch)``. ``streams``: where the stream sources start
+    (:func:`~.streams.stream_starts` taken earlier: the writers known then); default: now.
 
     Raises:
         PipelineSQLError, ConnectorError, QueryError: as an embedded run.
     """
     driver = spec.runtime()
     check_distributable(driver)
-    streams = stream_starts(driver)
+    streams = dict(streams) if streams is not None else stream_starts(driver)
     for source in driver.flight_sources.values():
         source.close()
     windows = [WindowWorker(spec, i, streams=streams) for i in range(spec.parallelism)]

