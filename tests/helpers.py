@@ -359,16 +359,20 @@ class Writers:
     offsets in the order of the calls, interleaved across writers as written (``ends``: the
     writers ended so far)."""
 
-    def __init__(self, location: str, stream: str, schema: pa.Schema) -> None:
+    def __init__(
+        self, location: str, stream: str, schema: pa.Schema, token: str | None = None
+    ) -> None:
         self.client = flight.connect(location)
         self.stream, self.schema = stream, schema
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self.options = flight.FlightCallOptions(headers=headers)
         self.open: dict[str, tuple[Any, Any]] = {}
         self.offsets: list[tuple[int, str]] = []
 
     def _writer(self, name: str) -> tuple[Any, Any]:
         if name not in self.open:
             descriptor = flight.FlightDescriptor.for_path(self.stream, name)
-            self.open[name] = self.client.do_put(descriptor, self.schema)
+            self.open[name] = self.client.do_put(descriptor, self.schema, options=self.options)
         return self.open[name]
 
     def _ack(self, name: str) -> int:
@@ -419,7 +423,7 @@ def kts_rows(*items: tuple[str, int, int]) -> pa.RecordBatch:
     )
 
 
-def write_timeline(location: str, stream: str = "events") -> None:
+def write_timeline(location: str, stream: str = "events", token: str | None = None) -> None:
     """The hand-computed case: three writers, 10 s tumbling windows, W = min over writers
     (all three are in the stream's history when the pipeline starts: each holds W back
     until its first row), B = 0::
@@ -443,7 +447,7 @@ def write_timeline(location: str, stream: str = "events") -> None:
     would still be -inf there and (y,9) on time. Writers a, b, c go to different source
     workers at parallelism 2 and 3 (the round-robin of stream_owner), so only a merge in
     offset order gives this result."""
-    w = Writers(location, stream, KTS_SCHEMA)
+    w = Writers(location, stream, KTS_SCHEMA, token)
     try:
         assert w.put("a", kts_rows(("x", 1, 1), ("y", 3, 2))) == 0
         w.put("b", kts_rows(("x", 4, 4)))

@@ -93,7 +93,8 @@ def files(out: Path) -> dict[str, pa.Table]:
 def seconds(table: pa.Table) -> list[tuple[Any, ...]]:
     for i, f in enumerate(table.schema):
         if pa.types.is_timestamp(f.type):
-            table = table.set_column(i, f.name, pc.cast(table[f.name], pa.int64()))
+            whole = pc.cast(table[f.name], pa.timestamp("s", f.type.tz))
+            table = table.set_column(i, f.name, pc.cast(whole, pa.int64()))
     return sorted(tuple(r.values()) for r in table.to_pylist())
 
 
@@ -279,3 +280,65 @@ def test_writers_appending_while_the_job_runs_end_equal_to_embedded_over_the_fin
     expected = embedded(plain, tmp_path)
     assert expected["by_dest"].num_rows > 10_000
     assert files(out) == expected
+
+
+JOB = """SET parallelism = 2;
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH (connector = 'flight', stream = 'timeline');
+CREATE SINK out WITH (connector = 'file', format = 'parquet');
+CREATE SINK counts WITH (connector = 'flight', stream = 'counts');
+CREATE VIEW windows AS
+SELECT k, window_start, window_end, count(*) AS n, sum(v) AS s
+FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
+INSERT INTO out SELECT * FROM windows;
+INSERT INTO counts SELECT * FROM windows;
+"""
+
+
+def test_a_job_submitted_to_serve_ray_address_reads_and_writes_the_servers_streams(
+    ray_session: Any, tmp_path: Path, servers: dict[str, Any]
+) -> None:
+    """``serve --ray-address`` with a tokens file: a pipeline at ``SET parallelism = 2`` whose
+    ``flight`` source and sink name no server runs as a detached job on the session's Ray; its
+    actors read the server's stream over Flight (the server's location and its jobs' own
+    token, ``<data-dir>/ray-job-token``, travel in the job request), and its driver writes
+    the results into the server's stream ``counts`` exactly once. Both equal the hand-computed
+    timeline's windows."""
+    import pyarrow.flight as flight
+    from helpers import ServeProcess, free_port, wait_until
+
+    port = ray_session.get_runtime_context().gcs_address.rsplit(":", 1)[1]
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("test-admin-token read,write,admin the test\n")
+    data = tmp_path / "data"
+    server = servers["a"] = ServeProcess(
+        data,
+        free_port(),
+        args=("--ray-address", f"127.0.0.1:{port}", "--tokens-file", str(tokens)),
+        RAY_AUTH_MODE="token",
+    )
+    write_timeline(server.location, stream="timeline", token="test-admin-token")
+    headers = [(b"authorization", b"Bearer test-admin-token")]
+    options = flight.FlightCallOptions(headers=headers)
+    client = flight.connect(server.location)
+
+    def act(action: str, body: dict[str, Any]) -> Any:
+        (result,) = client.do_action(
+            flight.Action(action, json.dumps(body).encode()), options=options
+        )
+        return json.loads(result.body.to_pybytes())
+
+    out = tmp_path / "job"
+    pid = act("pipeline.submit", {"sql": JOB, "name": "timeline", "output_dir": str(out)})["id"]
+    assert act("pipeline.status", {"id": pid})["runtime"] == "ray"
+    wait_until(lambda: act("pipeline.status", {"id": pid})["state"] != "running", "the end", 120)
+    status = act("pipeline.status", {"id": pid})
+    assert status["state"] == "finished", status
+    assert (data / "ray-job-token").stat().st_mode & 0o777 == 0o600
+    assert seconds(pq.read_table(out / "out.parquet")) == TIMELINE_OUT
+    info = client.get_flight_info(flight.FlightDescriptor.for_path("counts"), options=options)
+    written = client.do_get(info.endpoints[0].ticket, options=options).read_all()
+    assert seconds(written) == TIMELINE_OUT
+    writers = json.loads(info.app_metadata)["writers"]
+    assert list(writers) == ["counts"] and writers["counts"]["ended_at"] is not None
+    client.close()

@@ -839,7 +839,11 @@ def _checkpointed_attempt(
     )
     attempts.append(coordinator.resumed_from)
     driver = PipelineRuntime(
-        job.plan, output_dir=job.out_dir, coordinator=coordinator, sandbox=job.spec.sandbox
+        job.plan,
+        output_dir=job.out_dir,
+        coordinator=coordinator,
+        sandbox=job.spec.sandbox,
+        stream_server=job.spec.stream_server,
     )
     restore = _restore_of(coordinator, driver)
     streams = _streams_of(coordinator, driver)
@@ -886,6 +890,7 @@ def run_on_ray(
     sandbox: SandboxConfig | None = None,
     function_files: dict[str, bytes] | None = None,
     checkpoint_now: threading.Event | None = None,
+    stream_server: tuple[str, str | None] | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -934,6 +939,10 @@ def run_on_ray(
         checkpoint_now: when set, the run arms a barrier at once (unless one is in flight or
             the sources ended) and clears it: a checkpoint on demand (``pipelines
             checkpoint``); with checkpoints only.
+        stream_server: ``(Flight location, bearer token or None)`` of the server whose streams
+            the ``flight`` connectors without a ``server`` option name (a server's job: its
+            own streams, read and written over Flight); ``None``: such connectors are refused
+            in a checkpointed run, as in ``flight-serve run``.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -968,13 +977,15 @@ def run_on_ray(
             )
         if collect is not None or not write:
             raise ValueError("a checkpointed run writes its sinks; collect without checkpoints")
-        check_checkpointed(plan, server=False)
+        check_checkpointed(plan, server=stream_server is not None)
         root = state_root or run_options.state_root
         if root is None:
             root = str(out_dir / "checkpoints" / path.stem)
         if "://" not in root:
             root = str(Path(root).resolve())  # the actors' working directory is not ours
-    spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root, sandbox, function_files)
+    spec = JobSpec(
+        sql, str(path), str(out_dir), p, max_p, root, sandbox, function_files, stream_server
+    )
     driver = first = spec.runtime()  # its functions are closed at the end: the actors call them
     try:
         check_distributable(driver)

@@ -339,6 +339,9 @@ class JobSpec:
             ``SandboxConfig()``.
         function_files: the code of its ``CREATE FUNCTION … USING '<file>'`` by path as
             written (what the server stored at submit); ``None``: read from the file's directory.
+        stream_server: ``(Flight location, bearer token or None)`` of the server whose streams
+            its ``flight`` connectors without a ``server`` option name (a job a server
+            submitted: the workers read the server's streams over Flight); ``None``: none.
     """
 
     sql: str
@@ -349,12 +352,17 @@ class JobSpec:
     state_root: str | None = None
     sandbox: SandboxConfig | None = None
     function_files: dict[str, bytes] | None = None
+    stream_server: tuple[str, str | None] | None = None
 
     def runtime(self, *, load_tables: bool = True) -> PipelineRuntime:
         """The pipeline's runtime, built as an embedded run builds it."""
         plan = parse_pipeline(self.sql, path=Path(self.path), function_files=self.function_files)
         return PipelineRuntime(
-            plan, output_dir=Path(self.output_dir), load_tables=load_tables, sandbox=self.sandbox
+            plan,
+            output_dir=Path(self.output_dir),
+            load_tables=load_tables,
+            sandbox=self.sandbox,
+            stream_server=self.stream_server,
         )
 
 

@@ -216,3 +216,51 @@ def test_a_writer_that_appears_mid_stream_becomes_a_partition_at_its_first_entry
     late_open = embedded(path, tmp_path)
     assert "late" not in late_open
     assert ("y", 0, 10, 1, 16) in late_open["out"]
+
+
+def test_the_second_exchange_over_a_stream_equals_the_golden_case(
+    start_flight_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The golden case two_stage_keyed_late (its timeline in its pipeline.sql) with its two
+    files as two writers of a stream, one row per entry in the files' round-robin order
+    (a1 b1 a2 b-end a3 … a14 a-end): stage 2's records are numbered by the stream's offsets,
+    and every run (embedded, and distributed at parallelism 1, 2 and 3) writes the rows of
+    the file-based embedded run."""
+    import pyarrow.csv as pcsv
+    from helpers import Writers
+
+    case = Path(__file__).parents[3] / "golden" / "two_stage_keyed_late"
+    server = start_flight_server()
+    parts = {
+        name: pcsv.read_csv(case / "parts" / f"{name}.csv").cast(
+            pa.schema([("region", pa.string()), ("shop", pa.string()),
+                       ("t", pa.timestamp("s")), ("v", pa.int64())])
+        ).to_batches(1)
+        for name in ("a", "b")
+    }  # fmt: skip
+    w = Writers(server.location, "visits", parts["a"][0].schema)
+    try:
+        for k in range(len(parts["a"])):
+            for name, rows_of in parts.items():
+                if k < len(rows_of):
+                    w.put(name, rows_of[k])
+                elif k == len(rows_of):
+                    w.end(name)
+        w.end("a")
+    finally:
+        w.close()
+    text = (case / "pipeline.sql").read_text()
+    (tmp_path / "parts").symlink_to(case / "parts")
+    files = tmp_path / "files.sql"
+    files.write_text(text)
+    stream = tmp_path / "stream.sql"
+    stream.write_text(text.replace(
+        "WITH (connector = 'file', path = 'parts/*.csv', batch_rows = '1')",
+        f"WITH (connector = 'flight', server = '{server.location}', stream = 'visits')",
+    ))  # fmt: skip
+    assert "connector = 'flight'" in stream.read_text()
+    expected = embedded(files, tmp_path)
+    assert len(expected["out"]) == 6
+    assert embedded(stream, tmp_path) == expected
+    for parallelism in (1, 2, 3):
+        assert distributed(stream, tmp_path, parallelism) == expected, parallelism
