@@ -56,6 +56,7 @@ from flight_serve.pipelines.coordinator import (
     ResumeFrom,
 )
 from flight_serve.pipelines.distributed.keygroups import DEFAULT_MAX_PARALLELISM
+from flight_serve.pipelines.distributed.streams import fed_streams, stream_starts
 from flight_serve.pipelines.distributed.workers import (
     Cut,
     InstanceStatus,
@@ -75,7 +76,6 @@ from flight_serve.pipelines.distributed.workers import (
     summary_of,
     write_results,
 )
-from flight_serve.pipelines.distributed.streams import fed_streams, stream_starts
 from flight_serve.pipelines.pipeline import PipelinePlan, parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime, RunSummary
 from flight_serve.pipelines.upgrade import stateful_operators
