@@ -343,3 +343,83 @@ def test_a_job_submitted_to_serve_ray_address_reads_and_writes_the_servers_strea
     assert list(writers) == ["counts"]
     assert writers["counts"]["ended_at"] is not None
     client.close()
+
+
+IDLE = """
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = '{location}', stream = 'idle', idle_timeout = '1s');
+CREATE SINK out WITH (connector = 'file', format = 'csv');
+INSERT INTO out
+SELECT k, window_start, window_end, count(*) AS n, sum(v) AS s
+FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
+"""
+
+
+def test_an_idle_writer_stops_holding_the_watermark_back_on_ray(
+    ray_session: Any, module_server: Any, tmp_path: Path
+) -> None:
+    """``idle_timeout = '1s'``: writer b writes one row (t = 2) and goes quiet while a goes
+    on writing (t = 3, then a row at t = 15 every 0.2 s); W = min(a, 2) = 2 holds [0,10) open
+    until b has been silent for a second, then the window instances (ticked by the driver
+    every 0.2 s, the tail caught up) fire it, before b writes again or ends. Then b writes
+    (z,25), both end, and the job's output equals the embedded run's over the final stream
+    (no row was late in either)::
+
+        off writer entry       W after                   fires
+        0   a      (x,1,1)     -inf (b holds it back)
+        1   b      (x,2,2)     1
+        2   a      (y,3,4)     2
+        3…  a      (x,15,8)…   2; once b is idle: 15     [0,10): x 2 rows s 3, y 1 row s 4
+        n   b      (z,25,16)   15 (b counts again)
+        n+1 a      end         25
+        n+2 b      end         +inf                      [10,20): x; [20,30): z s 16
+    """
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from helpers import KTS_SCHEMA, kts_rows
+
+    location = module_server.location
+    w = Writers(location, "idle", KTS_SCHEMA)
+    path = tmp_path / "idle.sql"
+    path.write_text(IDLE.format(location=location))
+    fired = threading.Event()
+    result: dict[str, Any] = {}
+
+    def on_status(instances: list[Any]) -> None:
+        if sum(i.rows_out for i in instances) >= 2:
+            fired.set()
+
+    def run() -> None:
+        got: list[tuple[str, pa.RecordBatch]] = []
+        try:
+            run_on_ray(path, output_dir=tmp_path, parallelism=2, write=False, collect=got,
+                       on_status=on_status)  # fmt: skip
+            result["rows"] = by_sink(got)
+        except BaseException as exc:
+            result["error"] = exc
+
+    try:
+        w.put("a", kts_rows(("x", 1, 1)))
+        w.put("b", kts_rows(("x", 2, 2)))
+        job = threading.Thread(target=run)
+        job.start()
+        w.put("a", kts_rows(("y", 3, 4)))
+        deadline = time.monotonic() + 60
+        while not fired.is_set():  # a stays active: only b goes idle
+            assert time.monotonic() < deadline, "[0,10) did not fire while b was idle"
+            w.put("a", kts_rows(("x", 15, 8)))
+            time.sleep(0.2)
+        assert job.is_alive()
+        w.put("b", kts_rows(("z", 25, 16)))
+        w.end("a")
+        w.end("b")
+        job.join(120)
+    finally:
+        w.close()
+    assert "error" not in result, result.get("error")
+    got = {k: seconds(v) for k, v in result["rows"].items()}
+    fifteens = sum(1 for offset, writer in w.offsets if writer == "a") - 3  # less 1, 3, end
+    assert got == {
+        "out": [("x", 0, 10, 2, 3), ("x", 10, 20, fifteens, 8 * fifteens),
+                ("y", 0, 10, 1, 4), ("z", 20, 30, 1, 16)],
+    }  # fmt: skip
+    assert got == {k: seconds(v) for k, v in embedded(path, tmp_path).items()}

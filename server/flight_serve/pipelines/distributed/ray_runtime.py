@@ -334,6 +334,9 @@ class _Host:
     def take(self) -> Taken:
         return self._worker().take()
 
+    def tick(self) -> None:
+        self._run(lambda w: w.tick())
+
     def position(self) -> tuple[dict[str, int], dict[str, int]]:
         """Steps consumed per source, and per stream the offset every instance reaches."""
         worker = self._worker()
@@ -704,6 +707,8 @@ def _attempt(
     pending = list(running)
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=_GATHER_S)
+        if streams and pending:  # idle partitions: processing time passed
+            ray.get([w.tick.remote() for w in windows])
         for i, taken in enumerate(ray.get([w.take.remote() for w in windows])):
             output.taken_from(i, taken)
         output.tick(windows, ending=not pending)

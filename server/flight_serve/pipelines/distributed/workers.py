@@ -162,6 +162,7 @@ __all__ = [
     "check_distributable",
     "direct_key",
     "fed_sources",
+    "idle_ticks",
     "run_local",
     "window_inputs",
 ]
@@ -460,7 +461,25 @@ def check_distributable(runtime: PipelineRuntime) -> dict[int, str]:
                 f"FUNCTION {node.function.name}: plugins run on a server, not in the "
                 "distributed runtime"
             )
-    return {q: entry.source for q, entry in window_inputs(runtime).items()}
+    inputs = window_inputs(runtime)
+    read = {entry.upstream for entry in inputs.values() if entry.upstream is not None}
+    for window in runtime.window_nodes():
+        q = window.query.index
+        if q in read and inputs[q].source in streams and idle_ticks(window):
+            raise PipelineSQLError(
+                f"{window.query.label}: idle_timeout over the stream {inputs[q].source}, and "
+                "another windowed query reads its results: an idle partition fires its "
+                "windows at a processing time each instance meets on its own, which the "
+                "second exchange cannot number; drop idle_timeout there or run it embedded "
+                "(docs/scaling.md)"
+            )
+    return {q: entry.source for q, entry in inputs.items()}
+
+
+def idle_ticks(window: WindowNode) -> bool:
+    """Whether a windowed query fires on processing time (``idle_timeout``, so also
+    ``idle_watermark_advance``): over a stream, its instances tick."""
+    return window.op.config.idle_timeout is not None
 
 
 @dataclass(frozen=True)
@@ -1551,6 +1570,26 @@ class WindowWorker:
             records_sent=self.records_sent,
             calls_sent=self.calls_sent,
         )
+
+    def tick(self) -> None:
+        """Processing time passed (the driver calls this as it collects output, every 0.2 s):
+        every windowed query over a stream with an ``idle_timeout`` re-evaluates its idle
+        partitions, as the embedded run loop's tick does, and fires what that closes. A
+        partition has backlog while the instance holds records of the stream it has not run
+        (embedded: while the tail has unread entries); without it, a writer silent for
+        ``idle_timeout`` stops holding the watermark back.
+
+        Raises:
+            QueryError: the query fails on the windows it fires.
+        """
+        for q, window in self.windows.items():
+            merge = self.merges[q]
+            if not isinstance(merge, _LogMerge) or not idle_ticks(window) or window.finished:
+                continue
+            backlog = merge.queued > 0
+            for partition in window.op.partition_watermarks():
+                window.on_backlog(partition, backlog)
+            window.on_tick(periodic=True)
 
     def take(self) -> Taken:
         """The ``(sink, batch)`` produced since the last call, split at the cut if one was

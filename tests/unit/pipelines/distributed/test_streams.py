@@ -264,3 +264,32 @@ def test_the_second_exchange_over_a_stream_equals_the_golden_case(
     assert embedded(stream, tmp_path) == expected
     for parallelism in (1, 2, 3):
         assert distributed(stream, tmp_path, parallelism) == expected, parallelism
+
+
+def test_idle_timeout_on_a_stream_query_another_reads_is_refused_by_name(
+    start_flight_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    from flight_serve.errors import PipelineSQLError
+    from flight_serve.pipelines.distributed.workers import check_distributable
+
+    server = start_flight_server()
+    write_timeline(server.location)
+    path = tmp_path / "two.sql"
+    path.write_text(f"""
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = '{server.location}', stream = 'events',
+      idle_timeout = '1s');
+CREATE SINK out WITH (connector = 'file', format = 'csv');
+CREATE VIEW per_key AS SELECT k, window_start, window_end, count(*) AS n
+FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
+INSERT INTO out SELECT window_start, window_end, sum(n) AS n
+FROM TUMBLE(per_key, window_start, INTERVAL '20' SECOND) GROUP BY window_start, window_end;
+""")
+    runtime = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=tmp_path)
+    try:
+        with pytest.raises(PipelineSQLError, match=r"idle_timeout over the stream events, and "
+                           r"another windowed query reads its results"):  # fmt: skip
+            check_distributable(runtime)
+    finally:
+        for source in runtime.flight_sources.values():
+            source.close()
