@@ -2,8 +2,9 @@
 
 :func:`run_on_ray` places one :class:`~.workers.WindowWorker` actor per instance
 (``parallelism``) and up to ``parallelism`` :class:`~.workers.SourceWorker` actors (one per file
-or Parquet row-group part at most), each owning files of the file sources
-(:func:`~.workers.assign_splits`). A source actor sends each window actor its records with an
+or Parquet row-group part at most; ``parallelism`` with a stream source), each owning files of
+the file sources and writers of the stream sources (:func:`~.workers.assign_splits`,
+:mod:`.streams`; the driver decides where each stream starts and sends it to every actor). A source actor sends each window actor its records with an
 actor call (``put``): the batches travel through Ray's object store (Arrow buffers, pickled out
 of band), in order per caller, at most :data:`IN_FLIGHT` calls unanswered per window actor
 (backpressure). A window actor sends the second exchange's records (a windowed query reading
@@ -14,6 +15,9 @@ run, so sinks are written by one process. Without ``address`` a local Ray is sta
 run (``num_cpus=2``, no dashboard, loopback only) and stopped after it; with one
 (``auto``, ``ray://host:10001``), the run joins that cluster, whose nodes must read the same
 input paths and the same ``flight_serve`` version.
+
+While a stream source runs, the driver also ticks the window actors at each collection (every
+0.2 s): their idle partitions (``idle_timeout``) are processing time.
 
 **Checkpoints** (``SET checkpoint_interval`` / ``checkpoint_every``, or a ``state_root``): the
 driver is the checkpoint coordinator (:class:`~flight_serve.pipelines.coordinator.CheckpointCoordinator`,

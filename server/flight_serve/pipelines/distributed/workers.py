@@ -57,9 +57,19 @@ depends on that order except in the last bits of a float ``sum`` / ``avg`` / ``s
 are order-free. A table function between two windowed queries is refused: it would see each
 instance's share of stage 1's results instead of all of them.
 
+**A stream source** (:mod:`.streams`): every source worker reads the whole log and owns some of
+its writers; an entry's owner sends every instance a record numbered by the entry's offset
+(every offset has one), and each instance consumes them in offset order (:class:`_LogMerge`),
+the embedded order: so a stream's position is its offset, its cut (:class:`~.streams.StreamCut`)
+is the embedded source's checkpoint offset, and the second exchange numbers its records by
+offsets. What the embedded source decides when it opens (the writers it starts with) comes
+from the driver (:class:`~.streams.StreamStart`). Idle partitions are re-evaluated when the
+driver ticks the instances (:meth:`WindowWorker.tick`).
+
 What the keyed exchange cannot run yet is refused when the job is built
-(:func:`check_distributable`): live sources (streams, Iceberg), plugin functions, and a table
-function between two windowed queries.
+(:func:`check_distributable`): live sources other than server streams (Iceberg, datagen, a
+Flight ticket), plugin functions, a table function between two windowed queries, and an
+``idle_timeout`` on a stream query whose results another windowed query reads.
 
 Rows that per-row queries insert into a sink straight from a source (no window in between)
 travel to instance 0 as *direct* records, one per step of the split, and instance 0 hands them
