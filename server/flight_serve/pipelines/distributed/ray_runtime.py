@@ -61,6 +61,7 @@ from flight_serve.pipelines.coordinator import (
 )
 from flight_serve.pipelines.distributed.keygroups import DEFAULT_MAX_PARALLELISM
 from flight_serve.pipelines.distributed.streams import fed_streams, stream_starts
+from flight_serve.pipelines.distributed.tables import table_plans
 from flight_serve.pipelines.distributed.workers import (
     Cut,
     InstanceStatus,
@@ -72,6 +73,8 @@ from flight_serve.pipelines.distributed.workers import (
     Splits,
     StreamCut,
     StreamStart,
+    TableCut,
+    TablePlan,
     Taken,
     WindowWorker,
     assign_splits,
@@ -258,24 +261,28 @@ class _Host:
         restore: Restore | None,
         windows: list[Any],
         streams: dict[str, StreamStart],
+        tables: dict[str, TablePlan],
     ) -> None:
         self._source = None
         self._failed = None
         self._windows, self._sent = windows, []
-        self._window = WindowWorker(spec, instance, restore, streams)
+        self._window = WindowWorker(spec, instance, restore, streams, tables)
 
     def source(
         self,
         spec: JobSpec,
         splits: Splits,
         windows: list[Any],
-        start: dict[str, SourceCut | StreamCut] | None,
+        start: dict[str, SourceCut | StreamCut | TableCut] | None,
         streams: dict[str, StreamStart],
+        tables: dict[str, TablePlan],
     ) -> None:
         self._window = None
         self._windows = windows
         self._in_flight = [[] for _ in windows]
-        self._source = SourceWorker(spec, splits, self._send, start=start, streams=streams)
+        self._source = SourceWorker(
+            spec, splits, self._send, start=start, streams=streams, tables=tables
+        )
 
     def reset(self) -> None:
         self._window = self._source = None
@@ -439,8 +446,15 @@ class _CutGraph:
     """The graph a distributed checkpoint is taken of (``coordinator.Checkpointed``): the
     driver's sinks, and the state and offsets the window actors wrote at their cuts."""
 
-    def __init__(self, driver: PipelineRuntime, spec: JobSpec, cuts: list[Cut]) -> None:
+    def __init__(
+        self,
+        driver: PipelineRuntime,
+        spec: JobSpec,
+        cuts: list[Cut],
+        tables: dict[str, TablePlan] | None = None,
+    ) -> None:
         self.driver, self.spec, self.cuts = driver, spec, sorted(cuts, key=lambda c: c.instance)
+        self.tables = tables or {}
 
     def drain(self) -> None:
         """Nothing in flight: the actors' output before the cut is delivered already."""
@@ -470,14 +484,26 @@ class _CutGraph:
 
     def snapshot_sources(self) -> dict[str, dict[str, Any]]:
         """Each source's offset at the cut, in the embedded source's format (a file source's
-        batches per file; a stream's next offset)."""
+        batches per file; a stream's next offset; an Iceberg source's last snapshot)."""
         from flight_serve.connectors.flight import FlightSource
+        from flight_serve.connectors.iceberg import IcebergSource
 
         for name, cut in self.cuts[0].sources.items():  # a source no query reads: never read
             if isinstance(cut, StreamCut):
                 source = self.driver.flight_sources[name]
                 assert isinstance(source, FlightSource)
                 source.cut_at(cut.offset, cut.rows)
+            elif isinstance(cut, TableCut):
+                table = self.driver.flight_sources[name]
+                assert isinstance(table, IcebergSource)
+                plan = self.tables[name]
+                last = plan.snapshots[cut.snapshots - 1][0] if cut.snapshots else None
+                table.cut_at(
+                    table.table.snapshot_by_id(last) if last is not None else None,
+                    cut.rows,
+                    plan.snapshots_read + cut.snapshots,
+                    plan.ends and cut.snapshots == len(plan.snapshots),
+                )
             else:
                 cut.apply(self.driver.sources[name])
         return self.driver.snapshot_sources()
@@ -525,6 +551,8 @@ class _Barriers:
         self.streams = set(fed_streams(driver))
         #: where each stream starts (its first position) when no checkpoint is resumed
         self.first: dict[str, int] = {}
+        #: what each Iceberg source reads in this attempt (a cut names its snapshots)
+        self.tables: dict[str, TablePlan] = {}
         self.barrier = 0  # the last barrier's number
         self.armed: int | None = None  # the barrier in flight
         self.cuts: dict[int, Cut] = {}
@@ -650,7 +678,7 @@ class _Barriers:
 
     def _take(self, cuts: list[Cut], *, finished: bool) -> CheckpointInfo:
         coordinator = self.coordinator
-        coordinator.graph = _CutGraph(self.driver, self.spec, cuts)
+        coordinator.graph = _CutGraph(self.driver, self.spec, cuts, self.tables)
         try:
             info = coordinator.take(finished=finished)
         finally:
@@ -689,19 +717,24 @@ def _attempt(
     on_status: Callable[[list[InstanceStatus]], None] | None,
     restore: Restore | None,
     streams: dict[str, StreamStart],
+    tables: dict[str, TablePlan],
 ) -> tuple[dict[str, int], int, int, list[InstanceStatus], int]:
     """One attempt of the run (from the start, or from ``restore``; ``streams``: where the
-    driver starts each stream source); returns ``(late rows by label, put calls, records,
-    the instances' last status, source actors)``."""
+    driver starts each stream source, ``tables``: what each Iceberg source reads); returns
+    ``(late rows by label, put calls, records, the instances' last status, source
+    actors)``."""
     windows = _hosts(ray, "window", spec.parallelism)
     sources = _hosts(ray, "source", len(splits))
     start = restore.sources if restore is not None else None
     ray.get(
-        [w.window.remote(spec, i, restore, windows, streams) for i, w in enumerate(windows)]
+        [
+            w.window.remote(spec, i, restore, windows, streams, tables)
+            for i, w in enumerate(windows)
+        ]
     )
     ray.get(
         [
-            h.source.remote(spec, s, windows, start, streams)
+            h.source.remote(spec, s, windows, start, streams, tables)
             for h, s in zip(sources, splits, strict=True)
         ]
     )
@@ -779,19 +812,23 @@ def _unwrap(ray: Any, exc: BaseException) -> BaseException:
     return exc
 
 
-def _restore_of(coordinator: CheckpointCoordinator, driver: PipelineRuntime) -> Restore | None:
+def _restore_of(
+    coordinator: CheckpointCoordinator, driver: PipelineRuntime, tables: dict[str, TablePlan]
+) -> Restore | None:
     """What the workers need of the checkpoint the coordinator resumes (``None``: none); the
     driver's file sources were restored from its offsets when the driver was built."""
     manifest = coordinator.manifest
     if manifest is None:
         return None
-    cuts: dict[str, SourceCut | StreamCut] = {
+    cuts: dict[str, SourceCut | StreamCut | TableCut] = {
         name: SourceCut.of(driver.sources[name])
         for name in fed_sources(driver)
         if name in driver.sources
     }
     for name, start in _streams_of(coordinator, driver).items():
         cuts[name] = StreamCut(start.offset, start.rows, start.done)
+    for name, plan in tables.items():  # the plan starts at the checkpoint's snapshot
+        cuts[name] = TableCut(0, plan.rows, plan.done)
     return Restore(manifest.epoch, dict(manifest.operators), cuts)
 
 
@@ -854,16 +891,20 @@ def _checkpointed_attempt(
         sandbox=job.spec.sandbox,
         stream_server=job.spec.stream_server,
     )
-    restore = _restore_of(coordinator, driver)
+    tables = table_plans(driver, done=coordinator.finished)
+    restore = _restore_of(coordinator, driver, tables)
     streams = _streams_of(coordinator, driver)
     for source in driver.flight_sources.values():
         source.close()  # its offset is set at each cut; the actors read the streams
     barriers = _Barriers(job.ray, coordinator, driver, job.spec, stop, job.checkpoint_now)
     barriers.first = {name: start.offset for name, start in streams.items()}
+    barriers.tables = tables
     driver.open_sinks()
     ended = False
     try:
-        result = _attempt(job.ray, job.spec, splits, barriers, on_status, restore, streams)
+        result = _attempt(
+            job.ray, job.spec, splits, barriers, on_status, restore, streams, tables
+        )
         for slot in driver.sinks.values():
             if slot.epoch is not None:
                 slot.epoch.end_input()
@@ -1000,6 +1041,7 @@ def run_on_ray(
         check_distributable(driver)
         splits = assign_splits(driver, p)
         streams = stream_starts(driver)  # a run without checkpoints starts each one here
+        tables = {} if checkpointed else table_plans(driver)  # else each attempt's driver
     except BaseException:
         first.user_functions.close()
         for source in first.flight_sources.values():
@@ -1048,7 +1090,9 @@ def run_on_ray(
                     declined += barriers.declined
                     resumed = attempts[0]
                 else:
-                    result = _attempt(ray, spec, splits, replay, on_status, None, streams)
+                    result = _attempt(
+                        ray, spec, splits, replay, on_status, None, streams, tables
+                    )
                 late, calls, records, instances, n_sources = result
                 break
             except Exception as exc:

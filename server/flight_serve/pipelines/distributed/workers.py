@@ -113,6 +113,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,6 +135,14 @@ from flight_serve.pipelines.distributed.streams import (
     StreamStart,
     fed_streams,
     stream_starts,
+)
+from flight_serve.pipelines.distributed.tables import (
+    TableCut,
+    TablePlan,
+    TableSplit,
+    fed_tables,
+    read_file,
+    table_plans,
 )
 from flight_serve.pipelines.graph import (
     Collector,
@@ -165,6 +174,9 @@ __all__ = [
     "StreamCut",
     "StreamSplit",
     "StreamStart",
+    "TableCut",
+    "TablePlan",
+    "TableSplit",
     "Taken",
     "WindowInput",
     "WindowWorker",
@@ -231,10 +243,10 @@ def direct_key(ordinal: int) -> int:
 
 
 def fed_sources(runtime: PipelineRuntime) -> list[str]:
-    """The file and stream sources some query reads, in the plan's order, files first (their
-    direct records' order)."""
+    """The file, stream and Iceberg sources some query reads, in the plan's order, files first
+    (their direct records' order)."""
     files = [name for name in runtime.sources if runtime.streams[name].consumers]
-    return files + fed_streams(runtime)
+    return files + fed_streams(runtime) + fed_tables(runtime)
 
 
 @dataclass(frozen=True)
@@ -278,6 +290,11 @@ class SourceCut:
         source.rows = self.rows
 
 
+#: Where a cut leaves a source: a file source's steps, a stream's offset, an Iceberg
+#: source's snapshots.
+AnyCut = SourceCut | StreamCut | TableCut
+
+
 @dataclass(frozen=True)
 class Cut:
     """One instance's part of a checkpoint (picklable): what it wrote at the barrier.
@@ -295,7 +312,7 @@ class Cut:
     epoch: int
     instance: int
     operators: dict[int, dict[str, Any]]
-    sources: dict[str, SourceCut | StreamCut]
+    sources: dict[str, AnyCut]
 
 
 @dataclass(frozen=True)
@@ -312,7 +329,7 @@ class Restore:
 
     epoch: int
     operators: dict[str, dict[str, Any]]
-    sources: dict[str, SourceCut | StreamCut]
+    sources: dict[str, AnyCut]
 
 
 @dataclass(frozen=True)
@@ -404,7 +421,7 @@ def window_inputs(runtime: PipelineRuntime) -> dict[int, WindowInput]:
     from flight_serve.pipelines.function_nodes import TableFunctionNode
 
     producers = {id(n.output): n for n in runtime.nodes if n.output is not None}
-    roots = {*runtime.sources, *fed_streams(runtime)}
+    roots = {*runtime.sources, *fed_streams(runtime), *fed_tables(runtime)}
     late_of = {id(s): q for q, s in runtime.late_streams.items()}
     labels = {w.query.index: w.query.label for w in runtime.window_nodes()}
     out: dict[int, WindowInput] = {}
@@ -459,11 +476,19 @@ def check_distributable(runtime: PipelineRuntime) -> dict[int, str]:
         PipelineSQLError: what the module docstring lists as not distributed yet.
     """
     streams = fed_streams(runtime)
+    tables = fed_tables(runtime)
     for name, source in runtime.flight_sources.items():
-        if runtime.streams[name].consumers and name not in streams:
+        if runtime.streams[name].consumers and name not in streams + tables:
             raise PipelineSQLError(
                 f"SOURCE {name}: a live source ({type(source).__name__}); the distributed "
-                "runtime splits file sources and server streams only so far (docs/scaling.md)"
+                "runtime splits file sources, server streams and Iceberg tables only so far "
+                "(docs/scaling.md)"
+            )
+        if name in tables and not getattr(source, "stop_at_end", False):
+            raise PipelineSQLError(
+                f"SOURCE {name}: an Iceberg source without stop_at: the distributed runtime "
+                "reads a bounded range of snapshots so far (stop_at = 'latest' or a snapshot "
+                "id; docs/scaling.md)"
             )
     for node in runtime.nodes:
         if isinstance(node, PluginNode):
@@ -475,6 +500,12 @@ def check_distributable(runtime: PipelineRuntime) -> dict[int, str]:
     read = {entry.upstream for entry in inputs.values() if entry.upstream is not None}
     for window in runtime.window_nodes():
         q = window.query.index
+        if q in read and inputs[q].source in tables:
+            raise PipelineSQLError(
+                f"{window.query.label}: reads the Iceberg table {inputs[q].source}, and "
+                "another windowed query reads its results: the second exchange over an "
+                "Iceberg source is not built yet (docs/scaling.md); run it embedded"
+            )
         if q in read and inputs[q].source in streams and idle_ticks(window):
             raise PipelineSQLError(
                 f"{window.query.label}: idle_timeout over the stream {inputs[q].source}, and "
@@ -511,15 +542,17 @@ class FileSplit:
 
 
 #: What a source worker owns: per source, its files (an index: the whole file) or parts, or
-#: its channel of a stream (one :class:`StreamSplit`).
-Splits = dict[str, list[FileSplit | StreamSplit]]
+#: its channel of a stream (one :class:`StreamSplit`) or of an Iceberg source's data files
+#: (one :class:`TableSplit`).
+Splits = dict[str, list[FileSplit | StreamSplit | TableSplit]]
 
 
 def assign_splits(runtime: PipelineRuntime, workers: int) -> list[Splits]:
     """Every file of every file source that feeds a query, dealt round-robin to ``workers``
     source workers (fewer when there are fewer splits; at least one): per worker, its splits
     of each source. A stream source is read by all ``workers``, each owning some of its
-    writers (:class:`StreamSplit`; :mod:`.streams`).
+    writers (:class:`StreamSplit`; :mod:`.streams`); an Iceberg source's data files are dealt
+    to all ``workers`` by index (:class:`TableSplit`; :mod:`.tables`).
 
     With fewer files than workers, a Parquet file with several row groups is read in parts
     (interleaved row groups: ``ceil(workers / files)`` parts at most, one per row group at
@@ -543,8 +576,9 @@ def assign_splits(runtime: PipelineRuntime, workers: int) -> list[Splits]:
             parts = max(1, min(per_file, len(runtime.sources[name].row_groups(index))))
         splits += [(name, FileSplit(index, part, parts)) for part in range(parts)]
     streams = fed_streams(runtime)
+    tables = fed_tables(runtime)
     count = max(1, min(workers, len(splits)))
-    if streams:
+    if streams or tables:
         count = max(count, workers)
     out: list[Splits] = [{} for _ in range(count)]
     for k, (name, split) in enumerate(splits):
@@ -552,6 +586,9 @@ def assign_splits(runtime: PipelineRuntime, workers: int) -> list[Splits]:
     for name in streams:
         for channel in range(count):
             out[channel][name] = [StreamSplit(channel, count)]
+    for name in tables:  # the files are the attempt's plan's: dealt by index
+        for channel in range(count):
+            out[channel][name] = [TableSplit(channel, count)]
     return out
 
 
@@ -671,6 +708,8 @@ class SourceWorker:
             its cut (a file ended there is not read).
         streams: where every stream source starts (:func:`~.streams.stream_starts`: the
             driver's; required when ``splits`` holds a stream).
+        tables: what every Iceberg source reads (:func:`~.tables.table_plans`: the driver's;
+            required when ``splits`` holds one).
 
     Raises:
         PipelineSQLError: building the pipeline fails, or it cannot be distributed.
@@ -679,17 +718,21 @@ class SourceWorker:
     def __init__(
         self,
         spec: JobSpec,
-        splits: Mapping[str, Sequence[int | FileSplit | StreamSplit]],
+        splits: Mapping[str, Sequence[int | FileSplit | StreamSplit | TableSplit]],
         send: Send,
         *,
         flush_rows: int = 1 << 16,
         flush_interval_s: float = 0.1,
-        start: Mapping[str, SourceCut | StreamCut] | None = None,
+        start: Mapping[str, AnyCut] | None = None,
         streams: Mapping[str, StreamStart] | None = None,
+        tables: Mapping[str, TablePlan] | None = None,
     ) -> None:
         self.spec = spec
         self.splits: Splits = {
-            name: [e if isinstance(e, FileSplit | StreamSplit) else FileSplit(e) for e in owned]
+            name: [
+                e if isinstance(e, FileSplit | StreamSplit | TableSplit) else FileSplit(e)
+                for e in owned
+            ]
             for name, owned in splits.items()
         }
         self.send = send
@@ -698,6 +741,7 @@ class SourceWorker:
         self._flushed_at = time.monotonic()
         self.start = {k: c for k, c in (start or {}).items() if isinstance(c, SourceCut)}
         self.streams = dict(streams or {})
+        self.tables = dict(tables or {})
         self.runtime = runtime = spec.runtime()
         runtime.collect_only()
         self.roots = check_distributable(runtime)
@@ -833,9 +877,42 @@ class SourceWorker:
             self._record(ex, channel, entry.offset, rows, **fields)
         self._direct(name, channel, entry.offset, rows, **fields)
 
+    def _table_steps(
+        self, name: str, split: TableSplit, exchanges: list[ExchangeNode]
+    ) -> Iterator[None]:
+        """One step per ``next``: this worker's files of an Iceberg source, each batch (the
+        records ``(file, batch)``) and the file's end (a record with ``last``); channel 0
+        then sends the partition's end (``(files, 0)``)."""
+        runtime = self.runtime
+        plan = self.tables[name]
+        if plan.done:
+            return
+        stream = runtime.streams[name]
+        source = runtime.flight_sources[name]
+        for index in range(split.channel, len(plan.files), split.channels):
+            seq = 0
+            for batch in read_file(source, plan, index):
+                self.rows_read += batch.num_rows
+                runtime.push(stream, plan.partition, batch)
+                for ex in exchanges:
+                    self._record(ex, index, seq, batch.num_rows)
+                self._direct(name, index, seq, batch.num_rows, end=False)
+                seq += 1
+                yield None
+            for ex in exchanges:  # the file ended
+                self._record(ex, index, seq, 0, last=True)
+            self._direct(name, index, seq, 0, end=False, last=True)
+            yield None
+        if split.channel == 0 and plan.ends:
+            runtime.end(stream, plan.partition)
+            for ex in exchanges:
+                self._record(ex, len(plan.files), 0, 0)
+            self._direct(name, len(plan.files), 0, 0, end=True)
+
     def run(self) -> None:
-        """Read every split to its end (from its cut when restored): files one step each in
-        turn, streams as their entries come, until every stream has ended.
+        """Read every split to its end (from its cut when restored): files (and Iceberg data
+        files) one step each in turn, streams as their entries come, until every stream has
+        ended.
 
         Raises:
             ConnectorError: a file or stream cannot be read; QueryError: a per-row query fails.
@@ -849,7 +926,7 @@ class SourceWorker:
             # its splits one step each in turn (the embedded round-robin), so every split's
             # records reach the window actors at the same pace: their merges (and a barrier's
             # alignment) never wait for a split this worker has not started
-            live: deque[_Split] = deque()
+            live: deque[Callable[[], bool]] = deque()
             for name, owned in self.splits.items():
                 exchanges = [ex for q, ex in self.exchanges.items() if self.roots[q] == name]
                 cut = self.start.get(name)
@@ -858,15 +935,17 @@ class SourceWorker:
                         template = runtime.flight_sources[name]
                         reader = StreamReader(template, self.streams[name], entry)
                         readers.append((name, entry.channel, exchanges, reader))
-                        continue
-                    split = self._open(name, entry, exchanges, cut)
-                    if split is not None:
-                        live.append(split)
+                    elif isinstance(entry, TableSplit):
+                        live.append(_stepper(self._table_steps(name, entry, exchanges)))
+                    else:
+                        split = self._open(name, entry, exchanges, cut)
+                        if split is not None:
+                            live.append(partial(self._file_step, split))
             while live or any(not r.done for *_, r in readers):
                 if live:
-                    split = live.popleft()
-                    if self._file_step(split):
-                        live.append(split)
+                    step = live.popleft()
+                    if step():
+                        live.append(step)
                 reading = [entry for entry in readers if not entry[3].done]
                 for name, channel, exchanges, reader in reading:
                     # a stream waits for entries only when no file is left to read
@@ -885,6 +964,15 @@ class SourceWorker:
             runtime.user_functions.close()
             for source in runtime.flight_sources.values():
                 source.close()
+
+
+def _stepper(steps: Iterator[None]) -> Callable[[], bool]:
+    """A step function over a generator of steps: runs one, says whether more may follow."""
+
+    def step() -> bool:
+        return next(steps, False) is None
+
+    return step
 
 
 @dataclass
@@ -907,7 +995,7 @@ class _Merge:
         self.ended = [False] * n
         self.steps = [0] * n
 
-    def restore(self, cut: SourceCut | StreamCut) -> None:
+    def restore(self, cut: AnyCut) -> None:
         """Continue after ``cut`` (the checkpoint's position of this merge's source)."""
         assert isinstance(cut, SourceCut), "a file source's cut"
         self.steps = list(cut.steps)
@@ -983,7 +1071,7 @@ class _Gather:
     def __post_init__(self) -> None:
         self.queues = [{} for _ in range(self.channels)]
 
-    def restore(self, cut: SourceCut | StreamCut) -> None:
+    def restore(self, cut: AnyCut) -> None:
         """Continue after ``cut`` (the checkpoint's position of the source at the root)."""
         self.position = cut.position
         self.ended = cut.finished
@@ -1040,7 +1128,7 @@ class _LogMerge:
     done: bool = False
     queue: dict[int, Record] = field(default_factory=dict)
 
-    def restore(self, cut: SourceCut | StreamCut) -> None:
+    def restore(self, cut: AnyCut) -> None:
         """Continue after ``cut`` (the checkpoint's offset of the stream)."""
         assert isinstance(cut, StreamCut), "a stream source's cut"
         self.position, self.rows, self.done = cut.offset, cut.rows, cut.done
@@ -1084,6 +1172,92 @@ class _LogMerge:
         """The offset every instance reaches for sure: past the last record that arrived
         (its entry exists, and so do those before it)."""
         return max(self.position, max(self.queue, default=-1) + 1)
+
+
+@dataclass
+class _TableMerge:
+    """The embedded order of an Iceberg source's batches (:mod:`.tables`): the plan's files in
+    order, each to its end, then the partition's end. Records are numbered ``split`` = the
+    file (the plan's index), ``seq`` = its batch; a file's last record (``last``) says it
+    ended; the end is ``(files, 0)``.
+
+    Attributes:
+        plan: the attempt's plan.
+        key: the query (or direct key) whose records these are.
+        position: snapshots consumed, and 1 more once the end was: a barrier's unit (a cut
+            falls between snapshots, as embedded).
+        rows: rows read, the plan's earlier ones included.
+        done: the end was consumed.
+    """
+
+    plan: TablePlan
+    key: int
+    position: int = 0
+    rows: int = 0
+    done: bool = False
+    queue: dict[tuple[int, int], Record] = field(default_factory=dict)
+    #: the file being consumed, its next batch, and how many of the snapshot's files ended
+    file: int = 0
+    batch: int = 0
+    in_snapshot: int = 0
+
+    def __post_init__(self) -> None:
+        self.rows, self.done = self.plan.rows, self.plan.done
+
+    def restore(self, cut: AnyCut) -> None:
+        """Start at a restored attempt's plan, which begins at the checkpoint."""
+        assert isinstance(cut, TableCut), "an Iceberg source's cut"
+        self.rows, self.done = cut.rows, cut.done
+
+    def cut(self) -> TableCut:
+        """Where the merge is now."""
+        return TableCut(self.position - int(self.done), self.rows, self.done)
+
+    def arrive(self, record: Record, instance: int) -> None:
+        """Queue ``record`` (the files come from several workers: their records interleave).
+
+        Raises:
+            RuntimeError: a record consumed already or arrived twice (a transport bug).
+        """
+        key = (record.split, record.seq)
+        if key < (self.file, self.batch) or key in self.queue:
+            raise RuntimeError(
+                f"instance {instance}: query {record.query}: the record of file "
+                f"{record.split} batch {record.seq} arrived again"
+            )
+        self.queue[key] = record
+
+    def next(self) -> Record | None:
+        """The next record in the embedded order (an empty one for a snapshot the source
+        skips), or ``None`` until it has arrived, or after the end."""
+        snapshots = self.plan.snapshots
+        if self.done:
+            return None
+        if self.position < len(snapshots) and snapshots[self.position][1] == 0:
+            self.position += 1  # nothing to read in it: a step of its own
+            return Record(self.key, -1, -1, ())
+        if self.position >= len(snapshots):
+            record = self.queue.pop((len(self.plan.files), 0), None)
+            if record is not None:
+                self.position += 1
+                self.done = True
+            return record
+        record = self.queue.pop((self.file, self.batch), None)
+        if record is None:
+            return None
+        self.rows += record.read_rows
+        if record.last:  # the file ended: the next one, and maybe the snapshot's end
+            self.file, self.batch = self.file + 1, 0
+            self.in_snapshot += 1
+            if self.in_snapshot == snapshots[self.position][1]:
+                self.position, self.in_snapshot = self.position + 1, 0
+        else:
+            self.batch += 1
+        return record
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
 
 
 @dataclass(frozen=True)
@@ -1143,6 +1317,8 @@ class WindowWorker:
         restore: the checkpoint to resume from (``None``: from the start).
         streams: where every stream source starts (:func:`~.streams.stream_starts`: the
             driver's, so every instance has the same partitions; required with a stream).
+        tables: what every Iceberg source reads (:func:`~.tables.table_plans`: the driver's;
+            required with one).
 
     Raises:
         PipelineSQLError: building the pipeline fails, or it cannot be distributed.
@@ -1155,6 +1331,7 @@ class WindowWorker:
         instance: int,
         restore: Restore | None = None,
         streams: Mapping[str, StreamStart] | None = None,
+        tables: Mapping[str, TablePlan] | None = None,
     ) -> None:
         self.spec = spec
         self.instance = instance
@@ -1167,9 +1344,13 @@ class WindowWorker:
         self.inputs = inputs = window_inputs(runtime)
         self.windows = {w.query.index: w for w in runtime.window_nodes()}
 
-        def merge_of(name: str) -> _Merge | _LogMerge:
+        plans = dict(tables or {})
+
+        def merge_of(name: str, key: int) -> _Merge | _LogMerge | _TableMerge:
             if name in runtime.sources:
                 return _Merge(runtime.sources[name].partitions)
+            if name in plans:
+                return _TableMerge(plans[name], key)
             return _LogMerge(starts[name].offset, starts[name].rows, starts[name].done)
 
         def first(name: str) -> int:
@@ -1178,8 +1359,8 @@ class WindowWorker:
         #: the merge of every windowed query (in build order: an upstream before the queries
         #: reading it), and on instance 0 of every fed source's direct records; the source
         #: at the root of each
-        self.merges: dict[int, _Merge | _Gather | _LogMerge] = {
-            q: merge_of(inputs[q].source)
+        self.merges: dict[int, _Merge | _Gather | _LogMerge | _TableMerge] = {
+            q: merge_of(inputs[q].source, q)
             if inputs[q].upstream is None
             else _Gather(spec.parallelism, position=first(inputs[q].source))
             for q in self.windows
@@ -1198,7 +1379,7 @@ class WindowWorker:
         self._outbox: list[list[Record]] = [[] for _ in range(spec.parallelism)]
         if instance == 0:
             for k, name in enumerate(fed_sources(runtime)):
-                self.merges[direct_key(k)] = merge_of(name)
+                self.merges[direct_key(k)] = merge_of(name, direct_key(k))
                 self.roots[direct_key(k)] = name
         self._empty = {
             q: w.input.schema.empty_table().to_batches() for q, w in self.windows.items()
@@ -1338,7 +1519,10 @@ class WindowWorker:
             self._at_barrier(armed)
 
     def _step(
-        self, key: int, merge: _Merge | _Gather | _LogMerge, step: Record | list[Record]
+        self,
+        key: int,
+        merge: _Merge | _Gather | _LogMerge | _TableMerge,
+        step: Record | list[Record],
     ) -> None:
         if key < 0:  # a direct record: per-row queries' rows, in the merged order
             assert isinstance(step, Record)
@@ -1346,6 +1530,18 @@ class WindowWorker:
                 self.runtime.deliver(sink, rows)
             return
         window = self.windows[key]
+        if isinstance(merge, _TableMerge):  # an Iceberg source: its one partition
+            assert isinstance(step, Record)
+            partition = merge.plan.partition
+            for share in step.shares:
+                assert share is not None
+                window.on_share(partition, self._batch(key, share[0]), share[1])
+            if step.end:
+                window.on_end(partition)
+            else:
+                self._sample()
+            self._seen = True
+            return
         if isinstance(merge, _LogMerge):
             assert isinstance(step, Record)
             self._entry(key, step)
@@ -1540,10 +1736,10 @@ class WindowWorker:
                 "open_panes": window.op.open_panes,
                 "key_groups": [groups.start, groups.stop],
             }
-        sources: dict[str, SourceCut | StreamCut] = {
+        sources: dict[str, AnyCut] = {
             self.roots[k]: merge.cut()
             for k, merge in self.merges.items()
-            if isinstance(merge, _Merge | _LogMerge)
+            if isinstance(merge, _Merge | _LogMerge | _TableMerge)
         }
         self._out.extend(self.runtime.take_collected())
         self._cut = (len(self._out), Cut(barrier, epoch, self.instance, operators, sources))
@@ -1639,6 +1835,11 @@ class WindowWorker:
                         f"instance {self.instance}: query {q}: no end of input from "
                         f"{', '.join(missing)}"
                     )
+                if isinstance(merge, _TableMerge) and not merge.done:
+                    raise RuntimeError(
+                        f"instance {self.instance}: query {q}: no end of input from the "
+                        f"Iceberg source {self.roots[q]} (at snapshot {merge.position})"
+                    )
                 if isinstance(merge, _LogMerge) and not merge.done:
                     raise RuntimeError(
                         f"instance {self.instance}: query {q}: the stream {self.roots[q]} "
@@ -1705,9 +1906,12 @@ def run_local(
     driver = spec.runtime()
     check_distributable(driver)
     streams = dict(streams) if streams is not None else stream_starts(driver)
+    tables = table_plans(driver)
     for source in driver.flight_sources.values():
         source.close()
-    windows = [WindowWorker(spec, i, streams=streams) for i in range(spec.parallelism)]
+    windows = [
+        WindowWorker(spec, i, streams=streams, tables=tables) for i in range(spec.parallelism)
+    ]
     collected: list[tuple[str, pa.RecordBatch]] = []
     if write:
         driver.open_sinks()
@@ -1722,7 +1926,7 @@ def run_local(
 
     try:
         for splits in assign_splits(driver, source_workers or spec.parallelism):
-            worker = SourceWorker(spec, splits, send, streams=streams)
+            worker = SourceWorker(spec, splits, send, streams=streams, tables=tables)
             worker.run()
             for w in windows:
                 write_results(driver, w.take().before, collected)
