@@ -66,10 +66,18 @@ offsets. What the embedded source decides when it opens (the writers it starts w
 from the driver (:class:`~.streams.StreamStart`). Idle partitions are re-evaluated when the
 driver ticks the instances (:meth:`WindowWorker.tick`).
 
+**An Iceberg source** (:mod:`.tables`): the driver plans the snapshots to read and their data
+files; the files are dealt to the source workers by index, each read as the embedded reader
+reads it (its batches never cross files), and every instance consumes the files in plan order,
+each to its end (:class:`_TableMerge`); the position counts snapshots, so a cut falls between
+snapshots as embedded (:class:`~.tables.TableCut`).
+
 What the keyed exchange cannot run yet is refused when the job is built
-(:func:`check_distributable`): live sources other than server streams (Iceberg, datagen, a
-Flight ticket), plugin functions, a table function between two windowed queries, and an
-``idle_timeout`` on a stream query whose results another windowed query reads.
+(:func:`check_distributable`): live sources other than server streams and Iceberg tables read
+to ``stop_at`` (datagen, a Flight ticket, a table watched for new snapshots), plugin
+functions, a table function between two windowed queries, a windowed query over an Iceberg
+table that another windowed query reads, and an ``idle_timeout`` on a stream query whose
+results another windowed query reads.
 
 Rows that per-row queries insert into a sink straight from a source (no window in between)
 travel to instance 0 as *direct* records, one per step of the split, and instance 0 hands them
