@@ -423,3 +423,80 @@ def test_an_idle_writer_stops_holding_the_watermark_back_on_ray(
                 ("y", 0, 10, 1, 4), ("z", 20, 30, 1, 16)],
     }  # fmt: skip
     assert got == {k: seconds(v) for k, v in embedded(path, tmp_path).items()}
+
+
+def test_the_cli_stops_a_stream_job_at_sigterm_and_resumes_it_at_another_parallelism(
+    module_server: Any, tmp_path: Path
+) -> None:
+    """``flight-serve run --runtime ray --parallelism 2`` on a stream whose writers keep
+    appending (a batch per writer every 0.3 s): SIGTERM once a checkpoint is on disk makes it
+    checkpoint and stop (exit 143; ``ray.init`` had replaced the handler with one that exits
+    with 1 and wrote nothing: fixed in ``start_ray``); run again at parallelism 3 it resumes
+    from that checkpoint and ends when the writers do, its file equal to the embedded run's
+    over the final stream."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from flight_serve.demo.nycflights13 import load_flights
+    from helpers import wait_until
+
+    location = module_server.location
+    table = load_flights().sort_by("sched_dep").slice(0, 90_000)
+    parts = {
+        o: table.filter(pc.equal(table["origin"], o)).to_batches(500)
+        for o in ("EWR", "JFK", "LGA")
+    }  # about 60 rounds: 18 s of writing
+    w = Writers(location, "cli", table.schema)
+    for origin, batches in parts.items():
+        w.put(origin, batches[0])
+    done = threading.Event()
+
+    def write() -> None:
+        sent = dict.fromkeys(parts, 1)
+        while any(sent[o] < len(parts[o]) for o in parts):
+            time.sleep(0.3)
+            for origin, batches in parts.items():
+                if sent[origin] < len(batches):
+                    w.put(origin, batches[sent[origin]])
+                    sent[origin] += 1
+                    if sent[origin] == len(batches):
+                        w.end(origin)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    out = tmp_path / "run"
+    out.mkdir()
+    path = out / "job.sql"
+    path.write_text(
+        "SET checkpoint_interval = '1s';\n" + FLIGHTS.format(location=location, stream="cli")
+    )
+    cli = [str(Path(sys.executable).parent / "flight-serve"), "run", str(path), "--runtime",
+           "ray", "--output-dir", str(out)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    first = subprocess.Popen([*cli, "--parallelism", "2"], stderr=subprocess.PIPE, text=True,
+                             env=env)  # fmt: skip
+    try:
+        state = out / "checkpoints" / "job"
+        wait_until(lambda: any(state.glob("epoch-*/MANIFEST.json")), "a checkpoint", 90)
+        assert not done.is_set(), "the writers ended before the job was stopped"
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 143, err
+        assert "terminated (SIGTERM): pipeline stopped after checkpoint" in err
+        second = subprocess.run([*cli, "--parallelism", "3"], capture_output=True, text=True,
+                                timeout=300, env=env)  # fmt: skip
+        assert second.returncode == 0, second.stderr
+        assert "resumed from checkpoint" in second.stderr
+        assert "ray: 3 window and 3 source actors" in second.stderr
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate(timeout=30)
+        writer.join(120)
+        w.close()
+    plain = tmp_path / "plain.sql"
+    plain.write_text(FLIGHTS.format(location=location, stream="cli"))
+    assert files(out) == embedded(plain, tmp_path)

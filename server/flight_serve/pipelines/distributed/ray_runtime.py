@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -145,6 +146,10 @@ def start_ray(ray: Any, address: str | None = None) -> None:
     * ``faulthandler`` turned off again if ``ray.init`` turned it on; a process that had it on
       before (pytest does, before any engine exists) keeps it.
 
+    ``ray.init`` also replaces the main thread's SIGTERM handler with its own (which exits with
+    status 1 at once); a handler the caller had set (``flight-serve run``'s: checkpoint, then
+    stop with status 143) is put back.
+
     Raises:
         Whatever ``ray.init`` raises (a wrong address, a cluster that does not answer).
     """
@@ -154,6 +159,13 @@ def start_ray(ray: Any, address: str | None = None) -> None:
 
         ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     had_faulthandler = faulthandler.is_enabled()
+    # ray.init replaces the main thread's SIGTERM handler with one that exits at once (status
+    # 1): a caller's own (flight-serve run's: checkpoint, then stop) is put back
+    on_sigterm = (
+        signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     if address is None:  # "local": a new one even when `ray start` left a cluster running here
         ray.init(
             address="local",
@@ -167,6 +179,8 @@ def start_ray(ray: Any, address: str | None = None) -> None:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     if not had_faulthandler and faulthandler.is_enabled():
         faulthandler.disable()
+    if callable(on_sigterm):
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def resolve_parallelism(
