@@ -197,6 +197,10 @@ __all__ = [
     "window_inputs",
 ]
 
+#: A walk of the window state for the status maxima shorter than this (seconds) is taken after
+#: every step; a longer one at most every 20 times its time (``WindowWorker._sample``).
+_SAMPLE_EXACT_S = 0.001
+
 #: One instance's share of one input batch: its rows (``None``: none) and the whole batch's
 #: progress (ns since the epoch, ``None``: no row with a valid time).
 Share = tuple[pa.RecordBatch | None, int | None]
@@ -1605,9 +1609,9 @@ class WindowWorker:
 
     def _sample(self) -> None:
         """The status maxima after a step. Open panes and state bytes walk the state (about
-        30 ms for 8,000 keys with a ``count(DISTINCT)``): they are taken again only once 20
-        times the last walk's time has passed, so the walks cost at most about 5 % of the
-        run (every step with a small state)."""
+        30 ms for 8,000 keys with a ``count(DISTINCT)``): a walk that took a millisecond or
+        more is taken again only once 20 times its time has passed, so the walks cost at most
+        about 5 % of the run; a smaller state is walked after every step (exact maxima)."""
         self._queued_max = max(self._queued_max, self._queued())
         started = time.perf_counter()
         if started < self._sample_at:
@@ -1615,7 +1619,8 @@ class WindowWorker:
         self._panes_max = max(self._panes_max, self._open_panes())
         self._bytes_max = max(self._bytes_max, self._state_bytes())
         ended = time.perf_counter()
-        self._sample_at = ended + 20 * (ended - started)
+        cost = ended - started
+        self._sample_at = ended + 20 * cost if cost >= _SAMPLE_EXACT_S else 0.0
 
     def _batch(self, key: int, batch: pa.RecordBatch | None) -> pa.RecordBatch:
         if batch is not None:
