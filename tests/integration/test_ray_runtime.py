@@ -180,7 +180,7 @@ def test_an_error_in_an_actor_is_the_embedded_runs_error(ray_session: Any, tmp_p
         "key,t,v\na,1970-01-01 00:00:01,1\nb,1970-01-01 00:00:02,x\n"
     )
     (tmp_path / "pipeline.sql").write_text((case / "pipeline.sql").read_text())
-    with pytest.raises(ConnectorError, match=r"invalid value 'x'"):
+    with pytest.raises(ConnectorError, match=r"line 3, column v \(int64\): cannot convert 'x'"):
         run_on_ray(tmp_path / "pipeline.sql", output_dir=tmp_path, parallelism=2, write=False)
     path = case / "pipeline.sql"
     assert on_ray(path, tmp_path, 2) == embedded(path, tmp_path)

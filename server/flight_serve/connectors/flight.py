@@ -500,6 +500,20 @@ class FlightSource(ResumedSource):
         """Entries the server held beyond the last one handed out, as of the last message."""
         return max(self._server_end - self._position, 0)
 
+    @property
+    def position(self) -> int:
+        """The next offset not handed out: entries below it were polled (an entry that made
+        no event, such as a writer's second end-of-input marker, included)."""
+        return self._position
+
+    def cut_at(self, offset: int, rows: int) -> None:
+        """Set the offset :meth:`position_state` records to ``offset`` (``rows`` handed out
+        before it), for a source that other processes read: a distributed run's checkpoint
+        cuts the stream at an offset its workers reached (``pipelines.distributed``). Only for
+        a source that is not open."""
+        self._position = offset
+        self.rows = rows
+
     def position_state(self) -> dict[str, object]:
         """The offset as checkpoint JSON: the next entry not handed out, the incarnation, and
         the columns read (``schema``: the Arrow IPC schema in base64; a resumed run whose

@@ -1244,20 +1244,80 @@ class IcebergSource(ResumedSource):
             self._not_in_history(self._stop_id, current, "the stop_at snapshot")
         return chain[: ids.index(self._stop_id) + 1]
 
-    def _read(self, snapshot: Snapshot, full: bool) -> Iterator[pa.RecordBatch]:
+    def scan_of(self, snapshot: Snapshot, full: bool) -> Any:
+        """The pyiceberg scan :meth:`poll` reads ``snapshot`` with: its appended rows (an
+        incremental append scan of that one snapshot), or with ``full`` the table at it."""
         if full:
-            reader = self.table.scan(snapshot_id=snapshot.snapshot_id).to_arrow_batch_reader()
-        else:
-            scan = self.table.incremental_append_scan(
-                to_snapshot_id_inclusive=snapshot.snapshot_id
-            ).from_snapshot_id_inclusive(snapshot.snapshot_id)
-            reader = scan.to_arrow_batch_reader()
+            return self.table.scan(snapshot_id=snapshot.snapshot_id)
+        return self.table.incremental_append_scan(
+            to_snapshot_id_inclusive=snapshot.snapshot_id
+        ).from_snapshot_id_inclusive(snapshot.snapshot_id)
+
+    def _read(self, snapshot: Snapshot, full: bool) -> Iterator[pa.RecordBatch]:
+        yield from self.batches(self.scan_of(snapshot, full).to_arrow_batch_reader())
+
+    def batches(self, reader: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The batches a poll hands out of a scan's ``reader``: conformed to the source's
+        columns, at most ``batch_rows`` rows each, empty ones left out. pyiceberg reads the
+        scan's data files (its ``FileScanTask`` s) one after another, each file's batches in
+        turn, so no batch holds rows of two files: a reader of one task of the scan
+        (:meth:`task_reader`) gives exactly the batches of that file."""
         for batch in reader:
             if not batch.num_rows:
                 continue
             conformed = conform(batch, self.schema, self.what)
             for start in range(0, conformed.num_rows, self.batch_rows):
                 yield conformed.slice(start, self.batch_rows)
+
+    @staticmethod
+    def task_reader(scan: Any, task: Any) -> Iterator[pa.RecordBatch]:
+        """The batches of one data file (``task``, a ``FileScanTask`` of ``scan``) as the
+        scan's own reader reads them (the same pyiceberg path, for that one task)."""
+        from pyiceberg.table import _to_arrow_batch_reader_via_file_scan_tasks
+
+        return iter(_to_arrow_batch_reader_via_file_scan_tasks(scan, scan.projection(), [task]))
+
+    def read_task(self, snapshot_id: int, task: Any, full: bool) -> Iterator[pa.RecordBatch]:
+        """The batches of one data file (``task``, a ``FileScanTask`` of the scan of snapshot
+        ``snapshot_id``: a distributed run's split), as :meth:`poll` hands them out.
+
+        Raises:
+            ConnectorError, CatalogError: the snapshot or the file cannot be read.
+        """
+        snapshot = self.table.snapshot_by_id(snapshot_id)
+        if snapshot is None:
+            raise ConnectorError(f"{self.what}: snapshot {snapshot_id} is gone (expired)")
+        try:
+            scan = self.scan_of(snapshot, full)
+            yield from self.batches(self.task_reader(scan, task))
+        except (ConnectorError, CatalogError):
+            raise
+        except Exception as exc:  # pyiceberg: a data file or the snapshot is gone
+            raise _failed(
+                f"{self.what}: cannot read snapshot {snapshot_id} "
+                f"(file {task.file.file_path}): {exc}",
+                exc,
+            ) from exc
+
+    def wanted(self, snapshot: Snapshot) -> bool:
+        """Whether :meth:`poll` reads ``snapshot`` (an append), as it decides: a replace is
+        skipped, an overwrite or delete skipped (and logged) or refused as the options say.
+
+        Raises:
+            NonAppendSnapshotError: an overwrite or delete snapshot not to be skipped.
+        """
+        return self._check(snapshot)
+
+    def cut_at(self, snapshot: Snapshot | None, rows: int, snapshots: int, ended: bool) -> None:
+        """Set the offset :meth:`position_state` records: ``snapshot`` consumed (``None``:
+        none since the source was made), ``rows`` and ``snapshots`` read in all, and whether
+        the source's end comes next (``stop_at`` reached): for a source that other processes
+        read (a distributed run's checkpoint, ``pipelines.distributed``). Only for a source
+        that is not polled."""
+        if snapshot is not None:
+            self.snapshot_id, self._first = snapshot.snapshot_id, None
+            self._seq = _sequence(snapshot)
+        self.rows, self.snapshots_read, self._ended = rows, snapshots, ended
 
     def _check(self, snapshot: Snapshot) -> bool:
         """Whether to read ``snapshot`` (an append); skips are logged, failures raised."""

@@ -155,6 +155,14 @@ def start_server(
     else:
         config = ServerConfig(Path(config), **options)
     tokens, users = _credentials(config)
+    job_token = None
+    if config.ray_address is not None and config.pipelines and (tokens or users):
+        # its jobs on Ray read its streams over Flight: a token of their own (read, write)
+        from flight_serve.pipelines.distributed.jobs import job_token as read_job_token
+
+        job_token = read_job_token(Path(config.data_dir))
+        grant = TokenGrant(frozenset({"read", "write"}), "ray-jobs")
+        tokens = {**(tokens or {}), job_token: grant}
     metrics = config.metrics
     budget = config.memory_budget
     if config.memory_budget_bytes is not None:
@@ -233,6 +241,9 @@ def start_server(
                 plugins=service.plugins,
                 sandbox=config.python_sandbox(),
                 ray_address=config.ray_address,
+                stream_server=(_reachable(service.location), job_token)
+                if config.ray_address is not None
+                else None,
             )
             register_pipeline_actions(service.register_action, manager)
             service.pipeline_manager = manager
@@ -269,6 +280,17 @@ def _credentials(
     if config.users_file is not None:
         users = load_users_file(config.users_file)
     return tokens, users
+
+
+def _reachable(location: str) -> str:
+    """``location`` as another process reaches it: a wildcard host (``0.0.0.0``, ``::``) is
+    this machine's loopback (a job on a cluster of several machines needs the server to
+    listen on an address its nodes reach: ``serve --host``)."""
+    scheme, _, rest = location.partition("://")
+    host, _, port = rest.rpartition(":")
+    if host in ("0.0.0.0", "[::]", "::", ""):
+        host = "127.0.0.1"
+    return f"{scheme}://{host}:{port}"
 
 
 def _window_state_bytes(manager: Any) -> Callable[[], int]:

@@ -94,13 +94,25 @@ def flight_auth(options: dict[str, Option], base_dir: Path) -> FlightClientAuth 
     return FlightClientAuth(pem.get("tls_ca"), pem.get("tls_cert"), pem.get("tls_key"), token)
 
 
-def _server(options: dict[str, Option]) -> str:
-    """The ``server`` option of a flight connector (default :data:`DEFAULT_SERVER`).
+def _auth(options: dict[str, Option], host: ConnectorHost) -> FlightClientAuth | None:
+    """:func:`flight_auth` of a connector's options; without a ``server`` option, a server's
+    job on Ray authenticates to that server with the token it was given."""
+    if "server" not in options and host.stream_server is not None:
+        token = host.stream_server[1]
+        return FlightClientAuth(token=token) if token else None
+    return flight_auth(options, host.plan.base_dir)
+
+
+def _server(options: dict[str, Option], host: ConnectorHost | None = None) -> str:
+    """The ``server`` option of a flight connector (default: the host's ``stream_server``, a
+    server's job on Ray; else :data:`DEFAULT_SERVER`).
 
     Raises:
         PipelineSQLError: not a Flight URI (``http://…``), pointing at the value.
     """
     if "server" not in options:
+        if host is not None and host.stream_server is not None:
+            return host.stream_server[0]
         return DEFAULT_SERVER
     problem = server_uri_problem(options["server"].text)
     if problem is not None:
@@ -131,7 +143,7 @@ def _ticket_source(
     host: ConnectorHost, relation: RelationDef, ticket: bytes, rows: int
 ) -> FlightTicketSource:
     options = relation.connector
-    server = _server(options)
+    server = _server(options, host)
     try:
         source = FlightTicketSource(
             server,
@@ -139,7 +151,7 @@ def _ticket_source(
             name=relation.name,
             schema=relation.columns,
             start_rows=rows,
-            auth=flight_auth(options, host.plan.base_dir),
+            auth=_auth(options, host),
         )
     except ConnectorError as exc:
         raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
@@ -165,7 +177,7 @@ def _run_source(
     if ticket is not None:
         return _ticket_source(host, relation, ticket, 0)
     resume_at = start_offset
-    server = _server(options)
+    server = _server(options, host)
     stream = options["stream"].text if "stream" in options else relation.name
     start_offset = 0
     if "start_offset" in options:
@@ -189,7 +201,7 @@ def _run_source(
             schema=relation.columns,
             start_offset=start_offset if resume_at is None else resume_at,
             stop_at_end=stop_at_end,
-            auth=flight_auth(options, host.plan.base_dir),
+            auth=_auth(options, host),
         )
     except ConnectorError as exc:
         raise sql_error(f"SOURCE {relation.name}: {exc}", relation.node.this) from exc
@@ -335,14 +347,19 @@ def flight_sink_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
     """
     what = f"SINK {sink.name}"
     options = sink.connector
-    if "server" not in options and host.writes and host.store is None:
+    if (
+        "server" not in options
+        and host.writes
+        and host.store is None
+        and host.stream_server is None
+    ):
         raise options["connector"].error(
             f"{what}: a run in this process writes only into a server the pipeline "
             f"names: add server = '{DEFAULT_SERVER}' (the server's Flight URI) to the "
             "sink. Submitted to a server (flight-serve submit), a flight sink without "
             "a server option writes that server's own stream"
         )
-    server = _server(options)
+    server = _server(options, host)
     stream = options["stream"].text if "stream" in options else sink.name
     writer = options["writer"].text if "writer" in options else sink.name
     own = "server" not in options and host.store is not None
@@ -352,6 +369,6 @@ def flight_sink_slot(host: ConnectorHost, sink: SinkDef) -> SinkSlot:
         "arrow",
         None,
         flight=(server, stream, writer),
-        flight_auth=flight_auth(options, host.plan.base_dir),
+        flight_auth=_auth(options, host),
         store_writer=(stream, writer) if own else None,
     )

@@ -451,6 +451,9 @@ class PipelineManager:
             whose parallelism is above 1 runs there as a detached job
             (:mod:`~flight_serve.pipelines.distributed.jobs`); ``None``: every pipeline runs in
             this process (at parallelism 1).
+        stream_server: ``(Flight location, bearer token or None)`` of this server as its jobs
+            reach it: a job's ``flight`` connectors without a ``server`` option read and write
+            this server's streams over Flight (``None``: refused in a job).
 
     Raises:
         StorageError: the registry cannot be opened.
@@ -465,9 +468,13 @@ class PipelineManager:
         plugins: PluginHub | None = None,
         sandbox: SandboxConfig | None = None,
         ray_address: str | None = None,
+        stream_server: tuple[str, str | None] | None = None,
     ) -> None:
         self.store = store
         self.ray_address = ray_address
+        #: ``(Flight location, bearer token or None)`` of this server as its jobs on Ray reach
+        #: it: their ``flight`` connectors without ``server`` read this store over Flight
+        self.stream_server = stream_server
         self._ray: Any = None
         #: Ray was connected by this manager (so :meth:`stop` disconnects it)
         self._ray_connected = False
@@ -577,6 +584,7 @@ class PipelineManager:
             upgrade=record.version > 1,
             sandbox=self.sandbox,
             function_files=files,
+            stream_server=self.stream_server,
         )
 
     def _launch(self, record: PipelineRecord, runtime: DurableRuntime | None) -> None:

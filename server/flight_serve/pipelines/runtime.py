@@ -126,6 +126,10 @@ class PipelineRuntime:
             streams); ``None`` in a run in this process.
         reconnect_s: how long (seconds) a source on another server waits for it to come back
             (a checkpointed run's: ``RETRY_BUDGET_S``); ``None``: the source's default.
+        stream_server: ``(Flight location, bearer token or None)`` of the server whose
+            streams the ``flight`` connectors without a ``server`` option name, read over
+            Flight (a job a server submitted to Ray); ``None``: the store's, else
+            ``DEFAULT_SERVER``.
 
     Raises:
         PipelineSQLError: a connector option, a file, a column or a query that cannot work,
@@ -149,8 +153,11 @@ class PipelineRuntime:
         sandbox: SandboxConfig | None = None,
         store: StreamStore | None = None,
         reconnect_s: float | None = None,
+        stream_server: tuple[str, str | None] | None = None,
     ) -> None:
         self.plan = plan
+        #: the server of ``flight`` connectors without ``server`` when there is no store
+        self.stream_server = stream_server
         #: how long a source on another server waits for it to come back (checkpointed runs)
         self.reconnect_s = reconnect_s
         #: a server pipeline's store: its ``flight`` connectors without ``server`` read and

@@ -40,6 +40,9 @@ class ConnectorHost(Protocol):
             else ``None``.
         reconnect_s: how long a source on another server waits for that server to come back
             (a checkpointed run's), seconds; ``None``: the source's own default.
+        stream_server: ``(Flight location, bearer token or None)`` of the server ``flight``
+            connectors without a ``server`` option read and write over Flight (a server's job
+            on Ray), else ``None``.
     """
 
     plan: PipelinePlan
@@ -49,6 +52,7 @@ class ConnectorHost(Protocol):
     store: StreamStore | None
     coordinator: CheckpointCoordinator | None
     reconnect_s: float | None
+    stream_server: tuple[str, str | None] | None
 
     def report_gap(self, message: str) -> None:
         """An ``offset_reset = 'earliest'`` resume skipped input (``message`` says what)."""

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import secrets
 import socket
 import threading
 import time
@@ -62,6 +64,7 @@ __all__ = [
     "connect",
     "find_job",
     "job_name",
+    "job_token",
     "start_job",
 ]
 
@@ -95,6 +98,9 @@ class JobRequest:
             ``--allow-unsandboxed-python``); ``None``: ``SandboxConfig()``.
         function_files: the code of its ``USING '<file>'`` functions by path as written (the
             server's stored copy, so no node needs the files); ``None``: read from ``base_dir``.
+        stream_server: ``(Flight location, bearer token or None)`` of the submitting server:
+            its ``flight`` connectors without a ``server`` option read (and write) that
+            server's streams over Flight; ``None``: such connectors are refused.
     """
 
     pipeline: str
@@ -107,6 +113,7 @@ class JobRequest:
     upgrade: bool = False
     sandbox: SandboxConfig | None = None
     function_files: dict[str, bytes] | None = None
+    stream_server: tuple[str, str | None] | None = None
 
     def plan(self) -> PipelinePlan:
         """The pipeline, planned as its job plans it.
@@ -120,6 +127,30 @@ class JobRequest:
         """The pipeline's name as a file in ``base_dir`` (it need not exist: relative paths
         start at its directory)."""
         return Path(self.base_dir) / f"{self.pipeline}.sql"
+
+
+def job_token(data_dir: Path) -> str:
+    """The bearer token a server's jobs on Ray present to that server (read and write roles)
+    when they read its streams over Flight: made once and kept in ``<data-dir>/ray-job-token``
+    (mode 0600, beside the registry), so a restarted server accepts the jobs that outlived
+    the one before it.
+
+    Raises:
+        OSError: the file cannot be read or written.
+    """
+    path = Path(data_dir) / "ray-job-token"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    staged = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    os.replace(staged, path)
+    return token
 
 
 def job_name(data_dir: Path, pipeline: str, version: int) -> str:
@@ -145,7 +176,7 @@ def check_job(request: JobRequest) -> tuple[int, dict[str, str]]:
     plan = request.plan()
     options = plan.run_options
     parallelism = resolve_parallelism(None, options.parallelism, options.max_parallelism)
-    check_checkpointed(plan, server=False)
+    check_checkpointed(plan, server=request.stream_server is not None)
     spec = JobSpec(
         request.sql,
         str(request.path()),
@@ -155,6 +186,7 @@ def check_job(request: JobRequest) -> tuple[int, dict[str, str]]:
         request.state_root,
         request.sandbox,
         request.function_files,
+        request.stream_server,
     )
     driver = spec.runtime()
     try:
@@ -162,6 +194,8 @@ def check_job(request: JobRequest) -> tuple[int, dict[str, str]]:
         return parallelism[0], dict(summary_of(driver, {}).targets)
     finally:  # building it started a sandbox worker per Python function: none is kept
         driver.user_functions.close()
+        for source in driver.flight_sources.values():
+            source.close()
 
 
 def connect(address: str) -> Any:
@@ -353,6 +387,7 @@ class JobCoordinator:
                 upgrade=request.upgrade,
                 sandbox=request.sandbox,
                 function_files=request.function_files,
+                stream_server=request.stream_server,
                 checkpoint_now=self._checkpoint_now,
                 on_checkpoint=self._on_checkpoint,
                 on_status=self._on_status,

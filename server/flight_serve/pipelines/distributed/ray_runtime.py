@@ -2,8 +2,9 @@
 
 :func:`run_on_ray` places one :class:`~.workers.WindowWorker` actor per instance
 (``parallelism``) and up to ``parallelism`` :class:`~.workers.SourceWorker` actors (one per file
-or Parquet row-group part at most), each owning files of the file sources
-(:func:`~.workers.assign_splits`). A source actor sends each window actor its records with an
+or Parquet row-group part at most; ``parallelism`` with a stream source), each owning files of
+the file sources and writers of the stream sources (:func:`~.workers.assign_splits`,
+:mod:`.streams`; the driver decides where each stream starts and sends it to every actor). A source actor sends each window actor its records with an
 actor call (``put``): the batches travel through Ray's object store (Arrow buffers, pickled out
 of band), in order per caller, at most :data:`IN_FLIGHT` calls unanswered per window actor
 (backpressure). A window actor sends the second exchange's records (a windowed query reading
@@ -14,6 +15,9 @@ run, so sinks are written by one process. Without ``address`` a local Ray is sta
 run (``num_cpus=2``, no dashboard, loopback only) and stopped after it; with one
 (``auto``, ``ray://host:10001``), the run joins that cluster, whose nodes must read the same
 input paths and the same ``flight_serve`` version.
+
+While a stream source runs, the driver also ticks the window actors at each collection (every
+0.2 s): their idle partitions (``idle_timeout``) are processing time.
 
 **Checkpoints** (``SET checkpoint_interval`` / ``checkpoint_every``, or a ``state_root``): the
 driver is the checkpoint coordinator (:class:`~flight_serve.pipelines.coordinator.CheckpointCoordinator`,
@@ -37,10 +41,11 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +61,8 @@ from flight_serve.pipelines.coordinator import (
     ResumeFrom,
 )
 from flight_serve.pipelines.distributed.keygroups import DEFAULT_MAX_PARALLELISM
+from flight_serve.pipelines.distributed.streams import fed_streams, stream_starts
+from flight_serve.pipelines.distributed.tables import table_plans
 from flight_serve.pipelines.distributed.workers import (
     Cut,
     InstanceStatus,
@@ -65,6 +72,10 @@ from flight_serve.pipelines.distributed.workers import (
     SourceCut,
     SourceWorker,
     Splits,
+    StreamCut,
+    StreamStart,
+    TableCut,
+    TablePlan,
     Taken,
     WindowWorker,
     assign_splits,
@@ -135,6 +146,10 @@ def start_ray(ray: Any, address: str | None = None) -> None:
     * ``faulthandler`` turned off again if ``ray.init`` turned it on; a process that had it on
       before (pytest does, before any engine exists) keeps it.
 
+    ``ray.init`` also replaces the main thread's SIGTERM handler with its own (which exits with
+    status 1 at once); a handler the caller had set (``flight-serve run``'s: checkpoint, then
+    stop with status 143) is put back.
+
     Raises:
         Whatever ``ray.init`` raises (a wrong address, a cluster that does not answer).
     """
@@ -144,6 +159,13 @@ def start_ray(ray: Any, address: str | None = None) -> None:
 
         ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     had_faulthandler = faulthandler.is_enabled()
+    # ray.init replaces the main thread's SIGTERM handler with one that exits at once (status
+    # 1): a caller's own (flight-serve run's: checkpoint, then stop) is put back
+    on_sigterm = (
+        signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread()
+        else None
+    )
     if address is None:  # "local": a new one even when `ray start` left a cluster running here
         ray.init(
             address="local",
@@ -157,6 +179,8 @@ def start_ray(ray: Any, address: str | None = None) -> None:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     if not had_faulthandler and faulthandler.is_enabled():
         faulthandler.disable()
+    if callable(on_sigterm):
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def resolve_parallelism(
@@ -245,24 +269,34 @@ class _Host:
         self._failed: BaseException | None = None
 
     def window(
-        self, spec: JobSpec, instance: int, restore: Restore | None, windows: list[Any]
+        self,
+        spec: JobSpec,
+        instance: int,
+        restore: Restore | None,
+        windows: list[Any],
+        streams: dict[str, StreamStart],
+        tables: dict[str, TablePlan],
     ) -> None:
         self._source = None
         self._failed = None
         self._windows, self._sent = windows, []
-        self._window = WindowWorker(spec, instance, restore)
+        self._window = WindowWorker(spec, instance, restore, streams, tables)
 
     def source(
         self,
         spec: JobSpec,
         splits: Splits,
         windows: list[Any],
-        start: dict[str, SourceCut] | None,
+        start: dict[str, SourceCut | StreamCut | TableCut] | None,
+        streams: dict[str, StreamStart],
+        tables: dict[str, TablePlan],
     ) -> None:
         self._window = None
         self._windows = windows
         self._in_flight = [[] for _ in windows]
-        self._source = SourceWorker(spec, splits, self._send, start=start)
+        self._source = SourceWorker(
+            spec, splits, self._send, start=start, streams=streams, tables=tables
+        )
 
     def reset(self) -> None:
         self._window = self._source = None
@@ -325,8 +359,13 @@ class _Host:
     def take(self) -> Taken:
         return self._worker().take()
 
-    def position(self) -> dict[str, int]:
-        return self._worker().position()
+    def tick(self) -> None:
+        self._run(lambda w: w.tick())
+
+    def position(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Steps consumed per source, and per stream the offset every instance reaches."""
+        worker = self._worker()
+        return worker.position(), worker.known()
 
     def arm(self, barrier: int, epoch: int, positions: dict[str, int]) -> bool:
         return bool(self._run(lambda w: w.arm(barrier, epoch, positions)))
@@ -421,8 +460,15 @@ class _CutGraph:
     """The graph a distributed checkpoint is taken of (``coordinator.Checkpointed``): the
     driver's sinks, and the state and offsets the window actors wrote at their cuts."""
 
-    def __init__(self, driver: PipelineRuntime, spec: JobSpec, cuts: list[Cut]) -> None:
+    def __init__(
+        self,
+        driver: PipelineRuntime,
+        spec: JobSpec,
+        cuts: list[Cut],
+        tables: dict[str, TablePlan] | None = None,
+    ) -> None:
         self.driver, self.spec, self.cuts = driver, spec, sorted(cuts, key=lambda c: c.instance)
+        self.tables = tables or {}
 
     def drain(self) -> None:
         """Nothing in flight: the actors' output before the cut is delivered already."""
@@ -451,9 +497,29 @@ class _CutGraph:
         return operators
 
     def snapshot_sources(self) -> dict[str, dict[str, Any]]:
-        """Each file source's offset at the cut, in the embedded file source's format."""
+        """Each source's offset at the cut, in the embedded source's format (a file source's
+        batches per file; a stream's next offset; an Iceberg source's last snapshot)."""
+        from flight_serve.connectors.flight import FlightSource
+        from flight_serve.connectors.iceberg import IcebergSource
+
         for name, cut in self.cuts[0].sources.items():  # a source no query reads: never read
-            cut.apply(self.driver.sources[name])
+            if isinstance(cut, StreamCut):
+                source = self.driver.flight_sources[name]
+                assert isinstance(source, FlightSource)
+                source.cut_at(cut.offset, cut.rows)
+            elif isinstance(cut, TableCut):
+                table = self.driver.flight_sources[name]
+                assert isinstance(table, IcebergSource)
+                plan = self.tables[name]
+                last = plan.snapshots[cut.snapshots - 1][0] if cut.snapshots else None
+                table.cut_at(
+                    table.table.snapshot_by_id(last) if last is not None else None,
+                    cut.rows,
+                    plan.snapshots_read + cut.snapshots,
+                    plan.ends and cut.snapshots == len(plan.snapshots),
+                )
+            else:
+                cut.apply(self.driver.sources[name])
         return self.driver.snapshot_sources()
 
     def prepare_sinks(self, epoch: int, files: dict[str, bytes]) -> dict[str, dict[str, Any]]:
@@ -495,6 +561,12 @@ class _Barriers:
         self.checkpoint_now = checkpoint_now or threading.Event()
         coordinator.graph = self.driver  # due() asks it for pending rows
         self.sources = fed_sources(driver)
+        #: stream sources: a barrier goes no further than the entries the actors have seen
+        self.streams = set(fed_streams(driver))
+        #: where each stream starts (its first position) when no checkpoint is resumed
+        self.first: dict[str, int] = {}
+        #: what each Iceberg source reads in this attempt (a cut names its snapshots)
+        self.tables: dict[str, TablePlan] = {}
         self.barrier = 0  # the last barrier's number
         self.armed: int | None = None  # the barrier in flight
         self.cuts: dict[int, Cut] = {}
@@ -557,7 +629,9 @@ class _Barriers:
         barrier that many steps after the start, so no actor can have passed it."""
         self._windows = windows
         cuts = restore.sources if restore is not None else {}
-        self.base = {n: cuts[n].position if n in cuts else 0 for n in self.sources}
+        self.base = {
+            n: cuts[n].position if n in cuts else self.first.get(n, 0) for n in self.sources
+        }
         every = self.coordinator.options.checkpoint_every
         if every is not None and self.sources:
             self._arm({n: self.base[n] + every for n in self.sources})
@@ -590,8 +664,10 @@ class _Barriers:
                 self._arm({n: self.targets[n] + every for n in self.sources})
         if self.armed is not None or ending:
             return
-        positions = self._windows_call("position")
+        answers = self._windows_call("position")
+        positions = [p for p, _ in answers]
         furthest = {n: max(p.get(n, 0) for p in positions) for n in self.sources}
+        known = {n: max(k.get(n, 0) for _, k in answers) for n in self.streams}
         coordinator = self.coordinator
         coordinator.events = sum(furthest.values()) - sum(self.base.values())
         forced = self.checkpoint_now.is_set()
@@ -604,7 +680,10 @@ class _Barriers:
             moved = furthest[name] - self.previous.get(name, furthest[name])
             self.ahead[name] = max(self.ahead[name], 2 * moved)
         self.previous = furthest
-        self._arm({n: furthest[n] + self.ahead[n] for n in self.sources})
+        targets = {n: furthest[n] + self.ahead[n] for n in self.sources}
+        for name in self.streams:  # a live stream may have no entry beyond what arrived
+            targets[name] = max(min(targets[name], known[name]), furthest[name])
+        self._arm(targets)
 
     def _complete(self) -> None:
         self._take(list(self.cuts.values()), finished=False)
@@ -613,7 +692,7 @@ class _Barriers:
 
     def _take(self, cuts: list[Cut], *, finished: bool) -> CheckpointInfo:
         coordinator = self.coordinator
-        coordinator.graph = _CutGraph(self.driver, self.spec, cuts)
+        coordinator.graph = _CutGraph(self.driver, self.spec, cuts, self.tables)
         try:
             info = coordinator.take(finished=finished)
         finally:
@@ -651,15 +730,27 @@ def _attempt(
     output: _Output,
     on_status: Callable[[list[InstanceStatus]], None] | None,
     restore: Restore | None,
+    streams: dict[str, StreamStart],
+    tables: dict[str, TablePlan],
 ) -> tuple[dict[str, int], int, int, list[InstanceStatus], int]:
-    """One attempt of the run (from the start, or from ``restore``); returns ``(late rows by
-    label, put calls, records, the instances' last status, source actors)``."""
+    """One attempt of the run (from the start, or from ``restore``; ``streams``: where the
+    driver starts each stream source, ``tables``: what each Iceberg source reads); returns
+    ``(late rows by label, put calls, records, the instances' last status, source
+    actors)``."""
     windows = _hosts(ray, "window", spec.parallelism)
     sources = _hosts(ray, "source", len(splits))
     start = restore.sources if restore is not None else None
-    ray.get([w.window.remote(spec, i, restore, windows) for i, w in enumerate(windows)])
     ray.get(
-        [h.source.remote(spec, s, windows, start) for h, s in zip(sources, splits, strict=True)]
+        [
+            w.window.remote(spec, i, restore, windows, streams, tables)
+            for i, w in enumerate(windows)
+        ]
+    )
+    ray.get(
+        [
+            h.source.remote(spec, s, windows, start, streams, tables)
+            for h, s in zip(sources, splits, strict=True)
+        ]
     )
     output.begin(windows, restore)
     running = [s.run.remote() for s in sources]
@@ -667,6 +758,8 @@ def _attempt(
     pending = list(running)
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=_GATHER_S)
+        if streams and pending:  # idle partitions: processing time passed
+            ray.get([w.tick.remote() for w in windows])
         for i, taken in enumerate(ray.get([w.take.remote() for w in windows])):
             output.taken_from(i, taken)
         output.tick(windows, ending=not pending)
@@ -733,14 +826,35 @@ def _unwrap(ray: Any, exc: BaseException) -> BaseException:
     return exc
 
 
-def _restore_of(coordinator: CheckpointCoordinator, driver: PipelineRuntime) -> Restore | None:
+def _restore_of(
+    coordinator: CheckpointCoordinator, driver: PipelineRuntime, tables: dict[str, TablePlan]
+) -> Restore | None:
     """What the workers need of the checkpoint the coordinator resumes (``None``: none); the
     driver's file sources were restored from its offsets when the driver was built."""
     manifest = coordinator.manifest
     if manifest is None:
         return None
-    cuts = {name: SourceCut.of(driver.sources[name]) for name in fed_sources(driver)}
+    cuts: dict[str, SourceCut | StreamCut | TableCut] = {
+        name: SourceCut.of(driver.sources[name])
+        for name in fed_sources(driver)
+        if name in driver.sources
+    }
+    for name, start in _streams_of(coordinator, driver).items():
+        cuts[name] = StreamCut(start.offset, start.rows, start.done)
+    for name, plan in tables.items():  # the plan starts at the checkpoint's snapshot
+        cuts[name] = TableCut(0, plan.rows, plan.done)
     return Restore(manifest.epoch, dict(manifest.operators), cuts)
+
+
+def _streams_of(
+    coordinator: CheckpointCoordinator | None, driver: PipelineRuntime
+) -> dict[str, StreamStart]:
+    """Where each stream source starts: as the driver's source opens (from the checkpoint's
+    offset when one is resumed); after the finished checkpoint every stream has ended."""
+    starts = stream_starts(driver)
+    if coordinator is not None and coordinator.finished:
+        starts = {name: replace(start, done=True) for name, start in starts.items()}
+    return starts
 
 
 @dataclass
@@ -785,14 +899,26 @@ def _checkpointed_attempt(
     )
     attempts.append(coordinator.resumed_from)
     driver = PipelineRuntime(
-        job.plan, output_dir=job.out_dir, coordinator=coordinator, sandbox=job.spec.sandbox
+        job.plan,
+        output_dir=job.out_dir,
+        coordinator=coordinator,
+        sandbox=job.spec.sandbox,
+        stream_server=job.spec.stream_server,
     )
-    restore = _restore_of(coordinator, driver)
+    tables = table_plans(driver, done=coordinator.finished)
+    restore = _restore_of(coordinator, driver, tables)
+    streams = _streams_of(coordinator, driver)
+    for source in driver.flight_sources.values():
+        source.close()  # its offset is set at each cut; the actors read the streams
     barriers = _Barriers(job.ray, coordinator, driver, job.spec, stop, job.checkpoint_now)
+    barriers.first = {name: start.offset for name, start in streams.items()}
+    barriers.tables = tables
     driver.open_sinks()
     ended = False
     try:
-        result = _attempt(job.ray, job.spec, splits, barriers, on_status, restore)
+        result = _attempt(
+            job.ray, job.spec, splits, barriers, on_status, restore, streams, tables
+        )
         for slot in driver.sinks.values():
             if slot.epoch is not None:
                 slot.epoch.end_input()
@@ -828,6 +954,7 @@ def run_on_ray(
     sandbox: SandboxConfig | None = None,
     function_files: dict[str, bytes] | None = None,
     checkpoint_now: threading.Event | None = None,
+    stream_server: tuple[str, str | None] | None = None,
 ) -> tuple[RunSummary, RayRunStats]:
     """Run the pipeline file ``path`` on Ray (see the module docstring).
 
@@ -876,6 +1003,10 @@ def run_on_ray(
         checkpoint_now: when set, the run arms a barrier at once (unless one is in flight or
             the sources ended) and clears it: a checkpoint on demand (``pipelines
             checkpoint``); with checkpoints only.
+        stream_server: ``(Flight location, bearer token or None)`` of the server whose streams
+            the ``flight`` connectors without a ``server`` option name (a server's job: its
+            own streams, read and written over Flight); ``None``: such connectors are refused
+            in a checkpointed run, as in ``flight-serve run``.
 
     Returns:
         The run's summary (rows per sink, targets, late rows summed over instances) and its
@@ -910,20 +1041,28 @@ def run_on_ray(
             )
         if collect is not None or not write:
             raise ValueError("a checkpointed run writes its sinks; collect without checkpoints")
-        check_checkpointed(plan, server=False)
+        check_checkpointed(plan, server=stream_server is not None)
         root = state_root or run_options.state_root
         if root is None:
             root = str(out_dir / "checkpoints" / path.stem)
         if "://" not in root:
             root = str(Path(root).resolve())  # the actors' working directory is not ours
-    spec = JobSpec(sql, str(path), str(out_dir), p, max_p, root, sandbox, function_files)
+    spec = JobSpec(
+        sql, str(path), str(out_dir), p, max_p, root, sandbox, function_files, stream_server
+    )
     driver = first = spec.runtime()  # its functions are closed at the end: the actors call them
     try:
         check_distributable(driver)
         splits = assign_splits(driver, p)
+        streams = stream_starts(driver)  # a run without checkpoints starts each one here
+        tables = {} if checkpointed else table_plans(driver)  # else each attempt's driver
     except BaseException:
         first.user_functions.close()
+        for source in first.flight_sources.values():
+            source.close()
         raise
+    for source in first.flight_sources.values():
+        source.close()
     started = False
     if not ray.is_initialized():
         start_ray(ray, address)
@@ -965,7 +1104,9 @@ def run_on_ray(
                     declined += barriers.declined
                     resumed = attempts[0]
                 else:
-                    result = _attempt(ray, spec, splits, replay, on_status, None)
+                    result = _attempt(
+                        ray, spec, splits, replay, on_status, None, streams, tables
+                    )
                 late, calls, records, instances, n_sources = result
                 break
             except Exception as exc:
