@@ -27,7 +27,13 @@ checkpoint survives a power cut too; on object stores a completed upload is dura
 
 **Retention** keeps the newest ``retain`` complete checkpoints and deletes older ones and
 incomplete ones (never the newest complete one: a checkpoint is self-contained, so the newest
-complete checkpoint is all a restore needs).
+complete checkpoint is all a restore needs). A running pipeline prunes on a thread of the state
+root's own (:meth:`CheckpointStore.prune_later`), not on its run loop: inside a running server
+here, deleting an old checkpoint's directory took 36 ms at the median (0.24 ms for the same
+directory deleted alone on the same disk), time the loop spent before polling its next batch. An old checkpoint's manifest is
+deleted first, so a checkpoint deleted halfway (the process ended meanwhile) is an incomplete one,
+never a complete one with files missing. :meth:`CheckpointStore.settle` waits for the pruning
+asked for so far; the run, ``clear`` and ``discard_after`` call it.
 
 Errors: :class:`~flight_serve.errors.CheckpointError` (an unreadable, incomplete or mismatched
 checkpoint, a state root that cannot be written), with what to do about it.
@@ -38,8 +44,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +72,11 @@ __all__ = [
 MANIFEST = "MANIFEST.json"
 _FORMAT = 1
 _EPOCH_DIR = re.compile(r"epoch-(\d{10})")
+
+log = logging.getLogger("flight_serve.pipelines")
+
+#: How long a state root's pruning thread waits for more work before it ends (seconds).
+_PRUNER_IDLE_S = 5.0
 
 
 def fingerprint(text: str) -> str:
@@ -359,12 +372,30 @@ class CheckpointStore:
         doomed = [e for e in dirs if e not in keep and e < newest]
         for epoch in sorted(doomed):
             with contextlib.suppress(OSError, pa.ArrowException):
+                if epoch in complete:  # incomplete first: never complete with files missing
+                    self.fs.delete_file(f"{dirs[epoch]}/{MANIFEST}")
                 self.fs.delete_dir(dirs[epoch])
         return sorted(doomed)
+
+    def prune_later(self, retain: int) -> None:
+        """:meth:`prune` on the state root's pruning thread (one per state root in this
+        process, started when needed, ended after 5 s without work); returns at once. Asked
+        again before it ran, it prunes once, with the latest ``retain``. A failure to list the
+        state root is logged there (the next checkpoint's write reports a root that cannot be
+        written)."""
+        _Pruner.of(self).request(self, retain)
+
+    def settle(self) -> None:
+        """Wait until the pruning asked for by :meth:`prune_later` (by any store of this state
+        root in this process) is done."""
+        pruner = _Pruner.existing(self)
+        if pruner is not None:
+            pruner.settle()
 
     def discard_after(self, epoch: int) -> list[int]:
         """Delete every checkpoint newer than ``epoch`` (a resume from an older epoch starts a
         new lineage from there). Returns the epochs deleted."""
+        self.settle()
         doomed = sorted(e for e in self._epoch_dirs() if e > epoch)
         dirs = self._epoch_dirs()
         for e in doomed:
@@ -374,6 +405,7 @@ class CheckpointStore:
 
     def clear(self) -> None:
         """Delete every checkpoint (``--fresh``)."""
+        self.settle()
         for path in self._epoch_dirs().values():
             with contextlib.suppress(OSError, pa.ArrowException):
                 self.fs.delete_dir(path)
@@ -382,3 +414,66 @@ class CheckpointStore:
 def now_utc() -> datetime:
     """The current aware UTC instant."""
     return datetime.now(UTC)
+
+
+class _Pruner:
+    """The pruning thread of one state root (:meth:`CheckpointStore.prune_later`)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._wanted: tuple[CheckpointStore, int] | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _key(store: CheckpointStore) -> tuple[str, str]:
+        return (type(store.fs).__name__, store.root)
+
+    @classmethod
+    def of(cls, store: CheckpointStore) -> _Pruner:
+        with _PRUNERS_LOCK:
+            return _PRUNERS.setdefault(cls._key(store), cls())
+
+    @classmethod
+    def existing(cls, store: CheckpointStore) -> _Pruner | None:
+        with _PRUNERS_LOCK:
+            return _PRUNERS.get(cls._key(store))
+
+    def request(self, store: CheckpointStore, retain: int) -> None:
+        with self._cond:
+            self._wanted = (store, retain)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"prune {store.uri}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def settle(self) -> None:
+        with self._cond:
+            while self._wanted is not None or self._busy:
+                self._cond.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._wanted is None:
+                    self._cond.wait(_PRUNER_IDLE_S)
+                if self._wanted is None:
+                    self._thread = None
+                    return
+                (store, retain), self._wanted = self._wanted, None
+                self._busy = True
+            try:
+                store.prune(retain)
+            except Exception as exc:  # a root that cannot be listed: the next write says so
+                log.warning("pruning old checkpoints in %s failed: %s", store.uri, exc)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+#: The pruning threads of this process, by (file system type, state root path).
+_PRUNERS: dict[tuple[str, str], _Pruner] = {}
+_PRUNERS_LOCK = threading.Lock()

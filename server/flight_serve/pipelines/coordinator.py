@@ -17,7 +17,9 @@ counts as one), or ``checkpoint_interval`` of processing time passed; or at once
    prepares its epoch (:class:`~flight_serve.connectors.base.EpochSink`), staging files in the
    checkpoint;
 3. the manifest is written last (the checkpoint is complete);
-4. the epoch sinks commit; old checkpoints are pruned.
+4. the epoch sinks commit; old checkpoints are pruned (on the state root's pruning thread,
+   :meth:`~flight_serve.pipelines.checkpoint.CheckpointStore.prune_later`; at once after the
+   finished checkpoint).
 
 The graph it checkpoints is given as a :class:`Checkpointed`.
 
@@ -418,7 +420,11 @@ class CheckpointCoordinator:
         graph.commit_sinks(epoch)
         self.epoch = epoch
         crash_point("commit", epoch)
-        self.checkpoints.prune(self.options.checkpoint_retain)
+        if finished:  # the run ends here: leave the state root as retention says
+            self.checkpoints.settle()
+            self.checkpoints.prune(self.options.checkpoint_retain)
+        else:  # off the run loop (see the checkpoint module's Retention)
+            self.checkpoints.prune_later(self.options.checkpoint_retain)
         info = CheckpointInfo(epoch, taken_at, time.perf_counter() - started, written, finished)
         self._events_at_checkpoint = self.events
         if self._interval_s is not None:

@@ -534,7 +534,9 @@ class PipelineRuntime:
                 mark = coordinator.sink_mark(name)
                 restored = manifest.epoch if manifest is not None else None
                 finished = manifest is not None and manifest.finished
-                args = EpochSinkArgs(self, pipeline, mark, int(mark.get("rows", 0)), restored, finished)
+                args = EpochSinkArgs(
+                    self, pipeline, mark, int(mark.get("rows", 0)), restored, finished
+                )
                 epoch = slot.epoch = spec.epoch_sink(slot, args)
                 if manifest is not None:  # redo the commit of the checkpoint resumed from
                     staged = coordinator.staged(mark)
@@ -613,6 +615,8 @@ class PipelineRuntime:
             for slot in self.sinks.values():
                 if slot.epoch is not None:
                     slot.epoch.close()
+            if coordinator is not None:  # old checkpoints pruned before the run returns
+                coordinator.checkpoints.settle()
 
     def _run(self, *, write: bool, collect: bool) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The run loop with its sinks opened; every node, source and plain sink closed."""
@@ -697,9 +701,7 @@ class PipelineRuntime:
     def summary(self) -> RunSummary:
         """Rows per sink, targets (a server's own stream is ``stream <name>``) and late rows
         so far."""
-        late = {
-            n.query.label: rows for n in self.nodes if (rows := n.late_rows()) is not None
-        }
+        late = {n.query.label: rows for n in self.nodes if (rows := n.late_rows()) is not None}
         return RunSummary(
             rows={name: slot.rows for name, slot in self.sinks.items()},
             targets={name: slot.summary_target for name, slot in self.sinks.items()},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,75 @@ def test_a_checkpoint_is_complete_once_its_manifest_is_written_and_retention_kee
     ):
         store.load(2)
     assert not list(root.glob("*/*.tmp"))
+
+
+class _GatedFs:
+    """The state root's file system with every ``delete_dir`` held until ``gate`` is set;
+    records the deletions in order."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs, self.done = fs, []
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fs, name)
+
+    def delete_file(self, path: str) -> None:
+        self.done.append(("file", Path(path).parent.name, Path(path).name))
+        self.fs.delete_file(path)
+
+    def delete_dir(self, path: str) -> None:
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        self.done.append(("dir", Path(path).name, ""))
+        self.fs.delete_dir(path)
+
+
+def test_prune_later_deletes_on_the_roots_thread_manifest_first_and_settle_waits(
+    tmp_path: Path,
+) -> None:
+    """A running pipeline prunes off its run loop: prune_later returns while the deletion is
+    still held; an old checkpoint loses its manifest before its files (a deletion cut short
+    leaves an incomplete checkpoint, never a complete one with files missing); settle waits."""
+    store = CheckpointStore(str(tmp_path))
+    for epoch in range(1, 6):
+        store.write(manifest(epoch), {"op-0.snapshot": b"x"})
+    gated = _GatedFs(store.fs)
+    store.fs = gated  # type: ignore[assignment]
+    store.prune_later(2)  # returns with epoch 1's directory deletion held at the gate
+    assert gated.entered.wait(30)
+    assert (tmp_path / "epoch-0000000001").is_dir()
+    assert not (tmp_path / "epoch-0000000001" / "MANIFEST.json").exists()
+    assert store.epochs() == [2, 3, 4, 5]
+    gated.gate.set()
+    store.settle()
+    assert store.epochs() == [4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-0000000004", "epoch-0000000005"]
+    assert gated.done == [
+        step
+        for epoch in ("epoch-0000000001", "epoch-0000000002", "epoch-0000000003")
+        for step in (("file", epoch, "MANIFEST.json"), ("dir", epoch, ""))
+    ]
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_a_run_returns_with_its_old_checkpoints_pruned(tmp_path: Path, stop: bool) -> None:
+    """Checkpoints are pruned on the state root's thread while the run goes on; when the run
+    returns (finished, or stopped at a barrier) the state root holds what retention keeps."""
+    inputs(tmp_path)
+    runtime = durable(tmp_path, every=1, checkpoint_retain=2)
+    if stop:
+        runtime.coordinator.barrier_hooks.append(
+            lambda counted: runtime.request_stop() if counted >= 5 else None
+        )
+        with pytest.raises(PipelineStopped):
+            run_to_end(runtime)
+    else:
+        run_to_end(runtime)
+    last = runtime.epoch
+    assert last > 3
+    dirs = sorted(p.name for p in (tmp_path / "state").iterdir())
+    assert dirs == [f"epoch-{last - 1:010d}", f"epoch-{last:010d}"]
 
 
 def test_a_corrupt_manifest_is_a_checkpoint_error(tmp_path: Path) -> None:
