@@ -211,6 +211,7 @@ class CheckpointCoordinator:
         log.info(message, extra={"pipeline": self.name})
 
     def _pick(self, resume: ResumeFrom) -> Manifest | None:
+        self.checkpoints.settle()  # an earlier run's pruning in this process is done
         if resume == "fresh":
             self.checkpoints.clear()
             return None

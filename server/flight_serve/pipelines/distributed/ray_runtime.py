@@ -1143,4 +1143,6 @@ def run_on_ray(
             if started:
                 _POOL.clear()
                 ray.shutdown()
+            if root is not None:  # old checkpoints pruned before the run returns
+                CheckpointStore(root).settle()
     return summary_of(driver, late), stats
