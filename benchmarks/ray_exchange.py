@@ -122,12 +122,21 @@ def exchange_cost(ray: Any, batch: pa.RecordBatch, repeat: int) -> None:
 
 
 def throughput(ray: Any, work: Path, repeat: int) -> None:
+    path = work / "hourly_departures.sql"
+    rows_in = pq.read_table(work / "flights.parquet").num_rows
+    rows_out, times = _embedded_vs_ray(path, work, repeat)
+    _print_sides(
+        f"hourly_departures, {rows_in} rows in 3 files, {rows_out} rows out", rows_in, times
+    )
+
+
+def _embedded_vs_ray(path: Path, work: Path, repeat: int) -> tuple[int, dict[str, list[float]]]:
+    """Run ``path`` embedded and on Ray at p = 1, 2, 3, alternated (one warm-up each, which
+    pools the actors; every side must give the same number of rows). Returns the rows out and
+    each side's run times (seconds)."""
     from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
     from flight_serve.pipelines.pipeline import parse_pipeline
     from flight_serve.pipelines.runtime import PipelineRuntime
-
-    path = work / "hourly_departures.sql"
-    rows_in = pq.read_table(work / "flights.parquet").num_rows
 
     def embedded() -> int:
         rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=work)
@@ -139,7 +148,7 @@ def throughput(ray: Any, work: Path, repeat: int) -> None:
         return sum(b.num_rows for _, b in got)
 
     sides = {"embedded": embedded, **{f"ray p={p}": (lambda p=p: on_ray(p)) for p in (1, 2, 3)}}
-    out = {name: fn() for name, fn in sides.items()}  # warm-up (pools the actors)
+    out = {name: fn() for name, fn in sides.items()}
     assert len(set(out.values())) == 1, out
     times: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(repeat):
@@ -149,10 +158,13 @@ def throughput(ray: Any, work: Path, repeat: int) -> None:
             t = time.perf_counter()
             sides[name]()
             times[name].append(time.perf_counter() - t)
+    return out["embedded"], times
+
+
+def _print_sides(title: str, rows_in: int, times: dict[str, list[float]]) -> None:
+    """Each side's median, rows in per second and ratio to the embedded run."""
     base = statistics.median(times["embedded"])
-    print(
-        f"hourly_departures, {rows_in} rows in 3 files, {out['embedded']} rows out (same on every side):"
-    )
+    print(f"{title} (same on every side):")
     for name, samples in times.items():
         med = statistics.median(samples)
         print(
@@ -431,9 +443,6 @@ GROUP BY origin, window_start, window_end;
 def stream_source(ray: Any, work: Path, table: pa.Table, repeat: int) -> None:
     """The hourly job over a stream of three writers: embedded vs Ray at p = 1, 2, 3."""
     from flight_serve.flight.server import start_server
-    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
-    from flight_serve.pipelines.pipeline import parse_pipeline
-    from flight_serve.pipelines.runtime import PipelineRuntime
 
     with start_server(work / "server-data") as server:
         client = flight.connect(server.location)
@@ -461,38 +470,13 @@ def stream_source(ray: Any, work: Path, table: pa.Table, repeat: int) -> None:
         client.close()
         path = work / "stream_job.sql"
         path.write_text(STREAM_JOB.format(location=server.location))
-
-        def embedded() -> int:
-            rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=work)
-            return sum(b.num_rows for _, b in rt.run(write=False, collect=True))
-
-        def on_ray(p: int) -> int:
-            got: list[tuple[str, pa.RecordBatch]] = []
-            run_on_ray(path, output_dir=work, parallelism=p, write=False, collect=got)
-            return sum(b.num_rows for _, b in got)
-
-        sides = {"embedded": embedded, **{f"ray p={p}": (lambda p=p: on_ray(p)) for p in (1, 2, 3)}}
-        out = {name: fn() for name, fn in sides.items()}  # warm-up (pools the actors)
-        assert len(set(out.values())) == 1, out
-        times: dict[str, list[float]] = {name: [] for name in sides}
-        for r in range(repeat):
-            order = list(sides) if r % 2 == 0 else list(reversed(sides))
-            for name in order:
-                gc.collect()
-                t = time.perf_counter()
-                sides[name]()
-                times[name].append(time.perf_counter() - t)
-    base = statistics.median(times["embedded"])
-    print(
+        rows_out, times = _embedded_vs_ray(path, work, repeat)
+    _print_sides(
         f"a stream of 3 writers ({entries} entries), hourly_departures, {table.num_rows} rows, "
-        f"{out['embedded']} rows out (same on every side):"
+        f"{rows_out} rows out",
+        table.num_rows,
+        times,
     )
-    for name, samples in times.items():
-        med = statistics.median(samples)
-        print(
-            f"  {name:9s} {med:6.2f} s  {table.num_rows / med / 1e6:5.2f} M rows/s  "
-            f"ratio to embedded {base / med:4.2f}  (runs: {', '.join(f'{s:.2f}' for s in samples)})"
-        )
 
 
 SECTIONS = ("exchange", "throughput", "two_stages", "one_file", "checkpoints", "stream", "rescale")

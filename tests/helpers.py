@@ -406,6 +406,19 @@ class Writers:
         del self.open[name]
         return offset
 
+    def feed(self, parts: dict[str, list[pa.RecordBatch]], pause_s: float, start: int = 1) -> None:
+        """Round-robin: every ``pause_s`` seconds the next batch of each writer of ``parts``
+        (from index ``start``), each writer ended after its last batch."""
+        sent = dict.fromkeys(parts, start)
+        while any(sent[o] < len(parts[o]) for o in parts):
+            time.sleep(pause_s)
+            for name, batches in parts.items():
+                if sent[name] < len(batches):
+                    self.put(name, batches[sent[name]])
+                    sent[name] += 1
+                    if sent[name] == len(batches):
+                        self.end(name)
+
     def close(self) -> None:
         for writer, _ in self.open.values():
             writer.close()
@@ -423,6 +436,21 @@ def kts_rows(*items: tuple[str, int, int]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(
         [{"k": k, "t": t, "v": v} for k, t, v in items], schema=KTS_SCHEMA
     )
+
+
+#: the stream tests' pipeline over :func:`write_timeline`'s stream: 10 s tumbling count and sum
+#: per key into the file sink ``out`` (:data:`TIMELINE_OUT`), late rows into ``late``
+#: (:data:`TIMELINE_LATE`); format with ``location`` and ``stream``
+TIMELINE_COUNTS_SQL = """
+CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
+WITH (connector = 'flight', server = '{location}', stream = '{stream}');
+CREATE SINK out WITH (connector = 'file', format = 'csv');
+CREATE SINK late WITH (connector = 'file', format = 'csv');
+INSERT INTO out
+SELECT k, window_start, window_end, count(*) AS n, sum(v) AS s
+FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
+INSERT INTO late SELECT * FROM LATE(events);
+"""
 
 
 def write_timeline(location: str, stream: str = "events", token: str | None = None) -> None:

