@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -130,35 +131,52 @@ def throughput(ray: Any, work: Path, repeat: int) -> None:
     )
 
 
-def _embedded_vs_ray(path: Path, work: Path, repeat: int) -> tuple[int, dict[str, list[float]]]:
-    """Run ``path`` embedded and on Ray at p = 1, 2, 3, alternated (one warm-up each, which
-    pools the actors; every side must give the same number of rows). Returns the rows out and
-    each side's run times (seconds)."""
-    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
-    from flight_serve.pipelines.pipeline import parse_pipeline
-    from flight_serve.pipelines.runtime import PipelineRuntime
-
-    def embedded() -> int:
-        rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=work)
-        return sum(b.num_rows for _, b in rt.run(write=False, collect=True))
-
-    def on_ray(p: int) -> int:
-        got: list[tuple[str, pa.RecordBatch]] = []
-        run_on_ray(path, output_dir=work, parallelism=p, write=False, collect=got)
-        return sum(b.num_rows for _, b in got)
-
-    sides = {"embedded": embedded, **{f"ray p={p}": (lambda p=p: on_ray(p)) for p in (1, 2, 3)}}
-    out = {name: fn() for name, fn in sides.items()}
-    assert len(set(out.values())) == 1, out
+def _alternate(sides: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+    """Each side's run times (seconds): ``repeat`` rounds, the order reversed every other round,
+    garbage collected before each run."""
     times: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(repeat):
-        order = list(sides) if r % 2 == 0 else list(reversed(sides))
-        for name in order:
+        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
             gc.collect()
             t = time.perf_counter()
             sides[name]()
             times[name].append(time.perf_counter() - t)
-    return out["embedded"], times
+    return times
+
+
+def _row_count(pairs: Iterable[tuple[str, pa.RecordBatch]]) -> int:
+    return sum(b.num_rows for _, b in pairs)
+
+
+def _embedded_vs_ray(
+    path: Path,
+    work: Path,
+    repeat: int,
+    digest: Callable[[Iterable[tuple[str, pa.RecordBatch]]], Any] = _row_count,
+    on_stats: Callable[[str, Any], None] | None = None,
+) -> tuple[Any, dict[str, list[float]]]:
+    """Run ``path`` embedded and on Ray at p = 1, 2, 3, alternated (one warm-up each, which
+    pools the actors; every side's ``digest`` of its (sink, batch) pairs must be equal; each Ray
+    run's stats go to ``on_stats``). Returns the digest and each side's run times (seconds)."""
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+    from flight_serve.pipelines.pipeline import parse_pipeline
+    from flight_serve.pipelines.runtime import PipelineRuntime
+
+    def embedded() -> Any:
+        rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=work)
+        return digest(rt.run(write=False, collect=True))
+
+    def on_ray(p: int) -> Any:
+        got: list[tuple[str, pa.RecordBatch]] = []
+        _, stats = run_on_ray(path, output_dir=work, parallelism=p, write=False, collect=got)
+        if on_stats is not None:
+            on_stats(f"ray p={p}", stats)
+        return digest(got)
+
+    sides = {"embedded": embedded, **{f"ray p={p}": (lambda p=p: on_ray(p)) for p in (1, 2, 3)}}
+    out = {name: fn() for name, fn in sides.items()}
+    assert all(v == out["embedded"] for v in out.values()), "the sides' results differ"
+    return out["embedded"], _alternate(sides, repeat)
 
 
 def _print_sides(title: str, rows_in: int, times: dict[str, list[float]]) -> None:
@@ -192,41 +210,21 @@ GROUP BY dest, window_start, window_end;
 
 
 def two_stages(ray: Any, work: Path, repeat: int) -> None:
-    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
-    from flight_serve.pipelines.pipeline import parse_pipeline
-    from flight_serve.pipelines.runtime import PipelineRuntime
-
     path = work / "two_stage.sql"
     path.write_text(TWO_STAGE)
     rows_in = pq.read_table(work / "flights.parquet").num_rows
     calls: dict[str, tuple[int, int]] = {}
 
-    def rows(pairs: Any) -> list[Any]:
+    def rows(pairs: Iterable[tuple[str, pa.RecordBatch]]) -> list[str]:
         return sorted(map(repr, (r for _, b in pairs for r in b.to_pylist())))
 
-    def embedded() -> list[Any]:
-        rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=work)
-        return rows(rt.run(write=False, collect=True))
+    def stage_calls(name: str, stats: Any) -> None:
+        calls[name] = (stats.stage_calls, stats.stage_records)
 
-    def on_ray(p: int) -> list[Any]:
-        got: list[tuple[str, pa.RecordBatch]] = []
-        _, stats = run_on_ray(path, output_dir=work, parallelism=p, write=False, collect=got)
-        calls[f"ray p={p}"] = (stats.stage_calls, stats.stage_records)
-        return rows(got)
-
-    sides = {"embedded": embedded, **{f"ray p={p}": (lambda p=p: on_ray(p)) for p in (1, 2, 3)}}
-    out = {name: fn() for name, fn in sides.items()}  # warm-up, and the same rows everywhere
-    assert all(v == out["embedded"] for v in out.values())
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for r in range(repeat):
-        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
-            gc.collect()
-            t = time.perf_counter()
-            sides[name]()
-            times[name].append(time.perf_counter() - t)
+    out, times = _embedded_vs_ray(path, work, repeat, rows, stage_calls)
     base = statistics.median(times["embedded"])
     print(f"two stages (route-hours -> destination-days), {rows_in} rows in 3 files, "
-          f"{len(out['embedded'])} rows out (same on every side):")  # fmt: skip
+          f"{len(out)} rows out (same on every side):")  # fmt: skip
     for name, samples in times.items():
         med = statistics.median(samples)
         stage = calls.get(name)
@@ -277,7 +275,7 @@ def one_file(ray: Any, work: Path, repeat: int) -> None:
 
     def embedded() -> int:
         rt = PipelineRuntime(parse_pipeline(path.read_text(), path=path), output_dir=one)
-        return sum(b.num_rows for _, b in rt.run(write=False, collect=True))
+        return _row_count(rt.run(write=False, collect=True))
 
     def on_ray(p: int, parts: bool) -> int:
         ray_runtime.assign_splits = assign_splits if parts else whole  # type: ignore[assignment]
@@ -285,7 +283,7 @@ def one_file(ray: Any, work: Path, repeat: int) -> None:
             got: list[tuple[str, pa.RecordBatch]] = []
             _, stats = run_on_ray(path, output_dir=one, parallelism=p, write=False, collect=got)
             assert stats.source_actors == (p if parts else 1)
-            return sum(b.num_rows for _, b in got)
+            return _row_count(got)
         finally:
             ray_runtime.assign_splits = assign_splits  # type: ignore[assignment]
 
@@ -297,7 +295,7 @@ def one_file(ray: Any, work: Path, repeat: int) -> None:
         try:
             got: list[tuple[str, pa.RecordBatch]] = []
             run_on_ray(paced, output_dir=one, parallelism=3, write=False, collect=got)
-            return sum(b.num_rows for _, b in got)
+            return _row_count(got)
         finally:
             ray_runtime.assign_splits = assign_splits  # type: ignore[assignment]
 
@@ -310,13 +308,7 @@ def one_file(ray: Any, work: Path, repeat: int) -> None:
         sides["paced p=3 3 parts"] = lambda: on_ray_paced(True)
     out = {name: fn() for name, fn in sides.items()}
     assert len(set(out.values())) == 1, out
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    for r in range(repeat):
-        for name in list(sides) if r % 2 == 0 else list(reversed(sides)):
-            gc.collect()
-            t = time.perf_counter()
-            sides[name]()
-            times[name].append(time.perf_counter() - t)
+    times = _alternate(sides, repeat)
     base = statistics.median(times["embedded"])
     print(f"one Parquet file, {table.num_rows} rows in 7 row groups, hourly_departures:")
     for name, samples in times.items():
@@ -356,13 +348,7 @@ def checkpoints(ray: Any, work: Path, repeat: int) -> None:
 
     outs = {name: side(name) for name in jobs}  # warm-up
     same = {name: _files(out) == _files(outs["no checkpoints"]) for name, out in outs.items()}
-    times: dict[str, list[float]] = {name: [] for name in jobs}
-    for r in range(repeat):
-        for name in list(jobs) if r % 2 == 0 else list(reversed(jobs)):
-            gc.collect()
-            t = time.perf_counter()
-            side(name)
-            times[name].append(time.perf_counter() - t)
+    times = _alternate({name: (lambda name=name: side(name)) for name in jobs}, repeat)
     base = statistics.median(times["no checkpoints"])
     print("checkpoints, parallelism 2, Parquet sink (files equal: " + ", ".join(
         f"{n}: {ok}" for n, ok in same.items()) + "):")  # fmt: skip

@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -424,6 +425,26 @@ class Writers:
             writer.close()
         self.open.clear()
         self.client.close()
+
+
+def run_on_ray_until_checkpoint(path: Path, epoch: int, parallelism: int, **kwargs: Any) -> None:
+    """``run_on_ray(path, parallelism=…, **kwargs)`` stopped at the barrier after checkpoint
+    ``epoch`` completes (the rescale tests' first leg): it must raise ``PipelineStopped`` naming
+    that checkpoint. ``resume`` defaults to ``"fresh"`` for epoch 1, else ``"latest"``."""
+    import pytest
+    from flight_serve.pipelines.coordinator import PipelineStopped
+    from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
+
+    stop = threading.Event()
+    kwargs.setdefault("resume", "fresh" if epoch == 1 else "latest")
+    with pytest.raises(PipelineStopped, match=f"after checkpoint {epoch}"):
+        run_on_ray(
+            path,
+            parallelism=parallelism,
+            on_checkpoint=lambda info: stop.set() if info.epoch >= epoch else None,
+            stop=stop,
+            **kwargs,
+        )
 
 
 #: rows (k, t, v) with t in whole seconds: the stream tests' events

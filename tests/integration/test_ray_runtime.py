@@ -25,7 +25,7 @@ import pytest
 from flight_serve.errors import FlightServeError
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
-from helpers import WAT_DIV, build_geo_wasm, wat
+from helpers import WAT_DIV, build_geo_wasm, run_on_ray_until_checkpoint, wat
 
 pytestmark = pytest.mark.integration
 
@@ -541,27 +541,14 @@ def test_a_checkpointed_run_stopped_at_2_resumes_at_3_then_at_1_and_ends_equal_t
     key groups 0-63/64-127, then 0-42/43-85/86-127); the sinks, committed epoch by epoch,
     end with the embedded run's rows, each once."""
     import json
-    import threading
 
-    from flight_serve.pipelines.coordinator import PipelineStopped
     from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
 
     path = checkpointed_job(flights_dir, tmp_path / "run")
     expected = plain_rows(path, tmp_path)
     state = tmp_path / "run" / "checkpoints" / "job"
     for parallelism, epoch in ((2, 1), (3, 2)):
-        stop = threading.Event()
-        with pytest.raises(PipelineStopped, match=f"after checkpoint {epoch}"):
-            run_on_ray(
-                path,
-                output_dir=tmp_path / "run",
-                parallelism=parallelism,
-                resume="fresh" if epoch == 1 else "latest",
-                on_checkpoint=lambda info, stop=stop, epoch=epoch: (
-                    stop.set() if info.epoch >= epoch else None
-                ),
-                stop=stop,
-            )
+        run_on_ray_until_checkpoint(path, epoch, parallelism, output_dir=tmp_path / "run")
         manifest = json.loads((state / f"epoch-{epoch:010d}" / "MANIFEST.json").read_text())
         entry = manifest["operators"]["0"]
         assert entry["parallelism"] == parallelism
@@ -612,10 +599,8 @@ def test_a_second_exchange_stopped_at_2_resumes_at_3_then_at_1_and_writes_the_go
     the cut of every stage is the source position; the files equal the golden expected rows,
     each once (the exactly-once CSV sinks, committed epoch by epoch)."""
     import json
-    import threading
 
     from flight_serve.engine.operator import OperatorSnapshot
-    from flight_serve.pipelines.coordinator import PipelineStopped
     from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
 
     path = GOLDEN / case / "pipeline.sql"
@@ -623,20 +608,9 @@ def test_a_second_exchange_stopped_at_2_resumes_at_3_then_at_1_and_writes_the_go
     sql = f"SET checkpoint_every = {every};\n" + path.read_text()
     out, state = tmp_path / "out", tmp_path / "state"
     for parallelism, epoch in ((2, 1), (3, 2)):
-        stop = threading.Event()
-        with pytest.raises(PipelineStopped, match=f"after checkpoint {epoch}"):
-            run_on_ray(
-                path,
-                sql=sql,
-                output_dir=out,
-                state_root=str(state),
-                parallelism=parallelism,
-                resume="fresh" if epoch == 1 else "latest",
-                on_checkpoint=lambda info, stop=stop, epoch=epoch: (
-                    stop.set() if info.epoch >= epoch else None
-                ),
-                stop=stop,
-            )
+        run_on_ray_until_checkpoint(
+            path, epoch, parallelism, sql=sql, output_dir=out, state_root=str(state)
+        )
         manifest = json.loads((state / f"epoch-{epoch:010d}" / "MANIFEST.json").read_text())
         assert sorted(manifest["operators"]) == TWO_STAGES[case]
         for q, entry in manifest["operators"].items():
@@ -760,9 +734,7 @@ def test_a_two_stage_flights_job_stopped_at_2_resumes_at_3_then_at_1_and_ends_eq
     parallelism 2, resumed at 3 and stopped after checkpoint 2, resumed at 1: both stages'
     state moved by key group at the same cut, and the Parquet files end with the embedded
     run's rows, each once."""
-    import threading
 
-    from flight_serve.pipelines.coordinator import PipelineStopped
     from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
 
     out = tmp_path / "run"
@@ -772,18 +744,7 @@ def test_a_two_stage_flights_job_stopped_at_2_resumes_at_3_then_at_1_and_ends_eq
         "dest_days": 31_240,
     }
     for parallelism, epoch in ((2, 1), (3, 2)):
-        stop = threading.Event()
-        with pytest.raises(PipelineStopped, match=f"after checkpoint {epoch}"):
-            run_on_ray(
-                path,
-                output_dir=out,
-                parallelism=parallelism,
-                resume="fresh" if epoch == 1 else "latest",
-                on_checkpoint=lambda info, stop=stop, epoch=epoch: (
-                    stop.set() if info.epoch >= epoch else None
-                ),
-                stop=stop,
-            )
+        run_on_ray_until_checkpoint(path, epoch, parallelism, output_dir=out)
     summary, stats = run_on_ray(path, output_dir=out, parallelism=1)
     assert stats.resumed_from == 2
     assert_tables(parquet_tables(out, expected), expected)

@@ -27,6 +27,7 @@ from helpers import (
     TIMELINE_LATE,
     TIMELINE_OUT,
     Writers,
+    run_on_ray_until_checkpoint,
     write_flights,
     write_timeline,
 )
@@ -157,7 +158,6 @@ def test_a_checkpointed_stream_job_stopped_at_2_resumes_at_3_and_ends_equal(
     the embedded flight source's format, and the two instances' key groups. Resumed at
     parallelism 3 (the key groups move) it reads the stream from offset 60 to the end; the
     sinks, committed epoch by epoch, hold the embedded run's rows, each once."""
-    from flight_serve.pipelines.coordinator import PipelineStopped
     from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
 
     out = tmp_path / "run"
@@ -165,16 +165,7 @@ def test_a_checkpointed_stream_job_stopped_at_2_resumes_at_3_and_ends_equal(
     plain = tmp_path / "plain.sql"
     plain.write_text(FLIGHTS.format(location=flights_stream, stream="flights"))
     expected = embedded(plain, tmp_path)
-    stop = threading.Event()
-    with pytest.raises(PipelineStopped, match="after checkpoint 1"):
-        run_on_ray(
-            path,
-            output_dir=out,
-            parallelism=2,
-            resume="fresh",
-            on_checkpoint=lambda info: stop.set(),
-            stop=stop,
-        )
+    run_on_ray_until_checkpoint(path, 1, 2, output_dir=out)
     manifest = json.loads((out / "checkpoints" / "job" / f"epoch-{1:010d}" / "MANIFEST.json")
                           .read_text())  # fmt: skip
     source = manifest["sources"]["flights"]

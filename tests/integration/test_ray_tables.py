@@ -11,7 +11,6 @@ every monthly snapshot is three data files. One Ray for the session (``ray_sessi
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from flight_serve.pipelines.pipeline import parse_pipeline
 from flight_serve.pipelines.runtime import PipelineRuntime
-from helpers import iceberg_flights
+from helpers import iceberg_flights, run_on_ray_until_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -87,7 +86,6 @@ def test_a_checkpointed_iceberg_job_stopped_at_2_resumes_at_3_and_ends_equal(
     checkpoint, cut after the second snapshot: the manifest records the embedded Iceberg
     offset (that snapshot's id, 2 snapshots read). Resumed at parallelism 3 the run plans the
     four snapshots after it and ends with the embedded run's rows, each once."""
-    from flight_serve.pipelines.coordinator import PipelineStopped
     from flight_serve.pipelines.distributed.ray_runtime import run_on_ray
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -98,10 +96,7 @@ def test_a_checkpointed_iceberg_job_stopped_at_2_resumes_at_3_and_ends_equal(
     plain = tmp_path / "plain.sql"
     plain.write_text(JOB.format(prefix="", root=root))
     expected = embedded(plain, tmp_path)
-    stop = threading.Event()
-    with pytest.raises(PipelineStopped, match="after checkpoint 1"):
-        run_on_ray(path, output_dir=out, parallelism=2, resume="fresh",
-                   on_checkpoint=lambda info: stop.set(), stop=stop)  # fmt: skip
+    run_on_ray_until_checkpoint(path, 1, 2, output_dir=out)
     manifest = json.loads(
         (out / "checkpoints" / "job" / f"epoch-{1:010d}" / "MANIFEST.json").read_text()
     )
