@@ -272,16 +272,24 @@ def test_a_worker_killed_at_a_seeded_moment_restarts_the_run_and_each_row_is_wri
         "very_late": 1_524,  # pyarrow.compute: sum(dep_delay > 240) over the flights
     }
     assert on_ray(path, tmp_path, 2) == expected  # the pool's actors started, no kill
-    t0 = time.perf_counter()
-    assert on_ray(path, tmp_path, 2) == expected  # a run on a warm pool: the kills land in it
-    run_s = time.perf_counter() - t0
+    warm = []
+    for _ in range(2):  # runs on a warm pool: the kills land in such runs; the faster one times
+        t0 = time.perf_counter()
+        assert on_ray(path, tmp_path, 2) == expected
+        warm.append(time.perf_counter() - t0)
+    run_s = min(warm)
 
     outcomes: list[tuple[int, str, int]] = []
     for seed in range(6):
         rng = random.Random(seed)
-        delay = rng.uniform(0.05, 0.8) * run_s
+        moment = rng.uniform(0.05, 0.8)
         victims = [("window", 0), ("window", 1), ("source", 0), ("source", 1)]
         role, index = victims[rng.randrange(len(victims))]
+        # kills land in the part of the run where the victim still works: a source actor is done
+        # with its files well before the windows, and the windows before the driver's end (a
+        # kill after that restarts nothing; measured: a window killed at 77 % of a warm run, a
+        # source at 34 %, restarted nothing in some runs)
+        delay = moment * run_s * (0.4 if role == "source" else 0.6)
         killed: list[str] = []
 
         def kill(
